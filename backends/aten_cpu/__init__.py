@@ -1,0 +1,10 @@
+"""``aten_cpu``: GPTQ int4 linear through torch's CPU int4pack kernels."""
+
+from quantcore.registry import hookimpl
+
+from .kernel import AtenCpuGPTQ
+
+
+@hookimpl
+def quantcore_kernels() -> list[type]:
+    return [AtenCpuGPTQ]

@@ -1,0 +1,91 @@
+"""GPTQ → the layout of ``aten._weight_int4pack_mm_for_cpu`` (the seed's ``transform_cpu``).
+
+Beyond the seed: asymmetric checkpoints keep their zero points. The op computes
+``w = (q − 8) · s + offset`` per (group, output) (specs/aten-int4pack.md, measured), so
+an integer zero point z becomes the float offset ``(8 − z) · s``; symmetric
+checkpoints (z = 8) get 0, as the seed's zeroed tensor does.
+
+Group sizes the op lacks (−1, 512, uneven act-order groups) run by repeating each
+group's scale and offset over the largest sub-group size the op takes that divides
+every group boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from quantcore.errors import UnsupportedProblemError
+from quantcore.formats.gptq import GPTQ
+from quantcore.transform import Transform
+from quantcore.transforms.gptq_rows import GPTQToRows, largest_dividing_group
+
+__all__ = ["OP_GROUP_SIZES", "GPTQToInt4PackCPU", "Int4PackCPU"]
+
+#: qGroupSize values ``_weight_int4pack_mm_for_cpu`` accepts (measured, torch 2.13).
+OP_GROUP_SIZES = (32, 64, 128, 256)
+#: ``_convert_weight_to_int4pack_for_cpu`` requires N % 16 == 0.
+N_ALIGN = 16
+#: The op subtracts this from every code before scaling.
+CODE_BIAS = 8
+
+
+@dataclass
+class Int4PackCPU:
+    """Prepared state: everything the op needs, plus the activation permutation."""
+
+    weight: torch.Tensor  # uint8 [N, K/2], the op's own (ISA-specific) packing
+    scales_offsets: torch.Tensor  # float32 [K/group, N, 2]: (scale, offset)
+    group_size: int
+    ret_idx: torch.Tensor | None
+    bias: torch.Tensor | None
+    in_features: int
+    out_features: int
+    #: scales_offsets and bias cast per activation dtype, filled on first use.
+    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+
+    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hit = self.by_dtype.get(dtype)
+        if hit is None:
+            bias = self.bias.to(dtype) if self.bias is not None else None
+            hit = (self.scales_offsets.to(dtype).contiguous(), bias)
+            self.by_dtype[dtype] = hit
+        return hit
+
+
+class GPTQToInt4PackCPU(Transform[Mapping[str, torch.Tensor], Int4PackCPU]):
+    name = "gptq->int4pack_cpu"
+
+    def __init__(self, fmt: GPTQ) -> None:
+        if fmt.bits != 4:
+            raise UnsupportedProblemError(f"bits: the CPU int4pack op takes 4-bit codes, got {fmt.bits}")
+        self.fmt = fmt
+
+    def apply(self, src: Mapping[str, torch.Tensor]) -> Int4PackCPU:
+        rows = GPTQToRows(self.fmt).apply(src)
+        n, k = rows.out_features, rows.in_features
+        if n % N_ALIGN:
+            raise UnsupportedProblemError(
+                f"out_features: the CPU int4pack op needs a multiple of {N_ALIGN}, got {n}"
+            )
+        group = largest_dividing_group(rows.sorted_groups, OP_GROUP_SIZES)
+        if group is None:
+            raise UnsupportedProblemError(
+                f"g_idx: no group size the op takes ({OP_GROUP_SIZES}) splits the groups of "
+                f"this checkpoint (group_size={self.fmt.group_size}, in_features={k})"
+            )
+        weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.codes.cpu(), 2)
+        sub = rows.sorted_groups[::group]  # the group of each op-sized sub-group
+        scales = rows.scales.float()[sub]
+        offsets = (CODE_BIAS - rows.zeros[sub].float()) * scales
+        return Int4PackCPU(
+            weight=weight,
+            scales_offsets=torch.stack([scales, offsets], dim=-1).contiguous(),
+            group_size=group,
+            ret_idx=rows.ret_idx,
+            bias=rows.bias,
+            in_features=k,
+            out_features=n,
+        )

@@ -1,0 +1,56 @@
+"""Per-op harnesses: how a case's inputs and golden output are drawn, how a kernel is run
+on them and how its output is judged. The matrix itself is op-agnostic."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from quantcore.kernel import Kernel
+
+from .case import Case
+from .tolerance import Comparison
+
+__all__ = ["OpHarness", "get_harness", "register_harness"]
+
+
+class OpHarness(ABC):
+    op: str
+
+    @abstractmethod
+    def weights(self, case: Case) -> Any:
+        """The stored tensors (and whatever golden data depends on them only). Cached
+        per ``case.weight_key``, so keep it a function of the weight-defining fields."""
+
+    @abstractmethod
+    def inputs(self, case: Case, weights: Any) -> Any:
+        """Activations and the float64 golden output for this case."""
+
+    @abstractmethod
+    def prepare(self, kernel: Kernel, case: Case, weights: Any) -> Any:
+        """``kernel.prepare`` on the case's device."""
+
+    @abstractmethod
+    def run(self, kernel: Kernel, prepared: Any, case: Case, inputs: Any) -> Any: ...
+
+    @abstractmethod
+    def judge(self, output: Any, case: Case, inputs: Any) -> Comparison: ...
+
+
+_HARNESSES: dict[str, OpHarness] = {}
+
+
+def register_harness(harness: OpHarness) -> OpHarness:
+    _HARNESSES[harness.op] = harness
+    return harness
+
+
+def get_harness(op: str) -> OpHarness:
+    if not _HARNESSES:
+        from . import linear_harness  # noqa: F401  (registers itself)
+    try:
+        return _HARNESSES[op]
+    except KeyError:
+        raise KeyError(f"no conformance harness for op {op!r}; have {sorted(_HARNESSES)}") from None

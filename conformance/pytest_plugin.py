@@ -1,0 +1,78 @@
+"""pytest plugin (entry point ``pytest11``): the conformance cells as parametrised tests.
+
+Options: ``--qc-device`` (default ``$QUANTCORE_DEVICE`` or cpu), ``--qc-profile``
+(ci/full), ``--qc-backend`` and ``--qc-format`` (repeatable filters). Cells sharing
+weights carry one ``xdist_group``, so with ``-n N --dist loadgroup`` each golden
+quantization runs on one worker only. At the end the cells that ran are summarised as
+the same formats × backends table ``quantcore conformance`` prints.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+_KEY = "quantcore_cell"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("quantcore", "quantcore conformance matrix")
+    group.addoption("--qc-device", default=os.environ.get("QUANTCORE_DEVICE", "cpu"),
+                    help="device the cells run on (cpu, cuda, cuda:1, xpu, npu)")
+    group.addoption("--qc-profile", default=os.environ.get("QUANTCORE_PROFILE", "ci"),
+                    choices=("ci", "full"), help="which case set: ci (bounded) or full")
+    group.addoption("--qc-backend", action="append", default=[],
+                    help="only these kernels or plugins (repeatable)")
+    group.addoption("--qc-format", action="append", default=[],
+                    help="only these formats, by name or slug (repeatable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xdist_group(name): cells sharing golden weights")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "qc_cell" not in metafunc.fixturenames:
+        return
+    from quantcore.conformance.runner import collect_cells
+
+    opt = metafunc.config.getoption
+    cells = collect_cells(
+        profile=opt("--qc-profile"), formats=opt("--qc-format"), kernels=opt("--qc-backend")
+    )
+    metafunc.parametrize(
+        "qc_cell",
+        [pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.case.weight_key)) for c in cells],
+    )
+
+
+@pytest.fixture
+def qc_device(request: pytest.FixtureRequest) -> str:
+    return request.config.getoption("--qc-device")
+
+
+def record(request: pytest.FixtureRequest, result: Any) -> None:
+    """Attach a cell's result to its report, so the controller sees it under xdist too."""
+    request.node.user_properties.append((_KEY, result.as_dict()))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call" and not (report.when == "setup" and report.skipped):
+        return
+    for key, value in report.user_properties:
+        if key == _KEY:
+            _results.append(value)
+
+
+_results: list[dict[str, Any]] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _results:
+        return
+    from quantcore.conformance.report import summary_table
+
+    terminalreporter.write_sep("=", "quantcore conformance matrix")
+    terminalreporter.write_line(summary_table(_results))

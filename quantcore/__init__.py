@@ -1,0 +1,82 @@
+"""quantcore: quantized-weight formats, the transforms into kernel layouts, and the
+kernels that run them, chosen per device.
+
+    import quantcore
+    k = quantcore.get_kernel("gptq", "cpu", problem=...)
+    prepared = k.prepare(checkpoint_tensors)
+    y = k(x, prepared)
+    print(quantcore.explain("gptq", "xpu"))
+
+``import quantcore`` is cheap: torch, the registry and every backend load on first use
+(PEP 562 lazy attributes), and triton or cuda.tile only when a kernel that needs them
+runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "get_kernel": ("quantcore.selection", "get_kernel"),
+    "explain": ("quantcore.selection", "explain"),
+    "Explanation": ("quantcore.selection", "Explanation"),
+    "probe": ("quantcore.probe", "probe"),
+    "Capabilities": ("quantcore.probe", "Capabilities"),
+    "register": ("quantcore.registry", "register"),
+    "unregister": ("quantcore.registry", "unregister"),
+    "default_registry": ("quantcore.registry", "default_registry"),
+    "hookimpl": ("quantcore.registry", "hookimpl"),
+    "get_format": ("quantcore.api", "get_format"),
+    "list_plugins": ("quantcore.api", "list_plugins"),
+    "Problem": ("quantcore.problem", "Problem"),
+    "Format": ("quantcore.formats.base", "Format"),
+    "Kernel": ("quantcore.kernel", "Kernel"),
+    "LinearKernel": ("quantcore.kernel", "LinearKernel"),
+    "Requirements": ("quantcore.kernel", "Requirements"),
+    "Support": ("quantcore.kernel", "Support"),
+    "Transform": ("quantcore.transform", "Transform"),
+    "QuantCoreError": ("quantcore.errors", "QuantCoreError"),
+    "NoKernelError": ("quantcore.errors", "NoKernelError"),
+    "TensorFormatError": ("quantcore.errors", "TensorFormatError"),
+    "KernelInputError": ("quantcore.errors", "KernelInputError"),
+    "UnknownFormatError": ("quantcore.errors", "UnknownFormatError"),
+    "UnsupportedProblemError": ("quantcore.errors", "UnsupportedProblemError"),
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'quantcore' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:
+    from .api import get_format, list_plugins
+    from .errors import (
+        KernelInputError,
+        NoKernelError,
+        QuantCoreError,
+        TensorFormatError,
+        UnknownFormatError,
+        UnsupportedProblemError,
+    )
+    from .formats.base import Format
+    from .kernel import Kernel, LinearKernel, Requirements, Support
+    from .probe import Capabilities, probe
+    from .problem import Problem
+    from .registry import default_registry, hookimpl, register, unregister
+    from .selection import Explanation, explain, get_kernel
+    from .transform import Transform

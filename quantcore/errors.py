@@ -1,0 +1,49 @@
+"""One exception family for the package.
+
+Every message names the tensor or parameter at fault, what was expected and what came,
+so a user can fix the input without reading our source.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KernelInputError",
+    "NoKernelError",
+    "PluginError",
+    "QuantCoreError",
+    "TensorFormatError",
+    "UnknownFormatError",
+    "UnsupportedProblemError",
+]
+
+
+class QuantCoreError(Exception):
+    """Root of every error quantcore raises on purpose."""
+
+
+class TensorFormatError(QuantCoreError, ValueError):
+    """A format's tensors (a checkpoint's qweight, scales, ...) are malformed."""
+
+
+class KernelInputError(QuantCoreError, ValueError):
+    """A kernel was called with an activation or prepared state it cannot take."""
+
+
+class UnsupportedProblemError(QuantCoreError, ValueError):
+    """A kernel was asked to prepare or run a problem its ``supports()`` refuses."""
+
+
+class UnknownFormatError(QuantCoreError, LookupError):
+    """No registered format has this name."""
+
+
+class PluginError(QuantCoreError):
+    """A plugin broke a registry rule (wrong hook return type, duplicate name, ...)."""
+
+
+class NoKernelError(QuantCoreError, RuntimeError):
+    """No registered kernel can run the request; the message is the explain table."""
+
+    def __init__(self, message: str, explanation: object | None = None) -> None:
+        super().__init__(message)
+        self.explanation = explanation

@@ -1,0 +1,94 @@
+"""GPTQ's round-to-nearest quantizer (the ``Quantizer.find_params`` rule), in plain torch.
+
+This is the golden quantizer, not the GPTQ algorithm: no Hessian, no error feedback.
+It produces checkpoints with exactly GPTQ's storage semantics, which is what the
+conformance matrix needs. Act-order is simulated with a random column order standing in
+for the Hessian's: groups are formed in that order, so ``g_idx`` is not monotonic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...errors import TensorFormatError
+from ...tensors import describe
+from ..packing import pack_codes
+
+if TYPE_CHECKING:
+    from .format import GPTQ
+
+__all__ = ["act_order_g_idx", "quantize_rtn"]
+
+
+def act_order_g_idx(perm: torch.Tensor, group_size: int) -> torch.Tensor:
+    """g_idx when columns are quantized in the order ``perm`` (``desc_act``):
+    column ``perm[j]`` is the j-th processed, so it lands in group ``j // group_size``."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return (inv // group_size).to(torch.int32)
+
+
+def quantize_rtn(
+    fmt: GPTQ,
+    weight: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    perm: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise TensorFormatError(f"weight: expected a 2-D float [O, I] tensor, got {describe(weight)}")
+    if not torch.isfinite(weight).all():
+        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    out_features, in_features = weight.shape
+    pf = fmt.pack_factor
+    if in_features % pf or out_features % pf:
+        raise TensorFormatError(
+            f"weight: {fmt.slug} packs {pf} codes per lane; in_features={in_features} and "
+            f"out_features={out_features} must both be multiples of {pf}"
+        )
+    gs = fmt.effective_group_size(in_features)
+    groups = fmt.num_groups(in_features)
+    w = weight.to(torch.float32)
+
+    if fmt.desc_act:
+        if perm is None:
+            perm = torch.randperm(in_features, generator=generator, device="cpu").to(w.device)
+        g_idx = act_order_g_idx(perm, gs).to(w.device)
+    else:
+        g_idx = (torch.arange(in_features, device=w.device) // gs).to(torch.int32)
+
+    # Per (output row, group) min / max, pinned to include 0 as GPTQ does.
+    index = g_idx.long().expand(out_features, -1)
+    zeros_init = torch.zeros(out_features, groups, device=w.device)
+    wmin = zeros_init.scatter_reduce(1, index, w, "amin", include_self=True)
+    wmax = zeros_init.scatter_reduce(1, index, w, "amax", include_self=True)
+    if fmt.sym:
+        wmax = torch.maximum(wmin.abs(), wmax)
+        wmin = torch.where(wmin < 0, -wmax, wmin)
+    empty = (wmin == 0) & (wmax == 0)
+    wmin = torch.where(empty, -1.0, wmin)
+    wmax = torch.where(empty, 1.0, wmax)
+
+    maxq = fmt.maxq
+    # Codes are chosen against the fp16 scale that is stored, so dequantization of the
+    # checkpoint is the best this rule can do with what the file holds.
+    scale = ((wmax - wmin) / maxq).to(torch.float16).float()
+    scale = scale.clamp_min(torch.finfo(torch.float16).tiny)
+    if fmt.sym:
+        zero = torch.full_like(scale, (maxq + 1) // 2)
+    else:
+        zero = torch.round(-wmin / scale).clamp(0, maxq)
+
+    gi = g_idx.long()
+    q = torch.clamp(torch.round(w / scale[:, gi]) + zero[:, gi], 0, maxq).to(torch.int32)  # [O, I]
+
+    zero_i = zero.to(torch.int32).T.contiguous()  # [G, O]
+    stored_zero = (zero_i - 1) & maxq if fmt.checkpoint_format == "v1" else zero_i
+    return {
+        "qweight": pack_codes(q.T, fmt.bits, dim=0, lane_dtype=fmt.pack_dtype),
+        "qzeros": pack_codes(stored_zero, fmt.bits, dim=1, lane_dtype=fmt.pack_dtype),
+        "scales": scale.T.to(torch.float16).contiguous(),
+        "g_idx": g_idx.to(torch.int32),
+    }

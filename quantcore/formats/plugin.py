@@ -1,0 +1,12 @@
+"""The built-in formats, contributed through the same hook a third party implements."""
+
+from __future__ import annotations
+
+from ..registry.hookspecs import hookimpl
+from .base import Format
+from .gptq import GPTQ
+
+
+@hookimpl
+def quantcore_formats() -> list[type[Format]]:
+    return [GPTQ]

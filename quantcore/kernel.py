@@ -1,0 +1,129 @@
+"""The Kernel interface: one op, one format, some devices.
+
+Modelled on vLLM's mixed-precision kernels (a tiny class, a reason string for every
+refusal, a one-time repack), with the device side split out: ``requires`` is checked
+against probed :class:`~quantcore.probe.Capabilities`, ``supports`` against the
+:class:`~quantcore.problem.Problem`, so ``explain`` can say which of the two refused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from .formats.base import Format
+from .probe import Capabilities
+from .problem import Problem
+
+__all__ = ["Kernel", "LinearKernel", "Requirements", "Support"]
+
+
+class Support(NamedTuple):
+    """``(ok, reason)``; truthy when ok. ``reason`` says why not, or notes a caveat."""
+
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls, note: str = "") -> Support:
+        return cls(True, note)
+
+    @classmethod
+    def no(cls, reason: str) -> Support:
+        return cls(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a kernel needs from a device. Checked before ``supports``."""
+
+    device_types: frozenset[str]
+    min_capability: tuple[int, int] | None = None
+    max_capability: tuple[int, int] | None = None
+    packages: tuple[str, ...] = ()
+    aten_ops: tuple[str, ...] = ()
+
+    def check(self, caps: Capabilities) -> str | None:
+        """None when met, else the reason (the first unmet requirement)."""
+        if caps.device_type not in self.device_types:
+            return f"runs on {'/'.join(sorted(self.device_types))}, not {caps.device_type}"
+        if not caps.available:
+            return f"{caps.device}: {caps.reason}"
+        cc = caps.compute_capability
+        if self.min_capability and (cc is None or cc < self.min_capability):
+            need = ".".join(map(str, self.min_capability))
+            return f"needs compute capability >= {need}, device has {_cc(cc)}"
+        if self.max_capability and cc is not None and cc > self.max_capability:
+            top = ".".join(map(str, self.max_capability))
+            return f"needs compute capability <= {top}, device has {_cc(cc)}"
+        for pkg in self.packages:
+            status = caps.package(pkg)
+            if not status.usable:
+                return f"package {pkg}: {status.reason or 'unusable'}"
+        for op in self.aten_ops:
+            if not caps.has_op(op):
+                return f"aten.{op} has no {caps.device_type} kernel in torch {caps.torch_version}"
+        return None
+
+
+def _cc(cc: tuple[int, int] | None) -> str:
+    return ".".join(map(str, cc)) if cc else "none"
+
+
+class Kernel(ABC):
+    """Runs ``op`` for one ``format`` on ``device``.
+
+    Lifecycle: ``get_kernel`` builds ``Kernel(fmt, device)``; the caller runs
+    ``prepare(tensors)`` once per weight (the transform into the kernel's layout), then
+    calls the kernel many times with that prepared state.
+    """
+
+    #: Unique name, also the name users pass to ``prefer=`` and ``QUANTCORE_DISABLE``.
+    name: ClassVar[str]
+    #: Format name this kernel runs (``Format.name``).
+    format: ClassVar[str]
+    op: ClassVar[str] = "linear"
+    #: Higher wins among kernels that can run a problem.
+    priority: ClassVar[int] = 0
+    requires: ClassVar[Requirements]
+    #: One line for ``quantcore list``.
+    description: ClassVar[str] = ""
+
+    def __init__(self, fmt: Format, device: str | torch.device) -> None:
+        self.fmt = fmt
+        self.device = torch.device(device)
+
+    @classmethod
+    def check_device(cls, caps: Capabilities) -> str | None:
+        """None if this kernel can run on the probed device, else why not."""
+        return cls.requires.check(caps)
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        """Shape, dtype and format-parameter limits. Must not touch a device."""
+        return Support.yes()
+
+    @abstractmethod
+    def prepare(
+        self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
+    ) -> Any:
+        """Validate stored tensors and transform them into this kernel's runtime layout."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.fmt.slug} on {self.device}>"
+
+
+class LinearKernel(Kernel):
+    """``y = x Wᵀ + b`` with W in a quantized format; ``x`` is ``[..., K]``."""
+
+    op: ClassVar[str] = "linear"
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor: ...

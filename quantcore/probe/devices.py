@@ -1,0 +1,135 @@
+"""One prober per device type. Each returns Capabilities and never raises for absence."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .aten import ops_with_kernel
+from .capabilities import Capabilities, PackageStatus
+from .packages import installed_version
+
+__all__ = ["probe_cpu", "probe_cuda", "probe_npu", "probe_xpu"]
+
+_TV = torch.__version__
+
+
+def _triton_status(device_type: str) -> PackageStatus:
+    found, version = installed_version("triton", ("triton", "pytorch-triton", "pytorch-triton-xpu"))
+    if not found:
+        return PackageStatus("triton", version, False, "not installed")
+    if device_type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return PackageStatus("triton", version, True, "interpreter (TRITON_INTERPRET=1)")
+        return PackageStatus("triton", version, False, "no GPU; set TRITON_INTERPRET=1 for the interpreter")
+    return PackageStatus("triton", version, True)
+
+
+def _cuda_tile_status() -> PackageStatus:
+    found, version = installed_version("cuda.tile", ("cuda-tile",))
+    if not found:
+        return PackageStatus("cuda.tile", version, False, "not installed")
+    from shutil import which
+
+    if which("tileiras") is None:
+        return PackageStatus("cuda.tile", version, False, "tileiras compiler not on PATH")
+    return PackageStatus("cuda.tile", version, True)
+
+
+def _plain_status(module: str, dists: tuple[str, ...]) -> PackageStatus:
+    found, version = installed_version(module, dists)
+    return PackageStatus(module, version, found, "" if found else "not installed")
+
+
+def probe_cpu(device: str) -> Capabilities:
+    isa = ""
+    try:
+        isa = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        pass
+    import platform
+
+    return Capabilities(
+        device=device,
+        device_type="cpu",
+        available=True,
+        name=platform.processor() or platform.machine(),
+        torch_version=_TV,
+        packages=(_triton_status("cpu"),),
+        aten_ops=ops_with_kernel("CPU"),
+        cpu_isa=isa,
+        extra=(("threads", str(torch.get_num_threads())),),
+    )
+
+
+def probe_cuda(device: str) -> Capabilities:
+    base = {"device": device, "device_type": "cuda", "torch_version": _TV}
+    if torch.version.cuda is None and torch.version.hip is None:
+        return Capabilities(available=False, reason="torch built without CUDA", **base)
+    if not torch.cuda.is_available():
+        return Capabilities(available=False, reason="no CUDA device visible", **base)
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index >= torch.cuda.device_count():
+        return Capabilities(
+            available=False,
+            reason=f"cuda:{index} requested, {torch.cuda.device_count()} device(s) present",
+            **base,
+        )
+    props = torch.cuda.get_device_properties(index)
+    cc = (props.major, props.minor)
+    return Capabilities(
+        available=True,
+        name=props.name,
+        compute_capability=cc,
+        packages=(
+            _triton_status("cuda"),
+            _cuda_tile_status(),
+            _plain_status("tensorrt_llm", ("tensorrt_llm", "tensorrt-llm")),
+        ),
+        aten_ops=ops_with_kernel("CUDA"),
+        fp8=cc >= (8, 9),
+        fp4=cc >= (10, 0),
+        memory_bytes=props.total_memory,
+        extra=(("multiprocessors", str(props.multi_processor_count)),),
+        **base,
+    )
+
+
+def probe_xpu(device: str) -> Capabilities:
+    base = {"device": device, "device_type": "xpu", "torch_version": _TV}
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None or not hasattr(xpu, "is_available"):
+        return Capabilities(available=False, reason="torch built without XPU support", **base)
+    if not xpu.is_available():
+        return Capabilities(available=False, reason="no Intel XPU device visible", **base)
+    name = xpu.get_device_name(torch.device(device).index or 0)
+    return Capabilities(
+        available=True,
+        name=name,
+        packages=(_triton_status("xpu"),),
+        aten_ops=ops_with_kernel("XPU"),
+        **base,
+    )
+
+
+def probe_npu(device: str) -> Capabilities:
+    base = {"device": device, "device_type": "npu", "torch_version": _TV}
+    found, version = installed_version("torch_npu", ("torch_npu", "torch-npu"))
+    if not found:
+        return Capabilities(available=False, reason="torch_npu not installed", **base)
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except Exception as exc:  # a broken vendor install is an answer too
+        return Capabilities(available=False, reason=f"torch_npu failed to import: {exc}", **base)
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        return Capabilities(available=False, reason="no Ascend NPU visible", **base)
+    triton_ascend = _plain_status("triton", ("triton-ascend", "triton"))
+    return Capabilities(
+        available=True,
+        name=str(npu.get_device_name(torch.device(device).index or 0)),
+        packages=(PackageStatus("torch_npu", version, True), triton_ascend),
+        **base,
+    )

@@ -1,0 +1,29 @@
+"""Package presence without importing: version from metadata, location from find_spec.
+
+Importing triton or cuda.tile at probe time would break the rule that ``import
+quantcore`` stays light; whether a package *works* on a device is decided by the
+device's prober, which may import it only when that device is asked about.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+__all__ = ["installed_version"]
+
+
+def installed_version(module: str, distributions: tuple[str, ...]) -> tuple[bool, str | None]:
+    """(is the module importable by path, the first distribution version found)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    version = None
+    for dist in distributions:
+        try:
+            version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found, version

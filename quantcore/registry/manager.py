@@ -1,0 +1,272 @@
+"""The registry: a pluggy PluginManager plus isolation of misbehaving plugins.
+
+pluggy calls every implementation of a hook in one loop and lets the first exception
+escape. A registry that serves many vendors cannot let one broken plugin hide the
+others, so contributions are collected implementation by implementation: a plugin
+that fails to import, raises in a hook or returns something that is not a Format or
+Kernel class is recorded as broken with its error, and the rest load.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from ..errors import PluginError, UnknownFormatError
+from ..formats.base import Format
+from ..kernel import Kernel
+from .hookspecs import PROJECT, QuantcoreSpecs
+
+__all__ = ["ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
+
+ENTRY_POINT_GROUP = "quantcore"
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    plugin: str
+    stage: str  # "import", "register", a hook name, or "validate"
+    error: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    cls: type[Kernel]
+    plugin: str
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    source: str  # "entry point <dist> <version>" or "runtime"
+    formats: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    broken: list[BrokenPlugin] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "broken" if self.broken else "ok"
+
+
+def _short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Registry:
+    """Formats, kernels and conformance cases from every plugin, loaded once."""
+
+    def __init__(self, *, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
+        self._group = entry_point_group
+        self._lock = threading.RLock()
+        self._loaded = False
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(QuantcoreSpecs)
+        self._plugins: dict[str, PluginInfo] = {}
+        self._formats: dict[str, tuple[type[Format], str]] = {}
+        # Keyed by (format, op, name): one backend name ("torch_fallback") may serve many formats.
+        self._kernels: dict[tuple[str, str, str], KernelEntry] = {}
+        self._cases: list[Any] | None = None
+        #: Bumped on every change; selection caches key on it.
+        self.generation = 0
+
+    # --- loading ----------------------------------------------------------------------------
+
+    def load(self) -> Registry:
+        """Load entry-point plugins once (idempotent, thread-safe)."""
+        if self._loaded:
+            return self
+        with self._lock:
+            if self._loaded:
+                return self
+            if self._group:
+                for ep in sorted(_entry_points(self._group), key=lambda e: e.name):
+                    dist = getattr(ep, "dist", None)
+                    source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
+                    try:
+                        module = ep.load()
+                    except BaseException as exc:  # noqa: BLE001 - isolate any import failure
+                        if isinstance(exc, KeyboardInterrupt):
+                            raise
+                        info = PluginInfo(ep.name, source)
+                        info.broken.append(
+                            BrokenPlugin(ep.name, "import", _short_error(exc), traceback.format_exc())
+                        )
+                        self._plugins[ep.name] = info
+                        continue
+                    self._register(module, ep.name, source)
+            self._loaded = True
+            self.generation += 1
+        return self
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object or module at run time (tests, notebooks)."""
+        self.load()
+        with self._lock:
+            name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin):x}"
+            if name in self._plugins:
+                raise PluginError(f"plugin name {name!r} is already registered")
+            self._register(plugin, name, "runtime")
+            self.generation += 1
+            return name
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            info = self._plugins.pop(name, None)
+            if info is None:
+                raise PluginError(f"no plugin named {name!r}; registered: {sorted(self._plugins)}")
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+            self._formats = {k: v for k, v in self._formats.items() if v[1] != name}
+            self._kernels = {k: v for k, v in self._kernels.items() if v.plugin != name}
+            self._cases = None
+            self.generation += 1
+
+    def _register(self, plugin: object, name: str, source: str) -> None:
+        info = PluginInfo(name, source)
+        self._plugins[name] = info
+        try:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+        except Exception as exc:
+            info.broken.append(BrokenPlugin(name, "register", _short_error(exc)))
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+            return
+        for fmt in self._call_one(name, "quantcore_formats", info):
+            self._add_format(fmt, info)
+        for kernel in self._call_one(name, "quantcore_kernels", info):
+            self._add_kernel(kernel, info)
+        self._cases = None
+
+    def _call_one(self, plugin_name: str, hook: str, info: PluginInfo) -> list[Any]:
+        caller = getattr(self.pm.hook, hook)
+        out: list[Any] = []
+        for impl in caller.get_hookimpls():
+            if impl.plugin_name != plugin_name:
+                continue
+            try:
+                result = impl.function()
+                items = list(result) if result is not None else []
+            except Exception as exc:
+                info.broken.append(
+                    BrokenPlugin(plugin_name, hook, _short_error(exc), traceback.format_exc())
+                )
+                continue
+            out.extend(items)
+        return out
+
+    def _add_format(self, fmt: object, info: PluginInfo) -> None:
+        if not (inspect.isclass(fmt) and issubclass(fmt, Format) and isinstance(getattr(fmt, "name", None), str)):
+            info.broken.append(
+                BrokenPlugin(info.name, "validate", f"quantcore_formats returned {fmt!r}, not a Format subclass with a name")
+            )
+            return
+        owner = self._formats.get(fmt.name)
+        if owner is not None and owner[0] is not fmt:
+            info.broken.append(
+                BrokenPlugin(info.name, "validate", f"format {fmt.name!r} is already registered by plugin {owner[1]!r}")
+            )
+            return
+        self._formats[fmt.name] = (fmt, info.name)
+        info.formats.append(fmt.name)
+
+    def _add_kernel(self, kernel: object, info: PluginInfo) -> None:
+        problem = _kernel_problem(kernel)
+        if problem:
+            info.broken.append(BrokenPlugin(info.name, "validate", f"quantcore_kernels returned {kernel!r}: {problem}"))
+            return
+        assert inspect.isclass(kernel) and issubclass(kernel, Kernel)
+        key = (kernel.format, kernel.op, kernel.name)
+        owner = self._kernels.get(key)
+        if owner is not None and owner.cls is not kernel:
+            info.broken.append(
+                BrokenPlugin(
+                    info.name, "validate",
+                    f"kernel {kernel.name!r} for {kernel.format}/{kernel.op} is already registered "
+                    f"by plugin {owner.plugin!r}",
+                )
+            )
+            return
+        self._kernels[key] = KernelEntry(kernel, info.name)
+        info.kernels.append(kernel.name)
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def plugins(self) -> list[PluginInfo]:
+        self.load()
+        return list(self._plugins.values())
+
+    def broken(self) -> list[BrokenPlugin]:
+        return [b for p in self.plugins() for b in p.broken]
+
+    def formats(self) -> dict[str, type[Format]]:
+        self.load()
+        return {name: cls for name, (cls, _) in self._formats.items()}
+
+    def format_class(self, name: str) -> type[Format]:
+        formats = self.formats()
+        try:
+            return formats[name]
+        except KeyError:
+            raise UnknownFormatError(
+                f"format: expected one of {sorted(formats)}, got {name!r}"
+            ) from None
+
+    def kernels(self, format_name: str | None = None, op: str | None = None) -> list[KernelEntry]:
+        self.load()
+        return [
+            e
+            for e in self._kernels.values()
+            if (format_name is None or e.cls.format == format_name) and (op is None or e.cls.op == op)
+        ]
+
+    def kernel(self, format_name: str, op: str, name: str) -> KernelEntry:
+        self.load()
+        try:
+            return self._kernels[(format_name, op, name)]
+        except KeyError:
+            names = sorted(e.cls.name for e in self.kernels(format_name, op))
+            raise PluginError(
+                f"kernel: expected one of {names} for {format_name}/{op}, got {name!r}"
+            ) from None
+
+    def conformance_cases(self) -> list[Any]:
+        """Every plugin's cases, gathered with the same isolation as formats and kernels."""
+        self.load()
+        with self._lock:
+            if self._cases is None:
+                cases: list[Any] = []
+                for name, info in self._plugins.items():
+                    if self.pm.get_plugin(name) is None:
+                        continue
+                    cases.extend(self._call_one(name, "quantcore_conformance_cases", info))
+                self._cases = cases
+            return list(self._cases)
+
+
+def _kernel_problem(kernel: object) -> str:
+    if not (inspect.isclass(kernel) and issubclass(kernel, Kernel)):
+        return "not a Kernel subclass"
+    if inspect.isabstract(kernel):
+        missing = ", ".join(sorted(getattr(kernel, "__abstractmethods__", ())))
+        return f"abstract (does not implement {missing})"
+    for attr, kind in (("name", str), ("format", str), ("op", str), ("priority", int)):
+        if not isinstance(getattr(kernel, attr, None), kind):
+            return f"class attribute {attr!r} must be a {kind.__name__}"
+    if not hasattr(kernel, "requires"):
+        return "no 'requires' (Requirements)"
+    return ""
+
+
+def _entry_points(group: str) -> Iterable[importlib.metadata.EntryPoint]:
+    return importlib.metadata.entry_points(group=group)
+
+

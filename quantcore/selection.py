@@ -1,0 +1,243 @@
+"""Choosing a kernel: rank every candidate, keep the reason for every refusal.
+
+Environment variables (comma-separated kernel or plugin names):
+
+``QUANTCORE_DISABLE``  never choose these.
+``QUANTCORE_FORCE``    choose only this one; if it cannot run, fail and say why.
+``QUANTCORE_PREFER``   try these first, in this order (``prefer=`` overrides it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tabulate import tabulate
+
+from .errors import NoKernelError, UnknownFormatError
+from .formats.base import Format
+from .kernel import Kernel
+from .probe import normalize_device, probe
+from .problem import Problem
+from .registry import Registry, default_registry
+
+__all__ = ["ENV_DISABLE", "ENV_FORCE", "ENV_PREFER", "Candidate", "Explanation", "explain", "get_kernel"]
+
+ENV_DISABLE = "QUANTCORE_DISABLE"
+ENV_FORCE = "QUANTCORE_FORCE"
+ENV_PREFER = "QUANTCORE_PREFER"
+
+SELECTED, USABLE, REFUSED, DISABLED, BROKEN = "selected", "usable", "refused", "disabled", "broken"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str
+    plugin: str
+    priority: int
+    status: str
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "kernel": self.kernel,
+            "plugin": self.plugin,
+            "priority": self.priority,
+            "status": self.status,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Every candidate for a request, chosen or refused, and why. ``str()`` is the table."""
+
+    format: str
+    device: str
+    problem: str
+    candidates: tuple[Candidate, ...] = field(default=())
+
+    @property
+    def selected(self) -> Candidate | None:
+        for c in self.candidates:
+            if c.status == SELECTED:
+                return c
+        return None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "format": self.format,
+            "device": self.device,
+            "problem": self.problem,
+            "selected": self.selected.kernel if self.selected else None,
+            "candidates": [c.as_dict() for c in self.candidates],
+        }
+
+    def table(self) -> str:
+        head = f"{self.format} on {self.device}" + (f" for {self.problem}" if self.problem else "")
+        rows = [(c.kernel, c.plugin, c.priority, c.status, c.reason) for c in self.candidates]
+        if not rows:
+            return f"{head}: no kernel is registered for this format"
+        return head + "\n" + tabulate(
+            rows, headers=("kernel", "plugin", "priority", "status", "reason"), tablefmt="simple"
+        )
+
+    __str__ = table
+
+
+def _env_names(var: str) -> tuple[str, ...]:
+    raw = os.environ.get(var, "")
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+def _resolve(
+    format: str | Format, problem: Problem | None, registry: Registry
+) -> Format:
+    if problem is not None:
+        if isinstance(format, Format) and format != problem.format:
+            raise ValueError(f"format {format.slug} disagrees with problem.format {problem.format.slug}")
+        if isinstance(format, str) and format != problem.format.name:
+            raise UnknownFormatError(
+                f"format: {format!r} disagrees with problem.format {problem.format.name!r}"
+            )
+        return problem.format
+    if isinstance(format, Format):
+        return format
+    return registry.format_class(format)()
+
+
+def _match(entry_names: tuple[str, str], names: Sequence[str]) -> bool:
+    return entry_names[0] in names or entry_names[1] in names
+
+
+def explain(
+    format: str | Format,
+    device: str | torch.device = "cpu",
+    *,
+    problem: Problem | None = None,
+    prefer: str | Sequence[str] | None = None,
+    registry: Registry | None = None,
+) -> Explanation:
+    """Rank every kernel registered for ``format`` on ``device``, as data."""
+    reg = registry or default_registry()
+    fmt = _resolve(format, problem, reg)
+    return _explain(fmt, normalize_device(device), problem, _prefer_tuple(prefer), reg)
+
+
+def _prefer_tuple(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
+    if prefer is None:
+        return _env_names(ENV_PREFER)
+    if isinstance(prefer, str):
+        return (prefer,)
+    return tuple(prefer)
+
+
+def _explain(
+    fmt: Format, device: str, problem: Problem | None, prefer: tuple[str, ...], reg: Registry
+) -> Explanation:
+    caps = probe(device)
+    disabled, forced = _env_names(ENV_DISABLE), _env_names(ENV_FORCE)
+    op = problem.op if problem is not None else fmt.op
+    usable: list[tuple[tuple[int, int, str], Candidate]] = []
+    others: list[Candidate] = []
+    for entry in reg.kernels(fmt.name, op):
+        cls, names = entry.cls, (entry.cls.name, entry.plugin)
+        row = dict(kernel=cls.name, plugin=entry.plugin, priority=cls.priority)
+        if _match(names, disabled):
+            others.append(Candidate(**row, status=DISABLED, reason=f"{ENV_DISABLE}={','.join(disabled)}"))
+            continue
+        if forced and not _match(names, forced):
+            others.append(Candidate(**row, status=REFUSED, reason=f"{ENV_FORCE}={','.join(forced)}"))
+            continue
+        reason = _refusal(cls, caps, problem)
+        if reason:
+            others.append(Candidate(**row, status=REFUSED, reason=reason))
+            continue
+        note = "" if problem is not None else "no problem given: shape and dtype limits unchecked"
+        rank_prefer = next((i for i, n in enumerate(prefer) if n in names), len(prefer))
+        usable.append(((rank_prefer, -cls.priority, cls.name), Candidate(**row, status=USABLE, reason=note)))
+    usable.sort(key=lambda item: item[0])
+    ranked = [c for _, c in usable]
+    if ranked:
+        first = ranked[0]
+        why = "highest priority" if not prefer or first.kernel not in prefer else "preferred"
+        ranked[0] = Candidate(
+            first.kernel, first.plugin, first.priority, SELECTED,
+            why + (f"; {first.reason}" if first.reason else ""),
+        )
+    broken = [Candidate("-", b.plugin, 0, BROKEN, f"{b.stage}: {b.error}") for b in reg.broken()]
+    return Explanation(
+        format=fmt.slug,
+        device=device,
+        problem=problem.describe() if problem is not None else "",
+        candidates=tuple(ranked + others + broken),
+    )
+
+
+def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:
+    """Why ``cls`` cannot run here, or "". A kernel whose checks raise is refused, never chosen."""
+    try:
+        reason = cls.check_device(caps)  # type: ignore[arg-type]
+    except Exception as exc:
+        return f"check_device raised {type(exc).__name__}: {exc}"
+    if reason:
+        return reason
+    if problem is None:
+        return ""
+    try:
+        ok, why = cls.supports(problem)
+    except Exception as exc:
+        return f"supports raised {type(exc).__name__}: {exc}"
+    return "" if ok else (why or "supports() refused without a reason")
+
+
+_cache: dict[tuple[object, ...], Kernel] = {}
+_cache_lock = threading.Lock()
+
+
+def get_kernel(
+    format: str | Format,
+    device: str | torch.device = "cpu",
+    *,
+    problem: Problem | None = None,
+    prefer: str | Sequence[str] | None = None,
+    registry: Registry | None = None,
+) -> Kernel:
+    """The best registered kernel for ``format`` that can run on ``device``.
+
+    ``problem`` (shape, dtype, format parameters) lets kernels refuse what they cannot
+    run; without it only device requirements are checked. Raises
+    :class:`~quantcore.errors.NoKernelError` whose message is the explain table.
+    Results are cached per (format, device, problem, preferences, environment).
+    """
+    reg = registry or default_registry()
+    if not reg._loaded:
+        reg.load()
+    key = (
+        format, str(device), problem, prefer if not isinstance(prefer, list) else tuple(prefer),
+        os.environ.get(ENV_DISABLE), os.environ.get(ENV_FORCE), os.environ.get(ENV_PREFER),
+        id(reg), reg.generation,
+    )
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    fmt = _resolve(format, problem, reg)
+    dev = normalize_device(device)
+    explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
+    chosen = explanation.selected
+    if chosen is None:
+        raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
+    kernel = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel).cls(
+        fmt, torch.device(dev)
+    )
+    with _cache_lock:
+        _cache[key] = kernel
+    return kernel
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
