@@ -3,17 +3,16 @@ on them and how its output is judged. The matrix itself is op-agnostic."""
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from typing import Any
-
-import torch
 
 from quantcore.kernel import Kernel
 
 from .case import Case
 from .tolerance import Comparison
 
-__all__ = ["OpHarness", "get_harness", "register_harness"]
+__all__ = ["OpHarness", "get_harness"]
 
 
 class OpHarness(ABC):
@@ -39,18 +38,17 @@ class OpHarness(ABC):
     def judge(self, output: Any, case: Case, inputs: Any) -> Comparison: ...
 
 
-_HARNESSES: dict[str, OpHarness] = {}
-
-
-def register_harness(harness: OpHarness) -> OpHarness:
-    _HARNESSES[harness.op] = harness
-    return harness
-
-
 def get_harness(op: str) -> OpHarness:
-    if not _HARNESSES:
-        from . import linear_harness  # noqa: F401  (registers itself)
-    try:
-        return _HARNESSES[op]
-    except KeyError:
-        raise KeyError(f"no conformance harness for op {op!r}; have {sorted(_HARNESSES)}") from None
+    """The harness of ``op``: module ``quantcore.conformance.harnesses.<op>``, attribute
+    ``HARNESS``. One module per op keeps ops independent of each other."""
+    hit = _HARNESSES.get(op)
+    if hit is None:
+        try:
+            module = importlib.import_module(f"quantcore.conformance.harnesses.{op}")
+        except ModuleNotFoundError as exc:
+            raise KeyError(f"no conformance harness for op {op!r} ({exc})") from None
+        hit = _HARNESSES[op] = module.HARNESS
+    return hit
+
+
+_HARNESSES: dict[str, OpHarness] = {}

@@ -31,6 +31,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): cells sharing golden weights")
+    from quantcore.conformance.interpreter import enable_interpreter_for
+
+    enable_interpreter_for(config.getoption("--qc-device"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -106,6 +106,12 @@ class Kernel(ABC):
         return cls.requires.check(caps)
 
     @classmethod
+    def priority_on(cls, caps: Capabilities) -> int:
+        """Rank on this device; override when it depends on the device (a Triton kernel
+        runs on CPU only under the interpreter, and should rank below plain torch there)."""
+        return cls.priority
+
+    @classmethod
     def supports(cls, problem: Problem) -> Support:
         """Shape, dtype and format-parameter limits. Must not touch a device."""
         return Support.yes()

@@ -145,7 +145,7 @@ def _explain(
     others: list[Candidate] = []
     for entry in reg.kernels(fmt.name, op):
         cls, names = entry.cls, (entry.cls.name, entry.plugin)
-        row = dict(kernel=cls.name, plugin=entry.plugin, priority=cls.priority)
+        row = dict(kernel=cls.name, plugin=entry.plugin, priority=_priority(cls, caps))
         if _match(names, disabled):
             others.append(Candidate(**row, status=DISABLED, reason=f"{ENV_DISABLE}={','.join(disabled)}"))
             continue
@@ -158,7 +158,7 @@ def _explain(
             continue
         note = "" if problem is not None else "no problem given: shape and dtype limits unchecked"
         rank_prefer = next((i for i, n in enumerate(prefer) if n in names), len(prefer))
-        usable.append(((rank_prefer, -cls.priority, cls.name), Candidate(**row, status=USABLE, reason=note)))
+        usable.append(((rank_prefer, -row["priority"], cls.name), Candidate(**row, status=USABLE, reason=note)))
     usable.sort(key=lambda item: item[0])
     ranked = [c for _, c in usable]
     if ranked:
@@ -175,6 +175,13 @@ def _explain(
         problem=problem.describe() if problem is not None else "",
         candidates=tuple(ranked + others + broken),
     )
+
+
+def _priority(cls: type[Kernel], caps: object) -> int:
+    try:
+        return int(cls.priority_on(caps))  # type: ignore[arg-type]
+    except Exception:
+        return cls.priority
 
 
 def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:

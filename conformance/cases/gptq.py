@@ -1,6 +1,4 @@
-"""The built-in conformance cases, contributed through the ``quantcore_conformance_cases``
-hook like a third party's. Each format's grid is a function here; the ``ci`` profile
-keeps CPU time bounded, ``full`` is what a device lane runs."""
+"""GPTQ conformance cases."""
 
 from __future__ import annotations
 
@@ -9,9 +7,7 @@ import itertools
 import torch
 
 from quantcore.formats.gptq import GPTQ
-from quantcore.registry import hookimpl
-
-from .case import Case
+from ..case import Case
 
 __all__ = ["gptq_cases"]
 
@@ -38,7 +34,3 @@ def gptq_cases() -> list[Case]:
     cases.append(Case(GPTQ(bits=4, group_size=-1), (("M", 3), ("K", 48), ("N", 64)), torch.float16))
     return cases
 
-
-@hookimpl
-def quantcore_conformance_cases() -> list[Case]:
-    return gptq_cases()

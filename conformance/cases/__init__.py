@@ -1,0 +1,17 @@
+"""The built-in conformance cases, contributed through the ``quantcore_conformance_cases``
+hook like a third party's. One module per format; the ``ci`` profile keeps CPU time
+bounded, ``full`` is what a device lane runs."""
+
+from __future__ import annotations
+
+from quantcore.registry import hookimpl
+
+from ..case import Case
+from .gptq import gptq_cases
+
+__all__ = ["gptq_cases"]
+
+
+@hookimpl
+def quantcore_conformance_cases() -> list[Case]:
+    return [*gptq_cases()]
