@@ -1,0 +1,5 @@
+import sys
+
+from quantcore.cli.main import main
+
+sys.exit(main())

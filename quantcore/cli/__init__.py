@@ -1,0 +1,1 @@
+"""The ``quantcore`` command: list, doctor, explain, conformance."""

@@ -1,0 +1,44 @@
+"""``quantcore conformance``: run the matrix on a device and print it as a table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .output import emit_json
+
+
+def run(args: argparse.Namespace) -> int:
+    # Before anything imports triton: on a CPU run, Triton cells use the interpreter.
+    from quantcore.conformance.interpreter import enable_interpreter_for
+
+    enable_interpreter_for(args.device)
+    from quantcore.conformance.report import counts, detail_table, summary_table
+    from quantcore.conformance.runner import collect_cells, run_cell
+
+    cells = collect_cells(profile=args.profile, formats=args.format, kernels=args.backend)
+    if not cells:
+        print("no conformance cells match these filters", file=sys.stderr)
+        return 2
+    results = []
+    start = time.perf_counter()
+    show = sys.stderr.isatty()
+    for i, cell in enumerate(cells, 1):
+        results.append(run_cell(cell, args.device))
+        if show or i % 100 == 0 or i == len(cells):
+            line = f"[{i}/{len(cells)}] {time.perf_counter() - start:5.0f}s {cell.id}"
+            print(("\r" + line[:110].ljust(110)) if show else line, end="" if show else "\n", file=sys.stderr)
+    if show:
+        print(file=sys.stderr)
+    if args.json != "-":
+        print(f"quantcore conformance on {args.device} (profile {args.profile}, {len(cells)} cells, "
+              f"{time.perf_counter() - start:.0f}s)\n")
+        print(detail_table(results) if args.detail else summary_table(results))
+    from quantcore.probe import probe
+
+    caps = probe(args.device)
+    meta = {"profile": args.profile, "device_name": caps.name, "torch": caps.torch_version}
+    emit_json({"device": args.device, **meta, "counts": counts(results),
+               "cells": [r.as_dict() for r in results]}, args.json)
+    return 1 if counts(results)["FAIL"] else 0

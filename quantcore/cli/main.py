@@ -1,0 +1,60 @@
+"""Entry point of the ``quantcore`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quantcore", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", metavar="PATH", help="also write the result as JSON (- for stdout only)")
+        return p
+
+    add("list", "plugins, formats and kernels; broken plugins with their error")
+    p = add("doctor", "what each device offers, as probed")
+    p.add_argument("--device", action="append", help="probe only these (repeatable)")
+    p = add("explain", "every candidate kernel for a format on a device, chosen or refused, and why")
+    p.add_argument("format", help="format name, e.g. gptq")
+    p.add_argument("device", nargs="?", default="cpu", help="cpu, cuda, cuda:1, xpu, npu (default cpu)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="format parameter, e.g. -p bits=4 -p group_size=128")
+    for dim in ("M", "K", "N"):
+        p.add_argument(f"-{dim}", type=int, help=f"problem dim {dim}")
+    p.add_argument("--dtype", default="bf16", help="activation dtype (bf16, fp16, fp32)")
+    p.add_argument("--prefer", action="append", help="kernel names to try first")
+    p = add("conformance", "run the conformance matrix on a device and print it")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--profile", default="ci", choices=("ci", "full"))
+    p.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
+    p.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
+    p.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        from .list_cmd import run
+    elif args.command == "doctor":
+        from .doctor import run
+    elif args.command == "explain":
+        from .explain import run
+    else:
+        from .conformance import run
+    from ..errors import QuantCoreError
+
+    try:
+        return run(args)
+    except QuantCoreError as exc:
+        print(f"quantcore {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
