@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QuantCoreError as exc:
         print(f"quantcore {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `quantcore list | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
