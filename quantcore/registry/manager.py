@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import threading
 import traceback
 from collections.abc import Callable, Iterable
@@ -27,6 +28,8 @@ from .hookspecs import PROJECT, QuantcoreSpecs
 __all__ = ["ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
 
 ENTRY_POINT_GROUP = "quantcore"
+#: Comma-separated plugin (entry-point) names never to load, like pytest's ``-p no:NAME``.
+ENV_BLOCK = "QUANTCORE_BLOCK_PLUGINS"
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,12 @@ class PluginInfo:
     formats: list[str] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)
     broken: list[BrokenPlugin] = field(default_factory=list)
+    blocked: bool = False
 
     @property
     def status(self) -> str:
+        if self.blocked:
+            return "blocked"
         return "broken" if self.broken else "ok"
 
 
@@ -63,8 +69,16 @@ def _short_error(exc: BaseException) -> str:
 class Registry:
     """Formats, kernels and conformance cases from every plugin, loaded once."""
 
-    def __init__(self, *, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
+    def __init__(
+        self,
+        *,
+        entry_point_group: str | None = ENTRY_POINT_GROUP,
+        blocked: Iterable[str] | None = None,
+    ) -> None:
         self._group = entry_point_group
+        if blocked is None:
+            blocked = (n.strip() for n in os.environ.get(ENV_BLOCK, "").split(","))
+        self.blocked = frozenset(n for n in blocked if n)
         self._lock = threading.RLock()
         self._loaded = False
         self.pm = pluggy.PluginManager(PROJECT)
@@ -90,6 +104,9 @@ class Registry:
                 for ep in sorted(_entry_points(self._group), key=lambda e: e.name):
                     dist = getattr(ep, "dist", None)
                     source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
+                    if ep.name in self.blocked:
+                        self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
+                        continue
                     try:
                         module = ep.load()
                     except BaseException as exc:  # noqa: BLE001 - isolate any import failure
