@@ -10,7 +10,6 @@ Environment variables (comma-separated kernel or plugin names):
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -201,10 +200,6 @@ def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:
     return "" if ok else (why or "supports() refused without a reason")
 
 
-_cache: dict[tuple[object, ...], Kernel] = {}
-_cache_lock = threading.Lock()
-
-
 def get_kernel(
     format: str | Format,
     device: str | torch.device = "cpu",
@@ -226,9 +221,9 @@ def get_kernel(
     key = (
         format, str(device), problem, prefer if not isinstance(prefer, list) else tuple(prefer),
         os.environ.get(ENV_DISABLE), os.environ.get(ENV_FORCE), os.environ.get(ENV_PREFER),
-        id(reg), reg.generation,
     )
-    hit = _cache.get(key)
+    cache = reg.selection_cache
+    hit = cache.get(key)
     if hit is not None:
         return hit
     fmt = _resolve(format, problem, reg)
@@ -240,11 +235,6 @@ def get_kernel(
     kernel = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel).cls(
         fmt, torch.device(dev)
     )
-    with _cache_lock:
-        _cache[key] = kernel
+    cache[key] = kernel
     return kernel
 
-
-def clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()

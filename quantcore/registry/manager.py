@@ -88,8 +88,10 @@ class Registry:
         # Keyed by (format, op, name): one backend name ("torch_fallback") may serve many formats.
         self._kernels: dict[tuple[str, str, str], KernelEntry] = {}
         self._cases: list[Any] | None = None
-        #: Bumped on every change; selection caches key on it.
+        #: Bumped on every change.
         self.generation = 0
+        #: Kernels chosen by ``get_kernel``, emptied on every change of the registry.
+        self.selection_cache: dict[tuple[object, ...], Kernel] = {}
 
     # --- loading ----------------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ class Registry:
                         continue
                     self._register(module, ep.name, source)
             self._loaded = True
-            self.generation += 1
+            self._changed()
         return self
 
     def register(self, plugin: object, name: str | None = None) -> str:
@@ -131,7 +133,7 @@ class Registry:
             if name in self._plugins:
                 raise PluginError(f"plugin name {name!r} is already registered")
             self._register(plugin, name, "runtime")
-            self.generation += 1
+            self._changed()
             return name
 
     def unregister(self, name: str) -> None:
@@ -144,7 +146,11 @@ class Registry:
             self._formats = {k: v for k, v in self._formats.items() if v[1] != name}
             self._kernels = {k: v for k, v in self._kernels.items() if v.plugin != name}
             self._cases = None
-            self.generation += 1
+            self._changed()
+
+    def _changed(self) -> None:
+        self.generation += 1
+        self.selection_cache.clear()
 
     def _register(self, plugin: object, name: str, source: str) -> None:
         info = PluginInfo(name, source)
