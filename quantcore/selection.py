@@ -144,20 +144,20 @@ def _explain(
     others: list[Candidate] = []
     for entry in reg.kernels(fmt.name, op):
         cls, names = entry.cls, (entry.cls.name, entry.plugin)
-        row = dict(kernel=cls.name, plugin=entry.plugin, priority=_priority(cls, caps))
+        priority = _priority(cls, caps)
         if _match(names, disabled):
-            others.append(Candidate(**row, status=DISABLED, reason=f"{ENV_DISABLE}={','.join(disabled)}"))
+            others.append(Candidate(*names, priority, DISABLED, f"{ENV_DISABLE}={','.join(disabled)}"))
             continue
         if forced and not _match(names, forced):
-            others.append(Candidate(**row, status=REFUSED, reason=f"{ENV_FORCE}={','.join(forced)}"))
+            others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
         reason = _refusal(cls, caps, problem)
         if reason:
-            others.append(Candidate(**row, status=REFUSED, reason=reason))
+            others.append(Candidate(*names, priority, REFUSED, reason))
             continue
         note = "" if problem is not None else "no problem given: shape and dtype limits unchecked"
         rank_prefer = next((i for i, n in enumerate(prefer) if n in names), len(prefer))
-        usable.append(((rank_prefer, -row["priority"], cls.name), Candidate(**row, status=USABLE, reason=note)))
+        usable.append(((rank_prefer, -priority, cls.name), Candidate(*names, priority, USABLE, note)))
     usable.sort(key=lambda item: item[0])
     ranked = [c for _, c in usable]
     if ranked:

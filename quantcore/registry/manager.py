@@ -14,7 +14,7 @@ import inspect
 import os
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +111,7 @@ class Registry:
                         continue
                     try:
                         module = ep.load()
-                    except BaseException as exc:  # noqa: BLE001 - isolate any import failure
+                    except BaseException as exc:
                         if isinstance(exc, KeyboardInterrupt):
                             raise
                         info = PluginInfo(ep.name, source)

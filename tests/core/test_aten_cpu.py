@@ -98,7 +98,7 @@ def test_supports_refuses_with_the_rule(fmt: GPTQ, dims: dict[str, int], reason:
 
 def test_prepare_refuses_what_the_op_cannot_pack() -> None:
     fmt = GPTQ(group_size=32)
-    with pytest.raises(UnsupportedProblemError, match="out_features: .* multiple of 16, got 8"):
+    with pytest.raises(UnsupportedProblemError, match=r"out_features: .* multiple of 16, got 8"):
         AtenCpuGPTQ(fmt, "cpu").prepare(quantized(fmt, n=8))
 
 

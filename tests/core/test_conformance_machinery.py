@@ -62,7 +62,7 @@ def test_refusal_is_skip_with_reason(registry: Registry) -> None:
 def test_raising_prepare_is_fail_with_the_error(registry: Registry) -> None:
     k = dense_kernel("crashy")
 
-    def prepare(self, tensors, *, dtype=None):  # noqa: ANN001, ANN202
+    def prepare(self, tensors, *, dtype=None):
         raise RuntimeError("segfault avoided")
 
     k.prepare = prepare

@@ -93,7 +93,7 @@ def good() -> tuple[GPTQ, dict[str, torch.Tensor]]:
         (lambda t: t.update(qweight=t["qweight"][:, :3]), r"out_features = 3 .* multiple of 8"),
     ],
 )
-def test_validate_names_the_tensor(mutate, message: str) -> None:  # noqa: ANN001
+def test_validate_names_the_tensor(mutate, message: str) -> None:
     fmt, t = good()
     mutate(t)
     with pytest.raises(TensorFormatError, match=message):

@@ -87,7 +87,7 @@ def test_kernels_whose_checks_raise_are_refused_not_chosen(registry: Registry) -
     boom = dense_kernel("boom", priority=500)
 
     @classmethod  # type: ignore[misc]
-    def supports(cls, problem):  # noqa: ANN001
+    def supports(cls, problem):
         raise ZeroDivisionError("bad vendor math")
 
     boom.supports = supports
