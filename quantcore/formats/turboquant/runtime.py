@@ -1,0 +1,197 @@
+"""The runtime contract of TurboQuant kernels: one pass at a time, as the seed runs it.
+
+The seed's forward is ``_forward_pass(x, pass1) + _forward_pass(x, pass2) + bias``.
+Kernels expose exactly that step, :meth:`TurboQuantLinearKernel.run_pass`, on a
+:class:`PassData` — a pass's tensors in the kernel's layout — so that the CPU-offload
+path (``offload.py``) can hand pass 2 to the kernel from a GPU scratch slot instead of
+from resident memory, with no kernel knowing the difference.
+
+Numerics policy (``compute_dtype``): on CPU every step runs in float32 (the Triton
+interpreter's ``tl.dot`` is only right in fp32, notes/triton-interpreter.md); on a GPU
+the input rotation is a GEMM in the activation dtype (tensor cores, fp32 accumulation)
+and the weight side is fed to the matrix units in the activation dtype, accumulating in
+fp32. Each pass accumulates in fp32; the output is rounded to the activation dtype once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ...errors import KernelInputError
+from ...kernel import LinearKernel, Support
+from ...problem import Problem
+from ...tensors import describe
+from .format import PASS_TENSORS, TurboQuant
+
+__all__ = [
+    "ACT_DTYPES",
+    "PassData",
+    "TurboQuantLinearKernel",
+    "TurboQuantPrepared",
+    "compute_dtype",
+    "pass_tensors",
+    "rotate_input",
+]
+
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def compute_dtype(device: torch.device, act_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype the input rotation and the matrix units run in (see module docstring)."""
+    if device.type == "cpu" or act_dtype is None:
+        return torch.float32
+    return act_dtype
+
+
+@dataclass(frozen=True)
+class PassData:
+    """One pass in a kernel's layout. Every field is a tensor, so a pass can be moved,
+    pinned or viewed from a scratch buffer field by field (``dataclasses.fields``)."""
+
+    indices: torch.Tensor  # [N, K/2] uint8, as stored
+    scales: torch.Tensor  # [N, G] float32: norms / √d
+    rotation: torch.Tensor  # [R, d, d] in the compute dtype: x_rot_g = x_g @ rotation[r]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def map(self, fn: Any) -> PassData:
+        """A PassData with ``fn`` applied to every tensor."""
+        return PassData(**{name: fn(t) for name, t in self.tensors().items()})
+
+
+@dataclass
+class TurboQuantPrepared:
+    passes: tuple[PassData, ...]
+    codebook: torch.Tensor  # [2^bits] float32
+    bias: torch.Tensor | None  # [N] float32
+    in_features: int
+    out_features: int
+    group_size: int
+    #: Per-kernel derived state (lookup tables per dtype, ...), filled lazily.
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+
+def pass_tensors(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """``{"indices", "norms", "rotation"}`` of the pass whose names start with ``prefix``."""
+    return {name: tensors[prefix + name] for name in PASS_TENSORS}
+
+
+def rotate_input(x2d: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """``x_g @ rotation[r]`` for every group g of d columns (r = g, or 0 when shared):
+    the small separate GEMM that moves Π_g from the weight to the activation."""
+    m, k = x2d.shape
+    r, d, _ = rotation.shape
+    x = x2d.to(rotation.dtype)
+    if r == 1:
+        return (x.reshape(m * (k // d), d) @ rotation[0]).reshape(m, k)
+    rotated = torch.bmm(x.reshape(m, k // d, d).transpose(0, 1), rotation)  # [G, M, d]
+    return rotated.transpose(0, 1).reshape(m, k)
+
+
+class TurboQuantLinearKernel(LinearKernel):
+    """Base of the TurboQuant linear kernels: validation, the two-pass composition and
+    the per-pass preparation; subclasses implement :meth:`run_pass` and say, through
+    ``split_halves``, which order their rotations put the rotated coordinates in."""
+
+    format: ClassVar[str] = "turboquant"
+    #: True: the rotation writes each group's even coordinates first, then its odd ones,
+    #: so the low and the high nibbles of a byte row meet contiguous activations
+    #: (see quantcore/transforms/turboquant_passes.py).
+    split_halves: ClassVar[bool] = False
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        fmt = problem.format
+        if not isinstance(fmt, TurboQuant):
+            return Support.no(f"format {fmt.slug} is not TurboQuant")
+        if problem.act_dtype not in ACT_DTYPES:
+            return Support.no(f"activation dtype {problem.act_dtype}: expected bf16, fp16 or fp32")
+        k = problem.get("K")
+        if k is not None and k % fmt.group_size:
+            return Support.no(f"K={k} is not a multiple of group_size={fmt.group_size}")
+        return Support.yes()
+
+    # --- preparation ----------------------------------------------------------------------
+
+    def compute_dtype(self, act_dtype: torch.dtype | None) -> torch.dtype:
+        return compute_dtype(self.device, act_dtype)
+
+    def prepare_pass(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype) -> PassData:
+        """One pass (``indices``, ``norms``, ``rotation``) → PassData on the tensors' own
+        device, the rotation cast to ``dtype``. Pure: the offload path runs it on CPU."""
+        from ...transforms.turboquant_passes import TurboQuantPassTransform
+
+        fp32 = TurboQuantPassTransform(self.fmt, split_halves=self.split_halves).apply(tensors)  # type: ignore[arg-type]
+        return dataclasses.replace(fp32, rotation=fp32.rotation.to(dtype))
+
+    def prepare(
+        self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
+    ) -> TurboQuantPrepared:
+        fmt = self.fmt
+        assert isinstance(fmt, TurboQuant)
+        tensors = {name: t.to(self.device) for name, t in tensors.items()}
+        dims = fmt.validate(tensors)
+        if dtype is not None and dtype not in ACT_DTYPES:
+            raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
+        cdt = self.compute_dtype(dtype)
+        bias = tensors.get("bias")
+        return TurboQuantPrepared(
+            passes=tuple(self.prepare_pass(pass_tensors(tensors, p), dtype=cdt) for p in fmt.passes),
+            codebook=tensors["codebook"].to(torch.float32).contiguous(),
+            bias=None if bias is None else bias.to(torch.float32),
+            in_features=dims["K"],
+            out_features=dims["N"],
+            group_size=fmt.group_size,
+        )
+
+    # --- running --------------------------------------------------------------------------
+
+    def run_pass(
+        self,
+        x2d: torch.Tensor,
+        data: PassData,
+        prepared: TurboQuantPrepared,
+        *,
+        partial: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """``partial + x Ŵ_passᵀ (+ bias)`` as ``[M, N]`` in ``out_dtype``; ``partial``
+        (float32) carries the earlier passes. Pass ``out_dtype=torch.float32`` and no bias
+        for a pass whose result another pass will extend."""
+        raise NotImplementedError
+
+    def check_input(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> None:
+        if type(prepared) is not TurboQuantPrepared:
+            raise KernelInputError(
+                f"prepared: expected the TurboQuantPrepared that {self.name}.prepare returns, "
+                f"got {type(prepared).__name__}"
+            )
+        k = prepared.in_features
+        if x.dtype not in ACT_DTYPES or x.device != self.device or x.dim() < 1 or x.shape[-1] != k:
+            raise KernelInputError(
+                f"x: expected [..., {k}] bf16/fp16/fp32 on {self.device}, got {describe(x)}"
+            )
+
+    def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
+        self.check_input(x, prepared)
+        x2d = x.reshape(-1, prepared.in_features)
+        out: torch.Tensor | None = None
+        last = len(prepared.passes) - 1
+        for i, data in enumerate(prepared.passes):
+            final = i == last
+            out = self.run_pass(
+                x2d, data, prepared,
+                partial=out,
+                bias=prepared.bias if final else None,
+                out_dtype=x.dtype if final else torch.float32,
+            )
+        assert out is not None
+        return out.view(*x.shape[:-1], prepared.out_features)
+

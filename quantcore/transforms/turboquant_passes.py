@@ -1,0 +1,66 @@
+"""One TurboQuant pass (``indices``, ``norms``, ``rotation``) → a kernel's :class:`PassData`.
+
+* ``scales = norms / √d`` in float32: the per-(row, group) factor every kernel applies;
+* ``rotation`` becomes the right-hand side of the input GEMM, ``P_g = Π_gᵀ``, so that
+  ``x_rot_g = x_g @ P_g``;
+* with ``split_halves`` the columns of ``P_g`` are reordered to the even coordinates of
+  the group followed by its odd ones. Byte j of a row holds coordinates 2j (low nibble)
+  and 2j+1 (high nibble); in the reordered activation those sit at j and d/2 + j, so a
+  fused kernel multiplies the low nibbles of d/2 consecutive bytes with one contiguous
+  half of the group and the high nibbles with the other — no interleaving in registers.
+
+Nothing is lost for the float32 rotation; ``norms`` come back bit for bit when they were
+stored in float16 or bfloat16 (``scales`` carry 24 bits), so the inverse rebuilds those
+checkpoints exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from ..formats.turboquant.format import TurboQuant
+from ..formats.turboquant.runtime import PassData
+from ..transform import Transform
+
+__all__ = ["TurboQuantPassTransform", "split_halves_order"]
+
+
+def split_halves_order(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[0, 2, 4, …, d−2, 1, 3, …, d−1]``: where each rotated coordinate goes."""
+    return torch.cat((torch.arange(0, d, 2, device=device), torch.arange(1, d, 2, device=device)))
+
+
+class TurboQuantPassTransform(Transform[Mapping[str, torch.Tensor], PassData]):
+    name = "turboquant-pass"
+
+    def __init__(self, fmt: TurboQuant, *, split_halves: bool) -> None:
+        self.fmt = fmt
+        self.split_halves = split_halves
+
+    def apply(self, src: Mapping[str, torch.Tensor]) -> PassData:
+        d = self.fmt.group_size
+        rhs = src["rotation"].to(torch.float32).transpose(-1, -2)  # P_g = Π_gᵀ
+        if self.split_halves:
+            rhs = rhs[:, :, split_halves_order(d, rhs.device)]
+        return PassData(
+            indices=src["indices"].contiguous(),
+            scales=(src["norms"].to(torch.float32) / math.sqrt(d)).contiguous(),
+            rotation=rhs.contiguous(),
+        )
+
+    def invert(self, dst: PassData) -> dict[str, torch.Tensor]:
+        d = self.fmt.group_size
+        rhs = dst.rotation.to(torch.float32)
+        if self.split_halves:
+            order = split_halves_order(d, rhs.device)
+            unsplit = torch.empty_like(rhs)
+            unsplit[:, :, order] = rhs
+            rhs = unsplit
+        return {
+            "indices": dst.indices,
+            "norms": (dst.scales * math.sqrt(d)).to(self.fmt.norm_dtype),
+            "rotation": rhs.transpose(-1, -2).contiguous(),
+        }
