@@ -84,11 +84,11 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     timed = [r for r in rows if r["role"] != "skipped" and "M" in r["dims"]]
     panels = sorted({tuple((k, v) for k, v in r["dims"].items() if k != "M") for r in timed})
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels, strict=False):
         mine = [r for r in timed if tuple((k, v) for k, v in r["dims"].items() if k != "M") == panel]
         for variant in dict.fromkeys(r["variant"] for r in mine):
             pts = sorted((r["dims"]["M"], r["time_s"] * 1e6) for r in mine if r["variant"] == variant)
-            ax.plot(*zip(*pts), marker="o", label=variant)
+            ax.plot(*zip(*pts, strict=True), marker="o", label=variant)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("M")

@@ -27,8 +27,8 @@ def run_cases(
         if progress:
             print(f"[{i}] {time.perf_counter() - start:6.1f}s {case.suite} {case.label}", file=sys.stderr, flush=True)
         timings = time_interleaved([v.fn for v in case.variants], device, rounds=rounds)
-        peer_times = {v.name: t.median_s for v, t in zip(case.variants, timings) if v.role == "peer"}
-        for v, t in zip(case.variants, timings):
+        peer_times = {v.name: t.median_s for v, t in zip(case.variants, timings, strict=True) if v.role == "peer"}
+        for v, t in zip(case.variants, timings, strict=True):
             rows.append({
                 "suite": case.suite,
                 "case": case.label,

@@ -119,6 +119,6 @@ def _measure(problem: Problem, device: str, candidates: list[str], registry: Reg
         names.append(name)
     if runners:
         timings = time_interleaved(runners, device, rounds=5)
-        result.seconds = {n: t.median_s for n, t in zip(names, timings)}
+        result.seconds = {n: t.median_s for n, t in zip(names, timings, strict=True)}
         result.winner = min(result.seconds, key=result.seconds.__getitem__)
     return result

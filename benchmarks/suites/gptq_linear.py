@@ -15,8 +15,8 @@ import torch
 
 from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
-from quantcore.selection import explain
 from quantcore.registry import default_registry
+from quantcore.selection import explain
 
 from ..memory import rotation_sets
 from ..spec import BenchCase, Variant
