@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
         for name in available():
             print(f"{name:20} {get_suite(name).DESCRIPTION}")
         return 0
+    if args.suite == "all":
+        codes = [run(argparse.Namespace(**{**vars(args), "suite": name})) for name in available()]
+        return max(codes)
     suite = get_suite(args.suite)
     if args.shape:
         shapes = [parse_shape(s) for s in args.shape]

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
     p.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
     p = add("bench", "time kernels against their peers and the device's measured ceilings")
-    p.add_argument("suite", nargs="?", help="suite name; omit to list the suites")
+    p.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
     p.add_argument("--device", default="cpu")
     p.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
     p.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
