@@ -46,8 +46,9 @@ def _device_session(session: nox.Session, device: str) -> None:
 
 @nox.session(python=False)
 def cuda(session: nox.Session) -> None:
-    """Conformance (full profile) on the first CUDA device."""
+    """Conformance (full profile) and every benchmark suite on the first CUDA device."""
     _device_session(session, "cuda")
+    session.run("python", "-m", "quantcore", "bench", "all", "--device", "cuda", external=True)
 
 
 @nox.session(python=False)

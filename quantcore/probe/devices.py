@@ -48,6 +48,17 @@ def _absent(device: str, kind: str, reason: str) -> Capabilities:
     return Capabilities(device=device, device_type=kind, available=False, reason=reason, torch_version=_TV)
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def probe_cpu(device: str) -> Capabilities:
     isa = ""
     with contextlib.suppress(AttributeError, RuntimeError):
@@ -57,7 +68,7 @@ def probe_cpu(device: str) -> Capabilities:
         device=device,
         device_type="cpu",
         available=True,
-        name=platform.processor() or platform.machine(),
+        name=_cpu_model(),
         torch_version=_TV,
         packages=(_triton_status("cpu"),),
         aten_ops=ops_with_kernel("CPU"),
