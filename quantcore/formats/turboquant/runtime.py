@@ -64,6 +64,10 @@ class PassData:
         """A PassData with ``fn`` applied to every tensor."""
         return PassData(**{name: fn(t) for name, t in self.tensors().items()})
 
+    def map_named(self, fn: Any) -> PassData:
+        """A PassData with ``fn(name, tensor)`` applied to every tensor."""
+        return PassData(**{name: fn(name, t) for name, t in self.tensors().items()})
+
 
 @dataclass
 class TurboQuantPrepared:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 4 on a CUDA machine, in one go: doctor, the TurboQuant conformance matrix (full
+# profile, all three backends), the CUDA-only tests, and the two benchmark suites.
+#   bash benchmarks/turboquant_gpu.sh [conformance|bench|all]   (results under $OUT)
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+part=${1:-all}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python3 -m quantcore doctor --device cuda
+if [[ $part == conformance || $part == all ]]; then
+  timeout 330 python3 -m pytest -q -n 8 --dist loadgroup -p no:cacheprovider conformance \
+    --qc-device cuda --qc-profile full --qc-format turboquant 2>&1 | tail -45
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -5
+fi
+if [[ $part == bench || $part == all ]]; then
+  timeout 300 python3 -m quantcore bench turboquant_linear --device cuda --out "$OUT" --rounds 5
+  timeout 120 python3 -m quantcore bench turboquant_offload --device cuda --out "$OUT" --rounds 5
+fi
