@@ -11,11 +11,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -m quantcore doctor --device cuda
 if [[ $part == conformance || $part == all ]]; then
-  timeout 330 python3 -m pytest -q -n 8 --dist loadgroup -p no:cacheprovider conformance \
-    --qc-device cuda --qc-profile full --qc-format turboquant 2>&1 | tail -45
+  timeout "${CONFORMANCE_S:-200}" python3 -m pytest -q -n 8 --dist loadgroup -p no:cacheprovider conformance \
+    --qc-device cuda --qc-profile full --qc-format turboquant > "$OUT/conformance.log" 2>&1
+  grep -v "^FAILED" "$OUT/conformance.log" | tail -25; grep "^FAILED" "$OUT/conformance.log" | cut -c1-300 | head -12
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -5
 fi
 if [[ $part == bench || $part == all ]]; then
-  timeout 300 python3 -m quantcore bench turboquant_linear --device cuda --out "$OUT" --rounds 5
-  timeout 120 python3 -m quantcore bench turboquant_offload --device cuda --out "$OUT" --rounds 5
+  timeout "${LINEAR_S:-300}" python3 -m quantcore bench turboquant_linear --device cuda --out "$OUT" --rounds 3
+  timeout "${OFFLOAD_S:-120}" python3 -m quantcore bench turboquant_offload --device cuda --out "$OUT" --rounds 3
 fi

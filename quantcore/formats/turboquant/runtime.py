@@ -34,6 +34,7 @@ __all__ = [
     "TurboQuantLinearKernel",
     "TurboQuantPrepared",
     "compute_dtype",
+    "pad_codebook",
     "pass_tensors",
     "rotate_input",
 ]
@@ -79,6 +80,18 @@ class TurboQuantPrepared:
     group_size: int
     #: Per-kernel derived state (lookup tables per dtype, ...), filled lazily.
     cache: dict[Any, Any] = field(default_factory=dict)
+
+
+#: Codebooks are padded to 16 entries for the kernels: one on-chip table shape for every
+#: ``bits`` (Triton 3.6 fails to compile ``tl.gather`` from a 4-entry source), and the
+#: padding is never indexed because validated indices stay below ``2^bits``.
+CODEBOOK_SLOTS = 16
+
+
+def pad_codebook(codebook: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(CODEBOOK_SLOTS, dtype=torch.float32, device=codebook.device)
+    out[: codebook.shape[0]] = codebook.to(torch.float32)
+    return out
 
 
 def pass_tensors(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -147,7 +160,7 @@ class TurboQuantLinearKernel(LinearKernel):
         bias = tensors.get("bias")
         return TurboQuantPrepared(
             passes=tuple(self.prepare_pass(pass_tensors(tensors, p), dtype=cdt) for p in fmt.passes),
-            codebook=tensors["codebook"].to(torch.float32).contiguous(),
+            codebook=pad_codebook(tensors["codebook"]),
             bias=None if bias is None else bias.to(torch.float32),
             in_features=dims["K"],
             out_features=dims["N"],
@@ -178,9 +191,10 @@ class TurboQuantLinearKernel(LinearKernel):
                 f"got {type(prepared).__name__}"
             )
         k = prepared.in_features
-        if x.dtype not in ACT_DTYPES or x.device != self.device or x.dim() < 1 or x.shape[-1] != k:
+        here = prepared.codebook.device  # where prepare put the tensors ("cuda" became cuda:0)
+        if x.dtype not in ACT_DTYPES or x.device != here or x.dim() < 1 or x.shape[-1] != k:
             raise KernelInputError(
-                f"x: expected [..., {k}] bf16/fp16/fp32 on {self.device}, got {describe(x)}"
+                f"x: expected [..., {k}] bf16/fp16/fp32 on {here}, got {describe(x)}"
             )
 
     def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
