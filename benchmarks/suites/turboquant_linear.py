@@ -87,13 +87,13 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 prepared = [kernel.prepare(w, dtype=DTYPE) for w in weights]
                 case.variants.append(Variant(
                     cand.kernel + tag, "kernel",
-                    lambda i, kernel=kernel, prepared=prepared: kernel(xs[i % len(xs)], prepared[i % len(prepared)]),
+                    lambda i, kernel=kernel, prepared=prepared, xs=xs: kernel(xs[i % len(xs)], prepared[i % len(prepared)]),
                     format_bytes(fmt, m, k, n), flops * len(fmt.passes), len(prepared),
                 ))
         sets = rotation_sets(2 * k * n, device)
         ws = [torch.randn(n, k, device=dev, dtype=DTYPE) for _ in range(sets)]
         case.variants.append(Variant(
-            "dense_bf16", "peer", lambda i, ws=ws: torch.nn.functional.linear(xs[i % len(xs)], ws[i % len(ws)]),
+            "dense_bf16", "peer", lambda i, ws=ws, xs=xs: torch.nn.functional.linear(xs[i % len(xs)], ws[i % len(ws)]),
             2 * (k * n + m * k + m * n), flops, sets, "cuBLAS" if dev.type == "cuda" else "",
         ))
         yield case

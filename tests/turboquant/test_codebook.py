@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -25,10 +26,10 @@ def test_sixteen_levels_match_the_classical_table() -> None:
 def test_lloyd_fixed_point_conditions_hold(levels: int) -> None:
     c = lloyd_max_gaussian(levels)
     assert list(c) == sorted(c)
-    bounds = [-math.inf, *((a + b) / 2 for a, b in zip(c, c[1:])), math.inf]
+    bounds = [-math.inf, *((a + b) / 2 for a, b in itertools.pairwise(c)), math.inf]
     pdf = lambda x: 0.0 if math.isinf(x) else math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
     cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
-    for ci, a, b in zip(c, bounds, bounds[1:]):  # each centroid is its cell's mean
+    for ci, a, b in zip(c, bounds, bounds[1:], strict=False):  # each centroid is its cell's mean
         assert abs(ci - (pdf(a) - pdf(b)) / (cdf(b) - cdf(a))) < 1e-9
 
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .codebook import CLASSICAL_LLOYD_MAX_16, codebook_tensor, gaussian_distortion, lloyd_max_gaussian
+from .codebook import (
+    CLASSICAL_LLOYD_MAX_16,
+    codebook_tensor,
+    gaussian_distortion,
+    lloyd_max_gaussian,
+)
 from .format import PASS_TENSORS, RESIDUAL_PREFIX, TurboQuant, pack_indices, unpack_indices
 
 __all__ = [
@@ -22,8 +27,8 @@ __all__ = [
     "TurboQuantLinear",
     "codebook_tensor",
     "gaussian_distortion",
-    "load_quantized",
     "lloyd_max_gaussian",
+    "load_quantized",
     "pack_indices",
     "quantize_model",
     "save_quantized",

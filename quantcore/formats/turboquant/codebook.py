@@ -18,6 +18,7 @@ against (Max 1960; the spec quotes them to four decimals).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -46,10 +47,10 @@ def _cdf(x: float) -> float:
 
 
 def _boundaries(centroids: list[float]) -> list[float]:
-    return [-math.inf, *((a + b) / 2 for a, b in zip(centroids, centroids[1:])), math.inf]
+    return [-math.inf, *((a + b) / 2 for a, b in itertools.pairwise(centroids)), math.inf]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lloyd_max_gaussian(levels: int, *, tol: float = 1e-13, max_iter: int = 100_000) -> tuple[float, ...]:
     """Centroids (ascending) of the ``levels``-point Lloyd-Max quantizer of N(0, 1)."""
     if levels < 2:
@@ -59,10 +60,10 @@ def lloyd_max_gaussian(levels: int, *, tol: float = 1e-13, max_iter: int = 100_0
     for _ in range(max_iter):
         t = _boundaries(c)
         new = []
-        for a, b in zip(t, t[1:]):
+        for a, b in itertools.pairwise(t):
             mass = _cdf(b) - _cdf(a)
             new.append((_pdf(a) - _pdf(b)) / mass)
-        moved = max(abs(x - y) for x, y in zip(new, c))
+        moved = max(abs(x - y) for x, y in zip(new, c, strict=False))
         c = new
         if moved < tol:
             break
@@ -81,7 +82,7 @@ def gaussian_distortion(centroids: tuple[float, ...]) -> float:
     """
     t = _boundaries(list(centroids))
     total = 0.0
-    for c, a, b in zip(centroids, t, t[1:]):
+    for c, a, b in zip(centroids, t, t[1:], strict=False):
         mass = _cdf(b) - _cdf(a)
         first = _pdf(a) - _pdf(b)
         a_pdf = 0.0 if math.isinf(a) else a * _pdf(a)

@@ -76,9 +76,9 @@ def _skipped(name: str, skip: tuple[str, ...]) -> bool:
 
 def _linears(model: nn.Module, config: TurboQuantConfig) -> Iterator[tuple[str, nn.Linear]]:
     for name, module in model.named_modules():
-        if type(module) is nn.Linear and not _skipped(name, config.skip):
-            if module.in_features % config.group_size == 0:
-                yield name, module
+        eligible = type(module) is nn.Linear and not _skipped(name, config.skip)
+        if eligible and module.in_features % config.group_size == 0:
+            yield name, module
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
