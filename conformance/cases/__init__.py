@@ -8,10 +8,11 @@ from quantcore.registry import hookimpl
 
 from ..case import Case
 from .gptq import gptq_cases
+from .trtllm_moe import trtllm_moe_cases
 
-__all__ = ["gptq_cases"]
+__all__ = ["gptq_cases", "trtllm_moe_cases"]
 
 
 @hookimpl
 def quantcore_conformance_cases() -> list[Case]:
-    return [*gptq_cases()]
+    return [*gptq_cases(), *trtllm_moe_cases()]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..registry.hookspecs import hookimpl
 from .base import Format
 from .gptq import GPTQ
+from .trtllm_moe import TRTLLMMoE
 
 
 @hookimpl
 def quantcore_formats() -> list[type[Format]]:
-    return [GPTQ]
+    return [GPTQ, TRTLLMMoE]
