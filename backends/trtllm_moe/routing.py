@@ -36,7 +36,8 @@ def align_routes(route_experts: torch.Tensor, num_experts: int, block: int) -> A
     ids = route_experts.reshape(-1).long()
     r, dev = ids.numel(), ids.device
     blocks = max_blocks(r, num_experts, block)
-    counts = torch.bincount(ids, minlength=num_experts)
+    # scatter_add, not bincount: CUDA's bincount reads the max id back to the host.
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, ids, torch.ones_like(ids))
     padded = (counts + block - 1) // block * block
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(ids, stable=True)
