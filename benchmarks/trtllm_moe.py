@@ -107,14 +107,21 @@ def tile_candidates(t: int, group: int) -> list[Any]:
     r = t * TOPK
     if r <= 32:
         bm = max(16, 1 << (r - 1).bit_length())
-        return [MoETile(bm, bn, bkk, w, s, dense=True)
-                for bn, bkk, w, s in ((64, bk, 4, 4), (128, bk, 4, 4), (128, 64, 4, 6), (256, bk, 8, 3), (128, bk, 8, 4))]
+        return [MoETile(bm, bn, b, w, st, dense=True, magic=m)
+                for bn, b, w, st, m in ((32, bk, 4, 4, True), (64, bk, 4, 4, True), (64, bk, 4, 6, True),
+                                        (128, bk, 4, 4, True), (64, 64, 4, 6, True), (64, bk, 4, 4, False))]
     per = r / E
-    bms = (16, 32) if per <= 24 else (64, 128) if per <= 256 else (128,)
-    out = []
-    for bm in bms:
-        out += [MoETile(bm, 128, bk, 4, 4), MoETile(bm, 128, 64, 8, 4), MoETile(bm, 256, 64, 8, 3)]
-    return out
+    if per <= 24:
+        return [MoETile(bm, bn, b, w, st, pre_scale=p)
+                for bm in (16, 32) for bn, b, w, st, p in ((128, 64, 8, 4, False), (64, bk, 4, 4, False),
+                                                          (128, 64, 8, 4, True))]
+    if per <= 256:
+        return [MoETile(bm, bn, 64, w, st, pre_scale=p)
+                for bm, bn, w, st, p in ((64, 128, 8, 4, True), (128, 128, 8, 4, True), (128, 128, 8, 4, False),
+                                         (128, 256, 8, 3, True), (256, 128, 8, 3, True))]
+    return [MoETile(bm, bn, 64, w, st, pre_scale=p)
+            for bm, bn, w, st, p in ((256, 128, 8, 3, True), (128, 128, 8, 4, True), (256, 128, 8, 4, True),
+                                     (128, 256, 8, 3, True), (256, 64, 4, 3, True), (128, 128, 8, 4, False))]
 
 
 def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
@@ -141,6 +148,7 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
     w_dense = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
 
     rows: list[Row] = []
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
     sweeps: dict[int, list[tuple[str, float]]] = {}
     for t in TOKENS[:2] if quick else TOKENS:
         x = torch.randn(t, K, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -151,26 +159,33 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
 
         default = pick_tile(t * TOPK, E, N, group)
         tiles = tile_candidates(t, group) if sweep else []
+        # Correctness on this very shape, for every tile: against the touched experts
+        # dequantized in fp32; a tile off by more than bf16 rounding is not timed.
+        ref = reference(x, ids, q, scales, group)
         results = []
         for tile in [default, *[c for c in tiles if c != default]]:
             try:
+                y = kernel.forward(x, ids, prepared, tile=tile).float()
+                rel = float((y - ref).norm() / ref.norm())
+                if not rel < 4e-3:
+                    print(f"  T={t} {tile}: WRONG, rel err {rel:.2e}", flush=True)
+                    continue
                 ms = bench(lambda tile=tile: kernel.forward(x, ids, prepared, tile=tile), True)
             except Exception as exc:  # a tile that does not compile is reported, not fatal
-                print(f"  T={t} {tile}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                print(f"  T={t} {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 continue
-            results.append((tile, ms))
-        sweeps[t] = [(str(tl), ms) for tl, ms in results]
-        best_tile, w8_g = min(results, key=lambda r: r[1])
+            results.append((tile, ms, rel))
+            print(f"  T={t} {ms:.4f} ms rel {rel:.1e} {tile}", flush=True)
+        sweeps[t] = [(str(tl), ms, rel) for tl, ms, rel in results]
+        if not results:
+            print(f"T={t}: no tile ran correctly", flush=True)
+            continue
+        best_tile, w8_g, rel = min(results, key=lambda r: r[1])
         fwd = lambda: kernel.forward(x, ids, prepared, tile=best_tile)  # noqa: E731
         w8_ms = bench(fwd, False)
 
         # The kernel alone: routes pre-sorted, activations pre-permuted.
         kernel_ms = bench_kernel_only(kernel, prepared, x, ids, best_tile, align_routes)
-
-        # Correctness on this very shape: against the dequantized touched experts in fp32.
-        y = fwd().float()
-        ref = reference(x, ids, q, scales, group)
-        rel = float((y - ref).norm() / ref.norm())
 
         w8_bytes = touched * (K * N + (K // group) * N * 2) + x.numel() * 2 + t * TOPK * N * 2
         bf16_bytes = touched * K * N * 2 + x.numel() * 2 + t * TOPK * N * 2
@@ -181,6 +196,25 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
               f"(kernel {kernel_ms:.4f})  {row.speedup():.2f}x  "
               f"{w8_bytes / (w8_g * 1e-3) / copy_bw:.0%} of copy  rel {rel:.1e}  {best_tile}", flush=True)
         del peer
+        kept[t] = (x, ids, bf16_g)
+
+    # Asymmetric (zeros) with the default tiles, against the same bf16 times.
+    asym_rows = []
+    fmt_a = TRTLLMMoE(group_size=group, sym=False, scale_dtype=torch.bfloat16)
+    zeros = (torch.randn(E, K // group, N, device="cuda", generator=gen) * 1e-3).to(torch.bfloat16)
+    kernel_a = TritonMoE(fmt_a, "cuda")
+    prepared_a = kernel_a.prepare({"qweight": q, "scales": scales, "zeros": zeros}, dtype=torch.bfloat16)
+    for t in (1, 16, 4096):
+        if t not in kept:
+            continue
+        x, ids, bf16_g = kept[t]
+        y = kernel_a.forward(x, ids, prepared_a).float()
+        ref = reference(x, ids, q, scales, group, zeros)
+        rel = float((y - ref).norm() / ref.norm())
+        ms = bench(lambda x=x, ids=ids: kernel_a.forward(x, ids, prepared_a), True)
+        asym_rows.append({"T": t, "w8_graph_ms": ms, "bf16_graph_ms": bf16_g, "rel_err": rel,
+                          "tile": str(pick_tile(t * TOPK, E, N, group))})
+        print(f"asym T={t}: {ms:.4f} ms, {bf16_g / ms:.2f}x bf16, rel {rel:.1e}", flush=True)
 
     result = {
         "device": device_name,
@@ -192,6 +226,7 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
         "shape": {"E": E, "topk": TOPK, "K": K, "N": N, "group_size": group, "act": "bf16", "sym": True},
         "rows": [asdict(r) for r in rows],
         "sweeps": sweeps,
+        "asym": asym_rows,
     }
     write(out_dir, result, rows, copy_bw)
     return result
@@ -219,13 +254,15 @@ def bench_kernel_only(kernel: Any, prepared: Any, x: torch.Tensor, ids: torch.Te
             routes, N, prepared.scales.shape[1], topk,
             K=K, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
             SYM=True, DENSE=tile.dense, HAS_RW=False, FP32_DOT=False,
+            PRE_SCALE=tile.pre_scale, MAGIC=tile.magic,
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )
 
     return bench(launch, True)
 
 
-def reference(x: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+def reference(x: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
+              zeros: torch.Tensor | None = None) -> torch.Tensor:
     t, topk = ids.shape
     rows = x.float().repeat_interleave(topk, dim=0)
     flat = ids.reshape(-1)
@@ -233,6 +270,8 @@ def reference(x: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, scales: torch
     for e in torch.unique(flat).tolist():
         sel = flat == e
         w = q[e].float() * scales[e].float().repeat_interleave(group, dim=0)
+        if zeros is not None:
+            w += zeros[e].float().repeat_interleave(group, dim=0)
         out[sel] = rows[sel] @ w
     return out.view(t, topk, N)
 
@@ -263,6 +302,13 @@ def write(out_dir: Path, result: dict[str, Any], rows: list[Row], copy_bw: float
     lines += ["", "TFLOP/s at T = 4096: " + ", ".join(
         f"bf16 {r.flops / (r.bf16_graph_ms * 1e-3) / 1e12:.0f}, w8a16 {r.flops / (r.w8_graph_ms * 1e-3) / 1e12:.0f}"
         for r in rows if r.T == 4096)]
+    if result.get("asym"):
+        lines += ["", "Asymmetric (group 128, zeros), default tiles:", "",
+                  "| T | bf16 ms (graph) | w8a16 asym ms (graph) | speed-up | rel err | tile |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {a['T']} | {a['bf16_graph_ms']:.4f} | {a['w8_graph_ms']:.4f} | "
+                  f"{a['bf16_graph_ms'] / a['w8_graph_ms']:.2f}× | {a['rel_err']:.1e} | {a['tile']} |"
+                  for a in result["asym"]]
     (out_dir / f"trtllm_moe-{slug}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -31,7 +31,7 @@ from .preprocess import CutlassMixedGemmLayout, QuantType
 from .routing import align_routes
 from .weights import ACT_DTYPES, load_expert_weights
 
-__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "pick_tile"]
+__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "check_tile", "pick_tile"]
 
 #: The layout TensorRT-LLM's MoE uses on SM 80–90 (``force_interleave`` maps 90 to 80).
 MOE_LAYOUT = CutlassMixedGemmLayout(QuantType.W8_A16, arch=80)
@@ -63,12 +63,18 @@ class TritonMoEWeights:
 
 @dataclass(frozen=True)
 class MoETile:
+    """Launch shape and variant (see :mod:`.triton_source`): ``dense`` decode launch or
+    sorted blocks; ``pre_scale`` dequantizes before the dot (prefill) or scales after it
+    (decode); ``magic`` converts codes with bit operations instead of int-to-float."""
+
     bm: int
     bn: int
     bk: int
     num_warps: int = 4
     num_stages: int = 3
     dense: bool = False
+    pre_scale: bool = False
+    magic: bool = True
 
 
 def _interpreted() -> bool:
@@ -92,14 +98,29 @@ def pick_tile(routes: int, experts: int, n: int, group: int) -> MoETile:
     bk = min(128, group)
     if _interpreted():  # small tiles: the interpreter pays per element, not per program
         bm = 16 if routes <= 16 else 32 if routes <= 32 else 64
-        return MoETile(bm, min(64, n), 64, dense=routes <= DENSE_MAX_ROUTES)
+        return MoETile(bm, min(64, n), 64, dense=routes <= DENSE_MAX_ROUTES, pre_scale=bm == 64)
     if routes <= DENSE_MAX_ROUTES:
-        return MoETile(max(16, triton_next_pow2(routes)), 128, bk, 4, 4, dense=True)
+        return MoETile(max(16, triton_next_pow2(routes)), 64, bk, 4, 4, dense=True)
     per_expert = routes / experts
-    bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128
-    if bm == 128:
-        return MoETile(128, 128, 64, 8, 4)
-    return MoETile(bm, 128, bk, 4, 4)
+    if per_expert <= 24:
+        return MoETile(16 if per_expert <= 12 else 32, 128, 64, 8, 4)
+    if per_expert <= 256:
+        return MoETile(64 if per_expert <= 96 else 128, 128, 64, 8, 4, pre_scale=True)
+    return MoETile(256, 128, 64, 8, 3, pre_scale=True)
+
+
+def check_tile(tile: MoETile, routes: int, group: int) -> None:
+    """A K-tile must lie in one group and be whole 64-row chunks of the layout; a dense
+    launch must hold every route."""
+    problems = []
+    if tile.bk % CHUNK or group % tile.bk:
+        problems.append(f"bk={tile.bk} must be a multiple of {CHUNK} dividing group_size={group}")
+    if min(tile.bm, tile.bn, tile.bk) < 16 or tile.bn % 2:
+        problems.append("bm, bn, bk must be >= 16 (tl.dot) and bn even (column pairs)")
+    if tile.dense and tile.bm < routes:
+        problems.append(f"a dense launch takes all {routes} routes in one block, bm={tile.bm}")
+    if problems:
+        raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
 
 
 def triton_next_pow2(v: int) -> int:
@@ -193,6 +214,7 @@ class TritonMoE(MoEKernel):
         e, k, n = prepared.layout.shape
         routes = t * topk
         tile = tile or pick_tile(routes, e, n, prepared.group_size)
+        check_tile(tile, routes, prepared.group_size)
         x_perm = x.reshape(-1, k).index_select(1, prepared.k_order)
         route_ids = topk_ids.reshape(-1).to(torch.int32)
         weighted = topk_weights is not None
@@ -216,7 +238,7 @@ class TritonMoE(MoEKernel):
             routes, n, prepared.scales.shape[1], topk if x.dim() == 2 else 1,
             K=k, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
             SYM=prepared.zeros is None, DENSE=tile.dense, HAS_RW=weighted,
-            FP32_DOT=_interpreted(),
+            FP32_DOT=_interpreted(), PRE_SCALE=tile.pre_scale, MAGIC=tile.magic,
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )
         if weighted:
