@@ -3,8 +3,9 @@
 - ``trtllm_moe_torch``   plain PyTorch, any device
 - ``trtllm_moe_triton``  Triton grouped GEMM reading TensorRT-LLM's preprocessed MoE
                          layout, dequantization fused (CUDA; the interpreter on CPU)
-- ``tensorrt_llm``       TensorRT-LLM's own MoE op fed the preprocessed weights, where
-                         ``tensorrt_llm`` is importable
+- ``tensorrt_llm``       TensorRT-LLM's own MoE fed the preprocessed weights; probed,
+                         refused with the reason where it cannot run (everywhere so
+                         far: see its module)
 
 ``preprocess/`` is TensorRT-LLM's CUTLASS weight preprocessor, bit for bit, with its
 inverse. Nothing heavy is imported here: triton and tensorrt_llm load inside the
@@ -13,13 +14,14 @@ kernels' prepare/call paths.
 
 from quantcore.registry import hookimpl
 
+from .tensorrt_llm_kernel import TensorRTLLMMoE
 from .torch_kernel import TorchMoE
 from .triton_kernel import TritonMoE
 
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [TorchMoE, TritonMoE]
+    return [TorchMoE, TritonMoE, TensorRTLLMMoE]
 
 
-__all__ = ["TorchMoE", "TritonMoE"]
+__all__ = ["TensorRTLLMMoE", "TorchMoE", "TritonMoE"]

@@ -118,13 +118,13 @@ def pick_tile(routes: int, experts: int, n: int, group: int, sym: bool = True) -
 
 
 def check_tile(tile: MoETile, routes: int, group: int) -> None:
-    """A K-tile must lie in one group and be whole 64-row chunks of the layout; a dense
-    launch must hold every route."""
+    """A K-tile must lie in one group and be whole 64-row chunks of the layout (so column
+    pairs are whole too); a dense launch must hold every route."""
     problems = []
     if tile.bk % CHUNK or group % tile.bk:
         problems.append(f"bk={tile.bk} must be a multiple of {CHUNK} dividing group_size={group}")
-    if min(tile.bm, tile.bn, tile.bk) < 16 or tile.bn % 2:
-        problems.append("bm, bn, bk must be >= 16 (tl.dot) and bn even (column pairs)")
+    if any(v < 16 or v & (v - 1) for v in (tile.bm, tile.bn, tile.bk)):
+        problems.append("bm, bn, bk must be powers of two >= 16 (tl.arange, tl.dot)")
     if tile.dense and tile.bm < routes:
         problems.append(f"a dense launch takes all {routes} routes in one block, bm={tile.bm}")
     if problems:
