@@ -28,9 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -70,7 +71,6 @@ def copy_bandwidth() -> float:
     src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     ms = bench(lambda: dst.copy_(src), graph=False)
-    del src, dst
     return 2 * (2 << 30) / (ms * 1e-3)
 
 
@@ -127,6 +127,7 @@ def tile_candidates(t: int, group: int) -> list[Any]:
 def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
     from quantcore.backends.trtllm_moe.routing import align_routes
     from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, pick_tile
+
     from quantcore.formats.trtllm_moe import TRTLLMMoE
 
     torch.manual_seed(0)
@@ -170,7 +171,7 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
                 if not rel < 4e-3:
                     print(f"  T={t} {tile}: WRONG, rel err {rel:.2e}", flush=True)
                     continue
-                ms = bench(lambda tile=tile: kernel.forward(x, ids, prepared, tile=tile), True)
+                ms = bench(lambda x=x, ids=ids, tile=tile: kernel.forward(x, ids, prepared, tile=tile), True)
             except Exception as exc:  # a tile that does not compile is reported, not fatal
                 print(f"  T={t} {tile}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 continue
@@ -181,7 +182,7 @@ def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
             print(f"T={t}: no tile ran correctly", flush=True)
             continue
         best_tile, w8_g, rel = min(results, key=lambda r: r[1])
-        fwd = lambda: kernel.forward(x, ids, prepared, tile=best_tile)  # noqa: E731
+        fwd = lambda x=x, ids=ids, tile=best_tile: kernel.forward(x, ids, prepared, tile=tile)  # noqa: E731
         w8_ms = bench(fwd, False)
 
         # The kernel alone: routes pre-sorted, activations pre-permuted.

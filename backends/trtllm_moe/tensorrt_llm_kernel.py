@@ -26,15 +26,15 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError, UnsupportedProblemError
+from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.kernel import Requirements, Support
-from quantcore.ops.moe import MoEKernel
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
+from .base import TRTLLMMoEKernel
 from .preprocess import CutlassMixedGemmLayout, QuantType, as_plugin_tensor
-from .weights import ACT_DTYPES, load_expert_weights
+from .weights import load_expert_weights
 
 __all__ = ["GROUPWISE_INT8_MOE_OPS", "PluginTensors", "TensorRTLLMMoE", "plugin_tensors"]
 
@@ -81,9 +81,9 @@ def _groupwise_op_reason() -> str | None:
     )
 
 
-class TensorRTLLMMoE(MoEKernel):
+class TensorRTLLMMoE(TRTLLMMoEKernel):
     name: ClassVar[str] = "tensorrt_llm"
-    format: ClassVar[str] = "trtllm_moe"
+    prepared_type: ClassVar[type] = PluginTensors
     priority: ClassVar[int] = 80
     description: ClassVar[str] = "TensorRT-LLM's MoE on its own preprocessed layout (needs tensorrt_llm)"
     requires: ClassVar[Requirements] = Requirements(
@@ -96,11 +96,10 @@ class TensorRTLLMMoE(MoEKernel):
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
-        fmt = problem.format
-        if not isinstance(fmt, TRTLLMMoE):
-            return Support.no(f"format {fmt.slug} is not trtllm_moe")
-        if problem.act_dtype not in ACT_DTYPES:
-            return Support.no(f"activation dtype {problem.act_dtype}: expected float16 or bfloat16")
+        base = super().supports(problem)
+        if not base:
+            return base
+        fmt: TRTLLMMoE = problem.format  # type: ignore[assignment]
         if fmt.scale_dtype != problem.act_dtype:
             return Support.no(f"scales in {fmt.scale_dtype}: TensorRT-LLM wants them in the activation dtype")
         k, n = problem.get("K"), problem.get("N")
@@ -126,9 +125,6 @@ class TensorRTLLMMoE(MoEKernel):
         *,
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if type(prepared) is not PluginTensors:
-            raise KernelInputError(
-                f"prepared: expected the PluginTensors that {self.name}.prepare returns, got {type(prepared).__name__}"
-            )
+        self.require_prepared(prepared)
         reason = _groupwise_op_reason()
         raise UnsupportedProblemError(reason or "tensorrt_llm: the group-wise INT8 MoE call is not wired yet")

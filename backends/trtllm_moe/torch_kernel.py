@@ -13,12 +13,10 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError
-from quantcore.formats.trtllm_moe import TRTLLMMoE
-from quantcore.kernel import Requirements, Support
-from quantcore.ops.moe import MoEKernel, check_routing
-from quantcore.problem import Problem
+from quantcore.kernel import Requirements
+from quantcore.ops.moe import check_routing
 
+from .base import TRTLLMMoEKernel
 from .weights import ACT_DTYPES, ExpertWeights, load_expert_weights
 
 __all__ = ["TorchMoE"]
@@ -38,20 +36,12 @@ def route_rows(x: torch.Tensor, topk: int) -> torch.Tensor:
     return x.repeat_interleave(topk, dim=0) if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
-class TorchMoE(MoEKernel):
+class TorchMoE(TRTLLMMoEKernel):
     name: ClassVar[str] = "trtllm_moe_torch"
-    format: ClassVar[str] = "trtllm_moe"
+    prepared_type: ClassVar[type] = ExpertWeights
     priority: ClassVar[int] = 10
     description: ClassVar[str] = "plain PyTorch: sort by expert, dequantize each touched expert, fp32 matmul"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu", "cuda", "xpu", "npu"}))
-
-    @classmethod
-    def supports(cls, problem: Problem) -> Support:
-        if not isinstance(problem.format, TRTLLMMoE):
-            return Support.no(f"format {problem.format.slug} is not trtllm_moe")
-        if problem.act_dtype not in ACT_DTYPES:
-            return Support.no(f"activation dtype {problem.act_dtype}: expected float16 or bfloat16")
-        return Support.yes()
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
@@ -66,10 +56,7 @@ class TorchMoE(MoEKernel):
         *,
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if type(prepared) is not ExpertWeights:
-            raise KernelInputError(
-                f"prepared: expected the ExpertWeights that {self.name}.prepare returns, got {type(prepared).__name__}"
-            )
+        self.require_prepared(prepared)
         t, topk = check_routing(
             x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
             dtypes=ACT_DTYPES, device=prepared.qweight.device,

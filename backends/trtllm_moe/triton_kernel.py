@@ -21,12 +21,12 @@ from typing import ClassVar
 import torch
 
 from quantcore.errors import KernelInputError
-from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.kernel import Requirements, Support
-from quantcore.ops.moe import MoEKernel, check_routing
+from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
+from .base import TRTLLMMoEKernel
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .routing import align_routes
 from .weights import ACT_DTYPES, load_expert_weights
@@ -135,9 +135,9 @@ def triton_next_pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
 
 
-class TritonMoE(MoEKernel):
+class TritonMoE(TRTLLMMoEKernel):
     name: ClassVar[str] = "trtllm_moe_triton"
-    format: ClassVar[str] = "trtllm_moe"
+    prepared_type: ClassVar[type] = TritonMoEWeights
     priority: ClassVar[int] = 50
     description: ClassVar[str] = (
         "Triton grouped W8A16 GEMM on TensorRT-LLM's preprocessed MoE layout, dequantization fused"
@@ -163,11 +163,9 @@ class TritonMoE(MoEKernel):
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
-        fmt = problem.format
-        if not isinstance(fmt, TRTLLMMoE):
-            return Support.no(f"format {fmt.slug} is not trtllm_moe")
-        if problem.act_dtype not in ACT_DTYPES:
-            return Support.no(f"activation dtype {problem.act_dtype}: expected float16 or bfloat16")
+        base = super().supports(problem)
+        if not base:
+            return base
         k, n = problem.get("K"), problem.get("N")
         if k is not None and k % CHUNK:
             return Support.no(f"K={k}: the MoE layout interleaves columns in tiles of {CHUNK} rows")
@@ -195,10 +193,7 @@ class TritonMoE(MoEKernel):
         *,
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if type(prepared) is not TritonMoEWeights:
-            raise KernelInputError(
-                f"prepared: expected the TritonMoEWeights that {self.name}.prepare returns, got {type(prepared).__name__}"
-            )
+        self.require_prepared(prepared)
         check_routing(
             x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
             dtypes=ACT_DTYPES, device=prepared.layout.device,

@@ -24,7 +24,7 @@ from quantcore.ops.moe import moe_ffn, moe_ffn_reference, moe_gemm_reference
 
 from ..case import Case
 from ..harness import OpHarness
-from ..tolerance import Comparison, compare, tolerance_for
+from ..tolerance import Comparison, judge_output
 
 __all__ = ["MoEHarness"]
 
@@ -107,12 +107,7 @@ class MoEHarness(OpHarness):
         return kernel(x, ids, prepared, topk_weights=weights)  # type: ignore[operator]
 
     def judge(self, output: torch.Tensor, case: Case, inputs: MoEInputs) -> Comparison:
-        tol = tolerance_for(case.act_dtype)
-        if not isinstance(output, torch.Tensor):
-            return Comparison(False, float("nan"), float("nan"), tol, f"returned {type(output).__name__}, not a tensor")
-        if output.dtype != case.act_dtype:
-            return Comparison(False, float("nan"), float("nan"), tol, f"output dtype {output.dtype}, expected {case.act_dtype}")
-        return compare(output, inputs.golden, tol)
+        return judge_output(output, inputs.golden, case.act_dtype)
 
 
 HARNESS = MoEHarness()

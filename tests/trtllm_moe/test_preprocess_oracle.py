@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from quantcore.backends.trtllm_moe.preprocess import (
     CutlassMixedGemmLayout,
     QuantType,
@@ -15,6 +14,7 @@ from quantcore.backends.trtllm_moe.preprocess import (
     preprocess_weights_for_mixed_gemm,
     unpreprocess_weights_for_mixed_gemm,
 )
+
 from quantcore.errors import UnsupportedProblemError
 
 from .cpp_oracle import preprocess as oracle

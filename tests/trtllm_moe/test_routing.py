@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from quantcore.backends.trtllm_moe.routing import align_routes, max_blocks
 
 
@@ -15,7 +14,7 @@ def test_blocks_hold_one_expert_each_and_every_route_once(routes: int, experts: 
     assert aligned.num_blocks == max_blocks(routes, experts, block)
     blocks = aligned.sorted_routes.view(-1, block).tolist()
     seen = []
-    for b, (members, expert) in enumerate(zip(blocks, aligned.block_expert.tolist())):
+    for b, (members, expert) in enumerate(zip(blocks, aligned.block_expert.tolist(), strict=True)):
         real = [r for r in members if r < routes]
         assert members[: len(real)] == real  # padding only at the end of a block
         if expert == -1:

@@ -91,7 +91,7 @@ class CutlassMixedGemmLayout(Transform[torch.Tensor, torch.Tensor]):
     def apply(self, weight: torch.Tensor) -> torch.Tensor:
         details, qt = self.details, self.quant_type
         w = _as_experts(weight)
-        e, k, nb = w.shape
+        _, k, nb = w.shape
         check_shape(k, nb * qt.elements_per_byte, details)
         if details.uses_imma_ldsm:
             w = permute_rows(w, qt)
