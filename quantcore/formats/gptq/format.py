@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, require_tensor, require_tensors
+from ...tensors import describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
 from ..packing import LANE_BITS, unpack_codes
 
@@ -125,12 +125,10 @@ class GPTQ(Format):
 
     def validate(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         where = f"{self.slug} tensors"
-        unknown = sorted(set(tensors) - set(TENSOR_NAMES))
-        if unknown:
-            raise TensorFormatError(
-                f"{where}: unexpected tensor(s) {', '.join(unknown)}; gptq takes "
-                f"{', '.join(TENSOR_NAMES)} (g_idx and bias optional)"
-            )
+        reject_unknown(
+            tensors, TENSOR_NAMES, where=where,
+            takes=f"gptq takes {', '.join(TENSOR_NAMES)} (g_idx and bias optional)",
+        )
         require_tensors(tensors, ("qweight", "qzeros", "scales"), where=where)
         pf = self.pack_factor
         qweight = require_tensor("qweight", tensors["qweight"], dtypes=(self.pack_dtype,), where=where)

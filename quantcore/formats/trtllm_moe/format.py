@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, require_tensor, require_tensors
+from ...tensors import describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
 
 __all__ = ["TRTLLMMoE"]
@@ -98,12 +98,9 @@ class TRTLLMMoE(Format):
 
     def validate(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         where = f"{self.slug} tensors"
-        unknown = sorted(set(tensors) - set(TENSOR_NAMES))
-        if unknown:
-            raise TensorFormatError(
-                f"{where}: unexpected tensor(s) {', '.join(unknown)}; trtllm_moe takes "
-                f"qweight, scales and (asymmetric only) zeros"
-            )
+        reject_unknown(
+            tensors, TENSOR_NAMES, where=where, takes="trtllm_moe takes qweight, scales and (asymmetric only) zeros"
+        )
         require_tensors(tensors, ("qweight", "scales") + (() if self.sym else ("zeros",)), where=where)
         if self.sym and "zeros" in tensors:
             raise TensorFormatError(f"{where}: zeros: given, but the format is symmetric (sym=True)")
