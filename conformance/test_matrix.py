@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from quantcore.conformance.pytest_plugin import record
 from quantcore.conformance.runner import PASS, SKIP, Cell, run_cell
 
