@@ -7,6 +7,7 @@ import itertools
 import torch
 
 from quantcore.formats.gptq import GPTQ
+
 from ..case import Case
 
 __all__ = ["gptq_cases"]
