@@ -127,7 +127,6 @@ def tile_candidates(t: int, group: int) -> list[Any]:
 def run(out_dir: Path, sweep: bool, quick: bool) -> dict[str, Any]:
     from quantcore.backends.trtllm_moe.routing import align_routes
     from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, pick_tile
-
     from quantcore.formats.trtllm_moe import TRTLLMMoE
 
     torch.manual_seed(0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from quantcore.backends.trtllm_moe import TensorRTLLMMoE, TorchMoE, TritonMoE
 from quantcore.backends.trtllm_moe.preprocess import QuantType, preprocess_weights_for_mixed_gemm
 from quantcore.backends.trtllm_moe.tensorrt_llm_kernel import plugin_tensors
-
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.ops.moe import moe_problem

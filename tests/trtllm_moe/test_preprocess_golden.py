@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from quantcore.backends.trtllm_moe.preprocess import (
     QuantType,
     as_plugin_tensor,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from quantcore.backends.trtllm_moe.preprocess import (
     CutlassMixedGemmLayout,
     QuantType,
@@ -14,7 +15,6 @@ from quantcore.backends.trtllm_moe.preprocess import (
     preprocess_weights_for_mixed_gemm,
     unpreprocess_weights_for_mixed_gemm,
 )
-
 from quantcore.errors import UnsupportedProblemError
 
 from .cpp_oracle import preprocess as oracle

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from quantcore.backends.trtllm_moe.routing import align_routes, max_blocks
 
 

@@ -15,10 +15,10 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1 (set by the quantcore pytest plugin)", allow_module_level=True)
 
 import triton.language as tl  # noqa: E402
+
 from quantcore.backends.trtllm_moe import TorchMoE, TritonMoE  # noqa: E402
 from quantcore.backends.trtllm_moe.triton_kernel import MoETile, stored_row_order  # noqa: E402
 from quantcore.backends.trtllm_moe.triton_source import codes_bf16, codes_f16, codes_f32  # noqa: E402
-
 from quantcore.errors import KernelInputError  # noqa: E402
 from quantcore.formats.trtllm_moe import TRTLLMMoE  # noqa: E402
 
