@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.gptq import GPTQ
+from ..formats.gptq.convert import zero_to_stored
 from ..formats.packing import pack_codes
 from ..transform import Transform
 
@@ -75,7 +76,7 @@ class GPTQToRows(Transform[Mapping[str, torch.Tensor], GPTQRows]):
             codes = unsorted
             g_idx = torch.empty_like(dst.sorted_groups)
             g_idx[dst.ret_idx] = dst.sorted_groups
-        stored = (dst.zeros - 1) & fmt.maxq if fmt.checkpoint_format == "v1" else dst.zeros
+        stored = zero_to_stored(dst.zeros, fmt)
         out = {
             "qweight": pack_codes(codes, fmt.bits, dim=0, lane_dtype=fmt.pack_dtype),
             "qzeros": pack_codes(stored, fmt.bits, dim=1, lane_dtype=fmt.pack_dtype),
