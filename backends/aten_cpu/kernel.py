@@ -65,7 +65,7 @@ class AtenCpuGPTQ(LinearKernel):
     def __call__(self, x: torch.Tensor, prepared: Int4PackCPU) -> torch.Tensor:
         if type(prepared) is not Int4PackCPU:
             raise KernelInputError(
-                f"prepared: expected the Int4PackCPU that aten_cpu.prepare returns, got {type(prepared).__name__}"
+                f"prepared: expected the Int4PackCPU that {self.name}.prepare returns, got {type(prepared).__name__}"
             )
         k = prepared.in_features
         if x.dtype not in ACT_DTYPES or x.device.type != "cpu" or x.dim() < 1 or x.shape[-1] != k:

@@ -20,7 +20,7 @@ import torch
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.transform import Transform
-from quantcore.transforms.gptq_rows import GPTQToRows, largest_dividing_group
+from quantcore.transforms.gptq_rows import GPTQToRows, scales_and_offsets
 
 __all__ = ["OP_GROUP_SIZES", "GPTQToInt4PackCPU", "Int4PackCPU"]
 
@@ -70,19 +70,17 @@ class GPTQToInt4PackCPU(Transform[Mapping[str, torch.Tensor], Int4PackCPU]):
             raise UnsupportedProblemError(
                 f"out_features: the CPU int4pack op needs a multiple of {N_ALIGN}, got {n}"
             )
-        group = largest_dividing_group(rows.sorted_groups, OP_GROUP_SIZES)
-        if group is None:
+        grouped = scales_and_offsets(rows, OP_GROUP_SIZES, CODE_BIAS)
+        if grouped is None:
             raise UnsupportedProblemError(
                 f"g_idx: no group size the op takes ({OP_GROUP_SIZES}) splits the groups of "
                 f"this checkpoint (group_size={self.fmt.group_size}, in_features={k})"
             )
+        group, scales_offsets = grouped
         weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.codes.cpu(), 2)
-        sub = rows.sorted_groups[::group]  # the group of each op-sized sub-group
-        scales = rows.scales.float()[sub]
-        offsets = (CODE_BIAS - rows.zeros[sub].float()) * scales
         return Int4PackCPU(
             weight=weight,
-            scales_offsets=torch.stack([scales, offsets], dim=-1).contiguous(),
+            scales_offsets=scales_offsets,
             group_size=group,
             ret_idx=rows.ret_idx,
             bias=rows.bias,

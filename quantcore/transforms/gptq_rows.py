@@ -19,7 +19,7 @@ from ..formats.gptq.convert import zero_to_stored
 from ..formats.packing import pack_codes
 from ..transform import Transform
 
-__all__ = ["GPTQRows", "GPTQToRows", "largest_dividing_group"]
+__all__ = ["GPTQRows", "GPTQToRows", "largest_dividing_group", "scales_and_offsets"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,19 @@ def largest_dividing_group(sorted_groups: torch.Tensor, accepted: tuple[int, ...
         if all(b % size == 0 for b in bounds):
             return size
     return None
+
+
+def scales_and_offsets(
+    rows: GPTQRows, accepted: tuple[int, ...], code_bias: int
+) -> tuple[int, torch.Tensor] | None:
+    """Per-sub-group ``(scale, offset)`` for ops that compute ``(q − code_bias)·s + offset``
+    (torch's int4pack ops, ``code_bias`` = 8): ``(sub-group size, [I/size, O, 2] float32)``,
+    or None when no accepted size splits the groups. An integer zero point z becomes the
+    offset ``(code_bias − z)·s``, since ``(q − z)·s = (q − code_bias)·s + (code_bias − z)·s``."""
+    group = largest_dividing_group(rows.sorted_groups, accepted)
+    if group is None:
+        return None
+    sub = rows.sorted_groups[::group]  # the group of each op-sized sub-group
+    scales = rows.scales.float()[sub]
+    offsets = (code_bias - rows.zeros[sub].float()) * scales
+    return group, torch.stack([scales, offsets], dim=-1).contiguous()
