@@ -10,7 +10,6 @@ Environment variables (comma-separated kernel or plugin names):
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +39,8 @@ class Candidate:
     priority: int
     status: str
     reason: str = ""
+    #: Median seconds per call when ``tune=True`` measured it.
+    measured_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -48,6 +49,7 @@ class Candidate:
             "priority": self.priority,
             "status": self.status,
             "reason": self.reason,
+            "measured_s": self.measured_s,
         }
 
 
@@ -78,12 +80,16 @@ class Explanation:
 
     def table(self) -> str:
         head = f"{self.format} on {self.device}" + (f" for {self.problem}" if self.problem else "")
-        rows = [(c.kernel, c.plugin, c.priority, c.status, c.reason) for c in self.candidates]
-        if not rows:
+        if not self.candidates:
             return f"{head}: no kernel is registered for this format"
-        return head + "\n" + tabulate(
-            rows, headers=("kernel", "plugin", "priority", "status", "reason"), tablefmt="simple"
-        )
+        timed = any(c.measured_s is not None for c in self.candidates)
+        headers = ["kernel", "plugin", "priority", "status", *(["measured µs"] if timed else []), "reason"]
+        rows = [
+            [c.kernel, c.plugin, c.priority, c.status,
+             *([f"{c.measured_s * 1e6:.1f}" if c.measured_s is not None else ""] if timed else []), c.reason]
+            for c in self.candidates
+        ]
+        return head + "\n" + tabulate(rows, headers=headers, tablefmt="simple")
 
     __str__ = table
 
@@ -119,12 +125,39 @@ def explain(
     *,
     problem: Problem | None = None,
     prefer: str | Sequence[str] | None = None,
+    tune: bool = False,
     registry: Registry | None = None,
 ) -> Explanation:
-    """Rank every kernel registered for ``format`` on ``device``, as data."""
+    """Rank every kernel registered for ``format`` on ``device``, as data. With
+    ``tune=True`` the usable candidates are checked and timed (see :mod:`quantcore.tuning`)
+    and the table shows what was measured."""
     reg = registry or default_registry()
     fmt = _resolve(format, problem, reg)
-    return _explain(fmt, normalize_device(device), problem, _prefer_tuple(prefer), reg)
+    expl = _explain(fmt, normalize_device(device), problem, _prefer_tuple(prefer), reg)
+    return _tuned(expl, problem, reg) if tune else expl
+
+
+def _tuned(expl: Explanation, problem: Problem | None, reg: Registry) -> Explanation:
+    """Re-rank the usable candidates of ``expl`` by measured time."""
+    if problem is None:
+        raise ValueError("tune=True needs a problem: the measurement is per shape")
+    from .tuning import tuned
+
+    usable = [c for c in expl.candidates if c.status in (SELECTED, USABLE)]
+    if len(usable) < 2:
+        return expl
+    result = tuned(problem, expl.device, [c.kernel for c in usable], reg)
+    ranked: list[Candidate] = []
+    for c in sorted(usable, key=lambda c: result.seconds.get(c.kernel, float("inf"))):
+        t = result.seconds.get(c.kernel)
+        if c.kernel in result.refused:
+            ranked.append(Candidate(c.kernel, c.plugin, c.priority, REFUSED, f"tuning: {result.refused[c.kernel]}"))
+        elif c.kernel == result.winner:
+            ranked.append(Candidate(c.kernel, c.plugin, c.priority, SELECTED, "fastest measured", t))
+        else:
+            ranked.append(Candidate(c.kernel, c.plugin, c.priority, USABLE, "", t))
+    rest = [c for c in expl.candidates if c.status not in (SELECTED, USABLE)]
+    return Explanation(expl.format, expl.device, expl.problem, tuple(ranked + rest))
 
 
 def _prefer_tuple(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -145,20 +178,20 @@ def _explain(
     others: list[Candidate] = []
     for entry in reg.kernels(fmt.name, op):
         cls, names = entry.cls, (entry.cls.name, entry.plugin)
-        row = dict(kernel=cls.name, plugin=entry.plugin, priority=_priority(cls, caps))
+        priority = _priority(cls, caps)
         if _match(names, disabled):
-            others.append(Candidate(**row, status=DISABLED, reason=f"{ENV_DISABLE}={','.join(disabled)}"))
+            others.append(Candidate(*names, priority, DISABLED, f"{ENV_DISABLE}={','.join(disabled)}"))
             continue
         if forced and not _match(names, forced):
-            others.append(Candidate(**row, status=REFUSED, reason=f"{ENV_FORCE}={','.join(forced)}"))
+            others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
         reason = _refusal(cls, caps, problem)
         if reason:
-            others.append(Candidate(**row, status=REFUSED, reason=reason))
+            others.append(Candidate(*names, priority, REFUSED, reason))
             continue
         note = "" if problem is not None else "no problem given: shape and dtype limits unchecked"
         rank_prefer = next((i for i, n in enumerate(prefer) if n in names), len(prefer))
-        usable.append(((rank_prefer, -row["priority"], cls.name), Candidate(**row, status=USABLE, reason=note)))
+        usable.append(((rank_prefer, -priority, cls.name), Candidate(*names, priority, USABLE, note)))
     usable.sort(key=lambda item: item[0])
     ranked = [c for _, c in usable]
     if ranked:
@@ -201,16 +234,13 @@ def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:
     return "" if ok else (why or "supports() refused without a reason")
 
 
-_cache: dict[tuple[object, ...], Kernel] = {}
-_cache_lock = threading.Lock()
-
-
 def get_kernel(
     format: str | Format,
     device: str | torch.device = "cpu",
     *,
     problem: Problem | None = None,
     prefer: str | Sequence[str] | None = None,
+    tune: bool = False,
     registry: Registry | None = None,
 ) -> Kernel:
     """The best registered kernel for ``format`` that can run on ``device``.
@@ -219,32 +249,31 @@ def get_kernel(
     run; without it only device requirements are checked. Raises
     :class:`~quantcore.errors.NoKernelError` whose message is the explain table.
     Results are cached per (format, device, problem, preferences, environment).
+    ``tune=True`` picks the fastest conformant candidate by measurement, once per device
+    and shape class (cached on disk; see :mod:`quantcore.tuning`).
     """
     reg = registry or default_registry()
     if not reg._loaded:
         reg.load()
     key = (
         format, str(device), problem, prefer if not isinstance(prefer, list) else tuple(prefer),
-        os.environ.get(ENV_DISABLE), os.environ.get(ENV_FORCE), os.environ.get(ENV_PREFER),
-        id(reg), reg.generation,
+        os.environ.get(ENV_DISABLE), os.environ.get(ENV_FORCE), os.environ.get(ENV_PREFER), tune,
     )
-    hit = _cache.get(key)
+    cache = reg.selection_cache
+    hit = cache.get(key)
     if hit is not None:
         return hit
     fmt = _resolve(format, problem, reg)
     dev = normalize_device(device)
     explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
+    if tune:
+        explanation = _tuned(explanation, problem, reg)
     chosen = explanation.selected
     if chosen is None:
         raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
     kernel = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel).cls(
         fmt, torch.device(dev)
     )
-    with _cache_lock:
-        _cache[key] = kernel
+    cache[key] = kernel
     return kernel
 
-
-def clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()

@@ -13,7 +13,7 @@ from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
 from quantcore.tensors import describe
 
-__all__ = ["DequantLinear", "DenseWeight", "fallback_for"]
+__all__ = ["DenseWeight", "DequantLinear", "fallback_for"]
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

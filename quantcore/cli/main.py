@@ -34,6 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
     p.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
     p.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
+    p = add("bench", "time kernels against their peers and the device's measured ceilings")
+    p.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
+    p.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
+    p.add_argument("--out", default="benchmarks/results", help="results folder (JSON and the device's .md page)")
+    p.add_argument("--no-save", action="store_true", help="do not write results")
+    p.add_argument("--plot", metavar="PNG", help="also plot time against M (needs matplotlib)")
+    p.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
     return parser
 
 
@@ -45,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .doctor import run
     elif args.command == "explain":
         from .explain import run
+    elif args.command == "bench":
+        from .bench import run
     else:
         from .conformance import run
     from ..errors import QuantCoreError

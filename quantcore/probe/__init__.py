@@ -23,6 +23,7 @@ def normalize_device(device: str | torch.device) -> str:
     Accepts device types torch does not know (``"npu"`` without torch_npu) so that
     asking about them gives an answer, not a parse error.
     """
+    index: int | None
     if isinstance(device, torch.device):
         dtype_, index = device.type, device.index
     else:
@@ -36,7 +37,7 @@ def normalize_device(device: str | torch.device) -> str:
     return f"{dtype_}:{index}" if index is not None else dtype_
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_cached(device: str) -> Capabilities:
     kind = device.partition(":")[0]
     prober = _PROBERS.get(kind)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 
 import torch
 
@@ -42,19 +44,31 @@ def _plain_status(module: str, dists: tuple[str, ...]) -> PackageStatus:
     return PackageStatus(module, version, found, "" if found else "not installed")
 
 
+def _absent(device: str, kind: str, reason: str) -> Capabilities:
+    return Capabilities(device=device, device_type=kind, available=False, reason=reason, torch_version=_TV)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def probe_cpu(device: str) -> Capabilities:
     isa = ""
-    try:
+    with contextlib.suppress(AttributeError, RuntimeError):
         isa = torch.backends.cpu.get_cpu_capability()
-    except (AttributeError, RuntimeError):
-        pass
-    import platform
 
     return Capabilities(
         device=device,
         device_type="cpu",
         available=True,
-        name=platform.processor() or platform.machine(),
+        name=_cpu_model(),
         torch_version=_TV,
         packages=(_triton_status("cpu"),),
         aten_ops=ops_with_kernel("CPU"),
@@ -64,22 +78,20 @@ def probe_cpu(device: str) -> Capabilities:
 
 
 def probe_cuda(device: str) -> Capabilities:
-    base = {"device": device, "device_type": "cuda", "torch_version": _TV}
     if torch.version.cuda is None and torch.version.hip is None:
-        return Capabilities(available=False, reason="torch built without CUDA", **base)
+        return _absent(device, "cuda", "torch built without CUDA")
     if not torch.cuda.is_available():
-        return Capabilities(available=False, reason="no CUDA device visible", **base)
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
+        return _absent(device, "cuda", "no CUDA device visible")
+    requested = torch.device(device).index
+    index = torch.cuda.current_device() if requested is None else requested
     if index >= torch.cuda.device_count():
-        return Capabilities(
-            available=False,
-            reason=f"cuda:{index} requested, {torch.cuda.device_count()} device(s) present",
-            **base,
-        )
+        return _absent(device, "cuda", f"cuda:{index} requested, {torch.cuda.device_count()} device(s) present")
     props = torch.cuda.get_device_properties(index)
     cc = (props.major, props.minor)
     return Capabilities(
+        device=device,
+        device_type="cuda",
+        torch_version=_TV,
         available=True,
         name=props.name,
         compute_capability=cc,
@@ -93,43 +105,43 @@ def probe_cuda(device: str) -> Capabilities:
         fp4=cc >= (10, 0),
         memory_bytes=props.total_memory,
         extra=(("multiprocessors", str(props.multi_processor_count)),),
-        **base,
     )
 
 
 def probe_xpu(device: str) -> Capabilities:
-    base = {"device": device, "device_type": "xpu", "torch_version": _TV}
     xpu = getattr(torch, "xpu", None)
     if xpu is None or not hasattr(xpu, "is_available"):
-        return Capabilities(available=False, reason="torch built without XPU support", **base)
+        return _absent(device, "xpu", "torch built without XPU support")
     if not xpu.is_available():
-        return Capabilities(available=False, reason="no Intel XPU device visible", **base)
-    name = xpu.get_device_name(torch.device(device).index or 0)
+        return _absent(device, "xpu", "no Intel XPU device visible")
     return Capabilities(
+        device=device,
+        device_type="xpu",
+        torch_version=_TV,
         available=True,
-        name=name,
+        name=xpu.get_device_name(torch.device(device).index or 0),
         packages=(_triton_status("xpu"),),
         aten_ops=ops_with_kernel("XPU"),
-        **base,
     )
 
 
 def probe_npu(device: str) -> Capabilities:
-    base = {"device": device, "device_type": "npu", "torch_version": _TV}
     found, version = installed_version("torch_npu", ("torch_npu", "torch-npu"))
     if not found:
-        return Capabilities(available=False, reason="torch_npu not installed", **base)
+        return _absent(device, "npu", "torch_npu not installed")
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
     except Exception as exc:  # a broken vendor install is an answer too
-        return Capabilities(available=False, reason=f"torch_npu failed to import: {exc}", **base)
+        return _absent(device, "npu", f"torch_npu failed to import: {exc}")
     npu = getattr(torch, "npu", None)
     if npu is None or not npu.is_available():
-        return Capabilities(available=False, reason="no Ascend NPU visible", **base)
+        return _absent(device, "npu", "no Ascend NPU visible")
     triton_ascend = _plain_status("triton", ("triton-ascend", "triton"))
     return Capabilities(
+        device=device,
+        device_type="npu",
+        torch_version=_TV,
         available=True,
         name=str(npu.get_device_name(torch.device(device).index or 0)),
         packages=(PackageStatus("torch_npu", version, True), triton_ascend),
-        **base,
     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 
 from .hookspecs import hookimpl, hookspec
-from .manager import ENTRY_POINT_GROUP, BrokenPlugin, KernelEntry, PluginInfo, Registry
+from .manager import ENTRY_POINT_GROUP, ENV_BLOCK, BrokenPlugin, KernelEntry, PluginInfo, Registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ENV_BLOCK",
     "BrokenPlugin",
     "KernelEntry",
     "PluginInfo",

@@ -28,12 +28,15 @@ class QuantcoreSpecs:
     @hookspec
     def quantcore_formats(self) -> Iterable[type[Format]]:
         """Format classes this plugin contributes (subclasses of :class:`Format`)."""
+        raise NotImplementedError
 
     @hookspec
     def quantcore_kernels(self) -> Iterable[type[Kernel]]:
         """Kernel classes this plugin contributes (subclasses of :class:`Kernel`)."""
+        raise NotImplementedError
 
     @hookspec
     def quantcore_conformance_cases(self) -> Iterable[object]:
         """Conformance cases (:class:`quantcore.conformance.Case`) for formats this plugin
         knows; every kernel registered for a case's format runs it."""
+        raise NotImplementedError

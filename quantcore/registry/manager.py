@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from .hookspecs import PROJECT, QuantcoreSpecs
 __all__ = ["ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
 
 ENTRY_POINT_GROUP = "quantcore"
+#: Comma-separated plugin (entry-point) names never to load, like pytest's ``-p no:NAME``.
+ENV_BLOCK = "QUANTCORE_BLOCK_PLUGINS"
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,12 @@ class PluginInfo:
     formats: list[str] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)
     broken: list[BrokenPlugin] = field(default_factory=list)
+    blocked: bool = False
 
     @property
     def status(self) -> str:
+        if self.blocked:
+            return "blocked"
         return "broken" if self.broken else "ok"
 
 
@@ -63,8 +69,16 @@ def _short_error(exc: BaseException) -> str:
 class Registry:
     """Formats, kernels and conformance cases from every plugin, loaded once."""
 
-    def __init__(self, *, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
+    def __init__(
+        self,
+        *,
+        entry_point_group: str | None = ENTRY_POINT_GROUP,
+        blocked: Iterable[str] | None = None,
+    ) -> None:
         self._group = entry_point_group
+        if blocked is None:
+            blocked = (n.strip() for n in os.environ.get(ENV_BLOCK, "").split(","))
+        self.blocked = frozenset(n for n in blocked if n)
         self._lock = threading.RLock()
         self._loaded = False
         self.pm = pluggy.PluginManager(PROJECT)
@@ -74,8 +88,10 @@ class Registry:
         # Keyed by (format, op, name): one backend name ("torch_fallback") may serve many formats.
         self._kernels: dict[tuple[str, str, str], KernelEntry] = {}
         self._cases: list[Any] | None = None
-        #: Bumped on every change; selection caches key on it.
+        #: Bumped on every change.
         self.generation = 0
+        #: Kernels chosen by ``get_kernel``, emptied on every change of the registry.
+        self.selection_cache: dict[tuple[object, ...], Kernel] = {}
 
     # --- loading ----------------------------------------------------------------------------
 
@@ -90,9 +106,12 @@ class Registry:
                 for ep in sorted(_entry_points(self._group), key=lambda e: e.name):
                     dist = getattr(ep, "dist", None)
                     source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
+                    if ep.name in self.blocked:
+                        self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
+                        continue
                     try:
                         module = ep.load()
-                    except BaseException as exc:  # noqa: BLE001 - isolate any import failure
+                    except BaseException as exc:
                         if isinstance(exc, KeyboardInterrupt):
                             raise
                         info = PluginInfo(ep.name, source)
@@ -103,7 +122,7 @@ class Registry:
                         continue
                     self._register(module, ep.name, source)
             self._loaded = True
-            self.generation += 1
+            self._changed()
         return self
 
     def register(self, plugin: object, name: str | None = None) -> str:
@@ -114,7 +133,7 @@ class Registry:
             if name in self._plugins:
                 raise PluginError(f"plugin name {name!r} is already registered")
             self._register(plugin, name, "runtime")
-            self.generation += 1
+            self._changed()
             return name
 
     def unregister(self, name: str) -> None:
@@ -127,7 +146,11 @@ class Registry:
             self._formats = {k: v for k, v in self._formats.items() if v[1] != name}
             self._kernels = {k: v for k, v in self._kernels.items() if v.plugin != name}
             self._cases = None
-            self.generation += 1
+            self._changed()
+
+    def _changed(self) -> None:
+        self.generation += 1
+        self.selection_cache.clear()
 
     def _register(self, plugin: object, name: str, source: str) -> None:
         info = PluginInfo(name, source)

@@ -50,9 +50,9 @@ class GPTQToRows(Transform[Mapping[str, torch.Tensor], GPTQRows]):
         fmt = self.fmt
         fmt.validate(src)
         g_idx = fmt.group_index(src)
-        ret_idx: torch.Tensor | None = torch.argsort(g_idx, stable=True)
-        if bool((ret_idx == torch.arange(g_idx.numel(), device=g_idx.device)).all()):
-            ret_idx = None
+        order = torch.argsort(g_idx, stable=True)
+        identity = torch.equal(order, torch.arange(g_idx.numel(), device=g_idx.device))
+        ret_idx = None if identity else order
         codes = fmt.unpack_weight(src)  # [I, O]
         if ret_idx is not None:
             codes = codes.index_select(0, ret_idx)

@@ -1,0 +1,68 @@
+"""The device's ceilings, measured, not read off a datasheet: copy bandwidth (bytes read
+plus bytes written, one large device-to-device copy) and a large bf16 matmul. Measured
+once per device and software stack, cached in ``~/.cache/quantcore/ceilings.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from quantcore.probe import probe
+
+from .timing import time_interleaved
+
+__all__ = ["Ceilings", "ceilings"]
+
+CACHE = Path(os.environ.get("QUANTCORE_CACHE", Path.home() / ".cache" / "quantcore")) / "ceilings.json"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    device_name: str
+    copy_bytes_per_s: float
+    matmul_flops_per_s: float
+    matmul_what: str
+
+
+def _key(device: str) -> str:
+    caps = probe(device)
+    return f"{caps.device_type}|{caps.name}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def measure(device: str) -> Ceilings:
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    nbytes = (1 << 30) if cuda else (256 << 20)
+    src = torch.randn(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    n = 8192 if cuda else 2048
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    copy, mm = time_interleaved([lambda i: dst.copy_(src), lambda i: a @ b], device, rounds=5)
+    return Ceilings(
+        device_name=probe(device).name,
+        copy_bytes_per_s=2 * nbytes / copy.median_s,
+        matmul_flops_per_s=2 * n**3 / mm.median_s,
+        matmul_what=f"bf16 {n}x{n}x{n} torch.matmul",
+    )
+
+
+def ceilings(device: str, *, remeasure: bool = False) -> Ceilings:
+    key = _key(device)
+    cache: dict[str, dict[str, object]] = {}
+    if CACHE.exists():
+        try:
+            cache = json.loads(CACHE.read_text())
+        except json.JSONDecodeError:
+            cache = {}
+    if not remeasure and key in cache:
+        return Ceilings(**cache[key])  # type: ignore[arg-type]
+    result = measure(device)
+    cache[key] = asdict(result)
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    CACHE.write_text(json.dumps(cache, indent=1))
+    return result

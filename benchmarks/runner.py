@@ -1,0 +1,55 @@
+"""Running a suite: time every variant of a case together, then derive roofline shares
+and speed-ups over each peer."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .ceilings import Ceilings
+from .spec import BenchCase
+from .timing import time_interleaved
+
+__all__ = ["run_cases"]
+
+
+def run_cases(
+    cases: Iterable[BenchCase], device: str, ceil: Ceilings, *, rounds: int = 7, progress: bool = True
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        if progress:
+            print(f"[{i}] {time.perf_counter() - start:6.1f}s {case.suite} {case.label}", file=sys.stderr, flush=True)
+        timings = time_interleaved([v.fn for v in case.variants], device, rounds=rounds)
+        peer_times = {v.name: t.median_s for v, t in zip(case.variants, timings, strict=True) if v.role == "peer"}
+        for v, t in zip(case.variants, timings, strict=True):
+            rows.append({
+                "suite": case.suite,
+                "case": case.label,
+                "dims": case.dims,
+                "variant": v.name,
+                "role": v.role,
+                "time_s": t.median_s,
+                "spread": t.spread,
+                "bytes": v.bytes,
+                "flops": v.flops,
+                "bytes_per_s": v.bytes / t.median_s,
+                "copy_share": v.bytes / t.median_s / ceil.copy_bytes_per_s,
+                "matmul_share": v.flops / t.median_s / ceil.matmul_flops_per_s,
+                "speedup_vs": {p: pt / t.median_s for p, pt in peer_times.items() if p != v.name},
+                "note": v.note,
+            })
+        for name, reason in case.skipped.items():
+            rows.append({"suite": case.suite, "case": case.label, "dims": case.dims, "variant": name,
+                         "role": "skipped", "note": reason})
+        del case, timings
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,95 @@
+"""Timing one callable: medians, interleaved rounds, device-appropriate clocks.
+
+CUDA: ``triton.testing.do_bench`` (CUDA events; it also flushes L2 before each call)
+with ``return_mode="median"``; CUDA events directly when triton is missing. CPU:
+``time.perf_counter`` around batches long enough to dwarf the clock's resolution.
+Variants are timed in interleaved rounds and each keeps the median of its rounds, so
+drift on a shared machine hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Timing", "time_interleaved"]
+
+CPU_SAMPLE_S = 0.02
+CPU_WARMUP_S = 0.1
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    #: Spread of the round medians, (max − min) / median: what a difference must exceed.
+    spread: float
+    rounds: int
+
+
+def _cpu_sample(fn: Callable[[int], object], calls: int, start: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(start, start + calls):
+        fn(i)
+    return (time.perf_counter() - t0) / calls
+
+
+def _cpu_calibrate(fn: Callable[[int], object]) -> int:
+    """Warm up, then pick a batch size so one sample lasts about CPU_SAMPLE_S."""
+    t_end, calls, i = time.perf_counter() + CPU_WARMUP_S, 0, 0
+    while time.perf_counter() < t_end or calls < 3:
+        fn(i)
+        i += 1
+        calls += 1
+    per_call = _cpu_sample(fn, 3, i)
+    return max(1, int(CPU_SAMPLE_S / max(per_call, 1e-9)))
+
+
+def _cuda_sample(fn: Callable[[int], object], state: list[int]) -> float:
+    def call() -> None:
+        fn(state[0])
+        state[0] += 1
+
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return _cuda_events(call)
+    return float(do_bench(call, warmup=25, rep=100, return_mode="median")) / 1e3
+
+
+def _cuda_events(call: Callable[[], None], reps: int = 50) -> float:
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def time_interleaved(fns: Sequence[Callable[[int], object]], device: str, rounds: int = 7) -> list[Timing]:
+    """Median time per call of each ``fn``, measured round-robin."""
+    samples: list[list[float]] = [[] for _ in fns]
+    if device.startswith("cuda"):
+        states = [[0] for _ in fns]
+        for _ in range(rounds):
+            for j, fn in enumerate(fns):
+                samples[j].append(_cuda_sample(fn, states[j]))
+    else:
+        batch = [_cpu_calibrate(fn) for fn in fns]
+        for r in range(rounds):
+            for j, fn in enumerate(fns):
+                samples[j].append(_cpu_sample(fn, batch[j], r * batch[j]))
+    out = []
+    for s in samples:
+        med = statistics.median(s)
+        out.append(Timing(med, (max(s) - min(s)) / med if med > 0 else 0.0, len(s)))
+    return out

@@ -1,0 +1,73 @@
+"""GPTQ by zero folding: ``x · ((q − z) s)ᵀ = (x qᵀ − rowsum(x) zᵀ) · s`` per group.
+
+A different algorithm from dequantize-then-matmul (codes stay integers until the
+per-group rescale), which is what makes it worth running through the shared matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from quantcore import KernelInputError, LinearKernel, Problem, Requirements, Support
+from quantcore.formats.gptq import GPTQ
+from quantcore.tensors import describe
+
+
+@dataclass(frozen=True)
+class Grouped:
+    codes: torch.Tensor  # [G, gs, N] float32, inputs sorted by group
+    zeros: torch.Tensor  # [G, N] float32
+    scales: torch.Tensor  # [G, N] float32
+    ret_idx: torch.Tensor  # [K] int64
+    bias: torch.Tensor | None
+
+
+class ZeroFoldingGPTQ(LinearKernel):
+    name: ClassVar[str] = "zero_folding"
+    format: ClassVar[str] = "gptq"
+    priority: ClassVar[int] = 10
+    description: ClassVar[str] = "example third-party plugin: per-group integer matmul with folded zeros"
+    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu"}))
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        fmt, k = problem.format, problem.get("K")
+        if not isinstance(fmt, GPTQ):
+            return Support.no("GPTQ only")
+        if fmt.group_size != -1 and k is not None and k % fmt.group_size:
+            return Support.no(f"K={k} is not a multiple of group_size={fmt.group_size}")
+        return Support.yes()
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Grouped:
+        fmt = self.fmt
+        assert isinstance(fmt, GPTQ)
+        dims = fmt.validate(tensors)
+        k, n = dims["K"], dims["N"]
+        g_idx = fmt.group_index(tensors)
+        ret_idx = torch.argsort(g_idx, stable=True)
+        groups = fmt.num_groups(k)
+        codes = fmt.unpack_weight(tensors)[ret_idx].float().reshape(groups, k // groups, n)
+        bias = tensors.get("bias")
+        return Grouped(
+            codes=codes,
+            zeros=fmt.unpack_zeros(tensors).float(),
+            scales=tensors["scales"].float(),
+            ret_idx=ret_idx,
+            bias=bias.float() if bias is not None else None,
+        )
+
+    def __call__(self, x: torch.Tensor, prepared: Grouped) -> torch.Tensor:
+        groups, size, n = prepared.codes.shape
+        if x.shape[-1] != groups * size or not x.is_floating_point():
+            raise KernelInputError(f"x: expected [..., {groups * size}] float, got {describe(x)}")
+        xs = x.reshape(-1, groups * size).float()[:, prepared.ret_idx].reshape(-1, groups, size)
+        integer_part = torch.einsum("mgk,gkn->mgn", xs, prepared.codes)
+        folded = integer_part - xs.sum(-1, keepdim=True) * prepared.zeros
+        y = (folded * prepared.scales).sum(1)
+        if prepared.bias is not None:
+            y = y + prepared.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -1,0 +1,70 @@
+"""One session per hardware target, plus lint.
+
+    nox -s cpu     # fresh venv: CPU torch + triton (interpreter), the matrix and the tests
+    nox -s cuda    # on a CUDA machine, in the environment already there (works offline)
+    nox -s xpu     # likewise on an Intel XPU machine
+    nox -s npu     # likewise on an Ascend NPU machine (torch_npu, triton-ascend)
+    nox -s lint    # ruff and mypy
+
+The device sessions run in the current interpreter (``python=False``) and install
+quantcore with ``pip install --no-deps --no-build-isolation -e .``: accelerator machines
+usually carry a vendor build of torch that a fresh venv must not replace, and may have
+no network. Results land in ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["cpu", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+CPU_REQUIREMENTS = ["torch==2.13.0", "triton==3.6.0"]
+EXAMPLE_PLUGIN = "examples/quantcore-example-plugin"
+
+
+@nox.session
+def cpu(session: nox.Session) -> None:
+    """The CPU lane: what CI runs, plus the matrix as a table and as JSON."""
+    session.install(*CPU_REQUIREMENTS, "-e", ".[test]", "-e", EXAMPLE_PLUGIN)
+    session.run("quantcore", "conformance", "--device", "cpu", "--json", "benchmarks/results/conformance-cpu.json")
+    session.run("python", "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs)
+
+
+def _device_session(session: nox.Session, device: str) -> None:
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", ".", external=True)
+    session.run("python", "-m", "quantcore", "doctor", "--device", device, external=True)
+    session.run(
+        "python", "-m", "quantcore", "conformance", "--device", device, "--profile", "full",
+        "--json", f"benchmarks/results/conformance-{device}.json", external=True,
+    )
+    session.run(
+        "python", "-m", "pytest", "-q", "conformance", "--qc-device", device, "--qc-profile", "full",
+        *session.posargs, external=True,
+    )
+
+
+@nox.session(python=False)
+def cuda(session: nox.Session) -> None:
+    """Conformance (full profile) and every benchmark suite on the first CUDA device."""
+    _device_session(session, "cuda")
+    session.run("python", "-m", "quantcore", "bench", "all", "--device", "cuda", external=True)
+
+
+@nox.session(python=False)
+def xpu(session: nox.Session) -> None:
+    """Conformance on an Intel XPU (aten_xpu's real op runs only here)."""
+    _device_session(session, "xpu")
+
+
+@nox.session(python=False)
+def npu(session: nox.Session) -> None:
+    """Conformance on an Ascend NPU (triton_ascend_int4's real target)."""
+    _device_session(session, "npu")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff", "mypy", *CPU_REQUIREMENTS, "-e", ".")
+    session.run("ruff", "check", "quantcore", "backends", "conformance", "benchmarks", "tests")
+    session.run("mypy")

@@ -1,0 +1,76 @@
+"""``quantcore bench SUITE``: time kernels against their peers and the device's ceilings."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+
+from .output import emit_json
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    try:
+        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--shape: expected e.g. M=1,K=4096,N=4096, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from quantcore.benchmarks import report
+    from quantcore.benchmarks.ceilings import ceilings
+    from quantcore.benchmarks.runner import run_cases
+    from quantcore.benchmarks.suites import available, get_suite
+    from quantcore.probe import probe
+
+    if args.suite is None:
+        for name in available():
+            print(f"{name:20} {get_suite(name).DESCRIPTION}")
+        return 0
+    if args.suite == "all":
+        codes = [run(argparse.Namespace(**{**vars(args), "suite": name})) for name in available()]
+        return max(codes)
+    suite = get_suite(args.suite)
+    if args.shape:
+        shapes = [parse_shape(s) for s in args.shape]
+    else:
+        if args.shapes not in suite.SHAPES:
+            raise SystemExit(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {args.shapes!r}")
+        shapes = suite.SHAPES[args.shapes]
+    caps = probe(args.device)
+    if not caps.available:
+        print(f"quantcore bench: {args.device}: {caps.reason}", file=sys.stderr)
+        return 2
+    ceil = ceilings(args.device, remeasure=args.remeasure)
+    rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds)
+    notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
+    meta = {
+        "suite": args.suite,
+        "device": args.device,
+        "device_name": caps.name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": datetime.date.today().isoformat(),
+        "rounds": args.rounds,
+        "ceilings": ceil.__dict__,
+        "notes": notes,
+    }
+    if args.json != "-":
+        print(f"\n{args.suite} on {caps.name} — copy {ceil.copy_bytes_per_s / 1e9:.1f} GB/s, "
+              f"{ceil.matmul_what} {ceil.matmul_flops_per_s / 1e12:.2f} TFLOP/s\n")
+        print(report.table(rows))
+        for note in notes:
+            print("  " + note)
+    if not args.no_save:
+        device_dir = Path(args.out) / report.device_slug(caps.name)
+        report.write_json(device_dir / f"{args.suite}.json", rows, meta)
+        page = device_dir.with_suffix(".md")
+        page.write_text(report.markdown_page(device_dir))
+        print(f"\nwrote {device_dir / (args.suite + '.json')} and {page}", file=sys.stderr)
+    if args.plot:
+        report.plot(rows, Path(args.plot), f"{args.suite} on {caps.name}")
+    emit_json({**meta, "rows": rows}, args.json)
+    return 0

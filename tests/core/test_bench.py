@@ -1,0 +1,48 @@
+"""quantcore bench on CPU: a small smoke run (no timing assertions) writes what it says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantcore.benchmarks.memory import rotation_sets
+from quantcore.benchmarks.report import device_slug
+
+
+def test_smoke_run_writes_json_page_and_plot(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "quantcore", "bench", "gptq_linear", "--shape", "M=1,K=256,N=512",
+         "--shape", "M=4,K=256,N=512", "--rounds", "2", "--out", str(tmp_path / "results"),
+         "--plot", str(tmp_path / "plot.png")],
+        capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "QUANTCORE_CACHE": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    for word in ("aten_cpu", "aten_op_raw", "dense_bf16", "dense_fp32", "vs dense_bf16", "of copy BW"):
+        assert word in out.stdout
+    (page,) = (tmp_path / "results").glob("*.md")
+    data = json.loads((tmp_path / "results" / page.stem / "gptq_linear.json").read_text())
+    assert data["ceilings"]["copy_bytes_per_s"] > 0 and data["device_name"]
+    kernels = {r["variant"] for r in data["rows"]}
+    assert {"aten_cpu", "torch_fallback", "aten_op_raw", "dense_bf16"} <= kernels
+    row = next(r for r in data["rows"] if r["variant"] == "aten_cpu")
+    assert row["time_s"] > 0 and set(row["speedup_vs"]) >= {"aten_op_raw", "dense_bf16", "dense_fp32"}
+    assert "| M1-K256-N512" in page.read_text()
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_list_suites() -> None:
+    out = subprocess.run([sys.executable, "-m", "quantcore", "bench"], capture_output=True, text=True, check=True)
+    assert "gptq_linear" in out.stdout and "overhead" in out.stdout
+
+
+@pytest.mark.parametrize(("per_set", "expected"), [(1 << 30, 1), (1, 8)])
+def test_rotation_covers_twice_the_cache(per_set: int, expected: int) -> None:
+    assert rotation_sets(per_set, "cpu") == expected
+
+
+def test_device_slug() -> None:
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

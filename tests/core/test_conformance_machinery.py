@@ -1,0 +1,114 @@
+"""The matrix itself: wrong kernels FAIL, refusing ones SKIP with the reason, and the
+tolerance catches the errors it is there to catch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantcore.conformance import collect_cells, run_cell
+from quantcore.conformance.report import counts, summary_table, to_json
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.registry import Registry
+
+from .fakes import Plugin, dense_kernel, refusing_kernel
+
+SMALL = "gptq4-g32-asym"
+
+
+def cells_of(registry: Registry, kernel: str) -> list:
+    """The kernel's cells on the small shape (the large ones belong to the matrix run)."""
+    cells = collect_cells(formats=[SMALL], kernels=[kernel], registry=registry)
+    return [c for c in cells if "-K128-" in c.id]
+
+
+def test_cells_are_every_case_times_every_kernel(registry: Registry) -> None:
+    cells = collect_cells(formats=[SMALL], registry=registry)
+    kernels = {c.kernel.cls.name for c in cells}
+    assert kernels == {"aten_cpu", "torch_fallback"}
+    ids = [c.id for c in cells]
+    assert len(ids) == len(set(ids))
+    assert "gptq4-g32-asym/aten_cpu/M1-K4096-N4096/bf16" in ids
+    assert "gptq4-g32-asym/torch_fallback/M7-K128-N256+bias/fp16" in ids
+
+
+def test_full_profile_is_a_superset(registry: Registry) -> None:
+    ci = {c.id for c in collect_cells(registry=registry)}
+    full = {c.id for c in collect_cells(profile="full", registry=registry)}
+    assert ci < full
+
+
+def test_a_wrong_kernel_fails(registry: Registry) -> None:
+    registry.register(Plugin(dense_kernel("off_by_a_bit", scale=1.02)), name="wrong")
+    results = [run_cell(c) for c in cells_of(registry, "off_by_a_bit")[:6]]
+    assert results and all(r.status == "FAIL" for r in results)
+    assert "rel" in results[0].reason and "tol" in results[0].reason
+
+
+def test_a_correct_kernel_passes(registry: Registry) -> None:
+    registry.register(Plugin(dense_kernel("exact")), name="exact")
+    results = [run_cell(c) for c in cells_of(registry, "exact")[:6]]
+    assert all(r.status == "PASS" for r in results), [r.reason for r in results]
+
+
+def test_refusal_is_skip_with_reason(registry: Registry) -> None:
+    registry.register(Plugin(refusing_kernel("picky", "needs Blackwell")), name="picky")
+    (first, *_) = [run_cell(c) for c in cells_of(registry, "picky")[:3]]
+    assert first.status == "SKIP" and first.reason == "needs Blackwell"
+
+
+def test_raising_prepare_is_fail_with_the_error(registry: Registry) -> None:
+    k = dense_kernel("crashy")
+
+    def prepare(self, tensors, *, dtype=None):
+        raise RuntimeError("segfault avoided")
+
+    k.prepare = prepare
+    registry.register(Plugin(k), name="crashy")
+    r = run_cell(cells_of(registry, "crashy")[0])
+    assert r.status == "FAIL" and "prepare raised RuntimeError: segfault avoided" in r.reason
+
+
+def test_wrong_output_dtype_fails(registry: Registry) -> None:
+    k = dense_kernel("upcaster")
+    k.__call__ = lambda self, x, p: x.float() @ p.T  # type: ignore[method-assign]
+    registry.register(Plugin(k), name="upcaster")
+    results = [run_cell(c) for c in cells_of(registry, "upcaster") if c.case.act_dtype != torch.float32][:2]
+    assert results[0].status == "FAIL" and "output dtype" in results[0].reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_tolerance_catches_one_wrong_column(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 4096, generator=gen, dtype=torch.float64)
+    out = ref.clone()
+    out[:, 17] *= -1  # one output feature of 4096 with its sign flipped
+    verdict = compare(out.to(dtype), ref, tolerance_for(dtype))
+    assert not verdict.ok and verdict.max_err > tolerance_for(dtype).max
+
+
+def test_tolerance_rejects_nan_and_shape() -> None:
+    tol = tolerance_for(torch.bfloat16)
+    ref = torch.randn(4, 8, dtype=torch.float64)
+    bad = ref.clone()
+    bad[1, 2] = float("nan")
+    assert "non-finite" in compare(bad, ref, tol).problem
+    assert "shape" in compare(ref[:, :4], ref, tol).problem
+
+
+def test_tolerance_accepts_plain_rounding() -> None:
+    ref = torch.randn(64, 4096, dtype=torch.float64)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert compare(ref.to(dtype), ref, tolerance_for(dtype)).ok
+
+
+def test_report_table_and_json(registry: Registry) -> None:
+    registry.register(Plugin(refusing_kernel("picky", "needs Blackwell")), name="picky")
+    results = [run_cell(c) for c in collect_cells(formats=[SMALL], registry=registry) if "K128" in c.id]
+    table = summary_table(results)
+    assert "aten_cpu" in table and "picky" in table and "needs Blackwell" in table
+    assert counts(results)["SKIP"] >= 1 and counts(results)["FAIL"] == 0
+    data = json.loads(to_json(results, device="cpu"))
+    assert data["counts"] == counts(results) and len(data["cells"]) == len(results)
