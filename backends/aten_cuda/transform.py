@@ -10,6 +10,13 @@ measured on an H100 (specs/aten-int4pack.md):
   ``g = k // groupSize``, ``scales_and_zeros [K/groupSize, N, 2]`` in x's dtype (bf16);
 * groupSize ∈ {32, 64, 128, 256}; innerKTiles ∈ {2, 4, 8} with K % (innerKTiles·16) == 0.
 
+Measured on an H100 (torch 2.11, ``contract_probe.py``; log in
+benchmarks/results/nvidia-h100-80gb-hbm3/issue3-gpu-run.log): with even-high bytes
+``(q − 8)·s + z`` matches to 2.4e-3 (bf16) for innerKTiles 2, 4 and 8, while even-low
+bytes — the CPU op's order, the lead's first guess — give errors ≈ 1.2 under every formula;
+fp16 and fp32 activations are refused (``A.dtype() == kBFloat16``), groups of 16 or 512
+are refused, N = 24 or 40 and K = 64 or 96 (with a fitting innerKTiles) are accepted.
+
 Zero points become offsets exactly as for the CPU op (``gptq_rows.scales_and_offsets``);
 groups the op lacks (−1, act-order) are split into accepted sub-groups.
 """
@@ -30,6 +37,7 @@ __all__ = ["CODE_BIAS", "N_ALIGN", "OP_GROUP_SIZES", "GPTQToTinygemm", "Int4Pack
 
 OP_GROUP_SIZES = (32, 64, 128, 256)
 INNER_K_TILES = (8, 4, 2)
+#: N = 24 and 40 were accepted on the H100; tinygemm tiles N by 8.
 N_ALIGN = 8
 CODE_BIAS = 8
 
