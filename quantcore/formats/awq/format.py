@@ -12,7 +12,8 @@ bias       [O]          optional
 =========  ===========  ==================================================
 
 Dequantization: ``W[o, i] = (q[i, o] − z[i // group_size, o]) · scales[i // group_size, o]``.
-No g_idx, no act-order. ``zero_point=False`` (AutoAWQ's symmetric mode, codes in
+No g_idx, no act-order. ``layout`` is what AutoAWQ and Hugging Face configs call
+``version`` (only "gemm" is this layout; "gemv"/"gemv_fast" pack differently). ``zero_point=False`` (AutoAWQ's symmetric mode, codes in
 [−8, 7]) is stored the only way this layout can hold it: codes + 8 with every zero
 point 8.
 """
