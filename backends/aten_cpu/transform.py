@@ -13,7 +13,8 @@ every group boundary.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -21,6 +22,7 @@ from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQToRows, scales_and_offsets
+from quantcore.transforms.packed import PackedLinear
 
 __all__ = ["OP_GROUP_SIZES", "GPTQToInt4PackCPU", "Int4PackCPU"]
 
@@ -32,27 +34,13 @@ N_ALIGN = 16
 CODE_BIAS = 8
 
 
-@dataclass
-class Int4PackCPU:
-    """Prepared state: everything the op needs, plus the activation permutation."""
+@dataclass(kw_only=True)
+class Int4PackCPU(PackedLinear):
+    """Prepared state: the op's (ISA-specific) uint8 ``[N, K/2]`` weight and float32
+    ``[K/group, N, 2]`` (scale, offset) pairs, cast per activation dtype."""
 
-    weight: torch.Tensor  # uint8 [N, K/2], the op's own (ISA-specific) packing
-    scales_offsets: torch.Tensor  # float32 [K/group, N, 2]: (scale, offset)
-    group_size: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    in_features: int
-    out_features: int
-    #: scales_offsets and bias cast per activation dtype, filled on first use.
-    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-
-    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hit = self.by_dtype.get(dtype)
-        if hit is None:
-            bias = self.bias.to(dtype) if self.bias is not None else None
-            hit = (self.scales_offsets.to(dtype).contiguous(), bias)
-            self.by_dtype[dtype] = hit
-        return hit
+    scales_offsets: torch.Tensor
+    META: ClassVar[str] = "scales_offsets"
 
 
 class GPTQToInt4PackCPU(Transform[Mapping[str, torch.Tensor], Int4PackCPU]):

@@ -12,10 +12,10 @@ from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
-from quantcore.tensors import describe
+from quantcore.transforms.packed import expect_prepared, int4pack_supports
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
 
-from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToTinygemm, Int4PackCUDA, inner_k_tiles
+from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToTinygemm, Int4PackCUDA
 
 __all__ = ["AtenCudaAWQ", "AtenCudaGPTQ"]
 
@@ -36,22 +36,9 @@ class AtenCudaGPTQ(LinearKernel):
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
-        fmt = problem.format
-        if not isinstance(fmt, GPTQ):
-            return Support.no(f"format {fmt.slug} is not GPTQ")
-        if fmt.bits != 4:
-            return Support.no(f"bits={fmt.bits}: tinygemm takes 4-bit codes only")
-        if problem.act_dtype not in ACT_DTYPES:
-            return Support.no(f"activation dtype {problem.act_dtype}: tinygemm takes bf16 only")
-        n, k = problem.get("N"), problem.get("K")
-        if n is not None and n % N_ALIGN:
-            return Support.no(f"N={n}: tinygemm needs N % {N_ALIGN} == 0")
-        if k is not None and inner_k_tiles(k) is None:
-            return Support.no(f"K={k}: tinygemm needs K % 32 == 0")
-        gs = fmt.group_size if fmt.group_size != -1 else k
-        if gs is not None and not any(gs % g == 0 for g in OP_GROUP_SIZES):
-            return Support.no(f"group_size={fmt.group_size}: tinygemm takes groups of {'/'.join(map(str, OP_GROUP_SIZES))} and none divides it")
-        return Support.yes()
+        return int4pack_supports(
+            problem, op="tinygemm", act_dtypes=ACT_DTYPES, n_align=N_ALIGN, k_align=32, group_sizes=OP_GROUP_SIZES
+        )
 
     def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
         return self.fmt, tensors  # type: ignore[return-value]
@@ -66,18 +53,9 @@ class AtenCudaGPTQ(LinearKernel):
         return prepared
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCUDA) -> torch.Tensor:
-        if type(prepared) is not Int4PackCUDA:
-            raise KernelInputError(f"prepared: expected the Int4PackCUDA that {self.name}.prepare returns, got {type(prepared).__name__}")
-        k = prepared.in_features
-        if x.dtype not in ACT_DTYPES or x.device != prepared.weight.device or x.dim() < 1 or x.shape[-1] != k:
-            raise KernelInputError(f"x: expected [..., {k}] bf16 on {prepared.weight.device}, got {describe(x)}")
-        scales_offsets, bias = prepared.for_dtype(x.dtype)
-        x2 = x.reshape(-1, k)
-        x2 = x2.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x2.contiguous()
-        y = torch.ops.aten._weight_int4pack_mm(x2, prepared.weight, prepared.group_size, scales_offsets)
-        if bias is not None:
-            y = y + bias
-        return y.view(*x.shape[:-1], prepared.out_features)
+        expect_prepared(prepared, Int4PackCUDA, self.name)
+        op = torch.ops.aten._weight_int4pack_mm
+        return prepared.run(x, lambda x2, meta: op(x2, prepared.weight, prepared.group_size, meta), ACT_DTYPES)
 
 
 class AtenCudaAWQ(AtenCudaGPTQ):

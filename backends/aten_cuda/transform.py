@@ -24,7 +24,8 @@ groups the op lacks (−1, act-order) are split into accepted sub-groups.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -32,6 +33,7 @@ from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQToRows, scales_and_offsets
+from quantcore.transforms.packed import PackedLinear
 
 __all__ = ["CODE_BIAS", "N_ALIGN", "OP_GROUP_SIZES", "GPTQToTinygemm", "Int4PackCUDA", "inner_k_tiles", "tinygemm_bytes"]
 
@@ -53,24 +55,13 @@ def tinygemm_bytes(codes: torch.Tensor) -> torch.Tensor:
     return ((c[:, 0::2] << 4) | c[:, 1::2]).contiguous()
 
 
-@dataclass
-class Int4PackCUDA:
-    weight: torch.Tensor  # int32, tinygemm's tiled layout
-    scales_offsets: torch.Tensor  # float32 [K/group, N, 2]
-    group_size: int
-    inner_k_tiles: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    in_features: int
-    out_features: int
-    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+@dataclass(kw_only=True)
+class Int4PackCUDA(PackedLinear):
+    """tinygemm's tiled int32 weight and float32 ``[K/group, N, 2]`` (scale, offset)."""
 
-    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hit = self.by_dtype.get(dtype)
-        if hit is None:
-            bias = self.bias.to(dtype) if self.bias is not None else None
-            hit = self.by_dtype[dtype] = (self.scales_offsets.to(dtype).contiguous(), bias)
-        return hit
+    scales_offsets: torch.Tensor
+    inner_k_tiles: int
+    META: ClassVar[str] = "scales_offsets"
 
 
 class GPTQToTinygemm(Transform[Mapping[str, torch.Tensor], Int4PackCUDA]):
@@ -96,4 +87,7 @@ class GPTQToTinygemm(Transform[Mapping[str, torch.Tensor], Int4PackCUDA]):
             )
         group, scales_offsets = grouped
         weight = torch.ops.aten._convert_weight_to_int4pack(tinygemm_bytes(rows.codes), tiles)
-        return Int4PackCUDA(weight, scales_offsets, group, tiles, rows.ret_idx, rows.bias, k, n)
+        return Int4PackCUDA(
+            weight=weight, scales_offsets=scales_offsets, group_size=group, inner_k_tiles=tiles,
+            ret_idx=rows.ret_idx, bias=rows.bias, in_features=k, out_features=n,
+        )

