@@ -7,7 +7,6 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
 from quantcore.transforms.packed import expect_prepared, int4pack_supports
@@ -39,12 +38,7 @@ class AtenCpuGPTQ(LinearKernel):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> Int4PackCPU:
-        prepared = GPTQToInt4PackCPU(self.fmt).apply(tensors)  # type: ignore[arg-type]
-        if dtype is not None:
-            if dtype not in ACT_DTYPES:
-                raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
-            prepared.for_dtype(dtype)
-        return prepared
+        return GPTQToInt4PackCPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCPU) -> torch.Tensor:
         expect_prepared(prepared, Int4PackCPU, self.name)

@@ -7,13 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
-from quantcore.transforms.packed import expect_prepared, int4pack_supports
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
+from quantcore.transforms.packed import expect_prepared, int4pack_supports
 
 from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToTinygemm, Int4PackCUDA
 
@@ -45,12 +44,7 @@ class AtenCudaGPTQ(LinearKernel):
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackCUDA:
         fmt, gptq = self._gptq(tensors)
-        prepared = GPTQToTinygemm(fmt).apply(gptq)
-        if dtype is not None:
-            if dtype not in ACT_DTYPES:
-                raise KernelInputError(f"dtype: tinygemm takes bf16, got {dtype}")
-            prepared.for_dtype(dtype)
-        return prepared
+        return GPTQToTinygemm(fmt).apply(gptq).ready_for(dtype, ACT_DTYPES)  # type: ignore[return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCUDA) -> torch.Tensor:
         expect_prepared(prepared, Int4PackCUDA, self.name)

@@ -34,7 +34,7 @@ def weight_int4pack_mm_with_scales_and_zeros(
 ) -> torch.Tensor:
     if x.dim() != 2 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise KernelInputError(f"x: expected 2-D f32/f16/bf16, got {describe(x)}")
-    m, k = x.shape
+    k = x.shape[1]
     if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[1] * 8 != k:
         raise KernelInputError(f"qweight: expected int32 [N, {k // 8}], got {describe(qweight)}")
     n = qweight.shape[0]

@@ -7,7 +7,6 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
@@ -50,12 +49,7 @@ class AtenXpuGPTQ(LinearKernel):
         return Support.yes()
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackXPU:
-        prepared = GPTQToInt4PackXPU(self.fmt).apply(tensors)  # type: ignore[arg-type]
-        if dtype is not None:
-            if dtype not in ACT_DTYPES:
-                raise KernelInputError(f"dtype: expected bf16 or fp16, got {dtype}")
-            prepared.for_dtype(dtype)
-        return prepared
+        return GPTQToInt4PackXPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackXPU) -> torch.Tensor:
         expect_prepared(prepared, Int4PackXPU, self.name)

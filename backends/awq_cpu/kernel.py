@@ -13,7 +13,6 @@ import torch
 
 from quantcore.backends.aten_cpu.kernel import ACT_DTYPES, AtenCpuGPTQ
 from quantcore.backends.aten_cpu.transform import Int4PackCPU
-from quantcore.errors import KernelInputError
 from quantcore.formats.awq import AWQ
 from quantcore.kernel import Support
 from quantcore.problem import Problem
@@ -40,9 +39,4 @@ class AwqCpu(AtenCpuGPTQ):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> Int4PackCPU:
-        prepared = AWQToInt4PackCPU(self.fmt).apply(tensors)  # type: ignore[arg-type]
-        if dtype is not None:
-            if dtype not in ACT_DTYPES:
-                raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
-            prepared.for_dtype(dtype)
-        return prepared
+        return AWQToInt4PackCPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]

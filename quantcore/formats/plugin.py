@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..registry.hookspecs import hookimpl
-from .base import Format
 from .awq import AWQ
+from .base import Format
 from .gptq import GPTQ
 
 

@@ -45,6 +45,15 @@ class PackedLinear:
             hit = self.by_dtype[dtype] = (getattr(self, self.META).to(dtype).contiguous(), bias)
         return hit
 
+    def ready_for(self, dtype: torch.dtype | None, act_dtypes: tuple[torch.dtype, ...]) -> PackedLinear:
+        """Cast the metadata for ``dtype`` now (``prepare(dtype=...)``), or refuse it."""
+        if dtype is not None:
+            if dtype not in act_dtypes:
+                names = ", ".join(dtype_name(d) for d in act_dtypes)
+                raise KernelInputError(f"dtype: expected {names}, got {dtype}")
+            self.for_dtype(dtype)
+        return self
+
     def run(
         self, x: torch.Tensor, mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], act_dtypes: tuple[torch.dtype, ...]
     ) -> torch.Tensor:

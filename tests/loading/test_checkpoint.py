@@ -10,7 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from quantcore.checkpoint import QuantLinear, load_checkpoint, quantize_linears, replace_linears, save_checkpoint
+from quantcore.checkpoint import (
+    QuantLinear,
+    load_checkpoint,
+    quantize_linears,
+    replace_linears,
+    save_checkpoint,
+)
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import TensorFormatError
 from quantcore.formats.awq import AWQ, pack_awq
@@ -45,7 +51,7 @@ def _write(tmp_path: Path, fmt, **kw) -> tuple[Path, nn.Module, dict]:
     ids=lambda v: v.slug if hasattr(v, "slug") else "",
 )
 def test_round_trip_through_disk(tmp_path: Path, fmt, kw) -> None:
-    folder, model, linears = _write(tmp_path, fmt, **kw)
+    folder, _, linears = _write(tmp_path, fmt, **kw)
     ckpt = load_checkpoint(folder)
     assert ckpt.format == fmt
     assert sorted(ckpt.linears) == ["0", "2"] and sorted(ckpt.others) == ["3.bias", "3.weight"]

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantcore.checkpoint import QuantLinear, load_checkpoint, quantize_linears, replace_linears, save_checkpoint
+from quantcore.checkpoint import (
+    QuantLinear,
+    load_checkpoint,
+    quantize_linears,
+    replace_linears,
+    save_checkpoint,
+)
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 

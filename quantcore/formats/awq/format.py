@@ -29,17 +29,17 @@ import torch
 from ...errors import TensorFormatError
 from ...tensors import describe, require_tensor, require_tensors
 from ..base import Format
+from ..grouping import SCALE_DTYPES, GroupedFormat, check_linear_extras
 from .order import unpack_awq
 
 __all__ = ["AWQ"]
 
-SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TENSOR_NAMES = ("qweight", "qzeros", "scales", "bias")
 VERSIONS = ("gemm",)
 
 
 @dataclass(frozen=True)
-class AWQ(Format):
+class AWQ(GroupedFormat, Format):
     name: ClassVar[str] = "awq"
     version: ClassVar[int] = 1
 
@@ -53,8 +53,7 @@ class AWQ(Format):
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
             raise TensorFormatError(f"awq bits: expected one of {self.SUPPORTED_BITS} (GEMM layout), got {self.bits!r}")
-        if not (self.group_size == -1 or (isinstance(self.group_size, int) and self.group_size > 0)):
-            raise TensorFormatError(f"awq group_size: expected a positive int or -1, got {self.group_size!r}")
+        self._check_group_size()
         layout = str(self.layout).lower()
         if layout not in VERSIONS:
             raise TensorFormatError(f"awq version: expected one of {VERSIONS}, got {self.layout!r}")
@@ -68,15 +67,6 @@ class AWQ(Format):
     @property
     def maxq(self) -> int:
         return (1 << self.bits) - 1
-
-    def effective_group_size(self, in_features: int) -> int:
-        return in_features if self.group_size == -1 else self.group_size
-
-    def num_groups(self, in_features: int) -> int:
-        gs = self.effective_group_size(in_features)
-        if in_features % gs:
-            raise TensorFormatError(f"{self.slug}: group_size={self.group_size} does not divide in_features={in_features}")
-        return in_features // gs
 
     @classmethod
     def from_params(cls, **params: Any) -> AWQ:
@@ -101,16 +91,9 @@ class AWQ(Format):
             raise TensorFormatError(f"{where}: qweight: expected non-empty 2-D [I, O/8] int32, got {describe(qweight)}")
         in_features, out_features = qweight.shape[0], qweight.shape[1] * 8
         groups = self.num_groups(in_features)
-        scales = require_tensor("scales", tensors["scales"], shape=(groups, out_features), dtypes=SCALE_DTYPES, where=where)
+        require_tensor("scales", tensors["scales"], shape=(groups, out_features), dtypes=SCALE_DTYPES, where=where)
         require_tensor("qzeros", tensors["qzeros"], shape=(groups, out_features // 8), dtypes=(torch.int32,), where=where)
-        bias = tensors.get("bias")
-        if bias is not None:
-            require_tensor("bias", bias, shape=(out_features,), dtypes=SCALE_DTYPES, where=where)
-        devices = {t.device for t in tensors.values()}
-        if len(devices) > 1:
-            raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
-        if not torch.isfinite(scales).all():
-            raise TensorFormatError(f"{where}: scales: contains NaN or Inf")
+        check_linear_extras(tensors, out_features, where)
         return {"K": in_features, "N": out_features}
 
     def unpack_weight(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -40,6 +40,7 @@ import torch
 
 from ...errors import TensorFormatError
 from ..base import Format
+from ..grouping import GroupedFormat
 from ..packing import LANE_BITS, PackGeometry, unpack_codes
 
 __all__ = ["GPTQ"]
@@ -48,7 +49,7 @@ _CHECKPOINT_ALIASES = {"v1": "v1", "gptq": "v1", "v2": "v2", "gptq_v2": "v2"}
 
 
 @dataclass(frozen=True)
-class GPTQ(Format):
+class GPTQ(GroupedFormat, Format):
     """One GPTQ parameterisation. ``group_size=-1`` means one group over all inputs."""
 
     name: ClassVar[str] = "gptq"
@@ -69,10 +70,7 @@ class GPTQ(Format):
             raise TensorFormatError(
                 f"gptq bits: expected one of {self.SUPPORTED_BITS}, got {self.bits!r}"
             )
-        if not (self.group_size == -1 or (isinstance(self.group_size, int) and self.group_size > 0)):
-            raise TensorFormatError(
-                f"gptq group_size: expected a positive int or -1, got {self.group_size!r}"
-            )
+        self._check_group_size()
         fmt = _CHECKPOINT_ALIASES.get(str(self.checkpoint_format))
         if fmt is None:
             raise TensorFormatError(
@@ -124,17 +122,6 @@ class GPTQ(Format):
     def uses_act_order(self) -> bool:
         """True when g_idx may be non-monotonic (act-order without static groups)."""
         return self.desc_act and not self.static_groups
-
-    def effective_group_size(self, in_features: int) -> int:
-        return in_features if self.group_size == -1 else self.group_size
-
-    def num_groups(self, in_features: int) -> int:
-        gs = self.effective_group_size(in_features)
-        if in_features % gs:
-            raise TensorFormatError(
-                f"{self.slug}: group_size={self.group_size} does not divide in_features={in_features}"
-            )
-        return in_features // gs
 
     def in_features_of(self, qweight: torch.Tensor) -> int:
         geo = self.geometry

@@ -9,13 +9,13 @@ import torch
 
 from ...errors import TensorFormatError
 from ...tensors import describe, require_tensor, require_tensors
+from ..grouping import SCALE_DTYPES, check_linear_extras
 
 if TYPE_CHECKING:
     from .format import GPTQ
 
 __all__ = ["SCALE_DTYPES", "TENSOR_NAMES", "validate_gptq"]
 
-SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
 
@@ -53,14 +53,7 @@ def validate_gptq(fmt: GPTQ, tensors: Mapping[str, torch.Tensor]) -> dict[str, i
     g_idx = tensors.get("g_idx")
     if g_idx is not None:
         _check_g_idx(fmt, g_idx, in_features, groups, where)
-    bias = tensors.get("bias")
-    if bias is not None:
-        require_tensor("bias", bias, shape=(out_features,), dtypes=SCALE_DTYPES, where=where)
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
-    if not torch.isfinite(scales).all():
-        raise TensorFormatError(f"{where}: scales: contains NaN or Inf")
+    check_linear_extras(tensors, out_features, where)
     return {"K": in_features, "N": out_features}
 
 
