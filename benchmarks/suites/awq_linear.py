@@ -13,13 +13,10 @@ from collections.abc import Iterator
 import torch
 
 from quantcore.formats.awq import AWQ
-from quantcore.problem import Problem
-from quantcore.registry import default_registry
-from quantcore.selection import explain
 
-from ..memory import rotation_sets
-from ..spec import BenchCase, Variant
-from .gptq_linear import SHAPES, _call
+from ..spec import BenchCase
+from ._linear import linear_case
+from .gptq_linear import SHAPES
 
 __all__ = ["DESCRIPTION", "SHAPES", "cases"]
 
@@ -45,32 +42,8 @@ def _awq_bytes(m: int, k: int, n: int) -> int:
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
-    dev = torch.device(device)
     for dims in shapes:
-        m, k, n = dims["M"], dims["K"], dims["N"]
-        problem = Problem.linear(FMT, M=m, K=k, N=n, dtype=DTYPE)
-        case = BenchCase("awq_linear", f"M{m}-K{k}-N{n}", dict(dims))
-        flops = 2 * m * k * n
-        sets = rotation_sets(k * n // 2, device)
-        weights = _weights(k, n, sets)
-        xs = [torch.randn(m, k, device=dev, dtype=DTYPE) for _ in range(sets)]
-        for cand in explain(FMT, device, problem=problem).candidates:
-            if cand.status not in ("selected", "usable"):
-                if cand.status != "broken":
-                    case.skipped[cand.kernel] = f"{cand.status}: {cand.reason}"
-                continue
-            kernel = default_registry().kernel(FMT.name, "linear", cand.kernel).cls(FMT, dev)
-            prepared = [kernel.prepare({a: t.to(dev) for a, t in w.items()}, dtype=DTYPE) for w in weights]
-            nbytes = _awq_bytes(m, k, n) if cand.kernel != "torch_fallback" else 2 * (k * n + m * k + m * n)
-            case.variants.append(Variant(cand.kernel, "kernel", _call(kernel, prepared, xs), nbytes, flops, sets))
-        for dtype, name in ((torch.bfloat16, "dense_bf16"), (torch.float32, "dense_fp32")):
-            ws = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(rotation_sets(k * n * dtype.itemsize, device))]
-            xd = [x.to(dtype) for x in xs]
-            case.variants.append(Variant(
-                name, "peer", lambda i, ws=ws, xd=xd: torch.nn.functional.linear(xd[i % len(xd)], ws[i % len(ws)]),
-                dtype.itemsize * (k * n + m * k + m * n), flops, len(ws), "cuBLAS" if dev.type == "cuda" else "",
-            ))
-        yield case
+        yield linear_case("awq_linear", FMT, DTYPE, dims, device, _weights, _awq_bytes(dims["M"], dims["K"], dims["N"]))
 
 
 def summarize(rows: list[dict]) -> list[str]:
