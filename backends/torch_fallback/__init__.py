@@ -12,7 +12,7 @@ from .kernel import DequantLinear, fallback_for
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [fallback_for("gptq")]
+    return [fallback_for("gptq"), fallback_for("awq")]
 
 
 __all__ = ["DequantLinear", "fallback_for"]

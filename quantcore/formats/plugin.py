@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..registry.hookspecs import hookimpl
+from .awq import AWQ
 from .base import Format
 from .gptq import GPTQ
 from .trtllm_moe import TRTLLMMoE
@@ -10,4 +11,4 @@ from .trtllm_moe import TRTLLMMoE
 
 @hookimpl
 def quantcore_formats() -> list[type[Format]]:
-    return [GPTQ, TRTLLMMoE]
+    return [GPTQ, AWQ, TRTLLMMoE]
