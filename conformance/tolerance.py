@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Tolerance", "compare", "tolerance_for"]
+__all__ = ["Tolerance", "compare", "judge_output", "tolerance_for"]
 
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 _FP32_REL = 1e-5
@@ -73,3 +73,14 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
     ok = rel <= tol.rel and mx <= tol.max
     why = "" if ok else f"rel {rel:.2e} (tol {tol.rel:.1e}), max {mx:.2e} (tol {tol.max:.1e})"
     return Comparison(ok, rel, mx, tol, why)
+
+
+def judge_output(output: object, golden: torch.Tensor, act_dtype: torch.dtype) -> Comparison:
+    """A kernel's output must be a tensor in the activation dtype within tolerance of the
+    float64 golden output (the usual judgement of a harness)."""
+    tol = tolerance_for(act_dtype)
+    if not isinstance(output, torch.Tensor):
+        return Comparison(False, float("nan"), float("nan"), tol, f"returned {type(output).__name__}, not a tensor")
+    if output.dtype != act_dtype:
+        return Comparison(False, float("nan"), float("nan"), tol, f"output dtype {output.dtype}, expected {act_dtype}")
+    return compare(output, golden, tol)

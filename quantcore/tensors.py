@@ -8,12 +8,21 @@ import torch
 
 from .errors import TensorFormatError
 
-__all__ = ["describe", "require_tensor", "require_tensors"]
+__all__ = ["describe", "reject_unknown", "require_tensor", "require_tensors"]
 
 
 def describe(t: torch.Tensor) -> str:
     """``(512, 4096) int32 on cpu`` — how a tensor is named in error messages."""
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+
+
+def reject_unknown(
+    tensors: Mapping[str, torch.Tensor], known: Iterable[str], *, where: str, takes: str
+) -> None:
+    """Refuse tensor names a format does not define; ``takes`` says what it does take."""
+    unknown = sorted(set(tensors) - set(known))
+    if unknown:
+        raise TensorFormatError(f"{where}: unexpected tensor(s) {', '.join(unknown)}; {takes}")
 
 
 def require_tensors(

@@ -13,14 +13,16 @@ every group boundary.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.transform import Transform
-from quantcore.transforms.gptq_rows import GPTQToRows, largest_dividing_group
+from quantcore.transforms.gptq_rows import GPTQToRows, scales_and_offsets
+from quantcore.transforms.packed import PackedLinear
 
 __all__ = ["OP_GROUP_SIZES", "GPTQToInt4PackCPU", "Int4PackCPU"]
 
@@ -32,27 +34,13 @@ N_ALIGN = 16
 CODE_BIAS = 8
 
 
-@dataclass
-class Int4PackCPU:
-    """Prepared state: everything the op needs, plus the activation permutation."""
+@dataclass(kw_only=True)
+class Int4PackCPU(PackedLinear):
+    """Prepared state: the op's (ISA-specific) uint8 ``[N, K/2]`` weight and float32
+    ``[K/group, N, 2]`` (scale, offset) pairs, cast per activation dtype."""
 
-    weight: torch.Tensor  # uint8 [N, K/2], the op's own (ISA-specific) packing
-    scales_offsets: torch.Tensor  # float32 [K/group, N, 2]: (scale, offset)
-    group_size: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    in_features: int
-    out_features: int
-    #: scales_offsets and bias cast per activation dtype, filled on first use.
-    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-
-    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hit = self.by_dtype.get(dtype)
-        if hit is None:
-            bias = self.bias.to(dtype) if self.bias is not None else None
-            hit = (self.scales_offsets.to(dtype).contiguous(), bias)
-            self.by_dtype[dtype] = hit
-        return hit
+    scales_offsets: torch.Tensor
+    META: ClassVar[str] = "scales_offsets"
 
 
 class GPTQToInt4PackCPU(Transform[Mapping[str, torch.Tensor], Int4PackCPU]):
@@ -70,19 +58,17 @@ class GPTQToInt4PackCPU(Transform[Mapping[str, torch.Tensor], Int4PackCPU]):
             raise UnsupportedProblemError(
                 f"out_features: the CPU int4pack op needs a multiple of {N_ALIGN}, got {n}"
             )
-        group = largest_dividing_group(rows.sorted_groups, OP_GROUP_SIZES)
-        if group is None:
+        grouped = scales_and_offsets(rows, OP_GROUP_SIZES, CODE_BIAS)
+        if grouped is None:
             raise UnsupportedProblemError(
                 f"g_idx: no group size the op takes ({OP_GROUP_SIZES}) splits the groups of "
                 f"this checkpoint (group_size={self.fmt.group_size}, in_features={k})"
             )
+        group, scales_offsets = grouped
         weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.codes.cpu(), 2)
-        sub = rows.sorted_groups[::group]  # the group of each op-sized sub-group
-        scales = rows.scales.float()[sub]
-        offsets = (CODE_BIAS - rows.zeros[sub].float()) * scales
         return Int4PackCPU(
             weight=weight,
-            scales_offsets=torch.stack([scales, offsets], dim=-1).contiguous(),
+            scales_offsets=scales_offsets,
             group_size=group,
             ret_idx=rows.ret_idx,
             bias=rows.bias,

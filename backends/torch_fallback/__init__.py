@@ -12,7 +12,7 @@ from .kernel import DequantLinear, fallback_for
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [fallback_for("gptq"), fallback_for("turboquant")]
+    return [fallback_for("gptq"), fallback_for("awq"), fallback_for("turboquant")]
 
 
 __all__ = ["DequantLinear", "fallback_for"]

@@ -14,12 +14,9 @@ from typing import Any
 import torch
 
 from quantcore.formats.gptq import GPTQ
-from quantcore.problem import Problem
-from quantcore.registry import default_registry
-from quantcore.selection import explain
 
-from ..memory import rotation_sets
 from ..spec import BenchCase, Variant
+from ._linear import linear_case
 
 DESCRIPTION = "GPTQ int4 g128 linear: registered kernels vs dense bf16/fp32 and torch's int4 op"
 _KN = ((4096, 4096), (4096, 11008))
@@ -50,40 +47,16 @@ def _int4_bytes(m: int, k: int, n: int) -> int:
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
-    dev = torch.device(device)
     for dims in shapes:
         m, k, n = dims["M"], dims["K"], dims["N"]
-        problem = Problem.linear(FMT, M=m, K=k, N=n, dtype=DTYPE)
-        case = BenchCase("gptq_linear", f"M{m}-K{k}-N{n}", dict(dims))
-        flops = 2 * m * k * n
-        sets = rotation_sets(k * n // 2, device)
-        weights = _weights(k, n, sets)
-        xs = [torch.randn(m, k, device=dev, dtype=DTYPE) for _ in range(sets)]
-        for cand in explain(FMT, device, problem=problem).candidates:
-            if cand.status not in ("selected", "usable"):
-                if cand.status != "broken":
-                    case.skipped[cand.kernel] = f"{cand.status}: {cand.reason}"
-                continue
-            kernel = default_registry().kernel(FMT.name, "linear", cand.kernel).cls(FMT, dev)
-            prepared = [kernel.prepare({a: t.to(dev) for a, t in w.items()}, dtype=DTYPE) for w in weights]
-            nbytes = _int4_bytes(m, k, n) if cand.kernel != "torch_fallback" else 2 * (k * n + m * k + m * n)
-            case.variants.append(Variant(cand.kernel, "kernel", _call(kernel, prepared, xs), nbytes, flops, sets))
-            if cand.kernel == "aten_cpu":
-                case.variants.append(Variant("aten_op_raw", "peer", _raw_cpu(prepared, xs), nbytes, flops, sets,
-                                             "torch's op on aten_cpu's prepared tensors"))
-        for dtype, name in ((torch.bfloat16, "dense_bf16"), (torch.float32, "dense_fp32")):
-            ws = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(rotation_sets(k * n * dtype.itemsize, device))]
-            xd = [x.to(dtype) for x in xs]
-            size = dtype.itemsize
-            case.variants.append(Variant(
-                name, "peer", lambda i, ws=ws, xd=xd: torch.nn.functional.linear(xd[i % len(xd)], ws[i % len(ws)]),
-                size * (k * n + m * k + m * n), flops, len(ws), "cuBLAS" if dev.type == "cuda" else "",
-            ))
-        yield case
+        yield linear_case("gptq_linear", FMT, DTYPE, dims, device, _weights, _int4_bytes(m, k, n), _raw_peer)
 
 
-def _call(kernel: Any, prepared: list[Any], xs: list[torch.Tensor]) -> Any:
-    return lambda i: kernel(xs[i % len(xs)], prepared[i % len(prepared)])
+def _raw_peer(kernel: str, prepared: list[Any], xs: list[torch.Tensor], nbytes: int, flops: int, sets: int) -> list[Variant]:
+    if kernel != "aten_cpu":
+        return []
+    return [Variant("aten_op_raw", "peer", _raw_cpu(prepared, xs), nbytes, flops, sets,
+                    "torch's op on aten_cpu's prepared tensors")]
 
 
 def _raw_cpu(prepared: list[Any], xs: list[torch.Tensor]) -> Any:

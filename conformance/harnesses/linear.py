@@ -11,7 +11,7 @@ from quantcore.ops.linear import linear_reference
 
 from ..case import Case
 from ..harness import OpHarness
-from ..tolerance import Comparison, compare, tolerance_for
+from ..tolerance import Comparison, judge_output
 
 __all__ = ["LinearHarness"]
 
@@ -54,12 +54,7 @@ class LinearHarness(OpHarness):
         return kernel(inputs.x.to(kernel.device), prepared)  # type: ignore[operator]
 
     def judge(self, output: torch.Tensor, case: Case, inputs: LinearInputs) -> Comparison:
-        tol = tolerance_for(case.act_dtype)
-        if not isinstance(output, torch.Tensor):
-            return Comparison(False, float("nan"), float("nan"), tol, f"returned {type(output).__name__}, not a tensor")
-        if output.dtype != case.act_dtype:
-            return Comparison(False, float("nan"), float("nan"), tol, f"output dtype {output.dtype}, expected {case.act_dtype}")
-        return compare(output, inputs.golden, tol)
+        return judge_output(output, inputs.golden, case.act_dtype)
 
 
 HARNESS = LinearHarness()

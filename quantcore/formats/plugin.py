@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from ..registry.hookspecs import hookimpl
+from .awq import AWQ
 from .base import Format
 from .gptq import GPTQ
+from .trtllm_moe import TRTLLMMoE
 from .turboquant import TurboQuant
 
 
 @hookimpl
 def quantcore_formats() -> list[type[Format]]:
-    return [GPTQ, TurboQuant]
+    return [GPTQ, AWQ, TRTLLMMoE, TurboQuant]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .base import Op
 from .linear import LINEAR
+from .moe import MOE
 
-__all__ = ["LINEAR", "Op", "get_op"]
+__all__ = ["LINEAR", "MOE", "Op", "get_op"]
 
-_OPS: dict[str, Op] = {LINEAR.name: LINEAR}
+_OPS: dict[str, Op] = {LINEAR.name: LINEAR, MOE.name: MOE}
 
 
 def get_op(name: str) -> Op:

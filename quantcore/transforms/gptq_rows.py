@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.gptq import GPTQ
+from ..formats.gptq.convert import zero_to_stored
 from ..formats.packing import pack_codes
 from ..transform import Transform
 
-__all__ = ["GPTQRows", "GPTQToRows", "largest_dividing_group"]
+__all__ = ["GPTQRows", "GPTQToRows", "largest_dividing_group", "scales_and_offsets"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class GPTQToRows(Transform[Mapping[str, torch.Tensor], GPTQRows]):
             codes = unsorted
             g_idx = torch.empty_like(dst.sorted_groups)
             g_idx[dst.ret_idx] = dst.sorted_groups
-        stored = (dst.zeros - 1) & fmt.maxq if fmt.checkpoint_format == "v1" else dst.zeros
+        stored = zero_to_stored(dst.zeros, fmt)
         out = {
             "qweight": pack_codes(codes, fmt.bits, dim=0, lane_dtype=fmt.pack_dtype),
             "qzeros": pack_codes(stored, fmt.bits, dim=1, lane_dtype=fmt.pack_dtype),
@@ -99,3 +100,19 @@ def largest_dividing_group(sorted_groups: torch.Tensor, accepted: tuple[int, ...
         if all(b % size == 0 for b in bounds):
             return size
     return None
+
+
+def scales_and_offsets(
+    rows: GPTQRows, accepted: tuple[int, ...], code_bias: int
+) -> tuple[int, torch.Tensor] | None:
+    """Per-sub-group ``(scale, offset)`` for ops that compute ``(q − code_bias)·s + offset``
+    (torch's int4pack ops, ``code_bias`` = 8): ``(sub-group size, [I/size, O, 2] float32)``,
+    or None when no accepted size splits the groups. An integer zero point z becomes the
+    offset ``(code_bias − z)·s``, since ``(q − z)·s = (q − code_bias)·s + (code_bias − z)·s``."""
+    group = largest_dividing_group(rows.sorted_groups, accepted)
+    if group is None:
+        return None
+    sub = rows.sorted_groups[::group]  # the group of each op-sized sub-group
+    scales = rows.scales.float()[sub]
+    offsets = (code_bias - rows.zeros[sub].float()) * scales
+    return group, torch.stack([scales, offsets], dim=-1).contiguous()

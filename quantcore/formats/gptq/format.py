@@ -1,25 +1,33 @@
 """GPTQ: b-bit integer codes with per-(group, output) scale and zero point.
 
-Stored tensors (a linear with I in-features, O out-features, G groups, ``pf`` codes per
-lane; see seeds/gptq-storage-format.md):
+Stored tensors (a linear with I in-features, O out-features, G = I / group_size groups;
+see seeds/gptq-storage-format.md):
 
-=========  ============  =================================================
-qweight    [I/pf, O]     pack_dtype lanes; lane r of column o holds inputs
-                         r·pf … r·pf+pf−1, the lowest input in the lowest bits
-qzeros     [G, O/pf]     pack_dtype lanes along O; v2 stores z, v1 stores z − 1
-scales     [G, O]        float16 (bf16/fp32 accepted)
-g_idx      [I]           int32: group of each input (act-order: not monotonic)
-bias       [O]           optional
-=========  ============  =================================================
+=========  ==============  ===============================================
+qweight    [I·b/W, O]      pack_dtype lanes of W bits along I: a bit stream,
+                           input i in bits [b·i, b·i + b) (formats/packing.py)
+qzeros     [G, O·b/W]      the same along O; v2 stores z, v1 stores z − 1
+scales     [G, O]          float16 (bf16/fp32 accepted)
+g_idx      [I]             int32: group of each input (act-order: not monotonic)
+bias       [O]             optional
+=========  ==============  ===============================================
+
+b ∈ {2, 3, 4, 8}. For 2/4/8 bits a lane holds W/b whole codes, in any pack dtype
+(int8/16/32/64). 3-bit codes do not divide a lane: 32 codes fill 3 int32 lanes and two
+of them straddle lanes, so 3-bit GPTQ is int32 only, with I and O multiples of 32.
 
 Dequantization: ``W[o, i] = (q[i, o] − z[g_idx[i], o]) · scales[g_idx[i], o]``.
 
-v1 and a zero of 0: v1 writers store ``(z − 1)`` in b bits, so z = 0 is stored as
-``2^b − 1`` (−1 wrapped). This module reads v1 zeros as ``(stored + 1) mod 2^b``, which
-gives 0 back; readers that add 1 without wrapping get ``2^b``, an out-of-range zero —
-the "bug in common implementations" the seed describes. Writers that cast −1 to
-uint32 before shifting also smear ones into the neighbouring lanes; this packer masks
-each code to b bits, so a v1 checkpoint written here round-trips exactly.
+``desc_act`` (act-order) quantizes columns in a data-dependent order, so ``g_idx`` is a
+permutation of group labels. ``static_groups`` computes each group's scale and zero
+on the original column order before that permutation: g_idx stays ``i // group_size``
+and kernels need no activation permutation (GPTQModel's GPTQ: with static groups the
+g_idx of column ``perm[j]`` is ``perm[j] // group_size``, i.e. monotonic once stored).
+
+v1 and a zero of 0 (see :mod:`.convert`): v1 writers store ``z − 1`` per b-bit field,
+so z = 0 is the field ``2^b − 1``. This module reads v1 fields as
+``(stored + 1) mod 2^b``, which gives 0 back exactly for every bit width (3-bit fields
+straddling lanes included).
 """
 
 from __future__ import annotations
@@ -31,19 +39,17 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, require_tensor, require_tensors
 from ..base import Format
-from ..packing import LANE_BITS, unpack_codes
+from ..grouping import GroupedFormat
+from ..packing import LANE_BITS, PackGeometry, unpack_codes
 
 __all__ = ["GPTQ"]
 
-_SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CHECKPOINT_ALIASES = {"v1": "v1", "gptq": "v1", "v2": "v2", "gptq_v2": "v2"}
-TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
 
 @dataclass(frozen=True)
-class GPTQ(Format):
+class GPTQ(GroupedFormat, Format):
     """One GPTQ parameterisation. ``group_size=-1`` means one group over all inputs."""
 
     name: ClassVar[str] = "gptq"
@@ -55,28 +61,28 @@ class GPTQ(Format):
     desc_act: bool = False
     checkpoint_format: Literal["v1", "v2"] = "v2"
     pack_dtype: torch.dtype = torch.int32
+    static_groups: bool = False
 
-    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4, 8)
+    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
 
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
             raise TensorFormatError(
                 f"gptq bits: expected one of {self.SUPPORTED_BITS}, got {self.bits!r}"
             )
-        if not (self.group_size == -1 or (isinstance(self.group_size, int) and self.group_size > 0)):
-            raise TensorFormatError(
-                f"gptq group_size: expected a positive int or -1, got {self.group_size!r}"
-            )
+        self._check_group_size()
         fmt = _CHECKPOINT_ALIASES.get(str(self.checkpoint_format))
         if fmt is None:
             raise TensorFormatError(
                 f"gptq checkpoint_format: expected v1/gptq or v2/gptq_v2, got {self.checkpoint_format!r}"
             )
         object.__setattr__(self, "checkpoint_format", fmt)
-        if self.pack_dtype not in LANE_BITS or LANE_BITS[self.pack_dtype] % self.bits:
+        if self.pack_dtype not in LANE_BITS:
+            raise TensorFormatError(f"gptq pack_dtype: expected int8/16/32/64, got {self.pack_dtype}")
+        if LANE_BITS[self.pack_dtype] % self.bits and self.pack_dtype != torch.int32:
             raise TensorFormatError(
-                f"gptq pack_dtype: expected int8/16/32/64 holding whole {self.bits}-bit codes, "
-                f"got {self.pack_dtype}"
+                f"gptq pack_dtype: {self.bits}-bit codes do not divide a lane, and GPTQ packs them "
+                f"only as 32 codes in 3 int32 lanes; expected int32, got {self.pack_dtype}"
             )
 
     # --- derived quantities -----------------------------------------------------------
@@ -87,6 +93,8 @@ class GPTQ(Format):
         parts = [f"gptq{self.bits}", f"g{g}", "sym" if self.sym else "asym"]
         if self.desc_act:
             parts.append("act")
+        if self.static_groups:
+            parts.append("static")
         if self.checkpoint_format == "v1":
             parts.append("v1")
         if self.pack_dtype != torch.int32:
@@ -94,26 +102,47 @@ class GPTQ(Format):
         return "-".join(parts)
 
     @property
+    def geometry(self) -> PackGeometry:
+        """How codes tile lanes: ``codes`` per ``lanes`` (8 per 1 at 4 bits, 32 per 3 at 3)."""
+        return PackGeometry(self.bits, self.pack_dtype)
+
+    @property
     def pack_factor(self) -> int:
-        return LANE_BITS[self.pack_dtype] // self.bits
+        """Codes per lane; only defined when the bit width divides the lane."""
+        geo = self.geometry
+        if geo.lanes != 1:
+            raise TensorFormatError(f"{self.slug}: {self.bits}-bit codes have no whole pack factor")
+        return geo.codes
 
     @property
     def maxq(self) -> int:
         return (1 << self.bits) - 1
 
-    def effective_group_size(self, in_features: int) -> int:
-        return in_features if self.group_size == -1 else self.group_size
+    @property
+    def uses_act_order(self) -> bool:
+        """True when g_idx may be non-monotonic (act-order without static groups)."""
+        return self.desc_act and not self.static_groups
 
-    def num_groups(self, in_features: int) -> int:
-        gs = self.effective_group_size(in_features)
-        return -(-in_features // gs)
+    def in_features_of(self, qweight: torch.Tensor) -> int:
+        geo = self.geometry
+        rows = qweight.shape[0]
+        if rows % geo.lanes:
+            raise TensorFormatError(
+                f"{self.slug}: qweight: {rows} rows is not a multiple of {geo.lanes} "
+                f"({self.bits}-bit codes fill {geo.lanes} lanes per {geo.codes} inputs)"
+            )
+        return rows // geo.lanes * geo.codes
 
     @classmethod
     def from_params(cls, **params: Any) -> GPTQ:
         p = dict(params)
         if isinstance(p.get("pack_dtype"), str):
-            p["pack_dtype"] = getattr(torch, p["pack_dtype"].removeprefix("torch."))
-        for key in ("sym", "desc_act"):
+            name = p["pack_dtype"].removeprefix("torch.")
+            dtype = getattr(torch, name, None)
+            if not isinstance(dtype, torch.dtype):
+                raise TensorFormatError(f"gptq pack_dtype: expected int8/16/32/64, got {p['pack_dtype']!r}")
+            p["pack_dtype"] = dtype
+        for key in ("sym", "desc_act", "static_groups"):
             if isinstance(p.get(key), str):
                 p[key] = p[key].lower() in ("1", "true", "yes")
         for key in ("bits", "group_size"):
@@ -124,53 +153,9 @@ class GPTQ(Format):
     # --- validation ---------------------------------------------------------------------
 
     def validate(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        where = f"{self.slug} tensors"
-        unknown = sorted(set(tensors) - set(TENSOR_NAMES))
-        if unknown:
-            raise TensorFormatError(
-                f"{where}: unexpected tensor(s) {', '.join(unknown)}; gptq takes "
-                f"{', '.join(TENSOR_NAMES)} (g_idx and bias optional)"
-            )
-        require_tensors(tensors, ("qweight", "qzeros", "scales"), where=where)
-        pf = self.pack_factor
-        qweight = require_tensor("qweight", tensors["qweight"], dtypes=(self.pack_dtype,), where=where)
-        scales = require_tensor("scales", tensors["scales"], dtypes=_SCALE_DTYPES, where=where)
-        if qweight.dim() != 2:
-            raise TensorFormatError(f"{where}: qweight: expected 2-D [I/{pf}, O], got {describe(qweight)}")
-        if scales.dim() != 2:
-            raise TensorFormatError(f"{where}: scales: expected 2-D [G, O], got {describe(scales)}")
-        in_features, out_features = qweight.shape[0] * pf, qweight.shape[1]
-        if in_features == 0 or out_features == 0:
-            raise TensorFormatError(f"{where}: qweight: expected non-empty, got {describe(qweight)}")
-        groups = self.num_groups(in_features)
-        if out_features % pf:
-            raise TensorFormatError(
-                f"{where}: out_features = {out_features} (qweight.shape[1]) must be a multiple of "
-                f"{pf} to pack qzeros"
-            )
-        require_tensor("scales", scales, shape=(groups, out_features), where=where)
-        require_tensor(
-            "qzeros", tensors["qzeros"], shape=(groups, out_features // pf),
-            dtypes=(self.pack_dtype,), where=where,
-        )
-        g_idx = tensors.get("g_idx")
-        if g_idx is not None:
-            require_tensor("g_idx", g_idx, shape=(in_features,), dtypes=(torch.int32, torch.int64), where=where)
-            if in_features and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
-                raise TensorFormatError(
-                    f"{where}: g_idx: expected values in [0, {groups}) for group_size="
-                    f"{self.group_size} over {in_features} inputs, got range "
-                    f"[{int(g_idx.min())}, {int(g_idx.max())}]"
-                )
-        bias = tensors.get("bias")
-        if bias is not None:
-            require_tensor("bias", bias, shape=(out_features,), dtypes=_SCALE_DTYPES, where=where)
-        devices = {t.device for t in tensors.values()}
-        if len(devices) > 1:
-            raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
-        if not torch.isfinite(scales).all():
-            raise TensorFormatError(f"{where}: scales: contains NaN or Inf")
-        return {"K": in_features, "N": out_features}
+        from .validate import validate_gptq
+
+        return validate_gptq(self, tensors)
 
     # --- unpacking, shared by the dequantizer and by kernels' transforms -----------------
 
@@ -180,17 +165,16 @@ class GPTQ(Format):
 
     def unpack_zeros(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """True integer zero points ``[G, O]`` int32 (v1's −1 offset undone, wrapped)."""
-        stored = unpack_codes(tensors["qzeros"], self.bits, dim=1)
-        if self.checkpoint_format == "v1":
-            return (stored + 1) & self.maxq
-        return stored
+        from .convert import stored_to_zero
+
+        return stored_to_zero(unpack_codes(tensors["qzeros"], self.bits, dim=1), self)
 
     def group_index(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``g_idx`` as int64; the trivial ``i // group_size`` when the checkpoint has none."""
         g_idx = tensors.get("g_idx")
         if g_idx is not None:
             return g_idx.to(torch.int64)
-        in_features = tensors["qweight"].shape[0] * self.pack_factor
+        in_features = self.in_features_of(tensors["qweight"])
         gs = self.effective_group_size(in_features)
         return torch.arange(in_features, device=tensors["qweight"].device) // gs
 

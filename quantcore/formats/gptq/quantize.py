@@ -4,6 +4,8 @@ This is the golden quantizer, not the GPTQ algorithm: no Hessian, no error feedb
 It produces checkpoints with exactly GPTQ's storage semantics, which is what the
 conformance matrix needs. Act-order is simulated with a random column order standing in
 for the Hessian's: groups are formed in that order, so ``g_idx`` is not monotonic.
+With ``static_groups`` the groups are formed on the original column order whatever the
+processing order, so ``g_idx`` stays ``i // group_size``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from ...errors import TensorFormatError
 from ...tensors import describe
 from ..packing import pack_codes
+from .convert import zero_to_stored
 
 if TYPE_CHECKING:
     from .format import GPTQ
@@ -42,17 +45,17 @@ def quantize_rtn(
     if not torch.isfinite(weight).all():
         raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
     out_features, in_features = weight.shape
-    pf = fmt.pack_factor
-    if in_features % pf or out_features % pf:
+    per = fmt.geometry.codes
+    if in_features % per or out_features % per:
         raise TensorFormatError(
-            f"weight: {fmt.slug} packs {pf} codes per lane; in_features={in_features} and "
-            f"out_features={out_features} must both be multiples of {pf}"
+            f"weight: {fmt.slug} packs codes in runs of {per}; in_features={in_features} and "
+            f"out_features={out_features} must both be multiples of {per}"
         )
     gs = fmt.effective_group_size(in_features)
     groups = fmt.num_groups(in_features)
     w = weight.to(torch.float32)
 
-    if fmt.desc_act:
+    if fmt.uses_act_order:
         if perm is None:
             perm = torch.randperm(in_features, generator=generator, device="cpu").to(w.device)
         g_idx = act_order_g_idx(perm, gs).to(w.device)
@@ -85,7 +88,7 @@ def quantize_rtn(
     q = torch.clamp(torch.round(w / scale[:, gi]) + zero[:, gi], 0, maxq).to(torch.int32)  # [O, I]
 
     zero_i = zero.to(torch.int32).T.contiguous()  # [G, O]
-    stored_zero = (zero_i - 1) & maxq if fmt.checkpoint_format == "v1" else zero_i
+    stored_zero = zero_to_stored(zero_i, fmt)
     return {
         "qweight": pack_codes(q.T, fmt.bits, dim=0, lane_dtype=fmt.pack_dtype),
         "qzeros": pack_codes(stored_zero, fmt.bits, dim=1, lane_dtype=fmt.pack_dtype),

@@ -1,0 +1,11 @@
+"""``aten_cuda``: GPTQ and AWQ int4 linears on NVIDIA GPUs through torch's own tinygemm
+(``aten._convert_weight_to_int4pack`` / ``aten._weight_int4pack_mm``)."""
+
+from quantcore.registry import hookimpl
+
+from .kernel import AtenCudaAWQ, AtenCudaGPTQ
+
+
+@hookimpl
+def quantcore_kernels() -> list[type]:
+    return [AtenCudaGPTQ, AtenCudaAWQ]

@@ -1,0 +1,58 @@
+"""The ``aten_xpu`` kernel: GPTQ 4-bit on Intel XPUs via the fused aten op."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+
+from quantcore.formats.gptq import GPTQ
+from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.problem import Problem
+from quantcore.transforms.packed import expect_prepared
+
+from .transform import GPTQToInt4PackXPU, Int4PackXPU
+
+__all__ = ["AtenXpuGPTQ", "fused_mm"]
+
+#: The XPU op runs fp16 and bf16 (fp32 is accepted by the meta function, but callers
+#: such as torchao and SGLang cast it to bf16 first; unverified on hardware here).
+ACT_DTYPES = (torch.bfloat16, torch.float16)
+OP = "_weight_int4pack_mm_with_scales_and_zeros"
+
+
+def fused_mm(x: torch.Tensor, w: torch.Tensor, group_size: int, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """The op itself; a module attribute so a test can stand the contract emulation in."""
+    return getattr(torch.ops.aten, OP)(x, w, group_size, scales, zeros)
+
+
+class AtenXpuGPTQ(LinearKernel):
+    name: ClassVar[str] = "aten_xpu"
+    format: ClassVar[str] = "gptq"
+    priority: ClassVar[int] = 100
+    description: ClassVar[str] = f"GPTQ 4-bit via aten.{OP} (Intel XPU)"
+    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"xpu"}), aten_ops=(OP,))
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        fmt = problem.format
+        if not isinstance(fmt, GPTQ):
+            return Support.no(f"format {fmt.slug} is not GPTQ")
+        if fmt.bits != 4 or fmt.pack_dtype != torch.int32:
+            return Support.no(f"{fmt.slug}: the op takes 4-bit codes in int32 lanes")
+        if problem.act_dtype not in ACT_DTYPES:
+            return Support.no(f"activation dtype {problem.act_dtype}: the XPU op takes bf16, fp16")
+        k = problem.get("K")
+        if k is not None and k % 8:
+            return Support.no(f"K={k}: the op packs 8 inputs per int32 lane")
+        return Support.yes()
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackXPU:
+        return GPTQToInt4PackXPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]
+
+    def __call__(self, x: torch.Tensor, prepared: Int4PackXPU) -> torch.Tensor:
+        expect_prepared(prepared, Int4PackXPU, self.name)
+        return prepared.run(
+            x, lambda x2, scales: fused_mm(x2, prepared.weight, prepared.group_size, scales, prepared.zeros), ACT_DTYPES
+        )

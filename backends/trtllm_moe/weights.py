@@ -1,0 +1,52 @@
+"""The prepared state every trtllm_moe kernel starts from: the validated stored tensors
+on the kernel's device, with the problem dims they imply."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from quantcore.errors import KernelInputError
+from quantcore.formats.trtllm_moe import TRTLLMMoE
+
+__all__ = ["ACT_DTYPES", "ExpertWeights", "load_expert_weights"]
+
+#: Activation dtypes the format is used with (its scales are stored in one of them).
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    qweight: torch.Tensor  # [E, K, N] int8, signed codes
+    scales: torch.Tensor  # [E, G, N]
+    zeros: torch.Tensor | None  # [E, G, N] or None (symmetric)
+    group_size: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.qweight.shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.qweight.shape[2]
+
+
+def load_expert_weights(
+    fmt: TRTLLMMoE, tensors: Mapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype | None
+) -> ExpertWeights:
+    if dtype is not None and dtype not in ACT_DTYPES:
+        raise KernelInputError(f"dtype: expected float16 or bfloat16 activations, got {dtype}")
+    tensors = {name: t.to(device) for name, t in tensors.items()}
+    fmt.validate(tensors)
+    return ExpertWeights(
+        qweight=tensors["qweight"].contiguous(),
+        scales=tensors["scales"].contiguous(),
+        zeros=tensors["zeros"].contiguous() if "zeros" in tensors else None,
+        group_size=fmt.group_size,
+    )

@@ -1,0 +1,104 @@
+"""Quantization configs → a Format.
+
+Where each tool writes its parameters:
+
+* Hugging Face ``config.json``: ``quantization_config`` with ``quant_method`` "gptq"
+  (bits, group_size, desc_act, sym, static_groups, checkpoint_format "gptq"/"gptq_v2")
+  or "awq" (bits, group_size, zero_point, version "gemm");
+* AutoGPTQ / GPTQModel ``quantize_config.json``: the same GPTQ keys at top level
+  (GPTQModel also writes ``format`` for checkpoint_format, and ``pack_dtype``);
+* AutoAWQ ``quant_config.json``: ``w_bit``, ``q_group_size``, ``zero_point``, ``version``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import TensorFormatError
+from ..formats.awq import AWQ
+from ..formats.base import Format
+from ..formats.gptq import GPTQ
+
+__all__ = ["CONFIG_FILES", "format_from_config", "read_quant_config"]
+
+#: Searched in this order; the first that holds a quantization config wins.
+CONFIG_FILES = ("config.json", "quantize_config.json", "quant_config.json")
+
+
+def read_quant_config(folder: str | Path) -> tuple[dict[str, Any], str]:
+    """The quantization config of a checkpoint folder and the file it came from."""
+    folder = Path(folder)
+    for name in CONFIG_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise TensorFormatError(f"{path}: not valid JSON ({exc})") from None
+        if name == "config.json":
+            data = data.get("quantization_config")
+            if data is None:
+                continue
+        if not isinstance(data, dict):
+            raise TensorFormatError(f"{path}: expected a JSON object for the quantization config")
+        return data, name
+    raise TensorFormatError(
+        f"{folder}: no quantization config found; expected config.json with a "
+        f"'quantization_config', or one of {', '.join(CONFIG_FILES[1:])}"
+    )
+
+
+def _get(cfg: dict[str, Any], *keys: str, default: Any = None, where: str = "") -> Any:
+    for key in keys:
+        if key in cfg:
+            return cfg[key]
+    if default is None:
+        raise TensorFormatError(f"{where}: missing '{keys[0]}'")
+    return default
+
+
+def _method(cfg: dict[str, Any], source: str) -> str:
+    method = cfg.get("quant_method")
+    if method is None:
+        # AutoAWQ's quant_config.json has no quant_method; its keys give it away.
+        method = "awq" if ("w_bit" in cfg or source == "quant_config.json") else "gptq"
+    return str(method).lower()
+
+
+def format_from_config(cfg: dict[str, Any], source: str = "config") -> Format:
+    """Build the Format a quantization config describes; errors name the field."""
+    where = f"{source} quantization config"
+    method = _method(cfg, source)
+    if method == "gptq":
+        if cfg.get("dynamic"):
+            raise TensorFormatError(f"{where}: 'dynamic' per-module overrides are not supported")
+        ckpt = str(_get(cfg, "checkpoint_format", "format", default="gptq", where=where)).lower()
+        params = {
+            "bits": _get(cfg, "bits", where=where),
+            "group_size": _get(cfg, "group_size", default=-1, where=where),
+            "sym": _get(cfg, "sym", default=True, where=where),
+            "desc_act": _get(cfg, "desc_act", default=False, where=where),
+            "static_groups": _get(cfg, "static_groups", default=False, where=where),
+            "checkpoint_format": ckpt,
+            "pack_dtype": str(_get(cfg, "pack_dtype", default="int32", where=where)),
+        }
+        cls: type[Format] = GPTQ
+    elif method == "awq":
+        params = {
+            "bits": _get(cfg, "bits", "w_bit", where=where),
+            "group_size": _get(cfg, "group_size", "q_group_size", default=-1, where=where),
+            "zero_point": _get(cfg, "zero_point", default=True, where=where),
+            "layout": str(_get(cfg, "version", default="gemm", where=where)).lower(),
+        }
+        cls = AWQ
+    else:
+        raise TensorFormatError(f"{where}: quant_method {method!r} is not supported; expected 'gptq' or 'awq'")
+    try:
+        return cls.from_params(**params)
+    except TensorFormatError as exc:
+        raise TensorFormatError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise TensorFormatError(f"{where}: {exc}") from None

@@ -1,0 +1,110 @@
+"""Prepared state shared by the int4pack kernels (torch's CPU, XPU and CUDA ops).
+
+Each holds a packed weight in its op's layout, per-group float metadata (scales, or
+scales with offsets) that the op wants in the activation's dtype, the activation
+permutation of act-order checkpoints and the bias. The call path is the same for all:
+check the activation, permute it, run the op, add the bias, restore the batch shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..dtypes import dtype_name
+from ..errors import KernelInputError
+from ..formats.gptq import GPTQ
+from ..kernel import Support
+from ..problem import Problem
+from ..tensors import describe
+
+__all__ = ["PackedLinear", "expect_prepared", "int4pack_supports"]
+
+
+@dataclass(kw_only=True)
+class PackedLinear:
+    weight: torch.Tensor
+    group_size: int
+    ret_idx: torch.Tensor | None
+    bias: torch.Tensor | None
+    in_features: int
+    out_features: int
+    #: The metadata (and bias) cast per activation dtype, filled on first use.
+    by_dtype: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict, repr=False)
+
+    #: The subclass field holding the per-group float metadata.
+    META: ClassVar[str]
+
+    def for_dtype(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hit = self.by_dtype.get(dtype)
+        if hit is None:
+            bias = self.bias.to(dtype) if self.bias is not None else None
+            hit = self.by_dtype[dtype] = (getattr(self, self.META).to(dtype).contiguous(), bias)
+        return hit
+
+    def ready_for(self, dtype: torch.dtype | None, act_dtypes: tuple[torch.dtype, ...]) -> PackedLinear:
+        """Cast the metadata for ``dtype`` now (``prepare(dtype=...)``), or refuse it."""
+        if dtype is not None:
+            if dtype not in act_dtypes:
+                names = ", ".join(dtype_name(d) for d in act_dtypes)
+                raise KernelInputError(f"dtype: expected {names}, got {dtype}")
+            self.for_dtype(dtype)
+        return self
+
+    def run(
+        self, x: torch.Tensor, mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], act_dtypes: tuple[torch.dtype, ...]
+    ) -> torch.Tensor:
+        """``mm(x2d, metadata)`` on the permuted activation, plus bias, in x's batch shape."""
+        k = self.in_features
+        if x.dtype not in act_dtypes or x.device != self.weight.device or x.dim() < 1 or x.shape[-1] != k:
+            names = "/".join(dtype_name(d) for d in act_dtypes)
+            raise KernelInputError(f"x: expected [..., {k}] {names} on {self.weight.device}, got {describe(x)}")
+        meta, bias = self.for_dtype(x.dtype)
+        x2 = x.reshape(-1, k)
+        x2 = x2.index_select(1, self.ret_idx) if self.ret_idx is not None else x2.contiguous()
+        y = mm(x2, meta)
+        if bias is not None:
+            y.add_(bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def expect_prepared(prepared: Any, cls: type[PackedLinear], kernel: str) -> None:
+    if type(prepared) is not cls:
+        raise KernelInputError(
+            f"prepared: expected the {cls.__name__} that {kernel}.prepare returns, got {type(prepared).__name__}"
+        )
+
+
+def int4pack_supports(
+    problem: Problem,
+    *,
+    op: str,
+    act_dtypes: tuple[torch.dtype, ...],
+    n_align: int,
+    k_align: int,
+    group_sizes: tuple[int, ...],
+) -> Support:
+    """The limits torch's int4pack ops share, for a GPTQ problem: 4-bit codes, some
+    activation dtypes, N and K alignment, and a menu of group sizes of which one must
+    divide the checkpoint's (sub-groups of it carry the group's scale)."""
+    fmt = problem.format
+    if not isinstance(fmt, GPTQ):
+        return Support.no(f"format {fmt.slug} is not GPTQ")
+    if fmt.bits != 4:
+        return Support.no(f"bits={fmt.bits}: {op} takes 4-bit codes only")
+    if problem.act_dtype not in act_dtypes:
+        return Support.no(f"activation dtype {problem.act_dtype}: {op} takes {', '.join(dtype_name(d) for d in act_dtypes)}")
+    n, k = problem.get("N"), problem.get("K")
+    if n is not None and n % n_align:
+        return Support.no(f"N={n}: {op} packs weights only when N % {n_align} == 0")
+    gs = fmt.group_size if fmt.group_size != -1 else k
+    if gs is not None and not any(gs % g == 0 for g in group_sizes):
+        return Support.no(
+            f"group_size={fmt.group_size}: {op} takes groups of {'/'.join(map(str, group_sizes))} and none of them divides it"
+        )
+    if k is not None and k % k_align:
+        return Support.no(f"K={k}: {op} needs K % {k_align} == 0")
+    return Support.yes()
