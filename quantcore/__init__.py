@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 
 _LAZY: dict[str, tuple[str, str]] = {
     "get_kernel": ("quantcore.selection", "get_kernel"),
+    "bind": ("quantcore.binding", "bind"),
+    "BoundKernel": ("quantcore.binding", "BoundKernel"),
     "explain": ("quantcore.selection", "explain"),
     "Explanation": ("quantcore.selection", "Explanation"),
     "probe": ("quantcore.probe", "probe"),
@@ -65,6 +67,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .api import get_format, list_plugins
+    from .binding import BoundKernel, bind
     from .errors import (
         KernelInputError,
         NoKernelError,

@@ -185,7 +185,8 @@ def _explain(
         if forced and not _match(names, forced):
             others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
-        reason = _refusal(cls, caps, problem)
+        failed = reg.failures.get((fmt.name, op, cls.name, device))
+        reason = f"failed at run time: {failed}" if failed else _refusal(cls, caps, problem)
         if reason:
             others.append(Candidate(*names, priority, REFUSED, reason))
             continue

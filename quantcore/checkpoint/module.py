@@ -10,10 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..binding import bind
 from ..errors import TensorFormatError
 from ..formats.base import Format
+from ..kernel import Kernel
 from ..problem import Problem
-from ..selection import get_kernel
 from .loader import Checkpoint
 
 __all__ = ["QuantLinear", "quantize_linears", "replace_linears"]
@@ -21,7 +22,9 @@ __all__ = ["QuantLinear", "quantize_linears", "replace_linears"]
 
 class QuantLinear(nn.Module):
     """``y = x Wᵀ + b`` with W in ``fmt``; the kernel is chosen once, for ``device``
-    and activation ``dtype``, and its prepared state is kept."""
+    and activation ``dtype``, through :func:`quantcore.bind`: one prepare per weight
+    however many threads build the module, and a kernel that fails at run time is
+    replaced by the next candidate."""
 
     def __init__(
         self,
@@ -39,11 +42,19 @@ class QuantLinear(nn.Module):
         self.dtype = dtype
         device = torch.device(device) if device is not None else next(iter(tensors.values())).device
         problem = Problem.linear(fmt, K=self.in_features, N=self.out_features, dtype=dtype)
-        self.kernel = get_kernel(fmt, device, problem=problem, prefer=prefer)
-        self.prepared = self.kernel.prepare({k: v.to(device) for k, v in tensors.items()}, dtype=dtype)
+        source = {k: v.to(device) for k, v in tensors.items()}
+        self.bound = bind(fmt, device, source, problem=problem, dtype=dtype, prefer=prefer)
+
+    @property
+    def kernel(self) -> Kernel:
+        return self.bound.kernel
+
+    @property
+    def prepared(self) -> Any:
+        return self.bound.prepared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel(x, self.prepared)  # type: ignore[operator]
+        return self.bound(x)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -92,6 +92,8 @@ class Registry:
         self.generation = 0
         #: Kernels chosen by ``get_kernel``, emptied on every change of the registry.
         self.selection_cache: dict[tuple[object, ...], Kernel] = {}
+        #: (format, op, kernel, device) -> why it failed at run time (see quantcore.binding).
+        self.failures: dict[tuple[str, str, str, str], str] = {}
 
     # --- loading ----------------------------------------------------------------------------
 
@@ -146,6 +148,17 @@ class Registry:
             self._formats = {k: v for k, v in self._formats.items() if v[1] != name}
             self._kernels = {k: v for k, v in self._kernels.items() if v.plugin != name}
             self._cases = None
+            self._changed()
+
+    def record_failure(self, format_name: str, op: str, kernel: str, device: str, reason: str) -> None:
+        """A kernel failed at run time on ``device``: selection refuses it from now on."""
+        with self._lock:
+            self.failures[(format_name, op, kernel, device)] = reason
+            self._changed()
+
+    def clear_failures(self) -> None:
+        with self._lock:
+            self.failures.clear()
             self._changed()
 
     def _changed(self) -> None:

@@ -1,0 +1,171 @@
+"""A kernel bound to one weight: chosen, prepared once, and replaced if it fails.
+
+``get_kernel`` answers from what kernels *declare*. A kernel can still fail when it
+meets real weights or runs (a vendor library that breaks at run time, a bug). ``bind``
+makes that survivable where it is safe:
+
+* an error in the *input* (``TensorFormatError`` for malformed tensors,
+  ``KernelInputError`` for a bad activation) is the caller's, and is raised: every
+  other kernel would refuse the same input;
+* ``UnsupportedProblemError`` from ``prepare`` means this kernel cannot take these
+  particular weights (uneven act-order groups, say): the next candidate is tried;
+* any other exception from ``prepare`` or from a call is the kernel's: it is recorded
+  on the registry as failed on this device (``explain`` then shows it refused, with the
+  error), and the next candidate is prepared from the same source tensors. A failed
+  call produced no output, so retrying it on another kernel is safe.
+
+Binding is thread-safe and idempotent: threads that bind the same tensors (same
+objects, same format, device, dtype and problem) share one ``prepare``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .errors import KernelInputError, NoKernelError, TensorFormatError, UnsupportedProblemError
+from .formats.base import Format
+from .kernel import Kernel
+from .probe import normalize_device
+from .problem import Problem
+from .registry import Registry, default_registry
+from .selection import explain
+
+__all__ = ["BoundKernel", "bind"]
+
+_CALLERS_FAULT = (TensorFormatError, KernelInputError)
+
+
+class BoundKernel:
+    """``bound(x)`` runs the kernel on the prepared weight; ``bound.kernel`` says which."""
+
+    def __init__(
+        self,
+        fmt: Format,
+        device: str | torch.device,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        problem: Problem | None,
+        dtype: torch.dtype | None,
+        registry: Registry,
+        prefer: tuple[str, ...] = (),
+    ) -> None:
+        self.fmt, self.device, self.problem, self.dtype = fmt, normalize_device(device), problem, dtype
+        self.prefer = prefer
+        self._source = dict(tensors)
+        self._registry = registry
+        self._lock = threading.Lock()
+        #: (kernel, reason) for every candidate passed over while binding this weight.
+        self.passed_over: list[tuple[str, str]] = []
+        self.kernel, self.prepared = self._first_that_prepares()
+
+    def _candidates(self) -> list[str]:
+        expl = explain(self.fmt, self.device, problem=self.problem, prefer=self.prefer or None,
+                       registry=self._registry)
+        return [c.kernel for c in expl.candidates if c.status in ("selected", "usable")]
+
+    def _first_that_prepares(self, skip: frozenset[str] = frozenset()) -> tuple[Kernel, Any]:
+        op = self.problem.op if self.problem is not None else self.fmt.op
+        for name in self._candidates():
+            if name in skip or name in {n for n, _ in self.passed_over}:
+                continue
+            kernel = self._registry.kernel(self.fmt.name, op, name).cls(self.fmt, torch.device(self.device))
+            try:
+                return kernel, kernel.prepare(self._source, dtype=self.dtype)
+            except _CALLERS_FAULT:
+                raise
+            except UnsupportedProblemError as exc:
+                self.passed_over.append((name, f"cannot take this weight: {exc}"))
+            except Exception as exc:
+                self._registry.record_failure(self.fmt.name, op, name, self.device, f"prepare raised {_short(exc)}")
+                self.passed_over.append((name, f"prepare raised {_short(exc)}"))
+        tried = "; ".join(f"{n}: {why}" for n, why in self.passed_over) or "none usable"
+        raise NoKernelError(
+            f"no kernel could prepare this {self.fmt.slug} weight on {self.device} ({tried})\n"
+            + explain(self.fmt, self.device, problem=self.problem, registry=self._registry).table()
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kernel, prepared = self.kernel, self.prepared
+        try:
+            return kernel(x, prepared)  # type: ignore[operator,no-any-return]
+        except _CALLERS_FAULT:
+            raise
+        except Exception as exc:
+            with self._lock:
+                if self.kernel is kernel:  # no other thread has replaced it yet
+                    op = self.problem.op if self.problem is not None else self.fmt.op
+                    reason = f"call raised {_short(exc)}"
+                    self._registry.record_failure(self.fmt.name, op, kernel.name, self.device, reason)
+                    self.passed_over.append((kernel.name, reason))
+                    self.kernel, self.prepared = self._first_that_prepares()
+            return self(x)
+
+    def __repr__(self) -> str:
+        return f"<BoundKernel {self.kernel.name} {self.fmt.slug} on {self.device}>"
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+# Bound kernels are cached weakly, keyed by the ids of their source tensors: a bound
+# kernel holds those tensors, so while it lives the ids cannot be reused, and when the
+# last user drops it the entry goes with it.
+_bound: dict[tuple[Any, ...], weakref.ref[BoundKernel]] = {}
+_locks: dict[tuple[Any, ...], threading.Lock] = {}
+_guard = threading.Lock()
+
+
+def _lookup(key: tuple[Any, ...]) -> BoundKernel | None:
+    ref = _bound.get(key)
+    return ref() if ref is not None else None
+
+
+def _evict(key: tuple[Any, ...]) -> None:
+    with _guard:
+        ref = _bound.get(key)
+        if ref is not None and ref() is None:
+            del _bound[key]
+
+
+def bind(
+    format: Format,
+    device: str | torch.device,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    problem: Problem | None = None,
+    dtype: torch.dtype | None = None,
+    prefer: str | Sequence[str] | None = None,
+    registry: Registry | None = None,
+) -> BoundKernel:
+    """The best kernel for ``format`` on ``device``, prepared for ``tensors`` — once.
+
+    The same tensor objects bound again (from any thread) with the same format, device,
+    dtype and problem return the same :class:`BoundKernel` for as long as anyone holds it.
+    """
+    reg = registry or default_registry()
+    prefs = (prefer,) if isinstance(prefer, str) else tuple(prefer or ())
+    if not tensors:
+        raise TensorFormatError(f"{format.slug}: tensors: expected the stored tensors, got none")
+    key = (id(reg), format, normalize_device(device), dtype, problem, prefs, tuple((n, id(t)) for n, t in tensors.items()))
+    with _guard:
+        hit = _lookup(key)
+        if hit is not None:
+            return hit
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:
+        with _guard:
+            hit = _lookup(key)
+        if hit is not None:
+            return hit
+        made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs)
+        with _guard:
+            _bound[key] = weakref.ref(made)
+            weakref.finalize(made, _evict, key)
+            _locks.pop(key, None)
+        return made
