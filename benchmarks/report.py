@@ -62,7 +62,8 @@ def markdown_page(device_dir: Path) -> str:
         parts.append(
             f"{data['date']}, torch {data['torch']}, {data.get('threads', '?')} threads. Ceilings measured in the "
             f"run: copy {c['copy_bytes_per_s'] / 1e9:.1f} GB/s (read + write), {c['matmul_what']} "
-            f"{c['matmul_flops_per_s'] / 1e12:.2f} TFLOP/s. Median of {data['rounds']} interleaved rounds; "
+            f"{c['matmul_flops_per_s'] / 1e12:.2f} TFLOP/s. Timing: {data.get('timing', 'eager')}, median of "
+            f"{data['rounds']} interleaved rounds; "
             "'vs X' is X's time over this row's (above 1 = faster than X).\n"
         )
         parts.append(table(data["rows"], fmt="github") + "\n")

@@ -19,14 +19,22 @@ __all__ = ["run_cases"]
 
 
 def run_cases(
-    cases: Iterable[BenchCase], device: str, ceil: Ceilings, *, rounds: int = 7, progress: bool = True
+    cases: Iterable[BenchCase],
+    device: str,
+    ceil: Ceilings,
+    *,
+    rounds: int = 7,
+    graph: bool = False,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     for i, case in enumerate(cases, 1):
         if progress:
             print(f"[{i}] {time.perf_counter() - start:6.1f}s {case.suite} {case.label}", file=sys.stderr, flush=True)
-        timings = time_interleaved([v.fn for v in case.variants], device, rounds=rounds)
+        timings = time_interleaved(
+            [v.fn for v in case.variants], device, rounds=rounds, graph=graph, sets=[v.sets for v in case.variants]
+        )
         peer_times = {v.name: t.median_s for v, t in zip(case.variants, timings, strict=True) if v.role == "peer"}
         for v, t in zip(case.variants, timings, strict=True):
             rows.append({

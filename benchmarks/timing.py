@@ -1,7 +1,11 @@
 """Timing one callable: medians, interleaved rounds, device-appropriate clocks.
 
 CUDA: ``triton.testing.do_bench`` (CUDA events; it also flushes L2 before each call)
-with ``return_mode="median"``; CUDA events directly when triton is missing. CPU:
+with ``return_mode="median"``; CUDA events directly when triton is missing. With
+``graph=True``, CUDA-graph replays instead: each callable is captured once, looping over
+its rotating input sets (which together exceed L2, so no flush is needed), and the replay
+is timed with events — the way decode runs in serving engines, and the only way to see a
+few-microsecond kernel whose eager launch costs more host time than its GPU time. CPU:
 ``time.perf_counter`` around batches long enough to dwarf the clock's resolution.
 Variants are timed in interleaved rounds and each keeps the median of its rounds, so
 drift on a shared machine hits all of them alike.
@@ -75,10 +79,59 @@ def _cuda_events(call: Callable[[], None], reps: int = 50) -> float:
     return statistics.median(times)
 
 
-def time_interleaved(fns: Sequence[Callable[[int], object]], device: str, rounds: int = 7) -> list[Timing]:
-    """Median time per call of each ``fn``, measured round-robin."""
+#: Calls captured per graph, at least: enough that one replay dwarfs the event resolution.
+GRAPH_CALLS = 32
+
+
+class _GraphReplay:
+    """``fn(0) … fn(n−1)`` captured in one CUDA graph, ``n`` a multiple of ``sets``."""
+
+    def __init__(self, fn: Callable[[int], object], sets: int) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(2 * sets):  # compile, autotune and allocate outside the capture
+                fn(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.calls = sets * -(-GRAPH_CALLS // sets)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for i in range(self.calls):
+                fn(i)
+        torch.cuda.synchronize()
+
+    def sample(self, replays: int = 10) -> float:
+        self.graph.replay()
+        times = []
+        for _ in range(replays):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            self.graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3 / self.calls)
+        return statistics.median(times)
+
+
+def time_interleaved(
+    fns: Sequence[Callable[[int], object]],
+    device: str,
+    rounds: int = 7,
+    *,
+    graph: bool = False,
+    sets: Sequence[int] | None = None,
+) -> list[Timing]:
+    """Median time per call of each ``fn``, measured round-robin. ``graph`` (CUDA only)
+    times CUDA-graph replays; ``sets[j]`` is how many input sets ``fns[j]`` rotates over."""
     samples: list[list[float]] = [[] for _ in fns]
-    if device.startswith("cuda"):
+    if graph and device.startswith("cuda"):
+        replays = [_GraphReplay(fn, s) for fn, s in zip(fns, sets or [1] * len(fns), strict=True)]
+        for _ in range(rounds):
+            for j, replay in enumerate(replays):
+                samples[j].append(replay.sample())
+        del replays
+    elif device.startswith("cuda"):
         states = [[0] for _ in fns]
         for _ in range(rounds):
             for j, fn in enumerate(fns):

@@ -41,17 +41,21 @@ import triton.language as tl
 __all__ = ["GEMM_CONFIGS", "GEMV_CONFIGS", "INTERPRETER_GEMM", "INTERPRETER_GEMV", "fused_pass"]
 
 # GEMV: (BLOCK_N, GROUPS per step, warps, stages, lookup through L1 instead of on-chip gather).
+# Measured on an H100 at M = 1 as CUDA-graph replays (benchmarks/turboquant_decode.py,
+# results/nvidia-h100-80gb-hbm3/turboquant_decode_probe.json): short row stripes with many
+# groups per step win, and the L1 lookup beats tl.gather in every tile; the gather tiles
+# of 8 groups also crash Triton 3.6's TritonGPUOptimizeThreadLocality at K = 14336.
 GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "GROUPS": gp, "L1_LOOKUP": l1}, num_warps=w, num_stages=s)
     for bn, gp, w, s, l1 in (
-        (16, 2, 4, 3, False),
-        (16, 2, 4, 3, True),
+        (4, 8, 4, 3, True),
+        (8, 8, 8, 3, True),
+        (4, 4, 2, 3, True),
+        (8, 4, 4, 3, True),
         (16, 4, 4, 3, True),
-        (32, 2, 4, 3, False),
-        (32, 2, 4, 3, True),
-        (32, 4, 8, 3, False),
-        (64, 1, 4, 3, True),
-        (64, 2, 8, 3, False),
+        (8, 2, 2, 3, True),
+        (16, 2, 4, 3, True),
+        (16, 1, 4, 3, True),
     )
 ]
 # GEMM: (BLOCK_N weight rows, BLOCK_M activation rows, BLOCK_K bytes of a group per step,

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"quantcore bench: {args.device}: {caps.reason}", file=sys.stderr)
         return 2
     ceil = ceilings(args.device, remeasure=args.remeasure)
-    rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds)
+    graph = bool(getattr(args, "graph", False)) and args.device.startswith("cuda")
+    rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph)
     notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
     meta = {
         "suite": args.suite,
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "date": datetime.date.today().isoformat(),
         "rounds": args.rounds,
+        "timing": "cuda-graph replay" if graph else "eager",
         "ceilings": ceil.__dict__,
         "notes": notes,
     }

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
     p.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA: time CUDA-graph replays (no host launch cost), as decode runs in serving")
     p.add_argument("--out", default="benchmarks/results", help="results folder (JSON and the device's .md page)")
     p.add_argument("--no-save", action="store_true", help="do not write results")
     p.add_argument("--plot", metavar="PNG", help="also plot time against M (needs matplotlib)")

@@ -70,10 +70,16 @@ def test_zero_slices_stay_zero_and_bits_below_four_work() -> None:
 
 def test_norms_beyond_float16_are_refused_and_fp32_norms_take_them() -> None:
     w = torch.randn(4, 128)
-    w[2] *= 1e5
+    big = w.clone()
+    big[2] *= 1e5
     with pytest.raises(TensorFormatError, match="row 2, group 0"):
-        TurboQuant().quantize(w)
-    assert relative_mse(TurboQuant(norm_dtype=torch.float32), w) < 0.011
+        TurboQuant().quantize(big)
+    # With float32 norms the quantizer is scale-invariant: the huge row is quantized as
+    # well as the same row at its natural size (one slice's error is too noisy to hold
+    # against the Lloyd-Max average, which the distortion tests above check on many).
+    fp32 = TurboQuant(norm_dtype=torch.float32)
+    assert relative_mse(fp32, big[2:3]) == pytest.approx(relative_mse(fp32, w[2:3]), rel=1e-4)
+    assert relative_mse(fp32, big) < 0.1
 
 
 @pytest.mark.parametrize(

@@ -31,12 +31,18 @@ def test_split_halves_put_even_then_odd_coordinates_of_each_group() -> None:
     fmt = TurboQuant(group_size=8)
     t = pass_tensors(fmt.quantize(torch.randn(4, 16), generator=torch.Generator().manual_seed(0)), "")
     x = torch.randn(3, 16)
-    natural = rotate_input(x, TurboQuantPassTransform(fmt, split_halves=False).apply(t).rotation)
-    split = rotate_input(x, TurboQuantPassTransform(fmt, split_halves=True).apply(t).rotation)
+    natural_rhs = TurboQuantPassTransform(fmt, split_halves=False).apply(t).rotation
+    split_rhs = TurboQuantPassTransform(fmt, split_halves=True).apply(t).rotation
+    # The layout is exact: the split rotation is the natural one with its columns reordered.
+    assert torch.equal(split_rhs, natural_rhs[:, :, split_halves_order(8)])
+    # Through the GEMM the same holds up to rounding: BLAS may block permuted columns
+    # differently, so the products need not agree to the last bit.
+    natural = rotate_input(x, natural_rhs)
+    split = rotate_input(x, split_rhs)
     expected = natural.view(3, 2, 8)[:, :, split_halves_order(8)].reshape(3, 16)
-    assert torch.equal(split, expected)
+    torch.testing.assert_close(split, expected, rtol=1e-6, atol=1e-6)
     # and the natural order is x_g Π_gᵀ
-    assert torch.allclose(natural[:, :8], x[:, :8] @ t["rotation"][0].T)
+    torch.testing.assert_close(natural[:, :8], x[:, :8] @ t["rotation"][0].T)
 
 
 def test_scales_are_norms_over_root_d() -> None:
