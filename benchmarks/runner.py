@@ -51,7 +51,7 @@ def run_cases(
                 "copy_share": v.bytes / t.median_s / ceil.copy_bytes_per_s,
                 "matmul_share": v.flops / t.median_s / ceil.matmul_flops_per_s,
                 "speedup_vs": {p: pt / t.median_s for p, pt in peer_times.items() if p != v.name},
-                "note": v.note,
+                "note": "; ".join(n for n in (v.note, t.note) if n),
             })
         for name, reason in case.skipped.items():
             rows.append({"suite": case.suite, "case": case.label, "dims": case.dims, "variant": name,

@@ -32,6 +32,9 @@ class Timing:
     #: Spread of the round medians, (max − min) / median: what a difference must exceed.
     spread: float
     rounds: int
+    #: "cuda-graph", "do_bench", "events" or "perf_counter"; "do_bench" after a failed capture.
+    method: str = ""
+    note: str = ""
 
 
 def _cpu_sample(fn: Callable[[int], object], calls: int, start: int) -> float:
@@ -125,24 +128,31 @@ def time_interleaved(
     """Median time per call of each ``fn``, measured round-robin. ``graph`` (CUDA only)
     times CUDA-graph replays; ``sets[j]`` is how many input sets ``fns[j]`` rotates over."""
     samples: list[list[float]] = [[] for _ in fns]
-    if graph and device.startswith("cuda"):
-        replays = [_GraphReplay(fn, s) for fn, s in zip(fns, sets or [1] * len(fns), strict=True)]
-        for _ in range(rounds):
-            for j, replay in enumerate(replays):
-                samples[j].append(replay.sample())
-        del replays
-    elif device.startswith("cuda"):
+    methods = ["perf_counter"] * len(fns)
+    notes = [""] * len(fns)
+    if device.startswith("cuda"):
+        replays: list[_GraphReplay | None] = [None] * len(fns)
+        if graph:
+            for j, (fn, n) in enumerate(zip(fns, sets or [1] * len(fns), strict=True)):
+                try:
+                    replays[j] = _GraphReplay(fn, n)
+                except Exception as exc:  # not capturable (host sync, side streams): time it eagerly
+                    torch.cuda.synchronize()
+                    notes[j] = f"eager: graph capture failed ({type(exc).__name__})"
         states = [[0] for _ in fns]
         for _ in range(rounds):
             for j, fn in enumerate(fns):
-                samples[j].append(_cuda_sample(fn, states[j]))
+                replay = replays[j]
+                samples[j].append(replay.sample() if replay is not None else _cuda_sample(fn, states[j]))
+        methods = ["cuda-graph" if r is not None else "do_bench" for r in replays]
+        del replays
     else:
         batch = [_cpu_calibrate(fn) for fn in fns]
         for r in range(rounds):
             for j, fn in enumerate(fns):
                 samples[j].append(_cpu_sample(fn, batch[j], r * batch[j]))
     out = []
-    for s in samples:
+    for s, method, note in zip(samples, methods, notes, strict=True):
         med = statistics.median(s)
-        out.append(Timing(med, (max(s) - min(s)) / med if med > 0 else 0.0, len(s)))
+        out.append(Timing(med, (max(s) - min(s)) / med if med > 0 else 0.0, len(s), method, note))
     return out

@@ -16,16 +16,23 @@ def _rows(results: Iterable[Any]) -> list[Mapping[str, Any]]:
     return [r if isinstance(r, Mapping) else r.as_dict() for r in results]
 
 
-def summary_table(results: Iterable[Any]) -> str:
+def family(slug: str) -> str:
+    """A format slug's family: its name and bit width (``gptq4-g128-asym`` → ``gptq4``)."""
+    return slug.split("-", 1)[0]
+
+
+def summary_table(results: Iterable[Any], *, group: str = "format", tablefmt: str = "simple") -> str:
     """Formats (rows) × kernels (columns). A cell counts its PASS / FAIL / SKIP over
     shapes and dtypes, with the worst passing error; SKIP and FAIL reasons are listed
-    once below the table as numbered notes."""
+    once below the table as numbered notes. ``group="family"`` folds every parameter
+    variant of a format into one row (``gptq4``, ``awq4``, …)."""
     rows = _rows(results)
     kernels = sorted({r["kernel"] for r in rows})
-    formats = list(dict.fromkeys(r["format"] for r in rows))
+    key = family if group == "family" else (lambda slug: slug)
+    formats = list(dict.fromkeys(key(r["format"]) for r in rows))
     cells: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
-        cells[(r["format"], r["kernel"])].append(r)
+        cells[(key(r["format"]), r["kernel"])].append(r)
     notes: dict[str, int] = {}
     table = []
     for fmt in formats:
@@ -33,11 +40,11 @@ def summary_table(results: Iterable[Any]) -> str:
         for k in kernels:
             line.append(_cell_text(cells.get((fmt, k), []), notes))
         table.append(line)
-    out = tabulate(table, headers=["format", *kernels], tablefmt="simple")
-    total = counts(rows)
-    out += "\n\n" + "  ".join(f"{s} {n}" for s, n in total.items())
+    out = tabulate(table, headers=[group, *kernels], tablefmt=tablefmt)
+    out += "\n\n" + "  ".join(f"{s} {n}" for s, n in counts(rows).items())
+    bullet = "" if tablefmt == "simple" else "- "  # one note per line in Markdown too
     if notes:
-        out += "\n" + "\n".join(f"[{i}] {reason}" for reason, i in notes.items())
+        out += "\n" + ("\n" if bullet else "") + "\n".join(f"{bullet}[{i}] {reason}" for reason, i in notes.items())
     return out
 
 

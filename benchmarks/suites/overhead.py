@@ -20,6 +20,8 @@ from quantcore.selection import get_kernel
 
 from ..spec import BenchCase, Variant
 
+#: Never timed as a CUDA graph: it times subprocesses and host-side lookups.
+GRAPH_SAFE = False
 DESCRIPTION = "quantcore's own costs: import time and cached get_kernel"
 SHAPES = {"default": [{"M": 1, "K": 4096, "N": 4096}]}
 

@@ -23,6 +23,8 @@ from quantcore.formats.turboquant.module import TurboQuantLinear
 from ..spec import BenchCase, Variant
 from .turboquant_linear import format_bytes
 
+#: Never timed as a CUDA graph: the prefetch chain's copy stream and events are what it measures.
+GRAPH_SAFE = False
 DESCRIPTION = "TurboQuant residual stack: pass 2 resident vs offloaded to pinned host memory"
 SHAPES = {
     "default": [{"M": m, "K": 4096, "N": 4096, "L": 8} for m in (1, 128, 2048, 8192)],

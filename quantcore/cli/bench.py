@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:20} {get_suite(name).DESCRIPTION}")
         return 0
     if args.suite == "all":
-        codes = [run(argparse.Namespace(**{**vars(args), "suite": name})) for name in available()]
+        codes = []
+        for name in available():
+            plot = args.plot and str(Path(args.plot).with_name(f"{Path(args.plot).stem}-{name}.png"))
+            codes.append(run(argparse.Namespace(**{**vars(args), "suite": name, "plot": plot})))
         return max(codes)
     suite = get_suite(args.suite)
     if args.shape:
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"quantcore bench: {args.device}: {caps.reason}", file=sys.stderr)
         return 2
     ceil = ceilings(args.device, remeasure=args.remeasure)
-    graph = bool(getattr(args, "graph", False)) and args.device.startswith("cuda")
+    # Suites that time subprocesses or side streams opt out of graph capture.
+    graph = bool(getattr(args, "graph", False)) and args.device.startswith("cuda") and getattr(suite, "GRAPH_SAFE", True)
     rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph)
     notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
     meta = {

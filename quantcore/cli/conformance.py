@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json != "-":
         print(f"quantcore conformance on {args.device} (profile {args.profile}, {len(cells)} cells, "
               f"{time.perf_counter() - start:.0f}s)\n")
-        print(detail_table(results) if args.detail else summary_table(results))
+        print(detail_table(results) if args.detail else summary_table(results, group=args.group))
     from quantcore.probe import probe
 
     caps = probe(args.device)

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
     p.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
     p.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
+    p.add_argument("--group", default="format", choices=("format", "family"),
+                   help="summary rows: every format variant, or one per family (gptq4, awq4, …)")
     p = add("bench", "time kernels against their peers and the device's measured ceilings")
     p.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
     p.add_argument("--device", default="cpu")
