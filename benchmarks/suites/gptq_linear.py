@@ -29,7 +29,7 @@ FMT = GPTQ(bits=4, group_size=128, sym=True)
 DTYPE = torch.bfloat16
 
 
-def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     base = FMT.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen)
     out = [base]
@@ -41,7 +41,7 @@ def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.T
     return out
 
 
-def _int4_bytes(m: int, k: int, n: int) -> int:
+def int4_bytes(m: int, k: int, n: int) -> int:
     groups = k // FMT.group_size
     return k * n // 2 + groups * n * 2 * 2 + 2 * m * k + 2 * m * n
 
@@ -49,10 +49,10 @@ def _int4_bytes(m: int, k: int, n: int) -> int:
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     for dims in shapes:
         m, k, n = dims["M"], dims["K"], dims["N"]
-        yield linear_case("gptq_linear", FMT, DTYPE, dims, device, _weights, _int4_bytes(m, k, n), _raw_peer)
+        yield linear_case("gptq_linear", FMT, DTYPE, dims, device, weights, int4_bytes(m, k, n), raw_op_peer)
 
 
-def _raw_peer(kernel: str, prepared: list[Any], xs: list[torch.Tensor], nbytes: int, flops: int, sets: int) -> list[Variant]:
+def raw_op_peer(kernel: str, prepared: list[Any], xs: list[torch.Tensor], nbytes: int, flops: int, sets: int) -> list[Variant]:
     if kernel != "aten_cpu":
         return []
     return [Variant("aten_op_raw", "peer", _raw_cpu(prepared, xs), nbytes, flops, sets,
