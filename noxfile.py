@@ -1,7 +1,8 @@
 """One session per hardware target, plus lint.
 
     nox -s cpu     # fresh venv: CPU torch + triton (interpreter), the matrix and the tests
-    nox -s cuda    # on a CUDA machine, in the environment already there (works offline)
+    nox -s cuda    # on a CUDA machine, in the environment already there (works offline);
+                   # nox -s cuda -- conformance | tests | bench [SUITE ...] runs one part
     nox -s xpu     # likewise on an Intel XPU machine
     nox -s npu     # likewise on an Ascend NPU machine (torch_npu, triton-ascend)
     nox -s lint    # ruff and mypy
@@ -31,24 +32,51 @@ def cpu(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs)
 
 
-def _device_session(session: nox.Session, device: str) -> None:
+def _install_here(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", ".", external=True)
+
+
+def _device_session(session: nox.Session, device: str) -> None:
+    _install_here(session)
     session.run("python", "-m", "quantcore", "doctor", "--device", device, external=True)
-    session.run(
-        "python", "-m", "quantcore", "conformance", "--device", device, "--profile", "full",
-        "--json", f"benchmarks/results/conformance-{device}.json", external=True,
-    )
+    _conformance(session, device)
     session.run(
         "python", "-m", "pytest", "-q", "conformance", "--qc-device", device, "--qc-profile", "full",
         *session.posargs, external=True,
     )
 
 
+def _conformance(session: nox.Session, device: str) -> None:
+    session.run(
+        "python", "-m", "quantcore", "conformance", "--device", device, "--profile", "full", "--group", "family",
+        "--json", f"benchmarks/results/conformance-{device}.json", external=True,
+    )
+
+
+CUDA_PARTS = ("conformance", "tests", "bench")
+
+
 @nox.session(python=False)
 def cuda(session: nox.Session) -> None:
-    """Conformance (full profile) and every benchmark suite on the first CUDA device."""
-    _device_session(session, "cuda")
-    session.run("python", "-m", "quantcore", "bench", "all", "--device", "cuda", external=True)
+    """The CUDA lane: the matrix (full profile) as a table and JSON, the test suite with its
+    CUDA-only tests, and every benchmark suite timed as CUDA-graph replays (plots beside the
+    results). ``-- PART [ARGS]`` runs one part: ``conformance``, ``tests [PYTEST ARGS]`` or
+    ``bench [SUITE ...]`` — each fits a time-boxed job on a shared GPU."""
+    part, *rest = session.posargs or ["all"]
+    if part not in ("all", *CUDA_PARTS):
+        session.error(f"nox -s cuda -- PART: expected one of {', '.join(CUDA_PARTS)}, got {part!r}")
+    _install_here(session)
+    session.run("python", "-m", "quantcore", "doctor", "--device", "cuda", external=True)
+    if part in ("all", "conformance"):
+        _conformance(session, "cuda")
+    if part in ("all", "tests"):
+        session.run("python", "-m", "pytest", "-q", "-n", "8", "--dist", "loadgroup", "tests", *rest, external=True)
+    if part in ("all", "bench"):
+        for suite in rest or ["all"]:
+            session.run(
+                "python", "-m", "quantcore", "bench", suite, "--device", "cuda", "--graph",
+                "--plot", f"benchmarks/results/plots/cuda-{suite}.png", external=True,
+            )
 
 
 @nox.session(python=False)
