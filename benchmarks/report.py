@@ -54,6 +54,8 @@ def markdown_page(device_dir: Path) -> str:
     parts: list[str] = []
     for path in sorted(device_dir.glob("*.json")):
         data = json.loads(path.read_text())
+        if "ceilings" not in data or "suite" not in data:
+            continue  # not a suite's results (a probe's, say)
         if not parts:
             parts.append(f"# Benchmarks on {data['device_name']}\n")
             parts.append("Regenerated from the JSON beside this page by `quantcore bench`; do not edit.\n")

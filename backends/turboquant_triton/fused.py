@@ -42,7 +42,7 @@ __all__ = ["GEMM_CONFIGS", "GEMV_CONFIGS", "INTERPRETER_GEMM", "INTERPRETER_GEMV
 
 # GEMV: (BLOCK_N, GROUPS per step, warps, stages, lookup through L1 instead of on-chip gather).
 # Measured on an H100 at M = 1 as CUDA-graph replays (benchmarks/turboquant_decode.py,
-# results/nvidia-h100-80gb-hbm3/turboquant_decode_probe.json): short row stripes with many
+# results/probes/turboquant_decode-nvidia-h100-80gb-hbm3.json): short row stripes with many
 # groups per step win, and the L1 lookup beats tl.gather in every tile; the gather tiles
 # of 8 groups also crash Triton 3.6's TritonGPUOptimizeThreadLocality at K = 14336.
 GEMV_CONFIGS = [
