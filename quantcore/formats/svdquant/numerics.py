@@ -28,6 +28,7 @@ __all__ = [
     "e2m1_codes",
     "e2m1_values",
     "e4m3_round",
+    "fdiv",
     "pack_nibbles",
     "padded_rows",
     "quantize_activation",
@@ -43,6 +44,19 @@ FP8_NAN_BITS = 0x7F
 #: float16 quiet NaN as torch writes it (``torch.tensor(nan).half()``).
 FP16_NAN_BITS = 0x7E00
 INT4_SCALE_FLOOR = 1e-10
+
+
+def fdiv(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
+    """IEEE float32 ``a / b``, elementwise, on every device. Written out because torch
+    computes ``scalar / tensor`` as ``reciprocal(tensor) · scalar`` (two roundings), and
+    CUDA may turn ``tensor / scalar`` into a product with the scalar's reciprocal."""
+    ta = a if isinstance(a, torch.Tensor) else None
+    tb = b if isinstance(b, torch.Tensor) else None
+    like = ta if ta is not None else tb
+    assert like is not None
+    ta = ta if ta is not None else torch.full_like(like, float(a))  # type: ignore[arg-type]
+    tb = tb if tb is not None else torch.full_like(like, float(b))  # type: ignore[arg-type]
+    return torch.div(ta, tb)
 
 
 def padded_rows(m: int, pad_size: int) -> int:
@@ -93,7 +107,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 def _smoothed(x: torch.Tensor, smooth: torch.Tensor | None) -> torch.Tensor:
     v = x.float()
     if smooth is not None:
-        v = v * (1.0 / smooth.float())  # the reciprocal once per column, then a product
+        v = v * fdiv(1.0, smooth.float())  # the reciprocal once per column, then a product
     return v
 
 
@@ -111,7 +125,7 @@ def quantize_activation(
     amax = v.abs().amax(dim=-1)  # NaN if the block has a NaN, inf if it has an inf
     bad = ~torch.isfinite(amax)
     if fp4:
-        s8 = e4m3_round((amax / 6.0).clamp(max=E4M3_MAX))
+        s8 = e4m3_round(fdiv(amax, 6.0).clamp(max=E4M3_MAX))
         tiny = torch.tensor(E4M3_MIN_SUBNORMAL, device=x.device).to(torch.float8_e4m3fn)
         s8 = torch.where(s8.float() == 0, tiny, s8)
         codes = e2m1_codes(v / s8.float().unsqueeze(-1))
@@ -119,11 +133,11 @@ def quantize_activation(
         scale_bits = torch.where(bad, FP8_NAN_BITS, scale_bits)
         keep = ~bad
     else:
-        r = 7.0 / amax  # inf for an all-zero block (or one too small for float32)
+        r = fdiv(7.0, amax)  # inf for an all-zero block (or one too small for float32)
         q = torch.round(v * r.unsqueeze(-1)).clamp(-8, 7)
         keep = ~bad & torch.isfinite(r)
         codes = torch.where(keep.unsqueeze(-1), q, torch.zeros_like(q)).to(torch.int64) & 0xF
-        scale = (amax / 7.0).clamp_min(INT4_SCALE_FLOOR).to(torch.float16)
+        scale = fdiv(amax, 7.0).clamp_min(INT4_SCALE_FLOOR).to(torch.float16)
         scale_bits = torch.where(bad, FP16_NAN_BITS, scale.view(torch.int16).to(torch.int64))
     codes = torch.where(keep.unsqueeze(-1), codes, torch.zeros_like(codes)).view(m, n)
     m_pad = padded_rows(m, pad_size)
