@@ -167,11 +167,15 @@ def act_quant_lora_kernel(
             code = tl.where(bad[:, :, None], 0, idx | sign)
             sbits = tl.where(bad, 0x7F, sbits)
         else:
-            r = tl.math.div_rn(tl.full(amax.shape, 7.0, tl.float32), amax)
+            # r = 7 / amax; an all-zero block (r = inf) and one too small for r to be
+            # finite get codes 0; 0 is never a divisor and inf never a factor
+            nonzero = amax > 0
+            r = tl.math.div_rn(tl.full(amax.shape, 7.0, tl.float32), tl.where(nonzero, amax, 1.0))
+            dropped = bad | ~nonzero | (r == float("inf"))
             scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 7.0, tl.float32)), 1e-10)
-            y = vb * r[:, :, None]
+            y = vb * tl.where(dropped, 0.0, r)[:, :, None]
             code = (y + ROUND_MAGIC).to(tl.int32, bitcast=True) & 0xF
-            code = tl.where((bad | (r == float("inf")))[:, :, None], 0, code)
+            code = tl.where(dropped[:, :, None], 0, code)
             sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
             sbits = tl.where(bad, 0x7E00, sbits)
         sbits = tl.where(real[:, None], sbits, 0)
