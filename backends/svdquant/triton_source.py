@@ -22,8 +22,8 @@ Exactness. Codes and scales must equal the golden bytes on every device, so each
 either exact or one correctly rounded float32 operation that the golden performs too:
 
 - fp8 e4m3 rounding is integer bit manipulation (:func:`e4m3_rne_bits`), a transcription
-  of torch's ``float8_e4m3fn`` conversion (c10 ``fp8e4m3fn_from_fp32_value``) with its
-  subnormal branch done in integers too. ``.to(tl.float8e4nv)`` is wrong for ~2% of
+  of torch's ``float8_e4m3fn`` conversion (c10 ``fp8e4m3fn_from_fp32_value``, the
+  saturating version) with its subnormal branch done in integers too. ``.to(tl.float8e4nv)`` is wrong for ~2% of
   values under the interpreter, and integers need no fp8 hardware.
 - E2M1 codes without a division per element: the golden divides, ``y = v / s8``, then
   rounds; here ``|v|`` is compared with ``t · s8`` for the seven thresholds t (0.25,
@@ -58,7 +58,10 @@ ROUND_MAGIC = tl.constexpr(12582912.0)
 @triton.jit
 def e4m3_rne_bits(f):
     """float32 → float8_e4m3fn bits (int32, 0..255), round to nearest even, exactly as
-    torch converts: |f| ≥ 480 (and NaN, Inf) → 0x7F (NaN), subnormals below 2⁻⁶."""
+    torch 2.13's c10 conversion does: subnormals below 2⁻⁶, finite overflow (≥ 464,
+    where rounding would reach the NaN pattern) and ±Inf saturate to ±448 (0x7E), NaN →
+    0x7F. Older torch returned NaN for |f| ≥ 464 instead; in [0, 448] — all the kernel
+    ever converts — they agree."""
     b = f.to(tl.int32, bitcast=True)
     sign = (b >> 24) & 0x80
     a = b & 0x7FFFFFFF
@@ -74,7 +77,8 @@ def e4m3_rne_bits(f):
     half = 1 << (shift - 1)
     q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
     out = tl.where(a < 0x3C800000, q, normal)
-    out = tl.where(a >= 0x43F00000, 0x7F, out)
+    out = tl.where(out == 0x7F, 0x7E, out)  # a carry into the NaN pattern saturates
+    out = tl.where(a >= 0x43F00000, tl.where(a > 0x7F800000, 0x7F, 0x7E), out)
     return out | sign
 
 
