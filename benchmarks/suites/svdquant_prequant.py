@@ -36,7 +36,7 @@ from quantcore.registry import default_registry
 from quantcore.selection import explain
 
 from ..memory import rotation_sets
-from ..spec import BenchCase, Variant
+from ..spec import BenchCase, Role, Variant
 
 DESCRIPTION = "SVDQuant pre-GEMM (NVFP4/INT4 quantize + LoRA-down): fused Triton vs unfused torch vs cuBLAS"
 DTYPE = torch.bfloat16
@@ -89,17 +89,20 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                     continue
                 kernel = reg.kernel(fmt.name, "act_quant_lora", cand.kernel).cls(fmt, dev)
                 prepared = kernel.prepare(layer, dtype=DTYPE)
-                call = getattr(kernel, "forward", kernel)
-                role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
+                call: Callable[..., Any] = getattr(kernel, "forward", kernel.__call__)
+                role: Role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
                 mm = "cuBLAS" if dev.type == "cuda" else "torch"
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
                 case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
-            w = layer["lora_down"]
             case.variants.append(Variant(
-                "cublas_lora_down", "peer", lambda i, w=w: xs[i % len(xs)] @ w,
+                "cublas_lora_down", "peer", _matmul(xs, layer["lora_down"]),
                 2 * m * n + 2 * n * r + 2 * m * r, flops, sets, "cuBLAS" if dev.type == "cuda" else "torch.matmul",
             ))
             yield case
+
+
+def _matmul(xs: list[torch.Tensor], w: torch.Tensor) -> Callable[[int], Any]:
+    return lambda i: xs[i % len(xs)] @ w
 
 
 def _call(call: Callable[..., Any], xs: list[torch.Tensor], prepared: Any) -> Callable[[int], Any]:

@@ -2,7 +2,14 @@
 (seeds/svdquant-w4a4-prequant-lora.md, specs/svdquant-w4a4-prequant.md)."""
 
 from .format import SVDQuantAct
-from .numerics import dequantize_activation, e2m1_codes, e2m1_values, pack_nibbles, quantize_activation, unpack_nibbles
+from .numerics import (
+    dequantize_activation,
+    e2m1_codes,
+    e2m1_values,
+    pack_nibbles,
+    quantize_activation,
+    unpack_nibbles,
+)
 
 __all__ = [
     "SVDQuantAct",

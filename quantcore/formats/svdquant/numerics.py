@@ -21,8 +21,8 @@ __all__ = [
     "E2M1_GRID",
     "E4M3_MAX",
     "E4M3_MIN_SUBNORMAL",
-    "FP16_NAN_BITS",
     "FP8_NAN_BITS",
+    "FP16_NAN_BITS",
     "INT4_SCALE_FLOOR",
     "dequantize_activation",
     "e2m1_codes",
@@ -157,9 +157,6 @@ def dequantize_activation(
 ) -> torch.Tensor:
     """``code × scale`` in float64, ``[M_pad, N]`` (the smoothed activation x / smooth)."""
     codes = unpack_nibbles(qout)
-    if fp4:
-        vals = e2m1_values(codes)
-    else:
-        vals = torch.where(codes >= 8, codes - 16, codes).double()
+    vals = e2m1_values(codes) if fp4 else torch.where(codes >= 8, codes - 16, codes).double()
     scales = oscales.double().T.repeat_interleave(block, dim=1)
     return vals * scales
