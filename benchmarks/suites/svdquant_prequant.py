@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -89,7 +89,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                     continue
                 kernel = reg.kernel(fmt.name, "act_quant_lora", cand.kernel).cls(fmt, dev)
                 prepared = kernel.prepare(layer, dtype=DTYPE)
-                call: Callable[..., Any] = getattr(kernel, "forward", kernel.__call__)
+                call = cast(Callable[..., Any], getattr(kernel, "forward", kernel))
                 role: Role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
                 mm = "cuBLAS" if dev.type == "cuda" else "torch"
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
