@@ -31,7 +31,10 @@ from quantcore.problem import Problem
 
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 
-__all__ = ["CONFIGS", "Tile", "TritonActQuantLora", "check_tile", "interpreted", "pick_tile", "tune_tile"]
+__all__ = [
+    "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "interpreted", "pick_tile", "smem_bytes",
+    "tune_tile",
+]
 
 MAX_RANK = 256
 ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
@@ -46,14 +49,15 @@ class Tile:
     num_stages: int = 3
 
 
-#: Candidates for :func:`tune_tile` on a GPU: (bm, bn, split, warps, stages).
+#: Candidates for :func:`tune_tile` on a GPU: (bm, bn, split, warps, stages). Those
+#: whose pipelined tiles exceed the GPU's shared memory for a rank fail to compile and
+#: are skipped there.
 CONFIGS = tuple(
     Tile(bm, bn, split, warps, stages)
     for bm, bn, split, warps, stages in [
-        (32, 128, 1, 4, 3), (32, 256, 1, 8, 3), (64, 128, 1, 4, 3), (64, 128, 1, 8, 3),
-        (64, 256, 1, 8, 3), (64, 128, 2, 8, 3), (64, 128, 4, 8, 3), (128, 128, 1, 8, 3),
-        (128, 128, 2, 8, 3), (128, 128, 4, 8, 3), (128, 64, 4, 8, 4), (256, 64, 8, 8, 3),
-        (16, 256, 1, 4, 3), (16, 128, 2, 4, 3),
+        (32, 128, 4, 4, 3), (64, 128, 1, 8, 3), (64, 128, 2, 8, 3), (64, 128, 4, 8, 3), (64, 64, 4, 4, 3),
+        (64, 256, 2, 8, 2), (128, 64, 2, 8, 3), (128, 64, 4, 8, 3), (128, 128, 2, 8, 2), (128, 128, 4, 8, 2),
+        (128, 64, 8, 8, 3), (256, 64, 8, 8, 2), (16, 128, 8, 4, 3), (64, 128, 8, 8, 3),
     ]
 )
 
@@ -71,26 +75,42 @@ def rank_block(r: int) -> int:
     return max(16, _pow2(r))
 
 
+#: Shared memory a tile's pipelined loads may take: stages × (x tile + lora_down tile),
+#: kept under an A100's 164 KiB so the defaults compile on every SM >= 8.0 GPU.
+SMEM_BUDGET = 160 * 1024
+
+
+def smem_bytes(tile: Tile, r: int) -> int:
+    """An upper estimate of the shared memory the software pipeline allocates (2-byte
+    operands; the LoRA tile only when R > 0)."""
+    w = tile.bn * rank_block(r) if r else 0
+    return tile.num_stages * (tile.bm * tile.bn + w) * 2
+
+
 def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132) -> Tile:
     """The default tile. Under the interpreter: few, large programs (it pays per
-    operation, not per element). On a GPU: enough programs to fill every SM twice."""
+    operation, not per element). On a GPU: row tiles tall enough that re-reading
+    ``lora_down`` (R/bm of x's bytes, from L2) stays small, split-N until every SM has a
+    program, 8 warps, and as many pipeline stages (≤ 3) and as wide a column tile
+    (≤ 128) as fit :data:`SMEM_BUDGET`."""
     block = 16 if fp4 else 64
     if interpreted():
         bn = min(256, max(block, _pow2(n)))
         while n % bn and bn > block:
             bn //= 2
         return Tile(min(128, m_pad), bn, 1, 4, 1)
-    bn = 128
-    while n % bn and bn > max(64, block):
-        bn //= 2
-    bm = 64 if r >= 128 else 128 if m_pad >= 128 * sms else 64
-    bm = min(bm, m_pad)
-    programs = m_pad // bm
-    chunks = -(-n // bn)
+    bm = min(128 if r >= 128 else 64, m_pad)
+    tile = Tile(bm, 128, 1, 8, 3)
+    widest = max(block, _pow2(n))
+    for bn, stages in ((128, 3), (64, 3), (128, 2), (64, 2), (64, 1)):
+        tile = Tile(bm, max(min(bn, widest), block), 1, 8, stages)
+        if smem_bytes(tile, r) <= SMEM_BUDGET:
+            break
+    chunks = -(-n // tile.bn)
     split = 1
-    while programs * split < 2 * sms and split * 2 <= chunks and split < 8:
+    while (m_pad // bm) * split < sms and split * 2 <= chunks and split < 8:
         split *= 2
-    return Tile(bm, bn, split, 8 if r >= 128 or bm >= 128 else 4, 3)
+    return Tile(tile.bm, tile.bn, split, tile.num_warps, tile.num_stages)
 
 
 def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
@@ -201,7 +221,7 @@ class TritonActQuantLora(SVDQuantKernel):
             x, x.stride(0), rs, w, qout, scale_bits, part_or_x,
             m, m_pad,
             N=n, R=r, N_PER_PROG=per_prog,
-            FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, FP32_DOT=interpreted(),
+            FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
             MASK_N=per_prog * split != n,
             BM=tile.bm, BN=tile.bn, BR=rank_block(r),
             num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False,
