@@ -17,6 +17,7 @@ itself on first call (cached in-process).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -193,6 +194,7 @@ class TritonActQuantLora(SVDQuantKernel):
                 key = (x.device, fmt.fp4, m_pad, n, r, x.dtype, prepared.rsmooth is not None)
                 if key not in _tuned:
                     _tuned[key] = tune_tile(self, x, prepared)[0][0]
+                    print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
             return pick_tile(m_pad, n, r, fmt.fp4, sms=sms)
@@ -245,7 +247,7 @@ def tune_tile(
             check_tile(tile, fmt, prepared.r)
         except KernelInputError:
             continue
-        if tile.bn % fmt.block or x.shape[1] % fmt.block:
+        if smem_bytes(tile, prepared.r) > 200 * 1024:  # beyond an H100 block's shared memory
             continue
         try:
             ms = do_bench(lambda t=tile: kernel.forward(x, prepared, tile=t), warmup=10, rep=40, return_mode="median")

@@ -17,14 +17,17 @@ codes, scales and the float32 LoRA output written (M padded to 256); the cuBLAS 
 reads x and lora_down and writes a bf16 [M, R]. Targets (issue 5): the fused kernel at
 ≥ 80 % of the measured copy bandwidth and ≥ 2× the unfused path.
 
-``QUANTCORE_SVDQUANT_TUNE=1`` lets the Triton kernels time their tile candidates on the
-first call of each shape (``python -m quantcore.benchmarks.suites.svdquant_prequant``
-prints that sweep).
+On CUDA each Triton kernel is timed twice: with its default tile (:func:`pick_tile`, what a
+caller gets) and as ``<name>+tuned`` with the fastest of its ``CONFIGS`` for the shape
+(timed first; ``QUANTCORE_SVDQUANT_TUNE=0`` skips it). ``QUANTCORE_SVDQUANT_TUNE=1`` makes
+the kernels themselves tune on each shape's first call, and ``python -m
+quantcore.benchmarks.suites.svdquant_prequant`` prints the whole sweep.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -40,6 +43,7 @@ from ..spec import BenchCase, Role, Variant
 
 DESCRIPTION = "SVDQuant pre-GEMM (NVFP4/INT4 quantize + LoRA-down): fused Triton vs unfused torch vs cuBLAS"
 DTYPE = torch.bfloat16
+ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
 TORCH_KERNEL = "svdquant_torch"
 _SEED = [{"M": 4352, "N": n, "R": r} for n, r in itertools.product((3840, 10240), (32, 128))]
 SHAPES = {
@@ -94,11 +98,23 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 mm = "cuBLAS" if dev.type == "cuda" else "torch"
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
                 case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
+                if role == "kernel" and dev.type == "cuda" and os.environ.get(ENV_TUNE) != "0":
+                    case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))
             case.variants.append(Variant(
                 "cublas_lora_down", "peer", _matmul(xs, layer["lora_down"]),
                 2 * m * n + 2 * n * r + 2 * m * r, flops, sets, "cuBLAS" if dev.type == "cuda" else "torch.matmul",
             ))
             yield case
+
+
+def _tuned_variant(kernel: Any, xs: list[torch.Tensor], prepared: Any, nbytes: int, flops: int, sets: int) -> Variant:
+    """The same kernel with the fastest tile of ``CONFIGS`` for this shape, timed here."""
+    from quantcore.backends.svdquant.triton_kernel import tune_tile
+
+    best, _ = tune_tile(kernel, xs[0], prepared)[0]
+    note = f"tuned tile: bm {best.bm}, bn {best.bn}, split {best.split}, {best.num_warps} warps, {best.num_stages} stages"
+    return Variant(f"{kernel.name}+tuned", "kernel", lambda i: kernel.forward(xs[i % len(xs)], prepared, tile=best),
+                   nbytes, flops, sets, note)
 
 
 def _matmul(xs: list[torch.Tensor], w: torch.Tensor) -> Callable[[int], Any]:

@@ -167,3 +167,19 @@ def test_tile_rules() -> None:
     with pytest.raises(KernelInputError, match=r"R=300 > 256"):
         check_tile(Tile(16, 64), fmt, 300)
     check_tile(pick_tile(4352, 10240, 128, False), fmt, 128)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the compiled path runs everywhere already")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("fp4", [True, False], ids=["nvfp4", "int4"])
+def test_compiled_code_path_under_the_interpreter(fp4: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branch a GPU compiles (NaN-propagating float block max, dot on the loaded
+    dtype, the GPU's default tile) run by the interpreter: fp16, whose dot the
+    interpreter computes correctly, with the hard rows."""
+    from quantcore.backends.svdquant import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "interpreted", lambda: False)
+    fmt = SVDQuantAct(fp4=fp4)
+    gen = torch.Generator().manual_seed(11)
+    x = _hard_rows((torch.randn(20, 128, generator=gen) * 3).to(torch.float16), fmt)
+    _assert_matches_golden(TritonNVFP4 if fp4 else TritonAscendInt4, fmt, x, _layer(128, 16, True, gen))
