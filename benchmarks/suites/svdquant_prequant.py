@@ -99,7 +99,10 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
                 case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
                 if role == "kernel" and dev.type == "cuda" and os.environ.get(ENV_TUNE) != "0":
-                    case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))
+                    try:
+                        case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))
+                    except Exception as exc:  # shown, not hidden
+                        case.skipped[f"{cand.kernel}+tuned"] = f"tuning failed: {type(exc).__name__}: {exc}"
             case.variants.append(Variant(
                 "cublas_lora_down", "peer", _matmul(xs, layer["lora_down"]),
                 2 * m * n + 2 * n * r + 2 * m * r, flops, sets, "cuBLAS" if dev.type == "cuda" else "torch.matmul",
