@@ -9,9 +9,9 @@ Tiles. A program owns ``bm`` rows and ``1/split`` of N, walking it ``bn`` column
 time. ``bm`` trades the LoRA weight's re-reads (each row tile reads all of ``lora_down``
 from L2) against parallelism; ``split`` restores parallelism for small M at the price of
 ``split`` float32 partials summed afterwards. :func:`pick_tile` is the default;
-``CONFIGS`` are the candidates :func:`tune_tile` times on a GPU (``quantcore bench
-svdquant_prequant --tune``); ``QUANTCORE_SVDQUANT_TUNE=1`` makes every new shape tune
-itself on first call (cached in-process).
+``CONFIGS`` are the candidates :func:`tune_tile` times on a GPU (the ``+tuned`` rows of
+``quantcore bench svdquant_prequant``); ``QUANTCORE_SVDQUANT_TUNE=1`` makes every new
+shape tune itself on its first call (cached in-process).
 """
 
 from __future__ import annotations
