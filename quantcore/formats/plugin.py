@@ -6,10 +6,11 @@ from ..registry.hookspecs import hookimpl
 from .awq import AWQ
 from .base import Format
 from .gptq import GPTQ
+from .svdquant import SVDQuantAct
 from .trtllm_moe import TRTLLMMoE
 from .turboquant import TurboQuant
 
 
 @hookimpl
 def quantcore_formats() -> list[type[Format]]:
-    return [GPTQ, AWQ, TRTLLMMoE, TurboQuant]
+    return [GPTQ, AWQ, TRTLLMMoE, TurboQuant, SVDQuantAct]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from .act_quant_lora import ACT_QUANT_LORA
 from .base import Op
 from .linear import LINEAR
 from .moe import MOE
 
-__all__ = ["LINEAR", "MOE", "Op", "get_op"]
+__all__ = ["ACT_QUANT_LORA", "LINEAR", "MOE", "Op", "get_op"]
 
-_OPS: dict[str, Op] = {LINEAR.name: LINEAR, MOE.name: MOE}
+_OPS: dict[str, Op] = {LINEAR.name: LINEAR, MOE.name: MOE, ACT_QUANT_LORA.name: ACT_QUANT_LORA}
 
 
 def get_op(name: str) -> Op:

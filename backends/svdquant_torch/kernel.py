@@ -1,0 +1,98 @@
+"""``svdquant_torch``: ``act_quant_lora`` in plain PyTorch, on any device, both formats.
+
+It is the op written the way one would without a fused kernel — a handful of
+element-wise passes over x, then a separate matmul for the LoRA branch — so it is also
+the *unfused* peer in the benchmark. Its arithmetic is its own, not the golden
+reference's: fp8 scales through torch's ``float8_e4m3fn`` cast, E2M1 codes by counting
+thresholds passed (the golden measures distances to the grid), INT4 codes by
+``torch.round``; the matrix holds it to the same bytes.
+
+The LoRA branch is ``x @ lora_down`` with float32 accumulation and output: on CUDA
+``torch.mm(..., out_dtype=torch.float32)`` (cuBLAS, fp16/bf16 operands), elsewhere a
+float32 matmul of the upcast operands.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from quantcore.backends.svdquant.base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
+from quantcore.formats.svdquant import SVDQuantAct
+from quantcore.formats.svdquant.numerics import FP8_NAN_BITS, FP16_NAN_BITS, INT4_SCALE_FLOOR, fdiv
+from quantcore.kernel import Requirements
+from quantcore.ops.act_quant_lora import ActQuantLoraOutput
+
+__all__ = ["TorchActQuantLora", "lora_down_fp32"]
+
+#: E2M1 rounding thresholds on |x / s| and whether a tie there goes up (``>=``) or down.
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def lora_down_fp32(x: torch.Tensor, lora_down: torch.Tensor) -> torch.Tensor:
+    """``x @ lora_down`` accumulated and returned in float32."""
+    if x.device.type == "cuda":
+        try:
+            return torch.mm(x, lora_down, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # torch without out_dtype for mm
+            pass
+    return x.float() @ lora_down.float()
+
+
+def _codes_nvfp4(v: torch.Tensor, bad: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s8 = fdiv(amax, 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+    s8 = torch.where(s8 == 0, torch.full_like(s8, 2.0**-9), s8)
+    y = v / s8.unsqueeze(-1)
+    a = y.abs()
+    idx = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    for t, up in E2M1_THRESHOLDS:
+        idx += (a >= t) if up else (a > t)
+    codes = idx | (torch.signbit(y).to(torch.uint8) << 3)
+    codes = codes.masked_fill(bad.unsqueeze(-1), 0)
+    bits = s8.to(torch.float8_e4m3fn).view(torch.uint8).masked_fill(bad, FP8_NAN_BITS)
+    return codes, bits
+
+
+def _codes_int4(v: torch.Tensor, bad: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r = fdiv(7.0, amax)
+    q = torch.round(v * r.unsqueeze(-1)).clamp_(-8, 7)
+    drop = (bad | torch.isinf(r)).unsqueeze(-1)
+    codes = q.masked_fill(drop, 0).to(torch.int8).view(torch.uint8) & 0xF
+    scale = fdiv(amax, 7.0).clamp(min=INT4_SCALE_FLOOR).to(torch.float16)
+    bits = scale.view(torch.int16).masked_fill(bad, FP16_NAN_BITS)
+    return codes, bits
+
+
+class TorchActQuantLora(SVDQuantKernel):
+    name: ClassVar[str] = "svdquant_torch"
+    priority: ClassVar[int] = 10
+    description: ClassVar[str] = "plain PyTorch: element-wise quantize passes, then a separate fp32-output matmul"
+    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu", "cuda", "xpu", "npu"}))
+
+    def __call__(self, x: torch.Tensor, prepared: SVDQuantWeights) -> ActQuantLoraOutput:
+        self.check_call(x, prepared)
+        return self.forward(x, prepared)
+
+    def forward(self, x: torch.Tensor, prepared: SVDQuantWeights) -> ActQuantLoraOutput:
+        fmt = self.fmt
+        assert isinstance(fmt, SVDQuantAct)
+        m, n = x.shape
+        qout, oscales, lora = allocate_outputs(fmt, m, n, prepared.r, x.device)
+        v = x.float()
+        if prepared.rsmooth is not None:
+            v = v * prepared.rsmooth
+        v = v.view(m, n // fmt.block, fmt.block)
+        amax = v.abs().amax(dim=-1)
+        bad = ~torch.isfinite(amax)
+        codes, bits = (_codes_nvfp4 if fmt.fp4 else _codes_int4)(v, bad, amax)
+        codes = codes.view(m, n)
+        qout[:m] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        qout[m:] = 0
+        scale_bits = oscales.view(torch.uint8 if fmt.fp4 else torch.int16)
+        scale_bits[:, :m] = bits.T
+        scale_bits[:, m:] = 0
+        if prepared.r:
+            lora[:m] = lora_down_fp32(x, prepared.lora_down)
+            lora[m:] = 0
+        return ActQuantLoraOutput(qout, oscales, lora)

@@ -1,0 +1,167 @@
+"""svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the seed's
+shapes (ZImage Turbo at 1024², M = 4352; N — the seed's K — ∈ {3840, 10240}; R ∈ {32,
+128}), smooth on, bf16, NVFP4 and INT4.
+
+Variants, timed in the same run:
+
+- every registered kernel that can run here except the plain-torch one (role kernel):
+  ``triton_nvfp4`` / ``triton_ascend_int4`` on CUDA, called through ``forward`` (no
+  argument checks);
+- ``svdquant_torch`` (peer): the unfused path — torch's element-wise quantize passes
+  and a separate cuBLAS LoRA-down (fp32 accumulate and output);
+- ``cublas_lora_down`` (peer): ``x @ lora_down`` alone, bf16 out, cuBLAS — the matmul
+  the fused kernel hides its quantize behind (specs: "the real peer").
+
+Bytes are each variant's fewest: x read once, lora_down (and 1/smooth, float32) read,
+codes, scales and the float32 LoRA output written (M padded to 256); the cuBLAS peer
+reads x and lora_down and writes a bf16 [M, R]. Targets (issue 5): the fused kernel at
+≥ 80 % of the measured copy bandwidth and ≥ 2× the unfused path.
+
+On CUDA each Triton kernel is timed twice: with its default tile (:func:`pick_tile`, what a
+caller gets) and as ``<name>+tuned`` with the fastest of its ``CONFIGS`` for the shape
+(timed first; ``QUANTCORE_SVDQUANT_TUNE=0`` skips it). ``QUANTCORE_SVDQUANT_TUNE=1`` makes
+the kernels themselves tune on each shape's first call, and ``python -m
+quantcore.benchmarks.suites.svdquant_prequant`` prints the whole sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import torch
+
+from quantcore.formats.svdquant import SVDQuantAct
+from quantcore.ops.act_quant_lora import act_quant_lora_problem
+from quantcore.registry import default_registry
+from quantcore.selection import explain
+
+from ..memory import rotation_sets
+from ..spec import BenchCase, Role, Variant
+
+DESCRIPTION = "SVDQuant pre-GEMM (NVFP4/INT4 quantize + LoRA-down): fused Triton vs unfused torch vs cuBLAS"
+DTYPE = torch.bfloat16
+ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
+TORCH_KERNEL = "svdquant_torch"
+_SEED = [{"M": 4352, "N": n, "R": r} for n, r in itertools.product((3840, 10240), (32, 128))]
+SHAPES = {
+    "default": _SEED,
+    "nvfp4": [{**s, "fp4": 1} for s in _SEED],
+    "int4": [{**s, "fp4": 0} for s in _SEED],
+    "small": [{"M": 256, "N": 256, "R": 32}],
+}
+
+
+def op_bytes(fmt: SVDQuantAct, m: int, n: int, r: int, smooth: bool = True) -> int:
+    """The fewest bytes one call moves (bf16 x)."""
+    m_pad = fmt.padded_rows(m)
+    scale_bytes = 1 if fmt.fp4 else 2
+    return (2 * m * n + 2 * n * r + (4 * n if smooth else 0)
+            + m_pad * n // 2 + m_pad * (n // fmt.block) * scale_bytes + 4 * m_pad * r)
+
+
+def _layer(n: int, r: int, dev: torch.device, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {
+        "lora_down": (torch.randn(n, r, generator=gen) * 0.05).to(dev, DTYPE),
+        "smooth": torch.exp(torch.randn(n, generator=gen) * 0.5).to(dev, DTYPE),
+    }
+
+
+def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    reg = default_registry()
+    for dims in shapes:
+        m, n, r = dims["M"], dims["N"], dims["R"]
+        fp4s = (bool(dims["fp4"]),) if "fp4" in dims else (True, False)
+        sets = rotation_sets(2 * m * n, device)
+        xs = [(torch.randn(m, n, generator=gen) * 2).to(dev, DTYPE) for _ in range(sets)]
+        layer = _layer(n, r, dev, gen)
+        flops = 2 * m * n * r
+        for fp4 in fp4s:
+            fmt = SVDQuantAct(fp4=fp4)
+            tag = "nvfp4" if fp4 else "int4"
+            case = BenchCase("svdquant_prequant", f"{tag}-M{m}-N{n}-R{r}", {"M": m, "N": n, "R": r, "fp4": int(fp4)})
+            nbytes = op_bytes(fmt, m, n, r)
+            problem = act_quant_lora_problem(fmt, M=m, N=n, R=r, dtype=DTYPE)
+            for cand in explain(fmt, device, problem=problem).candidates:
+                if cand.status not in ("selected", "usable"):
+                    if cand.status != "broken":
+                        case.skipped[cand.kernel] = f"{cand.status}: {cand.reason}"
+                    continue
+                kernel = reg.kernel(fmt.name, "act_quant_lora", cand.kernel).cls(fmt, dev)
+                prepared = kernel.prepare(layer, dtype=DTYPE)
+                call = cast(Callable[..., Any], getattr(kernel, "forward", kernel))
+                role: Role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
+                mm = "cuBLAS" if dev.type == "cuda" else "torch"
+                note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
+                case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
+                if role == "kernel" and dev.type == "cuda" and os.environ.get(ENV_TUNE) != "0":
+                    try:
+                        case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))
+                    except Exception as exc:  # shown, not hidden
+                        case.skipped[f"{cand.kernel}+tuned"] = f"tuning failed: {type(exc).__name__}: {exc}"
+            case.variants.append(Variant(
+                "cublas_lora_down", "peer", _matmul(xs, layer["lora_down"]),
+                2 * m * n + 2 * n * r + 2 * m * r, flops, sets, "cuBLAS" if dev.type == "cuda" else "torch.matmul",
+            ))
+            yield case
+
+
+def _tuned_variant(kernel: Any, xs: list[torch.Tensor], prepared: Any, nbytes: int, flops: int, sets: int) -> Variant:
+    """The same kernel with the fastest tile of ``CONFIGS`` for this shape, timed here."""
+    from quantcore.backends.svdquant.triton_kernel import tune_tile
+
+    best, _ = tune_tile(kernel, xs[0], prepared)[0]
+    note = f"tuned tile: bm {best.bm}, bn {best.bn}, split {best.split}, {best.num_warps} warps, {best.num_stages} stages"
+    return Variant(f"{kernel.name}+tuned", "kernel", lambda i: kernel.forward(xs[i % len(xs)], prepared, tile=best),
+                   nbytes, flops, sets, note)
+
+
+def _matmul(xs: list[torch.Tensor], w: torch.Tensor) -> Callable[[int], Any]:
+    return lambda i: xs[i % len(xs)] @ w
+
+
+def _call(call: Callable[..., Any], xs: list[torch.Tensor], prepared: Any) -> Callable[[int], Any]:
+    return lambda i: call(xs[i % len(xs)], prepared)
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 5's targets for each fused Triton row: ≥ 80 % of copy, ≥ 2× unfused."""
+    notes = []
+    for row in rows:
+        if row["role"] != "kernel":
+            continue
+        unfused = row["speedup_vs"].get(TORCH_KERNEL)
+        cublas = row["speedup_vs"].get("cublas_lora_down")
+        if unfused is None:
+            continue
+        ok = row["copy_share"] >= 0.8 and unfused >= 2.0
+        extra = f", {cublas:.2f}× cuBLAS LoRA-down alone" if cublas is not None else ""
+        notes.append(f"{row['case']} {row['variant']}: {row['copy_share']:.0%} of copy, {unfused:.2f}× unfused"
+                     f"{extra} (target ≥ 80 %, ≥ 2×): {'met' if ok else 'missed'}")
+    return notes
+
+
+def sweep(device: str = "cuda") -> None:  # pragma: no cover - GPU only
+    """Print every tile candidate's time per seed shape and format (a tuning aid)."""
+    from quantcore.backends.svdquant.triton_kernel import tune_tile
+
+    gen = torch.Generator().manual_seed(0)
+    for dims, fp4 in itertools.product(_SEED, (True, False)):
+        fmt = SVDQuantAct(fp4=fp4)
+        m, n, r = dims["M"], dims["N"], dims["R"]
+        name = "triton_nvfp4" if fp4 else "triton_ascend_int4"
+        kernel = default_registry().kernel("svdquant", "act_quant_lora", name).cls(fmt, torch.device(device))
+        prepared = kernel.prepare(_layer(n, r, torch.device(device), gen), dtype=DTYPE)
+        x = (torch.randn(m, n, generator=gen) * 2).to(device, DTYPE)
+        floor = op_bytes(fmt, m, n, r) / 3.0e12
+        print(f"{name} M{m} N{n} R{r}  (bytes at 3.0 TB/s: {floor * 1e6:.1f} µs)")
+        for tile, seconds in tune_tile(kernel, x, prepared)[:6]:  # type: ignore[arg-type]
+            print(f"   {seconds * 1e6:8.1f} µs  {tile}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sweep()
