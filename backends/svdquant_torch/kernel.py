@@ -7,9 +7,12 @@ reference's: fp8 scales through torch's ``float8_e4m3fn`` cast, E2M1 codes by co
 thresholds passed (the golden measures distances to the grid), INT4 codes by
 ``torch.round``; the matrix holds it to the same bytes.
 
-The LoRA branch is ``x @ lora_down`` with float32 accumulation and output: on CUDA
-``torch.mm(..., out_dtype=torch.float32)`` (cuBLAS, fp16/bf16 operands), elsewhere a
-float32 matmul of the upcast operands.
+The LoRA branch is ``x @ lora_down`` as a float32 matmul of the upcast operands
+(cuBLAS SGEMM on CUDA): the products of fp16/bf16 operands are exact in float32 and
+the sums IEEE-rounded. A tensor-core GEMM with float32 output
+(``torch.mm(..., out_dtype=torch.float32)``) accumulates less exactly: on an H100 it
+measured 1.2e-5 relative error against the float64 golden at N = 10240, outside the
+float32 policy, so the reference-style backend does not take it.
 """
 
 from __future__ import annotations
@@ -31,12 +34,7 @@ E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.
 
 
 def lora_down_fp32(x: torch.Tensor, lora_down: torch.Tensor) -> torch.Tensor:
-    """``x @ lora_down`` accumulated and returned in float32."""
-    if x.device.type == "cuda":
-        try:
-            return torch.mm(x, lora_down, out_dtype=torch.float32)
-        except (RuntimeError, TypeError):  # torch without out_dtype for mm
-            pass
+    """``x @ lora_down`` accumulated and returned in float32 (IEEE float32 sums)."""
     return x.float() @ lora_down.float()
 
 
