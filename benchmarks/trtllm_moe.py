@@ -238,6 +238,7 @@ def bench_kernel_only(kernel: Any, prepared: Any, x: torch.Tensor, ids: torch.Te
 
     t, topk = ids.shape
     routes = t * topk
+    x_perm = x.index_select(1, prepared.k_order)
     route_ids = ids.reshape(-1).to(torch.int32)
     if tile.dense:
         grid_r, srt, blk = E, route_ids, route_ids
@@ -248,8 +249,8 @@ def bench_kernel_only(kernel: Any, prepared: Any, x: torch.Tensor, ids: torch.Te
 
     def launch() -> None:
         moe_w8a16_kernel[(grid_r, -(-N // tile.bn))](
-            x, x.stride(0), prepared.k_order, prepared.layout, prepared.scales, prepared.scales,
-            route_ids, srt, blk, x, y, y.stride(0),
+            x_perm, x_perm.stride(0), prepared.layout, prepared.scales, prepared.scales,
+            route_ids, srt, blk, x_perm, y, y.stride(0),
             routes, N, prepared.scales.shape[1], topk,
             K=K, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
             SYM=True, DENSE=tile.dense, HAS_RW=False, FP32_DOT=False,

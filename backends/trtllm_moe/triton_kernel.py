@@ -45,7 +45,7 @@ class TritonMoEWeights:
     layout: torch.Tensor  # int8 [E, K, N] bytes: TensorRT-LLM's preprocessed MoE layout
     scales: torch.Tensor  # [E, G, N]
     zeros: torch.Tensor | None
-    k_order: torch.Tensor  # int32 [K]: logical row of each stored position (the kernel's x gather)
+    k_order: torch.Tensor  # int64 [K]: logical row of each stored position
     group_size: int
 
     @property
@@ -181,7 +181,7 @@ class TritonMoE(TRTLLMMoEKernel):
             layout=MOE_LAYOUT.apply(w.qweight),
             scales=w.scales,
             zeros=w.zeros,
-            k_order=stored_row_order(w.k, self.device).to(torch.int32),
+            k_order=stored_row_order(w.k, self.device),
             group_size=w.group_size,
         )
 
@@ -218,9 +218,7 @@ class TritonMoE(TRTLLMMoEKernel):
         routes = t * topk
         tile = tile or pick_tile(routes, e, n, prepared.group_size, prepared.zeros is None)
         check_tile(tile, routes, prepared.group_size)
-        x2 = x.reshape(-1, k)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
+        x_perm = x.reshape(-1, k).index_select(1, prepared.k_order)
         route_ids = topk_ids.reshape(-1).to(torch.int32)
         weighted = topk_weights is not None
         # fp32 out when the routes are summed afterwards, and under the interpreter, whose
@@ -232,11 +230,11 @@ class TritonMoE(TRTLLMMoEKernel):
         else:
             aligned = align_routes(route_ids, e, tile.bm)
             grid_r, sorted_routes, block_expert = aligned.num_blocks, aligned.sorted_routes, aligned.block_expert
-        rw = topk_weights.reshape(-1).float().contiguous() if weighted else x2
+        rw = topk_weights.reshape(-1).float().contiguous() if weighted else x_perm
         zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
         grid = (grid_r, triton_cdiv(n, tile.bn))
         moe_w8a16_kernel[grid](
-            x2, x2.stride(0), prepared.k_order,
+            x_perm, x_perm.stride(0),
             prepared.layout, prepared.scales, zeros,
             route_ids, sorted_routes, block_expert, rw,
             y, y.stride(0),

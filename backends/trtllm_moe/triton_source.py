@@ -11,9 +11,8 @@ holds the *biased* code u = q + 128 of column n at stored position p, which is l
 row k = 64 · (p // 64) + σ(p % 64) with σ(j) = 16 · (j // 16) + (j % 16) // 2 + 8 · (j % 2)
 (the LDSM row permutation composed with the register byte swap). The reduction over K
 does not care about order, so the kernel walks stored positions p and reads the
-activation of logical row k(p) for each (``x_rows``, a [K] table read off the
-preprocessor at prepare time; gathering inside the loads saves the separate permutation
-launch a decode call would otherwise pay); a group of 64 or 128 rows is a union of whole 64-row chunks, so the group of
+activations permuted by σ (``x_perm[:, p] = x[:, k(p)]``, done once per call by the
+wrapper); a group of 64 or 128 rows is a union of whole 64-row chunks, so the group of
 p is ``p // group_size`` as it is for k. ``u ^ 0x80`` is the signed code.
 
 Each program owns one expert, ``BN`` output columns and up to ``BM`` routes, and
@@ -57,7 +56,7 @@ __all__ = ["codes_bf16", "codes_f16", "codes_f32", "moe_w8a16_kernel"]
 
 @triton.jit
 def moe_w8a16_kernel(
-    x_ptr, stride_x, x_rows_ptr,
+    x_ptr, stride_x,
     w_ptr, s_ptr, z_ptr,
     ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr,
     y_ptr, stride_y,
@@ -86,13 +85,12 @@ def moe_w8a16_kernel(
         e64 = e.to(tl.int64)
         w_cols = w_ptr + e64 * K * N + (offs_n // 2) * (2 * K) + (offs_n % 2) * 64
         w_rows = (offs_p // 64) * 128 + offs_p % 64
-        x_tokens = x_ptr + (routes // x_div).to(tl.int64) * stride_x
+        x_rows = x_ptr + (routes // x_div).to(tl.int64) * stride_x
         sz_row = e64 * G * N + offs_n
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for k0 in range(0, K, BK):
             u = tl.load(w_cols[:, None] + (k0 * 2 + w_rows)[None, :], mask=n_ok[:, None], other=0)
-            k_of_p = tl.load(x_rows_ptr + k0 + offs_p)
-            xt = tl.load(x_tokens[None, :] + k_of_p[:, None], mask=valid[None, :], other=0.0)
+            xt = tl.load(x_rows[None, :] + (k0 + offs_p)[:, None], mask=valid[None, :], other=0.0)
             g = k0 // GROUP
             scale = tl.load(s_ptr + sz_row + g * N, mask=n_ok, other=0.0).to(tl.float32)
             if not SYM:
