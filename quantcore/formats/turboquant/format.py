@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -143,19 +143,6 @@ class TurboQuant(Format):
 
     def num_rotations(self, in_features: int) -> int:
         return in_features // self.group_size if self.rotation_per_group else 1
-
-    @classmethod
-    def from_params(cls, **params: Any) -> TurboQuant:
-        p = dict(params)
-        if isinstance(p.get("norm_dtype"), str):
-            p["norm_dtype"] = getattr(torch, p["norm_dtype"].removeprefix("torch."))
-        for key in ("residual", "rotation_per_group"):
-            if isinstance(p.get(key), str):
-                p[key] = p[key].lower() in ("1", "true", "yes")
-        for key in ("bits", "group_size"):
-            if isinstance(p.get(key), str):
-                p[key] = int(p[key])
-        return cls(**p)
 
     # --- validation ---------------------------------------------------------------------
 
