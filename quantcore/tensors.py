@@ -8,12 +8,50 @@ import torch
 
 from .errors import TensorFormatError
 
-__all__ = ["describe", "reject_unknown", "require_tensor", "require_tensors"]
+__all__ = [
+    "check_stored",
+    "describe",
+    "reject_unknown",
+    "require_float_weight",
+    "require_tensor",
+    "require_tensors",
+]
 
 
 def describe(t: torch.Tensor) -> str:
     """``(512, 4096) int32 on cpu`` — how a tensor is named in error messages."""
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+
+
+def check_stored(tensors: object, *, where: str) -> None:
+    """What every set of stored tensors must be, whatever the format: a mapping from
+    names to tensors that hold data (a ``meta`` tensor has a shape and no values to
+    validate or compute with), all on one device."""
+    if not isinstance(tensors, Mapping):
+        raise TensorFormatError(f"{where}: tensors: expected a mapping of names to tensors, got {type(tensors).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise TensorFormatError(f"{where}: tensors: expected str names, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TensorFormatError(f"{where}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "meta":
+            raise TensorFormatError(f"{where}: {name}: a meta tensor holds no data, got {describe(t)}")
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        by_device = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise TensorFormatError(f"{where}: tensors: expected one device, got {by_device}")
+
+
+def require_float_weight(weight: object, *, ndim: int, layout: str, where: str = "weight") -> torch.Tensor:
+    """A dense float weight for a golden quantizer: a non-empty, finite ``ndim``-D float
+    tensor with data."""
+    if not isinstance(weight, torch.Tensor):
+        raise TensorFormatError(f"{where}: expected a {ndim}-D float {layout} tensor, got {type(weight).__name__}")
+    if weight.dim() != ndim or not weight.is_floating_point() or weight.numel() == 0 or weight.device.type == "meta":
+        raise TensorFormatError(f"{where}: expected a non-empty {ndim}-D float {layout} tensor with data, got {describe(weight)}")
+    if not torch.isfinite(weight).all():
+        raise TensorFormatError(f"{where}: contains NaN or Inf; cannot quantize")
+    return weight
 
 
 def reject_unknown(

@@ -27,11 +27,16 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 class Format(ABC):
     """Base class of every storage format. Subclasses are ``@dataclass(frozen=True)``.
 
-    Parameters are type-checked before a subclass's own ``__post_init__`` runs: a field
-    annotated ``bool``, ``int``, ``str`` or ``torch.dtype`` refuses a value of another
-    type with a :class:`~quantcore.errors.TensorFormatError` naming it (the string
-    ``"false"`` is truthy, so a bool field must not take it). ``from_params`` is the
-    loose door, for CLI strings and config files.
+    Two checks run before a subclass's own code, so every format has them:
+
+    * parameters are type-checked before its ``__post_init__``: a field annotated
+      ``bool``, ``int``, ``str`` or ``torch.dtype`` refuses a value of another type with
+      a :class:`~quantcore.errors.TensorFormatError` naming it (the string ``"false"``
+      is truthy, so a bool field must not take it). ``from_params`` is the loose door,
+      for CLI strings and config files;
+    * ``validate`` first checks what any set of stored tensors must be
+      (:func:`quantcore.tensors.check_stored`): a mapping of names to tensors that hold
+      data (not ``meta``), all on one device.
     """
 
     #: Registry name, e.g. ``"gptq"``; what ``get_kernel("gptq", ...)`` looks up.
@@ -76,6 +81,18 @@ class Format(ABC):
 
             __post_init__._quantcore_checked = True  # type: ignore[attr-defined]
             cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        validate = cls.__dict__.get("validate")
+        if validate is not None and not getattr(validate, "_quantcore_checked", False):
+
+            @functools.wraps(validate)
+            def checked_validate(self: Format, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
+                from ..tensors import check_stored
+
+                check_stored(tensors, where=f"{self.slug} tensors")
+                return validate(self, tensors)  # type: ignore[no-any-return]
+
+            checked_validate._quantcore_checked = True  # type: ignore[attr-defined]
+            cls.validate = checked_validate  # type: ignore[method-assign]
 
     def __post_init__(self) -> None:
         check_param_types(self)
