@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe
+from ...tensors import require_float_weight
 from ..packing import pack_codes
 from .convert import zero_to_stored
 
@@ -40,10 +40,7 @@ def quantize_rtn(
     generator: torch.Generator | None = None,
     perm: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    if weight.dim() != 2 or not weight.is_floating_point():
-        raise TensorFormatError(f"weight: expected a 2-D float [O, I] tensor, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
-        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    require_float_weight(weight, ndim=2, layout="[O, I]")
     out_features, in_features = weight.shape
     per = fmt.geometry.codes
     if in_features % per or out_features % per:
