@@ -1,0 +1,238 @@
+"""Per-op oracles: nominal inputs for a kernel call, the golden output computed from the
+(possibly mutated) stored tensors as the format defines them, the call itself, and the
+judgement. One small class per op; an op without one is fuzzed up to ``prepare`` and
+reported as such (see ``oracle_for``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from hypothesis import strategies as st
+
+from quantcore.conformance.harnesses.moe import GoldenExperts
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.formats.base import Format
+from quantcore.kernel import Kernel
+from quantcore.ops.linear import linear_reference
+from quantcore.ops.moe import moe_gemm_reference
+
+from .mutations import ALL_DTYPES, NOT_TENSORS, OTHER_DEVICE, mutate_activation, noncontiguous
+
+__all__ = ["ORACLES", "LinearOracle", "MoEOracle", "OpOracle", "judge_dense", "oracle_for"]
+
+Inputs = dict[str, Any]
+
+
+def judge_dense(out: Any, golden: torch.Tensor, act_dtype: torch.dtype, *, may_overflow: bool) -> str | None:
+    """Why ``out`` is not an acceptable result for the float64 ``golden``, or None.
+
+    Finite exact results must be matched within the conformance tolerance of
+    ``act_dtype``; where the exact result is NaN/Inf (a NaN or Inf in the input) the
+    output must be non-finite too, never a made-up number. Where the exact result, or a
+    value on the way to it, lies beyond ``act_dtype``'s range (``may_overflow``) an
+    output element may be ±Inf/NaN, but every finite one must still be right.
+    """
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    if out.dtype != act_dtype:
+        return f"output dtype {out.dtype}, expected {act_dtype}"
+    if tuple(out.shape) != tuple(golden.shape):
+        return f"output shape {tuple(out.shape)}, expected {tuple(golden.shape)}"
+    o = out.detach().to("cpu", torch.float64)
+    g = golden.detach().to("cpu", torch.float64)
+    g_finite, o_finite = torch.isfinite(g), torch.isfinite(o)
+    if (o_finite & ~g_finite).any():
+        return f"{int((o_finite & ~g_finite).sum())} finite output element(s) where the exact result is NaN/Inf"
+    if (~o_finite & g_finite).any() and not may_overflow:
+        return f"{int((~o_finite & g_finite).sum())} non-finite output element(s) where the exact result is finite"
+    both = g_finite & o_finite
+    if not both.any():
+        return None
+    verdict = compare(o[both], g[both], tolerance_for(act_dtype))
+    return None if verdict.ok else verdict.problem
+
+
+def _beyond(t: torch.Tensor, dtype: torch.dtype, margin: float) -> bool:
+    finite = t[torch.isfinite(t)]
+    return bool(finite.numel()) and finite.abs().max().item() * margin > torch.finfo(dtype).max
+
+
+class OpOracle(ABC):
+    op: ClassVar[str]
+    #: Names a refusal of a call may give (besides the format's tensors and parameters).
+    arg_names: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def nominal(self, data: st.DataObject, dims: Mapping[str, int], act_dtype: torch.dtype) -> Inputs:
+        """Valid inputs for weights of these dims."""
+
+    @abstractmethod
+    def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor: ...
+
+    @abstractmethod
+    def call(self, kernel: Kernel, prepared: Any, inputs: Inputs) -> Any: ...
+
+    @abstractmethod
+    def mutate(self, data: st.DataObject, inputs: Inputs, dims: Mapping[str, int]) -> tuple[str, Inputs]: ...
+
+    @abstractmethod
+    def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool: ...
+
+    def act_dtype(self, inputs: Inputs) -> torch.dtype:
+        x = inputs["x"]
+        return x.dtype  # type: ignore[no-any-return]
+
+    def with_dtype(self, inputs: Inputs, dtype: torch.dtype) -> Inputs:
+        return {**inputs, "x": inputs["x"].to(dtype)}
+
+    def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
+        golden = self.golden(fmt, tensors, inputs)
+        return judge_dense(out, golden, self.act_dtype(inputs), may_overflow=self.may_overflow(fmt, tensors, inputs))
+
+
+def _x(data: st.DataObject, rows: tuple[int, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
+    seed = data.draw(st.integers(0, 2**31 - 1), label="x seed")
+    return torch.randn(*rows, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _stored_overflow(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> bool:
+    return any(
+        _beyond(t.detach().double().cpu(), dtype, 256.0)
+        for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta"
+    )
+
+
+class LinearOracle(OpOracle):
+    op = "linear"
+    arg_names = ("x", "prepared", "dtype")
+
+    def nominal(self, data: st.DataObject, dims: Mapping[str, int], act_dtype: torch.dtype) -> Inputs:
+        m = data.draw(st.sampled_from((1, 2, 3, 5, 8, 17)), label="M")
+        return {"x": _x(data, (m,), dims["K"], act_dtype)}
+
+    def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor:
+        w = fmt.dequantize(tensors, dtype=torch.float64)
+        x = inputs["x"].detach()
+        return linear_reference(x, w, tensors.get("bias")).reshape(*x.shape[:-1], w.shape[0])
+
+    def call(self, kernel: Kernel, prepared: Any, inputs: Inputs) -> Any:
+        return kernel(inputs["x"], prepared)  # type: ignore[operator]
+
+    def mutate(self, data: st.DataObject, inputs: Inputs, dims: Mapping[str, int]) -> tuple[str, Inputs]:
+        desc, x = mutate_activation(data, "x", inputs["x"])
+        return desc, {"x": x}
+
+    def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool:
+        dtype = self.act_dtype(inputs)
+        w = fmt.dequantize(tensors, dtype=torch.float64)
+        x = inputs["x"].detach().double().reshape(-1, w.shape[1]).nan_to_num(0.0, 0.0, 0.0)
+        bound = x.abs() @ w.abs().T if x.numel() else torch.zeros(1, dtype=torch.float64)
+        return _beyond(bound, dtype, 64.0) or _beyond(w, dtype, 256.0) or _beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
+
+
+class MoEOracle(OpOracle):
+    op = "moe"
+    arg_names = ("x", "prepared", "dtype", "topk_ids", "topk_weights")
+
+    def nominal(self, data: st.DataObject, dims: Mapping[str, int], act_dtype: torch.dtype) -> Inputs:
+        e, k = dims["E"], dims["K"]
+        t = data.draw(st.sampled_from((1, 2, 3, 5, 9)), label="T")
+        topk = data.draw(st.integers(1, min(e, 4)), label="topk")
+        per_route = data.draw(st.booleans(), label="per_route")
+        weighted = data.draw(st.booleans(), label="weighted")
+        seed = data.draw(st.integers(0, 2**31 - 1), label="route seed")
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.rand(t, e, generator=gen).argsort(dim=1)[:, :topk].to(torch.int32)
+        weights = torch.softmax(torch.randn(t, topk, generator=gen), dim=-1) if weighted else None
+        x = _x(data, (t, topk) if per_route else (t,), k, act_dtype)
+        return {"x": x, "topk_ids": ids, "topk_weights": weights}
+
+    def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor:
+        x, ids, w = inputs["x"], inputs["topk_ids"], inputs["topk_weights"]
+        n = tensors["qweight"].shape[-1]
+        if ids.numel() == 0:
+            t, topk = ids.shape
+            return torch.zeros((t, n) if w is not None else (t, topk, n), dtype=torch.float64)
+        return moe_gemm_reference(x.detach(), ids, GoldenExperts(fmt, dict(tensors)), w)
+
+    def call(self, kernel: Kernel, prepared: Any, inputs: Inputs) -> Any:
+        return kernel(inputs["x"], inputs["topk_ids"], prepared, topk_weights=inputs["topk_weights"])  # type: ignore[operator]
+
+    def mutate(self, data: st.DataObject, inputs: Inputs, dims: Mapping[str, int]) -> tuple[str, Inputs]:
+        which = data.draw(st.sampled_from(("x", "topk_ids", "topk_ids", "topk_weights")), label="moe arg")
+        out = dict(inputs)
+        if which == "x":
+            desc, out["x"] = mutate_activation(data, "x", inputs["x"])
+            return desc, out
+        if which == "topk_ids":
+            ids = inputs["topk_ids"]
+            kind = data.draw(
+                st.sampled_from(("E", "-1", "huge", "dtype", "1-D", "3-D", "more slots", "duplicates",
+                                 "non-contiguous", "device", "not a tensor")),
+                label="ids kind",
+            )
+            e = dims["E"]
+            if kind == "E":
+                new = torch.full_like(ids, e)
+            elif kind == "-1":
+                new = torch.full_like(ids, -1)
+            elif kind == "huge":
+                new = torch.full_like(ids, torch.iinfo(ids.dtype).max)
+            elif kind == "dtype":
+                new = ids.to(data.draw(st.sampled_from([d for d in ALL_DTYPES if d != ids.dtype]), label="ids dtype"))
+            elif kind == "1-D":
+                new = ids.reshape(-1)
+            elif kind == "3-D":
+                new = ids.unsqueeze(-1)
+            elif kind == "more slots":
+                new = torch.cat([ids, ids[:, :1]], dim=1)
+            elif kind == "duplicates":
+                new = ids[:, :1].expand(ids.shape)
+            elif kind == "non-contiguous":
+                new = noncontiguous(ids)
+            elif kind == "device":
+                new = ids.to(OTHER_DEVICE)
+            else:
+                new = data.draw(st.sampled_from(NOT_TENSORS), label="ids value")
+            out["topk_ids"] = new
+            return f"topk_ids: {kind}", out
+        w = inputs["topk_weights"]
+        ids = inputs["topk_ids"]
+        kind = data.draw(st.sampled_from(("given", "nan", "int", "shape", "device", "not a tensor", "float64")), label="w kind")
+        base = w if w is not None else torch.full(ids.shape, 1.0 / ids.shape[1])
+        if kind == "given":
+            new = base
+        elif kind == "nan":
+            new = base.clone()
+            if new.numel():
+                new.view(-1)[0] = float("nan")
+        elif kind == "int":
+            new = torch.ones(ids.shape, dtype=torch.int32)
+        elif kind == "shape":
+            new = base[:, :-1] if base.shape[1] > 1 else base.unsqueeze(0)
+        elif kind == "device":
+            new = base.to(OTHER_DEVICE)
+        elif kind == "float64":
+            new = base.double()
+        else:
+            new = data.draw(st.sampled_from(NOT_TENSORS[1:]), label="w value")
+        out["topk_weights"] = new
+        return f"topk_weights: {kind}", out
+
+    def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool:
+        dtype = self.act_dtype(inputs)
+        w = fmt.dequantize(tensors, dtype=torch.float64)  # [E, K, N]
+        x = inputs["x"].detach().double().nan_to_num(0.0, 0.0, 0.0)
+        wmax = w.abs().amax(dim=0)  # [K, N]: a bound over experts
+        bound = x.reshape(-1, w.shape[1]).abs() @ wmax if x.numel() else torch.zeros(1, dtype=torch.float64)
+        return _beyond(bound, dtype, 64.0) or _beyond(w, dtype, 256.0) or _beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
+
+
+ORACLES: dict[str, OpOracle] = {o.op: o for o in (LinearOracle(), MoEOracle())}
+
+
+def oracle_for(op: str) -> OpOracle | None:
+    return ORACLES.get(op)
