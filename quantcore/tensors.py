@@ -6,15 +6,17 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from .errors import TensorFormatError
+from .errors import KernelInputError, TensorFormatError
 
 __all__ = [
+    "check_activation",
     "check_stored",
     "describe",
     "reject_unknown",
     "require_float_weight",
     "require_tensor",
     "require_tensors",
+    "stored_on",
 ]
 
 
@@ -23,7 +25,7 @@ def describe(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
 
 
-def check_stored(tensors: object, *, where: str) -> None:
+def check_stored(tensors: object, *, where: str, one_device: bool = True) -> None:
     """What every set of stored tensors must be, whatever the format: a mapping from
     names to tensors that hold data (a ``meta`` tensor has a shape and no values to
     validate or compute with), all on one device."""
@@ -37,9 +39,38 @@ def check_stored(tensors: object, *, where: str) -> None:
         if t.device.type == "meta":
             raise TensorFormatError(f"{where}: {name}: a meta tensor holds no data, got {describe(t)}")
     devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
+    if one_device and len(devices) > 1:
         by_device = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
         raise TensorFormatError(f"{where}: tensors: expected one device, got {by_device}")
+
+
+def stored_on(
+    tensors: Mapping[str, torch.Tensor], device: torch.device, *, where: str
+) -> dict[str, torch.Tensor]:
+    """The stored tensors moved to ``device`` (a kernel's ``prepare``), after checking
+    that they are tensors with data; the format's ``validate`` checks the rest."""
+    check_stored(tensors, where=where, one_device=False)
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def check_activation(
+    x: object,
+    *,
+    k: int,
+    dtypes: Sequence[torch.dtype],
+    device: torch.device,
+    name: str = "x",
+) -> torch.Tensor:
+    """An activation ``[..., k]`` in one of ``dtypes`` on ``device``, else
+    :class:`~quantcore.errors.KernelInputError` saying what was expected and what came."""
+    from .dtypes import dtype_name
+
+    wanted = "/".join(dtype_name(d) for d in dtypes)
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"{name}: expected a [..., {k}] {wanted} tensor on {device}, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != k or x.dtype not in dtypes or x.device != device:
+        raise KernelInputError(f"{name}: expected [..., {k}] {wanted} on {device}, got {describe(x)}")
+    return x
 
 
 def require_float_weight(weight: object, *, ndim: int, layout: str, where: str = "weight") -> torch.Tensor:

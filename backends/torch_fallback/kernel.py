@@ -11,7 +11,7 @@ import torch
 from quantcore.errors import KernelInputError
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
-from quantcore.tensors import describe
+from quantcore.tensors import check_activation, stored_on
 
 __all__ = ["DenseWeight", "DequantLinear", "fallback_for"]
 
@@ -40,7 +40,7 @@ class DequantLinear(LinearKernel):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> DenseWeight:
-        tensors = {k: v.to(self.device) for k, v in tensors.items()}
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         self.fmt.validate(tensors)
         dtype = dtype or tensors.get("scales", next(iter(tensors.values()))).dtype
         if dtype not in FLOAT_DTYPES:
@@ -55,8 +55,7 @@ class DequantLinear(LinearKernel):
                 f"prepared: expected the DenseWeight that torch_fallback.prepare returns, got {type(prepared).__name__}"
             )
         w = prepared.weight
-        if x.dtype not in FLOAT_DTYPES or x.device != w.device or x.shape[-1] != w.shape[1]:
-            raise KernelInputError(f"x: expected [..., {w.shape[1]}] float on {w.device}, got {describe(x)}")
+        check_activation(x, k=w.shape[1], dtypes=FLOAT_DTYPES, device=w.device)
         bias = prepared.bias
         if x.dtype != w.dtype:
             w = w.to(x.dtype)

@@ -25,7 +25,7 @@ import torch
 from ...errors import KernelInputError
 from ...kernel import LinearKernel, Support
 from ...problem import Problem
-from ...tensors import describe
+from ...tensors import check_activation, stored_on
 from .format import PASS_TENSORS, TurboQuant
 
 __all__ = [
@@ -153,7 +153,7 @@ class TurboQuantLinearKernel(LinearKernel):
     ) -> TurboQuantPrepared:
         fmt = self.fmt
         assert isinstance(fmt, TurboQuant)
-        tensors = {name: t.to(self.device) for name, t in tensors.items()}
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         dims = fmt.validate(tensors)
         if dtype is not None and dtype not in ACT_DTYPES:
             raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
@@ -193,10 +193,7 @@ class TurboQuantLinearKernel(LinearKernel):
             )
         k = prepared.in_features
         here = prepared.codebook.device  # where prepare put the tensors ("cuda" became cuda:0)
-        if x.dtype not in ACT_DTYPES or x.device != here or x.dim() < 1 or x.shape[-1] != k:
-            raise KernelInputError(
-                f"x: expected [..., {k}] bf16/fp16/fp32 on {here}, got {describe(x)}"
-            )
+        check_activation(x, k=k, dtypes=ACT_DTYPES, device=here)
 
     def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
         self.check_input(x, prepared)

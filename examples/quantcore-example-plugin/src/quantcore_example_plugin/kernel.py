@@ -14,7 +14,9 @@ import torch
 
 from quantcore import KernelInputError, LinearKernel, Problem, Requirements, Support
 from quantcore.formats.gptq import GPTQ
-from quantcore.tensors import describe
+from quantcore.tensors import check_activation
+
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,10 @@ class ZeroFoldingGPTQ(LinearKernel):
         )
 
     def __call__(self, x: torch.Tensor, prepared: Grouped) -> torch.Tensor:
+        if type(prepared) is not Grouped:
+            raise KernelInputError(f"prepared: expected the Grouped that {self.name}.prepare returns, got {type(prepared).__name__}")
         groups, size, n = prepared.codes.shape
-        if x.shape[-1] != groups * size or not x.is_floating_point():
-            raise KernelInputError(f"x: expected [..., {groups * size}] float, got {describe(x)}")
+        check_activation(x, k=groups * size, dtypes=ACT_DTYPES, device=prepared.codes.device)
         xs = x.reshape(-1, groups * size).float()[:, prepared.ret_idx].reshape(-1, groups, size)
         integer_part = torch.einsum("mgk,gkn->mgn", xs, prepared.codes)
         folded = integer_part - xs.sum(-1, keepdim=True) * prepared.zeros
