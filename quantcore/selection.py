@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tabulate import tabulate
 
-from .errors import NoKernelError, UnknownFormatError
+from .errors import InvalidArgumentError, NoKernelError, UnknownFormatError
 from .formats.base import Format
 from .kernel import Kernel
 from .probe import normalize_device, probe
@@ -104,7 +104,7 @@ def _resolve(
 ) -> Format:
     if problem is not None:
         if isinstance(format, Format) and format != problem.format:
-            raise ValueError(f"format {format.slug} disagrees with problem.format {problem.format.slug}")
+            raise InvalidArgumentError(f"format: {format.slug} disagrees with problem.format {problem.format.slug}")
         if isinstance(format, str) and format != problem.format.name:
             raise UnknownFormatError(
                 f"format: {format!r} disagrees with problem.format {problem.format.name!r}"
@@ -140,7 +140,7 @@ def explain(
 def _tuned(expl: Explanation, problem: Problem | None, reg: Registry) -> Explanation:
     """Re-rank the usable candidates of ``expl`` by measured time."""
     if problem is None:
-        raise ValueError("tune=True needs a problem: the measurement is per shape")
+        raise InvalidArgumentError("problem: tune=True needs a problem, the measurement is per shape")
     from .tuning import tuned
 
     usable = [c for c in expl.candidates if c.status in (SELECTED, USABLE)]

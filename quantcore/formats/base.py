@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import TensorFormatError
+from ..errors import QuantCoreError, TensorFormatError
 
 __all__ = ["Format", "coerce_params"]
 
@@ -80,7 +80,7 @@ class Format(ABC):
                 own(self)
 
             __post_init__._quantcore_checked = True  # type: ignore[attr-defined]
-            cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
         validate = cls.__dict__.get("validate")
         if validate is not None and not getattr(validate, "_quantcore_checked", False):
 
@@ -154,7 +154,7 @@ def _parse_dtype(text: str) -> torch.dtype | None:
 
     try:
         return parse_dtype(text)
-    except ValueError:
+    except QuantCoreError:
         found = getattr(torch, text.strip().removeprefix("torch."), None)
         return found if isinstance(found, torch.dtype) else None
 
