@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 __all__ = [
     "ALL_DTYPES",
-    "OTHER_DEVICE",
     "FLOAT_DTYPES",
+    "OTHER_DEVICE",
     "mutate_activation",
     "mutate_tensor",
     "mutate_tensors",

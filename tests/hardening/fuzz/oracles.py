@@ -26,14 +26,19 @@ __all__ = ["ORACLES", "LinearOracle", "MoEOracle", "OpOracle", "judge_dense", "o
 Inputs = dict[str, Any]
 
 
-def judge_dense(out: Any, golden: torch.Tensor, act_dtype: torch.dtype, *, may_overflow: bool) -> str | None:
+def judge_dense(
+    out: Any, golden: torch.Tensor, act_dtype: torch.dtype, *, may_overflow: bool, atol: torch.Tensor | float = 0.0
+) -> str | None:
     """Why ``out`` is not an acceptable result for the float64 ``golden``, or None.
 
     Finite exact results must be matched within the conformance tolerance of
-    ``act_dtype``; where the exact result is NaN/Inf (a NaN or Inf in the input) the
-    output must be non-finite too, never a made-up number. Where the exact result, or a
-    value on the way to it, lies beyond ``act_dtype``'s range (``may_overflow``) an
-    output element may be ±Inf/NaN, but every finite one must still be right.
+    ``act_dtype`` (fp32's for an fp64 activation a kernel chose to take); where the exact
+    result is NaN/Inf (a NaN or Inf in the input) the output must be non-finite too,
+    never a made-up number. Two limits of floating point are allowed for, and only when
+    the inputs reach them: beyond ``act_dtype``'s range (``may_overflow``) an element
+    may be ±Inf/NaN, but every finite one must still be right; below its smallest
+    normal number precision is absolute, not relative (``atol`` per element: subnormal
+    results may lose bits or be flushed to zero, as hardware does).
     """
     if not isinstance(out, torch.Tensor):
         return f"returned {type(out).__name__}, not a tensor"
@@ -51,13 +56,25 @@ def judge_dense(out: Any, golden: torch.Tensor, act_dtype: torch.dtype, *, may_o
     both = g_finite & o_finite
     if not both.any():
         return None
-    verdict = compare(o[both], g[both], tolerance_for(act_dtype))
+    diff = o - g
+    if not isinstance(atol, float) or atol:
+        slack = torch.as_tensor(atol, dtype=torch.float64).expand_as(diff)
+        diff = diff.sign() * (diff.abs() - slack).clamp_min(0)
+    tol = tolerance_for(act_dtype if act_dtype != torch.float64 else torch.float32)
+    verdict = compare(g[both] + diff[both], g[both], tol)
     return None if verdict.ok else verdict.problem
 
 
 def _beyond(t: torch.Tensor, dtype: torch.dtype, margin: float) -> bool:
     finite = t[torch.isfinite(t)]
     return bool(finite.numel()) and finite.abs().max().item() * margin > torch.finfo(dtype).max
+
+
+def _tiny(t: torch.Tensor, dtype: torch.dtype, margin: float = 64.0) -> bool:
+    """Any non-zero element below ``dtype``'s smallest normal (times a margin)?"""
+    a = t[torch.isfinite(t)].abs()
+    a = a[a > 0]
+    return bool(a.numel()) and a.min().item() < torch.finfo(dtype).smallest_normal * margin
 
 
 class OpOracle(ABC):
@@ -88,9 +105,14 @@ class OpOracle(ABC):
     def with_dtype(self, inputs: Inputs, dtype: torch.dtype) -> Inputs:
         return {**inputs, "x": inputs["x"].to(dtype)}
 
+    def ranges(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> tuple[bool, torch.Tensor | float]:
+        """``(may_overflow, atol)`` for these inputs: see :func:`judge_dense`."""
+        return self.may_overflow(fmt, tensors, inputs), 0.0
+
     def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
         golden = self.golden(fmt, tensors, inputs)
-        return judge_dense(out, golden, self.act_dtype(inputs), may_overflow=self.may_overflow(fmt, tensors, inputs))
+        overflow, atol = self.ranges(fmt, tensors, inputs)
+        return judge_dense(out, golden, self.act_dtype(inputs), may_overflow=overflow, atol=atol)
 
 
 def _x(data: st.DataObject, rows: tuple[int, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -125,12 +147,29 @@ class LinearOracle(OpOracle):
         desc, x = mutate_activation(data, "x", inputs["x"])
         return desc, {"x": x}
 
-    def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool:
-        dtype = self.act_dtype(inputs)
+    def _bound(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w = fmt.dequantize(tensors, dtype=torch.float64)
         x = inputs["x"].detach().double().reshape(-1, w.shape[1]).nan_to_num(0.0, 0.0, 0.0)
         bound = x.abs() @ w.abs().T if x.numel() else torch.zeros(1, dtype=torch.float64)
+        return w, x, bound
+
+    def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool:
+        dtype = self.act_dtype(inputs)
+        w, x, bound = self._bound(fmt, tensors, inputs)
         return _beyond(bound, dtype, 64.0) or _beyond(w, dtype, 256.0) or _beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
+
+    def ranges(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> tuple[bool, torch.Tensor | float]:
+        dtype = self.act_dtype(inputs)
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            dtype = torch.float32
+        w, x, bound = self._bound(fmt, tensors, inputs)
+        if not (_tiny(x, dtype) or _tiny(w, dtype) or _tiny(bound, dtype)):
+            return self.may_overflow(fmt, tensors, inputs), 0.0
+        # Each weight and each product may lose everything below the smallest normal.
+        tiny = torch.finfo(dtype).smallest_normal
+        atol = tiny * (1.0 + x.abs().sum(dim=1, keepdim=True))  # [M, 1]
+        x_shape = inputs["x"].shape
+        return self.may_overflow(fmt, tensors, inputs), atol.reshape(*x_shape[:-1], 1) if x.numel() else 0.0
 
 
 class MoEOracle(OpOracle):

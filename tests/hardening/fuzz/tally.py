@@ -91,9 +91,12 @@ def attempt(
     judge: Callable[[Any], str | None] | None = None,
     context: Callable[[], str] | str = "",
     allow_refusal: bool = True,
+    unnamed: tuple[type[BaseException], ...] = (),
 ) -> tuple[str, Any]:
     """Run one case and classify it; ``judge(result)`` returns why a result is wrong, or
-    None. Returns ``(outcome, result or the refusal)``; raises :class:`FuzzFailure`."""
+    None. Returns ``(outcome, result or the refusal)``; raises :class:`FuzzFailure`.
+    ``unnamed``: quantcore errors whose message need not name a parameter (a
+    ``NoKernelError`` is the explain table: every candidate, with its reason)."""
 
     def ctx() -> str:
         return context() if callable(context) else context
@@ -104,7 +107,7 @@ def attempt(
     except QuantCoreError as exc:
         if not allow_refusal:
             raise FuzzFailure(f"{target}: refused an input it must take: {type(exc).__name__}: {exc}\n{ctx()}") from exc
-        if not names_in(str(exc), names):
+        if not isinstance(exc, unnamed) and not names_in(str(exc), names):
             raise FuzzFailure(
                 f"{target}: refused with a message that names no tensor or parameter "
                 f"(expected one of {sorted(set(names))}): {type(exc).__name__}: {exc}\n{ctx()}"
@@ -149,7 +152,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if getattr(config, "workerinput", None) is not None or not TALLY.counts and not TALLY.crashes:
+    if getattr(config, "workerinput", None) is not None or (not TALLY.counts and not TALLY.crashes):
         return
     from .profiles import PROFILE
 
