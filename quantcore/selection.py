@@ -178,7 +178,7 @@ def _explain(
     others: list[Candidate] = []
     for entry in reg.kernels(fmt.name, op):
         cls, names = entry.cls, (entry.cls.name, entry.plugin)
-        priority = _priority(cls, caps)
+        priority, broke = _priority(cls, caps)
         if _match(names, disabled):
             others.append(Candidate(*names, priority, DISABLED, f"{ENV_DISABLE}={','.join(disabled)}"))
             continue
@@ -186,7 +186,17 @@ def _explain(
             others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
         failed = reg.failures.get((fmt.name, op, cls.name, device))
-        reason = f"failed at run time: {failed}" if failed else _refusal(cls, caps, problem)
+        reason = ""
+        if not failed:
+            reason, raised = _refusal(cls, caps, problem)
+            broke = broke or raised
+            if broke:
+                # A kernel whose own checks raise is buggy: refused here and from now on
+                # on this device, like one that fails in prepare or in a call.
+                reg.record_failure(fmt.name, op, cls.name, device, broke)
+                failed = broke
+        if failed:
+            reason = f"failed at run time: {failed}"
         if reason:
             others.append(Candidate(*names, priority, REFUSED, reason))
             continue
@@ -211,28 +221,29 @@ def _explain(
     )
 
 
-def _priority(cls: type[Kernel], caps: object) -> int:
+def _priority(cls: type[Kernel], caps: object) -> tuple[int, str]:
+    """The kernel's rank on this device, and what it raised if ranking it raised."""
     try:
-        return int(cls.priority_on(caps))  # type: ignore[arg-type]
-    except Exception:
-        return cls.priority
+        return int(cls.priority_on(caps)), ""  # type: ignore[arg-type]
+    except Exception as exc:
+        return cls.priority, f"priority_on raised {type(exc).__name__}: {exc}"
 
 
-def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:
-    """Why ``cls`` cannot run here, or "". A kernel whose checks raise is refused, never chosen."""
+def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> tuple[str, str]:
+    """``(why cls cannot run here or "", what its checks raised or "")``."""
     try:
         reason = cls.check_device(caps)  # type: ignore[arg-type]
     except Exception as exc:
-        return f"check_device raised {type(exc).__name__}: {exc}"
+        return "", f"check_device raised {type(exc).__name__}: {exc}"
     if reason:
-        return reason
+        return reason, ""
     if problem is None:
-        return ""
+        return "", ""
     try:
         ok, why = cls.supports(problem)
     except Exception as exc:
-        return f"supports raised {type(exc).__name__}: {exc}"
-    return "" if ok else (why or "supports() refused without a reason")
+        return "", f"supports raised {type(exc).__name__}: {exc}"
+    return ("" if ok else (why or "supports() refused without a reason")), ""
 
 
 def get_kernel(
