@@ -111,6 +111,16 @@ class Registry:
                     if ep.name in self.blocked:
                         self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
                         continue
+                    if ep.name in self._plugins:
+                        # Two distributions publish one plugin name: the first keeps it.
+                        clash = f"{ep.name} ({source})"
+                        info = PluginInfo(clash, source)
+                        info.broken.append(BrokenPlugin(
+                            clash, "register",
+                            f"plugin name {ep.name!r} is already registered by {self._plugins[ep.name].source}",
+                        ))
+                        self._plugins[clash] = info
+                        continue
                     try:
                         module = ep.load()
                     except BaseException as exc:
@@ -279,11 +289,20 @@ class Registry:
         self.load()
         with self._lock:
             if self._cases is None:
+                from ..conformance.case import Case
+
                 cases: list[Any] = []
                 for name, info in self._plugins.items():
                     if self.pm.get_plugin(name) is None:
                         continue
-                    cases.extend(self._call_one(name, "quantcore_conformance_cases", info))
+                    for case in self._call_one(name, "quantcore_conformance_cases", info):
+                        if isinstance(case, Case):
+                            cases.append(case)
+                        else:
+                            info.broken.append(BrokenPlugin(
+                                name, "validate",
+                                f"quantcore_conformance_cases returned {case!r:.80}, not a conformance Case",
+                            ))
                 self._cases = cases
             return list(self._cases)
 
