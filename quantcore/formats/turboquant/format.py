@@ -242,7 +242,9 @@ class TurboQuant(Format):
         idx = unpack_indices(tensors[prefix + "indices"])
         n, k = idx.shape
         centroids = codebook[idx].view(n, k // d, d)  # [N, G, d]
-        rotation = tensors[prefix + "rotation"].to(dtype)  # [R, d, d]
+        # Contiguous: a matmul's summation order follows the operands' layout, and the
+        # golden result must not depend on how the checkpoint's tensors are strided.
+        rotation = tensors[prefix + "rotation"].to(dtype).contiguous()  # [R, d, d]
         if rotation.shape[0] == 1:
             unit = centroids @ rotation[0]
         else:
