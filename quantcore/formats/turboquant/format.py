@@ -57,7 +57,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, require_tensor, require_tensors
+from ...tensors import check_stored, describe, require_tensor, require_tensors
 from ..base import Format
 
 __all__ = ["PASS_TENSORS", "RESIDUAL_PREFIX", "TurboQuant", "pack_indices", "unpack_indices"]
@@ -183,6 +183,30 @@ class TurboQuant(Format):
         devices = {t.device for t in tensors.values()}
         if len(devices) > 1:
             raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
+        return {"K": k, "N": n}
+
+    def validate_pass(self, tensors: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, int]:
+        """One pass's tensors on their own (``indices``, ``norms``, ``rotation`` under
+        ``prefix``), as a transform of a single pass takes them; returns K and N."""
+        where = f"{self.slug} pass tensors"
+        names = [prefix + t for t in PASS_TENSORS]
+        if not isinstance(tensors, Mapping):
+            raise TensorFormatError(f"{where}: tensors: expected a mapping of names to tensors, got {type(tensors).__name__}")
+        require_tensors(tensors, names, where=where)
+        one = {name: tensors[name] for name in names}
+        check_stored(one, where=where)
+        indices = require_tensor(prefix + "indices", one[prefix + "indices"], dtypes=(torch.uint8,), where=where)
+        if indices.dim() != 2 or indices.numel() == 0:
+            raise TensorFormatError(
+                f"{where}: {prefix}indices: expected non-empty 2-D [N, K/2] uint8, got {describe(indices)}"
+            )
+        n, k = indices.shape[0], indices.shape[1] * 2
+        if k % self.group_size:
+            raise TensorFormatError(
+                f"{where}: in_features K = {k} (2 × {prefix}indices.shape[1]) is not a multiple of "
+                f"group_size = {self.group_size}"
+            )
+        self._validate_pass(one, prefix, n, k, k // self.group_size, where)
         return {"K": k, "N": n}
 
     def _validate_pass(
