@@ -14,6 +14,7 @@ __all__ = [
     "describe",
     "reject_unknown",
     "require_float_weight",
+    "require_representable",
     "require_tensor",
     "require_tensors",
     "stored_on",
@@ -80,9 +81,21 @@ def require_float_weight(weight: object, *, ndim: int, layout: str, where: str =
         raise TensorFormatError(f"{where}: expected a {ndim}-D float {layout} tensor, got {type(weight).__name__}")
     if weight.dim() != ndim or not weight.is_floating_point() or weight.numel() == 0 or weight.device.type == "meta":
         raise TensorFormatError(f"{where}: expected a non-empty {ndim}-D float {layout} tensor with data, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
+    # isfinite has no kernel for the 8-bit floats: check those as float32.
+    if not torch.isfinite(weight if weight.element_size() > 1 else weight.float()).all():
         raise TensorFormatError(f"{where}: contains NaN or Inf; cannot quantize")
     return weight
+
+
+def require_representable(stored: torch.Tensor, what: str, weight: torch.Tensor, dtype: torch.dtype) -> None:
+    """A golden quantizer's ``stored`` metadata (scales, zeros) must be finite in the
+    ``dtype`` the format stores it in; else the weight's range is beyond the format."""
+    if not torch.isfinite(stored).all():
+        top = weight.detach().float().abs().max().item()
+        raise TensorFormatError(
+            f"weight: values up to {top:.3g} need {what} beyond {str(dtype).removeprefix('torch.')}'s "
+            "range; the format cannot store this weight"
+        )
 
 
 def reject_unknown(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import require_float_weight
+from ...tensors import require_float_weight, require_representable
 from .order import pack_awq
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def quantize_awq(fmt: AWQ, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         half = 1 << (fmt.bits - 1)
         scale = (w.abs().amax(-1).clamp_min(1e-5) / (half - 1)).to(torch.float16).float()
         zero = torch.full_like(scale, half)
+    require_representable(scale, "scales", weight, torch.float16)
     q = torch.clamp(torch.round(w / scale.unsqueeze(-1)) + zero.unsqueeze(-1), 0, maxq)
     q = q.reshape(out_features, in_features).to(torch.int32)
     return {

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import require_float_weight
+from ...tensors import require_float_weight, require_representable
 from ..packing import pack_codes
 from .convert import zero_to_stored
 
@@ -75,6 +75,7 @@ def quantize_rtn(
     # Codes are chosen against the fp16 scale that is stored, so dequantization of the
     # checkpoint is the best this rule can do with what the file holds.
     scale = ((wmax - wmin) / maxq).to(torch.float16).float()
+    require_representable(scale, "scales", weight, torch.float16)
     scale = scale.clamp_min(torch.finfo(torch.float16).tiny)
     if fmt.sym:
         zero = torch.full_like(scale, (maxq + 1) // 2)

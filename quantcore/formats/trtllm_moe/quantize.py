@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...tensors import require_float_weight
+from ...tensors import require_float_weight, require_representable
 
 if TYPE_CHECKING:
     from .format import TRTLLMMoE
@@ -56,6 +56,8 @@ def _quantize_expert(fmt: TRTLLMMoE, w: torch.Tensor, k: int) -> dict[str, torch
         lo, hi = groups.amin(dim=2), groups.amax(dim=2)
         scale = ((hi - lo) / 255).to(fmt.scale_dtype).float()
         zero = (lo + 128 * scale).to(fmt.scale_dtype).float()
+    require_representable(scale, "scales", w, fmt.scale_dtype)
+    require_representable(zero, "zeros", w, fmt.scale_dtype)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale)).clamp_min(tiny)
     q = torch.round((w - fmt.expand_groups(zero, k)) / fmt.expand_groups(safe, k))
     q = torch.where(fmt.expand_groups(scale, k) > 0, q, torch.zeros_like(q))
