@@ -12,7 +12,14 @@ from typing import ClassVar
 
 import torch
 
-from quantcore import KernelInputError, LinearKernel, Problem, Requirements, Support
+from quantcore import (
+    KernelInputError,
+    LinearKernel,
+    Problem,
+    Requirements,
+    Support,
+    UnsupportedProblemError,
+)
 from quantcore.formats.gptq import GPTQ
 from quantcore.tensors import check_activation
 
@@ -52,6 +59,11 @@ class ZeroFoldingGPTQ(LinearKernel):
         g_idx = fmt.group_index(tensors)
         ret_idx = torch.argsort(g_idx, stable=True)
         groups = fmt.num_groups(k)
+        # The folded matmul takes groups of equal size: act-order groups of other sizes
+        # (a valid checkpoint) are refused, and bind() moves on to the next kernel.
+        even = torch.arange(k, device=g_idx.device) // (k // groups)
+        if not torch.equal(g_idx[ret_idx], even):
+            raise UnsupportedProblemError(f"g_idx: zero folding needs {groups} groups of {k // groups} inputs each")
         codes = fmt.unpack_weight(tensors)[ret_idx].float().reshape(groups, k // groups, n)
         bias = tensors.get("bias")
         return Grouped(
