@@ -22,6 +22,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import pkgutil
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,13 +47,16 @@ def _subclasses(cls: type) -> Iterator[type]:
 def all_transforms() -> tuple[type[Transform[Any, Any]], ...]:
     """Every concrete Transform subclass, once every plugin's modules are imported."""
     reg = registry()
-    for entry in reg.kernels():
-        # A kernel's transform lives beside it: import the kernel's package fully.
-        module = entry.cls.__module__
-        package = module.rpartition(".")[0]
-        for name in (module, f"{package}.transform"):
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
+    # Transforms live in quantcore.transforms and beside the kernels that use them:
+    # import every module of those packages, so discovery does not depend on what
+    # happened to be imported first.
+    packages = {"quantcore.transforms"} | {e.cls.__module__.rpartition(".")[0] for e in reg.kernels()}
+    for package in sorted(p for p in packages if p):
+        with contextlib.suppress(Exception):
+            mod = importlib.import_module(package)
+            for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=f"{package}."):
+                with contextlib.suppress(Exception):  # a backend whose heavy dependency is absent
+                    importlib.import_module(info.name)
     found = {t for t in _subclasses(Transform) if not inspect.isabstract(t)}
     return tuple(sorted(found, key=lambda t: (t.__module__, t.__qualname__)))
 
