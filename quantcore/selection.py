@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tabulate import tabulate
 
-from .errors import InvalidArgumentError, NoKernelError, UnknownFormatError
+from .errors import InvalidArgumentError, NoKernelError, PluginError, UnknownFormatError
 from .formats.base import Format
 from .kernel import Kernel
 from .probe import normalize_device, probe
@@ -277,15 +277,24 @@ def get_kernel(
         return hit
     fmt = _resolve(format, problem, reg)
     dev = normalize_device(device)
-    explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
-    if tune:
-        explanation = _tuned(explanation, problem, reg)
-    chosen = explanation.selected
-    if chosen is None:
-        raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
-    kernel = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel).cls(
-        fmt, torch.device(dev)
-    )
-    cache[key] = kernel
-    return kernel
+    while True:
+        generation = reg.generation
+        explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
+        if tune:
+            explanation = _tuned(explanation, problem, reg)
+        chosen = explanation.selected
+        if chosen is None:
+            raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
+        try:
+            entry = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel)
+        except PluginError:
+            if reg.generation != generation:
+                continue  # its plugin was unregistered meanwhile: choose again
+            raise
+        kernel = entry.cls(fmt, torch.device(dev))
+        with reg._lock:
+            if reg.generation != generation:  # never cache an answer the registry has outgrown
+                return kernel
+            # Threads that selected at once all get the first one cached.
+            return cache.setdefault(key, kernel)
 
