@@ -91,6 +91,8 @@ LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 def _random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if t.dtype == torch.bool:
         return torch.randint(0, 2, t.shape, generator=gen).bool()
+    if t.is_complex():
+        return torch.randn(t.shape, generator=gen, dtype=t.dtype)
     if t.is_floating_point():
         return (torch.randn(t.shape, generator=gen) * t.float().abs().max().clamp_min(1e-3)).to(t.dtype)
     info = torch.iinfo(t.dtype)
@@ -101,17 +103,19 @@ def _random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def _extreme_like(t: torch.Tensor, which: str) -> torch.Tensor:
     if t.dtype == torch.bool:
         return torch.full_like(t, which == "max")
+    if t.is_complex():
+        return torch.full_like(t, 3e38 if which == "max" else -3e38)
     info = torch.finfo(t.dtype) if t.is_floating_point() else torch.iinfo(t.dtype)
     return torch.full_like(t, info.max if which == "max" else info.min)
 
 
 def _poke(t: torch.Tensor, value: float, gen: torch.Generator, count: int) -> torch.Tensor:
-    out = t.clone()
+    out = t.detach().double().contiguous().clone()  # float8 has no indexed writes
     if out.numel():
         flat = out.view(-1)
         idx = torch.randint(0, flat.numel(), (count,), generator=gen)
-        flat[idx] = torch.tensor(value, dtype=out.dtype)
-    return out
+        flat[idx] = value
+    return out.to(t.dtype).reshape(t.shape)
 
 
 def _overlap_rows(t: torch.Tensor) -> torch.Tensor:
@@ -132,6 +136,8 @@ def value_mutations(t: torch.Tensor) -> list[str]:
     kinds = ["random bits", "max", "min", "overlapping rows", "overlapping windows", "zero"]
     if t.is_floating_point():
         kinds += ["nan", "+inf", "-inf", "huge", "subnormal", "negated"]
+    if t.is_complex():
+        kinds = ["random bits", "zero", "overlapping rows"]
     return kinds
 
 
@@ -160,7 +166,7 @@ def mutate_values(t: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Ten
     if kind == "subnormal":
         return torch.full_like(t, torch.finfo(t.dtype).smallest_normal / 4)
     if kind == "negated":
-        return -t
+        return (-t.double()).to(t.dtype)
     raise ValueError(kind)
 
 
