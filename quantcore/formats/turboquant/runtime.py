@@ -79,6 +79,9 @@ class TurboQuantPrepared:
     in_features: int
     out_features: int
     group_size: int
+    #: The rotation layout the passes were prepared in (the kernel's ``split_halves``):
+    #: a kernel of the other layout would read them in the wrong order.
+    split_halves: bool = False
     #: Per-kernel derived state (lookup tables per dtype, ...), filled lazily.
     cache: dict[Any, Any] = field(default_factory=dict)
 
@@ -166,6 +169,7 @@ class TurboQuantLinearKernel(LinearKernel):
             in_features=dims["K"],
             out_features=dims["N"],
             group_size=fmt.group_size,
+            split_halves=self.split_halves,
         )
 
     # --- running --------------------------------------------------------------------------
@@ -190,6 +194,11 @@ class TurboQuantLinearKernel(LinearKernel):
             raise KernelInputError(
                 f"prepared: expected the TurboQuantPrepared that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
+            )
+        if prepared.split_halves != self.split_halves:
+            raise KernelInputError(
+                f"prepared: its rotations are in the split_halves={prepared.split_halves} layout of another "
+                f"kernel; {self.name} reads split_halves={self.split_halves} (prepare with {self.name})"
             )
         k = prepared.in_features
         here = prepared.codebook.device  # where prepare put the tensors ("cuda" became cuda:0)
