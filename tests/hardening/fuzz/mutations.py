@@ -221,6 +221,8 @@ def mutate_tensor(data: st.DataObject, name: str, t: Any, gen: torch.Generator) 
         return f"{name}: {kind}", LAYOUTS[kind](t)
     if family == "values":
         kind = data.draw(st.sampled_from(value_mutations(t)), label="values")
+        if t.device.type == "meta":  # no values to change
+            return f"{name}: values {kind} (meta: unchanged)", t
         return f"{name}: values {kind}", mutate_values(t, kind, gen)
     if family == "shape":
         kind = data.draw(st.sampled_from(shape_mutations(t)), label="shape")
