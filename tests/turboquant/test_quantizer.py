@@ -69,7 +69,7 @@ def test_zero_slices_stay_zero_and_bits_below_four_work() -> None:
 
 
 def test_norms_beyond_float16_are_refused_and_fp32_norms_take_them() -> None:
-    w = torch.randn(4, 128)
+    w = torch.randn(4, 128, generator=torch.Generator().manual_seed(0))  # seeded: the bound is tight
     w[2] *= 1e5
     with pytest.raises(TensorFormatError, match="row 2, group 0"):
         TurboQuant().quantize(w)
