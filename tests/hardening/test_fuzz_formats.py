@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from quantcore.errors import QuantCoreError
 from quantcore.formats.base import Format
 
-from .fuzz.mutations import LAYOUTS, mutate_tensors
+from .fuzz.mutations import LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.profiles import examples
 from .fuzz.seeds import format_classes, seed_cases, seed_tensors, seeds_for
 from .fuzz.tally import attempt
@@ -182,7 +182,12 @@ def test_validate_and_dequantize(name: str, data: st.DataObject) -> None:
     fmt = case.format
     original = seed_tensors(case)
     foreign = [seed_tensors(c) for c in data.draw(st.lists(st.sampled_from(seed_cases()), min_size=1, max_size=2), label="foreign")]
-    done, tensors = mutate_tensors(data, original, foreign)
+    if data.draw(st.integers(0, 3), label="reparameterize") == 0:
+        desc, fmt = reparameterize(data, fmt)
+        done, tensors = [desc] if desc else [], dict(original)
+        original = tensors if fmt != case.format else original
+    else:
+        done, tensors = mutate_tensors(data, original, foreign)
     names = names_for(fmt, original, tensors)
 
     def context() -> str:
@@ -197,7 +202,7 @@ def test_validate_and_dequantize(name: str, data: st.DataObject) -> None:
             return f"dequantize accepted tensors validate refused ({dims})"
         if not isinstance(w, torch.Tensor) or w.dtype != torch.float64 or w.numel() != math.prod(dims.values()):
             return f"dequantize returned {w!r:.80}, expected float64 with {math.prod(dims.values())} elements"
-        if all(d.endswith(tuple(LAYOUTS)) for d in done):
+        if done and all(d.endswith(tuple(LAYOUTS)) for d in done):
             ref = fmt.dequantize(original)
             if not _same(w, ref):
                 return "a layout-only change (same values) dequantized differently"

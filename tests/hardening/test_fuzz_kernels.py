@@ -27,7 +27,7 @@ from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry
 from quantcore.selection import explain, get_kernel
 
-from .fuzz.mutations import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, mutate_tensors
+from .fuzz.mutations import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.oracles import OpOracle, oracle_for
 from .fuzz.profiles import examples
 from .fuzz.seeds import (
@@ -150,10 +150,17 @@ class Runner:
 
 def scenario_weights(r: Runner) -> None:
     foreign = [seed_tensors(c) for c in r.data.draw(st.lists(st.sampled_from(seed_cases()), min_size=1, max_size=2), label="foreign")]
-    done, mutated = mutate_tensors(r.data, r.tensors, foreign)
+    if r.data.draw(st.integers(0, 3), label="reparameterize") == 0:
+        # The tensors as they are, read under another parameterisation of the format.
+        desc, fmt = reparameterize(r.data, r.fmt)
+        if desc:
+            r.fmt, r.kernel = fmt, make_kernel(r.entry, fmt)
+        done, mutated = ([desc] if desc else []), dict(r.tensors)
+    else:
+        done, mutated = mutate_tensors(r.data, r.tensors, foreign)
     dtype = r.data.draw(st.sampled_from((None, r.case.act_dtype)), label="prepare dtype")
     r.log += [*done, f"prepare(dtype={dtype})"]
-    layout_only = all(d.endswith(tuple(LAYOUTS)) for d in done)
+    layout_only = bool(done) and all(d.endswith(tuple(LAYOUTS)) for d in done)
     outcome, _ = r.prepare(mutated, dtype)
     if outcome == "refused" and layout_only:
         # Same values in another layout: refused only if the original is refused too.

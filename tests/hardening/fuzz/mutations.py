@@ -349,3 +349,34 @@ def describe(t: Any) -> str:
     if isinstance(t, torch.Tensor):
         return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
     return type(t).__name__
+
+
+# --- another parameterisation of the same format -------------------------------------------------
+
+
+def reparameterize(data: st.DataObject, fmt: Any) -> tuple[str, Any]:
+    """The format with one parameter changed (another group size, bit width, ...), for
+    tensors written under the original: group sizes that do not divide, codes read at
+    the wrong width. Returns the original when the change is refused at construction."""
+    import dataclasses
+
+    from quantcore.errors import QuantCoreError
+
+    fields = [f for f in dataclasses.fields(fmt) if f.init]
+    if not fields:
+        return "", fmt
+    f = data.draw(st.sampled_from(fields), label="reparam field")
+    current = getattr(fmt, f.name)
+    if isinstance(current, bool):
+        value: Any = not current
+    elif isinstance(current, int):
+        value = data.draw(st.sampled_from((-1, 0, 1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 96, 100, 128, 256, 512)), label="reparam int")
+    elif isinstance(current, torch.dtype):
+        value = data.draw(st.sampled_from((torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                                           torch.bfloat16, torch.float32)), label="reparam dtype")
+    else:
+        return "", fmt
+    try:
+        return f"format {f.name}={value!r} (tensors written for {current!r})", dataclasses.replace(fmt, **{f.name: value})
+    except QuantCoreError:
+        return "", fmt
