@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_aten_backed_kernels_fuzzed_in_a_child_process(tmp_path: Path) -> None:
     report = tmp_path / "fuzz.json"
-    env = {**os.environ, "QUANTCORE_FUZZ_REPORT": str(report), "PYTHONFAULTHANDLER": "1"}
+    # One thread: this child runs beside the xdist workers, and oversubscribed OpenMP
+    # threads spin each other to a crawl.
+    env = {**os.environ, "QUANTCORE_FUZZ_REPORT": str(report), "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
            "tests/hardening/test_fuzz_kernels.py", "tests/hardening/test_fuzz_transforms.py",
            "-k", "aten_cpu or awq_cpu or int4pack"]

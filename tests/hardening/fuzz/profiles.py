@@ -25,7 +25,7 @@ PROFILES = ("ci", "nightly")
 #: for a prepare + call against the golden, "slow" for kernels that run under Triton's
 #: interpreter on a CPU.
 _EXAMPLES = {
-    "ci": {"fast": 60, "kernel": 40, "slow": 6},
+    "ci": {"fast": 100, "kernel": 80, "slow": 10},
     "nightly": {"fast": 1500, "kernel": 700, "slow": 60},
 }
 
