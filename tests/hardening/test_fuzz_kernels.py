@@ -109,10 +109,6 @@ class Runner:
         assert self.oracle is not None
         return names_for(self.fmt, self.oracle, self.tensors, *extra)
 
-    def call_judged(self, prepared: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: dict[str, Any]) -> Any:
-        assert self.oracle is not None
-        return self.oracle.call(self.kernel, prepared, inputs)
-
     def judge_call(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: dict[str, Any]) -> str | None:
         assert self.oracle is not None
         try:
