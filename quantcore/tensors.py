@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from .errors import KernelInputError, TensorFormatError
+from .errors import KernelInputError, TensorFormatError, UnsupportedProblemError
 
 __all__ = [
     "check_activation",
@@ -51,7 +51,13 @@ def stored_on(
     """The stored tensors moved to ``device`` (a kernel's ``prepare``), after checking
     that they are tensors with data; the format's ``validate`` checks the rest."""
     check_stored(tensors, where=where, one_device=False)
-    return {name: t.to(device) for name, t in tensors.items()}
+    out = {}
+    for name, t in tensors.items():
+        try:
+            out[name] = t.to(device)
+        except (RuntimeError, AssertionError) as exc:  # no such device in this build or machine
+            raise UnsupportedProblemError(f"{where}: {name}: cannot be moved to {device} ({exc})") from None
+    return out
 
 
 def check_activation(

@@ -171,3 +171,25 @@ def test_turboquant_kernels_refuse_the_other_rotation_layout() -> None:
     split = TurboQuantTriton(fmt, "cpu").prepare(t)
     with pytest.raises(KernelInputError, match="prepared: its rotations are in the split_halves=True layout"):
         TurboQuantTorch(fmt, "cpu")(torch.randn(1, 256), split)
+
+
+def test_prepare_moves_stored_tensors_to_the_kernel_device() -> None:
+    """aten_cpu/awq_cpu/aten_xpu/aten_cuda prepared tensors where they lay: CUDA tensors
+    gave a CPU kernel CUDA metadata (a foreign error at call). Now every prepare moves
+    them, and a device this build lacks is refused by name."""
+    from quantcore.backends.aten_xpu.kernel import AtenXpuGPTQ
+
+    with pytest.raises(UnsupportedProblemError, match="qweight: cannot be moved to xpu"):
+        AtenXpuGPTQ(GPTQ_FMT, "xpu").prepare(gptq_weights())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_kernels_take_cuda_tensors() -> None:
+    from quantcore.backends.aten_cpu.kernel import AtenCpuGPTQ
+
+    t = gptq_weights()
+    kernel = AtenCpuGPTQ(GPTQ_FMT, "cpu")
+    x = torch.randn(2, 128, generator=GEN().manual_seed(6))
+    y = kernel(x, kernel.prepare({k: v.cuda() for k, v in t.items()}))
+    ref = x.double() @ GPTQ_FMT.dequantize(t).T
+    assert (y.double() - ref).norm() / ref.norm() < 1e-5

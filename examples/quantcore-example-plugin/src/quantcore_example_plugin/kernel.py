@@ -21,7 +21,7 @@ from quantcore import (
     UnsupportedProblemError,
 )
 from quantcore.formats.gptq import GPTQ
-from quantcore.tensors import check_activation
+from quantcore.tensors import check_activation, stored_on
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -54,6 +54,7 @@ class ZeroFoldingGPTQ(LinearKernel):
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Grouped:
         fmt = self.fmt
         assert isinstance(fmt, GPTQ)
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         dims = fmt.validate(tensors)
         k, n = dims["K"], dims["N"]
         g_idx = fmt.group_index(tensors)
