@@ -6,6 +6,7 @@
     nox -s xpu     # likewise on an Intel XPU machine
     nox -s npu     # likewise on an Ascend NPU machine (torch_npu, triton-ascend)
     nox -s lint    # ruff and mypy
+    nox -s fuzz    # the hardening suites in the nightly fuzz profile (> 10,000 cases), with counts
 
 The device sessions run in the current interpreter (``python=False``) and install
 quantcore with ``pip install --no-deps --no-build-isolation -e .``: accelerator machines
@@ -89,6 +90,14 @@ def xpu(session: nox.Session) -> None:
 def npu(session: nox.Session) -> None:
     """Conformance on an Ascend NPU (triton_ascend_int4's real target)."""
     _device_session(session, "npu")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The fuzz and fault suites in the nightly profile; prints cases run, refused,
+    handled and crashes (``-- --profile ci`` for CI's fixed-seed profile)."""
+    session.install(*CPU_REQUIREMENTS, "-e", ".[test]", "-e", EXAMPLE_PLUGIN)
+    session.run("python", "-m", "tests.hardening.report", "-n", "auto", "--dist", "loadgroup", *session.posargs)
 
 
 @nox.session

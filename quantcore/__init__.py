@@ -44,6 +44,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "NoKernelError": ("quantcore.errors", "NoKernelError"),
     "TensorFormatError": ("quantcore.errors", "TensorFormatError"),
     "KernelInputError": ("quantcore.errors", "KernelInputError"),
+    "InvalidArgumentError": ("quantcore.errors", "InvalidArgumentError"),
     "UnknownFormatError": ("quantcore.errors", "UnknownFormatError"),
     "UnsupportedProblemError": ("quantcore.errors", "UnsupportedProblemError"),
 }
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from .api import get_format, list_plugins
     from .binding import BoundKernel, bind
     from .errors import (
+        InvalidArgumentError,
         KernelInputError,
         NoKernelError,
         QuantCoreError,

@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 
-from .errors import KernelInputError, NoKernelError, TensorFormatError, UnsupportedProblemError
+from .errors import (
+    KernelInputError,
+    NoKernelError,
+    PluginError,
+    TensorFormatError,
+    UnsupportedProblemError,
+)
 from .formats.base import Format
 from .kernel import Kernel
 from .probe import normalize_device
@@ -73,7 +79,11 @@ class BoundKernel:
         for name in self._candidates():
             if name in skip or name in {n for n, _ in self.passed_over}:
                 continue
-            kernel = self._registry.kernel(self.fmt.name, op, name).cls(self.fmt, torch.device(self.device))
+            try:
+                entry = self._registry.kernel(self.fmt.name, op, name)
+            except PluginError:  # unregistered since it was listed
+                continue
+            kernel = entry.cls(self.fmt, torch.device(self.device))
             try:
                 return kernel, kernel.prepare(self._source, dtype=self.dtype)
             except _CALLERS_FAULT:

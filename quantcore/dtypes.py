@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import InvalidArgumentError
+
 __all__ = ["dtype_name", "parse_dtype"]
 
 _SHORT = {
@@ -32,6 +34,6 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     try:
         return _BY_NAME[name.lower().removeprefix("torch.")]
     except KeyError:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"dtype: expected one of {sorted(_BY_NAME)}, got {name!r}"
         ) from None

@@ -7,6 +7,7 @@ so a user can fix the input without reading our source.
 from __future__ import annotations
 
 __all__ = [
+    "InvalidArgumentError",
     "KernelInputError",
     "NoKernelError",
     "PluginError",
@@ -31,6 +32,11 @@ class KernelInputError(QuantCoreError, ValueError):
 
 class UnsupportedProblemError(QuantCoreError, ValueError):
     """A kernel was asked to prepare or run a problem its ``supports()`` refuses."""
+
+
+class InvalidArgumentError(QuantCoreError, ValueError):
+    """An argument quantcore cannot read: a device string, a dtype name, arguments that
+    contradict each other."""
 
 
 class UnknownFormatError(QuantCoreError, LookupError):

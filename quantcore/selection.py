@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tabulate import tabulate
 
-from .errors import NoKernelError, UnknownFormatError
+from .errors import InvalidArgumentError, NoKernelError, PluginError, UnknownFormatError
 from .formats.base import Format
 from .kernel import Kernel
 from .probe import normalize_device, probe
@@ -104,7 +104,7 @@ def _resolve(
 ) -> Format:
     if problem is not None:
         if isinstance(format, Format) and format != problem.format:
-            raise ValueError(f"format {format.slug} disagrees with problem.format {problem.format.slug}")
+            raise InvalidArgumentError(f"format: {format.slug} disagrees with problem.format {problem.format.slug}")
         if isinstance(format, str) and format != problem.format.name:
             raise UnknownFormatError(
                 f"format: {format!r} disagrees with problem.format {problem.format.name!r}"
@@ -140,7 +140,7 @@ def explain(
 def _tuned(expl: Explanation, problem: Problem | None, reg: Registry) -> Explanation:
     """Re-rank the usable candidates of ``expl`` by measured time."""
     if problem is None:
-        raise ValueError("tune=True needs a problem: the measurement is per shape")
+        raise InvalidArgumentError("problem: tune=True needs a problem, the measurement is per shape")
     from .tuning import tuned
 
     usable = [c for c in expl.candidates if c.status in (SELECTED, USABLE)]
@@ -178,7 +178,7 @@ def _explain(
     others: list[Candidate] = []
     for entry in reg.kernels(fmt.name, op):
         cls, names = entry.cls, (entry.cls.name, entry.plugin)
-        priority = _priority(cls, caps)
+        priority, broke = _priority(cls, caps)
         if _match(names, disabled):
             others.append(Candidate(*names, priority, DISABLED, f"{ENV_DISABLE}={','.join(disabled)}"))
             continue
@@ -186,7 +186,17 @@ def _explain(
             others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
         failed = reg.failures.get((fmt.name, op, cls.name, device))
-        reason = f"failed at run time: {failed}" if failed else _refusal(cls, caps, problem)
+        reason = ""
+        if not failed:
+            reason, raised = _refusal(cls, caps, problem)
+            broke = broke or raised
+            if broke:
+                # A kernel whose own checks raise is buggy: refused here and from now on
+                # on this device, like one that fails in prepare or in a call.
+                reg.record_failure(fmt.name, op, cls.name, device, broke)
+                failed = broke
+        if failed:
+            reason = f"failed at run time: {failed}"
         if reason:
             others.append(Candidate(*names, priority, REFUSED, reason))
             continue
@@ -211,28 +221,29 @@ def _explain(
     )
 
 
-def _priority(cls: type[Kernel], caps: object) -> int:
+def _priority(cls: type[Kernel], caps: object) -> tuple[int, str]:
+    """The kernel's rank on this device, and what it raised if ranking it raised."""
     try:
-        return int(cls.priority_on(caps))  # type: ignore[arg-type]
-    except Exception:
-        return cls.priority
+        return int(cls.priority_on(caps)), ""  # type: ignore[arg-type]
+    except Exception as exc:
+        return cls.priority, f"priority_on raised {type(exc).__name__}: {exc}"
 
 
-def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> str:
-    """Why ``cls`` cannot run here, or "". A kernel whose checks raise is refused, never chosen."""
+def _refusal(cls: type[Kernel], caps: object, problem: Problem | None) -> tuple[str, str]:
+    """``(why cls cannot run here or "", what its checks raised or "")``."""
     try:
         reason = cls.check_device(caps)  # type: ignore[arg-type]
     except Exception as exc:
-        return f"check_device raised {type(exc).__name__}: {exc}"
+        return "", f"check_device raised {type(exc).__name__}: {exc}"
     if reason:
-        return reason
+        return reason, ""
     if problem is None:
-        return ""
+        return "", ""
     try:
         ok, why = cls.supports(problem)
     except Exception as exc:
-        return f"supports raised {type(exc).__name__}: {exc}"
-    return "" if ok else (why or "supports() refused without a reason")
+        return "", f"supports raised {type(exc).__name__}: {exc}"
+    return ("" if ok else (why or "supports() refused without a reason")), ""
 
 
 def get_kernel(
@@ -266,15 +277,24 @@ def get_kernel(
         return hit
     fmt = _resolve(format, problem, reg)
     dev = normalize_device(device)
-    explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
-    if tune:
-        explanation = _tuned(explanation, problem, reg)
-    chosen = explanation.selected
-    if chosen is None:
-        raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
-    kernel = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel).cls(
-        fmt, torch.device(dev)
-    )
-    cache[key] = kernel
-    return kernel
+    while True:
+        generation = reg.generation
+        explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
+        if tune:
+            explanation = _tuned(explanation, problem, reg)
+        chosen = explanation.selected
+        if chosen is None:
+            raise NoKernelError("no kernel can run this request\n" + explanation.table(), explanation)
+        try:
+            entry = reg.kernel(fmt.name, problem.op if problem else fmt.op, chosen.kernel)
+        except PluginError:
+            if reg.generation != generation:
+                continue  # its plugin was unregistered meanwhile: choose again
+            raise
+        kernel = entry.cls(fmt, torch.device(dev))
+        with reg._lock:
+            if reg.generation != generation:  # never cache an answer the registry has outgrown
+                return kernel
+            # Threads that selected at once all get the first one cached.
+            return cache.setdefault(key, kernel)
 

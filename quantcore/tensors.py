@@ -6,14 +6,102 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from .errors import TensorFormatError
+from .errors import KernelInputError, TensorFormatError, UnsupportedProblemError
 
-__all__ = ["describe", "reject_unknown", "require_tensor", "require_tensors"]
+__all__ = [
+    "check_activation",
+    "check_stored",
+    "describe",
+    "reject_unknown",
+    "require_float_weight",
+    "require_representable",
+    "require_tensor",
+    "require_tensors",
+    "stored_on",
+]
 
 
 def describe(t: torch.Tensor) -> str:
     """``(512, 4096) int32 on cpu`` — how a tensor is named in error messages."""
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+
+
+def check_stored(tensors: object, *, where: str, one_device: bool = True) -> None:
+    """What every set of stored tensors must be, whatever the format: a mapping from
+    names to tensors that hold data (a ``meta`` tensor has a shape and no values to
+    validate or compute with), all on one device."""
+    if not isinstance(tensors, Mapping):
+        raise TensorFormatError(f"{where}: tensors: expected a mapping of names to tensors, got {type(tensors).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise TensorFormatError(f"{where}: tensors: expected str names, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TensorFormatError(f"{where}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "meta":
+            raise TensorFormatError(f"{where}: {name}: a meta tensor holds no data, got {describe(t)}")
+    devices = {t.device for t in tensors.values()}
+    if one_device and len(devices) > 1:
+        by_device = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise TensorFormatError(f"{where}: tensors: expected one device, got {by_device}")
+
+
+def stored_on(
+    tensors: Mapping[str, torch.Tensor], device: torch.device, *, where: str
+) -> dict[str, torch.Tensor]:
+    """The stored tensors moved to ``device`` (a kernel's ``prepare``), after checking
+    that they are tensors with data; the format's ``validate`` checks the rest."""
+    check_stored(tensors, where=where, one_device=False)
+    out = {}
+    for name, t in tensors.items():
+        try:
+            out[name] = t.to(device)
+        except (RuntimeError, AssertionError) as exc:  # no such device in this build or machine
+            raise UnsupportedProblemError(f"{where}: {name}: cannot be moved to {device} ({exc})") from None
+    return out
+
+
+def check_activation(
+    x: object,
+    *,
+    k: int,
+    dtypes: Sequence[torch.dtype],
+    device: torch.device,
+    name: str = "x",
+) -> torch.Tensor:
+    """An activation ``[..., k]`` in one of ``dtypes`` on ``device``, else
+    :class:`~quantcore.errors.KernelInputError` saying what was expected and what came."""
+    from .dtypes import dtype_name
+
+    wanted = "/".join(dtype_name(d) for d in dtypes)
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"{name}: expected a [..., {k}] {wanted} tensor on {device}, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != k or x.dtype not in dtypes or x.device != device:
+        raise KernelInputError(f"{name}: expected [..., {k}] {wanted} on {device}, got {describe(x)}")
+    return x
+
+
+def require_float_weight(weight: object, *, ndim: int, layout: str, where: str = "weight") -> torch.Tensor:
+    """A dense float weight for a golden quantizer: a non-empty, finite ``ndim``-D float
+    tensor with data."""
+    if not isinstance(weight, torch.Tensor):
+        raise TensorFormatError(f"{where}: expected a {ndim}-D float {layout} tensor, got {type(weight).__name__}")
+    if weight.dim() != ndim or not weight.is_floating_point() or weight.numel() == 0 or weight.device.type == "meta":
+        raise TensorFormatError(f"{where}: expected a non-empty {ndim}-D float {layout} tensor with data, got {describe(weight)}")
+    # isfinite has no kernel for the 8-bit floats: check those as float32.
+    if not torch.isfinite(weight if weight.element_size() > 1 else weight.float()).all():
+        raise TensorFormatError(f"{where}: contains NaN or Inf; cannot quantize")
+    return weight
+
+
+def require_representable(stored: torch.Tensor, what: str, weight: torch.Tensor, dtype: torch.dtype) -> None:
+    """A golden quantizer's ``stored`` metadata (scales, zeros) must be finite in the
+    ``dtype`` the format stores it in; else the weight's range is beyond the format."""
+    if not torch.isfinite(stored).all():
+        top = weight.detach().float().abs().max().item()
+        raise TensorFormatError(
+            f"weight: values up to {top:.3g} need {what} beyond {str(dtype).removeprefix('torch.')}'s "
+            "range; the format cannot store this weight"
+        )
 
 
 def reject_unknown(

@@ -8,6 +8,13 @@ import pytest
 
 from quantcore.registry import ENTRY_POINT_GROUP, Registry
 
+# The fuzz suites' tally: counted on every xdist worker, reported by the controller.
+from .hardening.fuzz.tally import (  # noqa: F401
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
+
 
 def _third_party_plugins() -> set[str]:
     return {

@@ -9,6 +9,7 @@ import torch
 
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
+from quantcore.tensors import stored_on
 from quantcore.transforms.packed import expect_prepared, int4pack_supports
 
 from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToInt4PackCPU, Int4PackCPU
@@ -38,6 +39,7 @@ class AtenCpuGPTQ(LinearKernel):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> Int4PackCPU:
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         return GPTQToInt4PackCPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCPU) -> torch.Tensor:

@@ -11,6 +11,7 @@ from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
+from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
 from quantcore.transforms.packed import expect_prepared, int4pack_supports
 
@@ -43,7 +44,7 @@ class AtenCudaGPTQ(LinearKernel):
         return self.fmt, tensors  # type: ignore[return-value]
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackCUDA:
-        fmt, gptq = self._gptq(tensors)
+        fmt, gptq = self._gptq(stored_on(tensors, self.device, where=f"{self.name} prepare"))
         return GPTQToTinygemm(fmt).apply(gptq).ready_for(dtype, ACT_DTYPES)  # type: ignore[return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCUDA) -> torch.Tensor:

@@ -75,6 +75,11 @@ class GPTQToTinygemm(Transform[Mapping[str, torch.Tensor], Int4PackCUDA]):
     def apply(self, src: Mapping[str, torch.Tensor]) -> Int4PackCUDA:
         rows = GPTQToRows(self.fmt).apply(src)
         n, k = rows.out_features, rows.in_features
+        if rows.codes.device.type != "cuda":
+            # The op has no kernel elsewhere; torch would raise NotImplementedError.
+            raise UnsupportedProblemError(
+                f"qweight: tinygemm's layout is made by a CUDA op, got tensors on {rows.codes.device}"
+            )
         tiles = inner_k_tiles(k)
         if n % N_ALIGN or tiles is None:
             raise UnsupportedProblemError(

@@ -10,6 +10,7 @@ import torch
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
+from quantcore.tensors import stored_on
 from quantcore.transforms.packed import expect_prepared
 
 from .transform import GPTQToInt4PackXPU, Int4PackXPU
@@ -49,6 +50,7 @@ class AtenXpuGPTQ(LinearKernel):
         return Support.yes()
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackXPU:
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         return GPTQToInt4PackXPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackXPU) -> torch.Tensor:

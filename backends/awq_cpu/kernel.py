@@ -16,6 +16,7 @@ from quantcore.backends.aten_cpu.transform import Int4PackCPU
 from quantcore.formats.awq import AWQ
 from quantcore.kernel import Support
 from quantcore.problem import Problem
+from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import gptq_format_for
 
 from .transform import AWQToInt4PackCPU
@@ -39,4 +40,5 @@ class AwqCpu(AtenCpuGPTQ):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> Int4PackCPU:
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         return AWQToInt4PackCPU(self.fmt).apply(tensors).ready_for(dtype, ACT_DTYPES)  # type: ignore[arg-type, return-value]

@@ -8,14 +8,17 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.dtypes import dtype_name
 from quantcore.errors import KernelInputError
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.problem import Problem
-from quantcore.tensors import describe
+from quantcore.tensors import check_activation, stored_on
 
 __all__ = ["DenseWeight", "DequantLinear", "fallback_for"]
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Mantissa bits: a weight can serve an activation of its own precision or less.
+_PRECISION = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,11 @@ class DequantLinear(LinearKernel):
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None
     ) -> DenseWeight:
-        tensors = {k: v.to(self.device) for k, v in tensors.items()}
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         self.fmt.validate(tensors)
-        dtype = dtype or tensors.get("scales", next(iter(tensors.values()))).dtype
+        # Without a dtype the weight stays float32: any activation can use it without
+        # losing precision (a float16 weight would silently cost a float32 call 11 bits).
+        dtype = torch.float32 if dtype is None else dtype
         if dtype not in FLOAT_DTYPES:
             raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
         weight = self.fmt.dequantize(tensors, dtype=torch.float32).to(dtype)
@@ -55,8 +60,12 @@ class DequantLinear(LinearKernel):
                 f"prepared: expected the DenseWeight that torch_fallback.prepare returns, got {type(prepared).__name__}"
             )
         w = prepared.weight
-        if x.dtype not in FLOAT_DTYPES or x.device != w.device or x.shape[-1] != w.shape[1]:
-            raise KernelInputError(f"x: expected [..., {w.shape[1]}] float on {w.device}, got {describe(x)}")
+        check_activation(x, k=w.shape[1], dtypes=FLOAT_DTYPES, device=w.device)
+        if _PRECISION[x.dtype] > _PRECISION[w.dtype]:
+            raise KernelInputError(
+                f"x: a {dtype_name(x.dtype)} activation needs more precision than the {dtype_name(w.dtype)} "
+                f"weight prepare made; prepare with dtype={x.dtype} (or none: float32)"
+            )
         bias = prepared.bias
         if x.dtype != w.dtype:
             w = w.to(x.dtype)

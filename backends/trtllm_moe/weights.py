@@ -10,6 +10,7 @@ import torch
 
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.tensors import stored_on
 
 __all__ = ["ACT_DTYPES", "ExpertWeights", "load_expert_weights"]
 
@@ -42,7 +43,7 @@ def load_expert_weights(
 ) -> ExpertWeights:
     if dtype is not None and dtype not in ACT_DTYPES:
         raise KernelInputError(f"dtype: expected float16 or bfloat16 activations, got {dtype}")
-    tensors = {name: t.to(device) for name, t in tensors.items()}
+    tensors = stored_on(tensors, device, where="trtllm_moe prepare")
     fmt.validate(tensors)
     return ExpertWeights(
         qweight=tensors["qweight"].contiguous(),

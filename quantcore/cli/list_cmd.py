@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
             print("\nbroken plugins:")
             for b in broken:
                 print(f"  {b.plugin} [{b.stage}] {b.error}")
+        if reg.failures:
+            print("\nkernels failed at run time (refused on that device until cleared):")
+            for (fmt, op, kernel, device), why in sorted(reg.failures.items()):
+                print(f"  {kernel} ({fmt}/{op}) on {device}: {why}")
     emit_json(
         {
             "plugins": [
@@ -42,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
                 {"name": e.cls.name, "format": e.cls.format, "op": e.cls.op, "priority": e.cls.priority,
                  "devices": sorted(e.cls.requires.device_types), "plugin": e.plugin}
                 for e in kernels
+            ],
+            "failures": [
+                {"format": fmt, "op": op, "kernel": kernel, "device": device, "reason": why}
+                for (fmt, op, kernel, device), why in sorted(reg.failures.items())
             ],
         },
         args.json,

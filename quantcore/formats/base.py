@@ -9,17 +9,35 @@ are what every kernel is checked against; they favour clarity over speed.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["Format"]
+from ..errors import QuantCoreError, TensorFormatError
+
+__all__ = ["Format", "coerce_params"]
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class Format(ABC):
-    """Base class of every storage format. Subclasses are ``@dataclass(frozen=True)``."""
+    """Base class of every storage format. Subclasses are ``@dataclass(frozen=True)``.
+
+    Two checks run before a subclass's own code, so every format has them:
+
+    * parameters are type-checked before its ``__post_init__``: a field annotated
+      ``bool``, ``int``, ``str`` or ``torch.dtype`` refuses a value of another type with
+      a :class:`~quantcore.errors.TensorFormatError` naming it (the string ``"false"``
+      is truthy, so a bool field must not take it). ``from_params`` is the loose door,
+      for CLI strings and config files;
+    * ``validate`` first checks what any set of stored tensors must be
+      (:func:`quantcore.tensors.check_stored`): a mapping of names to tensors that hold
+      data (not ``meta``), all on one device.
+    """
 
     #: Registry name, e.g. ``"gptq"``; what ``get_kernel("gptq", ...)`` looks up.
     name: ClassVar[str]
@@ -51,6 +69,34 @@ class Format(ABC):
     ) -> torch.Tensor:
         """Golden dequantizer back to a dense weight in the op's natural layout."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_quantcore_checked", False):
+
+            @functools.wraps(own)
+            def __post_init__(self: Format) -> None:
+                check_param_types(self)
+                own(self)
+
+            __post_init__._quantcore_checked = True  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
+        validate = cls.__dict__.get("validate")
+        if validate is not None and not getattr(validate, "_quantcore_checked", False):
+
+            @functools.wraps(validate)
+            def checked_validate(self: Format, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
+                from ..tensors import check_stored
+
+                check_stored(tensors, where=f"{self.slug} tensors")
+                return validate(self, tensors)  # type: ignore[no-any-return]
+
+            checked_validate._quantcore_checked = True  # type: ignore[attr-defined]
+            cls.validate = checked_validate  # type: ignore[method-assign]
+
+    def __post_init__(self) -> None:
+        check_param_types(self)
+
     def params(self) -> dict[str, Any]:
         """This instance's parameters as plain data (for JSON and explain tables)."""
         out: dict[str, Any] = {}
@@ -61,5 +107,84 @@ class Format(ABC):
 
     @classmethod
     def from_params(cls, **params: Any) -> Format:
-        """Build an instance from loose parameters (CLI strings, config files)."""
-        return cls(**params)
+        """Build an instance from loose parameters (CLI strings, config files): strings
+        become the field's type (``"4"``, ``"true"``, ``"int32"``, ``"fp16"``); unknown
+        names and unreadable strings are refused naming the parameter."""
+        return cls(**coerce_params(cls, params))
+
+
+def _kind(hint: Any) -> str | None:
+    if hint in (bool, int, str, torch.dtype):
+        return hint.__name__ if hint is not torch.dtype else "dtype"
+    return None
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls) if f.init}
+
+
+def check_param_types(fmt: Format) -> None:
+    """Refuse a parameter whose value is not of its field's declared type; an int-like
+    (``numpy.int64``) is stored as a plain int."""
+    for name, hint in _field_hints(type(fmt)).items():
+        value = getattr(fmt, name)
+        kind = _kind(hint)
+        if kind is None:
+            continue
+        if kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "int":
+            ok = not isinstance(value, bool) and hasattr(value, "__index__")
+            if ok and type(value) is not int:
+                object.__setattr__(fmt, name, int(value.__index__()))
+        elif kind == "str":
+            ok = isinstance(value, str)
+        else:
+            ok = isinstance(value, torch.dtype)
+        if not ok:
+            raise TensorFormatError(
+                f"{fmt.name} {name}: expected a {kind}, got {value!r} ({type(value).__name__})"
+            )
+
+
+def _parse_dtype(text: str) -> torch.dtype | None:
+    from ..dtypes import parse_dtype
+
+    try:
+        return parse_dtype(text)
+    except QuantCoreError:
+        found = getattr(torch, text.strip().removeprefix("torch."), None)
+        return found if isinstance(found, torch.dtype) else None
+
+
+def coerce_params(cls: type[Format], params: Mapping[str, Any]) -> dict[str, Any]:
+    """Loose parameters → the field types of ``cls`` (what ``from_params`` does)."""
+    hints = _field_hints(cls)
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if name not in hints:
+            raise TensorFormatError(
+                f"{cls.name} {name}: not a parameter of {cls.name}; it takes {', '.join(hints)}"
+            )
+        kind = _kind(hints[name])
+        if kind == "bool" and isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+            value = bool(value)
+        if isinstance(value, str) and kind not in (None, "str"):
+            text = value.strip()
+            parsed: Any = None
+            if kind == "bool":
+                parsed = True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
+            elif kind == "int":
+                try:
+                    parsed = int(text)
+                except ValueError:
+                    parsed = None
+            else:
+                parsed = _parse_dtype(text)
+            if parsed is None:
+                raise TensorFormatError(f"{cls.name} {name}: expected a {kind}, got {value!r}")
+            value = parsed
+        out[name] = value
+    return out

@@ -7,6 +7,7 @@ import threading
 
 import torch
 
+from ..errors import InvalidArgumentError
 from .capabilities import Capabilities, PackageStatus
 from .devices import probe_cpu, probe_cuda, probe_npu, probe_xpu
 
@@ -30,7 +31,7 @@ def normalize_device(device: str | torch.device) -> str:
         text = str(device).strip().lower()
         dtype_, _, idx = text.partition(":")
         if idx and not idx.isdigit():
-            raise ValueError(f"device: expected 'type' or 'type:index', got {device!r}")
+            raise InvalidArgumentError(f"device: expected 'type' or 'type:index', got {device!r}")
         index = int(idx) if idx else None
     if dtype_ == "cpu":
         return "cpu"

@@ -111,6 +111,16 @@ class Registry:
                     if ep.name in self.blocked:
                         self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
                         continue
+                    if ep.name in self._plugins:
+                        # Two distributions publish one plugin name: the first keeps it.
+                        clash = f"{ep.name} ({source})"
+                        info = PluginInfo(clash, source)
+                        info.broken.append(BrokenPlugin(
+                            clash, "register",
+                            f"plugin name {ep.name!r} is already registered by {self._plugins[ep.name].source}",
+                        ))
+                        self._plugins[clash] = info
+                        continue
                     try:
                         module = ep.load()
                     except BaseException as exc:
@@ -123,8 +133,8 @@ class Registry:
                         self._plugins[ep.name] = info
                         continue
                     self._register(module, ep.name, source)
-            self._loaded = True
             self._changed()
+            self._loaded = True  # last: a reader that sees it sees the final generation
         return self
 
     def register(self, plugin: object, name: str | None = None) -> str:
@@ -236,16 +246,21 @@ class Registry:
 
     # --- queries ----------------------------------------------------------------------------
 
+    # Readers copy under the lock: a register() in another thread grows these dicts, and
+    # iterating a dict while it grows raises.
+
     def plugins(self) -> list[PluginInfo]:
         self.load()
-        return list(self._plugins.values())
+        with self._lock:
+            return list(self._plugins.values())
 
     def broken(self) -> list[BrokenPlugin]:
-        return [b for p in self.plugins() for b in p.broken]
+        return [b for p in self.plugins() for b in list(p.broken)]
 
     def formats(self) -> dict[str, type[Format]]:
         self.load()
-        return {name: cls for name, (cls, _) in self._formats.items()}
+        with self._lock:
+            return {name: cls for name, (cls, _) in self._formats.items()}
 
     def format_class(self, name: str) -> type[Format]:
         formats = self.formats()
@@ -258,9 +273,11 @@ class Registry:
 
     def kernels(self, format_name: str | None = None, op: str | None = None) -> list[KernelEntry]:
         self.load()
+        with self._lock:
+            entries = list(self._kernels.values())
         return [
             e
-            for e in self._kernels.values()
+            for e in entries
             if (format_name is None or e.cls.format == format_name) and (op is None or e.cls.op == op)
         ]
 
@@ -279,11 +296,20 @@ class Registry:
         self.load()
         with self._lock:
             if self._cases is None:
+                from ..conformance.case import Case
+
                 cases: list[Any] = []
                 for name, info in self._plugins.items():
                     if self.pm.get_plugin(name) is None:
                         continue
-                    cases.extend(self._call_one(name, "quantcore_conformance_cases", info))
+                    for case in self._call_one(name, "quantcore_conformance_cases", info):
+                        if isinstance(case, Case):
+                            cases.append(case)
+                        else:
+                            info.broken.append(BrokenPlugin(
+                                name, "validate",
+                                f"quantcore_conformance_cases returned {case!r:.80}, not a conformance Case",
+                            ))
                 self._cases = cases
             return list(self._cases)
 

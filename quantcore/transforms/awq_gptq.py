@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..errors import UnsupportedProblemError
 from ..formats.awq import AWQ, pack_awq
 from ..formats.gptq import GPTQ
 from ..formats.packing import pack_codes
@@ -38,6 +39,12 @@ class AWQToGPTQ(Transform[Tensors, dict[str, torch.Tensor]]):
 
     def apply(self, src: Tensors) -> dict[str, torch.Tensor]:
         dims = self.fmt.validate(src)
+        per_lane = 32 // self.fmt.bits
+        if dims["K"] % per_lane:
+            raise UnsupportedProblemError(
+                f"qweight: in_features = {dims['K']} (qweight.shape[0]): GPTQ lanes pack "
+                f"{per_lane} inputs per int32, so it must be a multiple of {per_lane}"
+            )
         codes = self.fmt.unpack_weight(src)  # [I, O]
         zeros = self.fmt.unpack_zeros(src)  # [G, O]
         gs = self.fmt.effective_group_size(dims["K"])

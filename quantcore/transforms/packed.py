@@ -19,7 +19,7 @@ from ..errors import KernelInputError
 from ..formats.gptq import GPTQ
 from ..kernel import Support
 from ..problem import Problem
-from ..tensors import describe
+from ..tensors import check_activation
 
 __all__ = ["PackedLinear", "expect_prepared", "int4pack_supports"]
 
@@ -59,9 +59,7 @@ class PackedLinear:
     ) -> torch.Tensor:
         """``mm(x2d, metadata)`` on the permuted activation, plus bias, in x's batch shape."""
         k = self.in_features
-        if x.dtype not in act_dtypes or x.device != self.weight.device or x.dim() < 1 or x.shape[-1] != k:
-            names = "/".join(dtype_name(d) for d in act_dtypes)
-            raise KernelInputError(f"x: expected [..., {k}] {names} on {self.weight.device}, got {describe(x)}")
+        check_activation(x, k=k, dtypes=act_dtypes, device=self.weight.device)
         meta, bias = self.for_dtype(x.dtype)
         x2 = x.reshape(-1, k)
         x2 = x2.index_select(1, self.ret_idx) if self.ret_idx is not None else x2.contiguous()

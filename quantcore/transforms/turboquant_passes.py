@@ -11,7 +11,8 @@
 
 Nothing is lost for the float32 rotation; ``norms`` come back bit for bit when they were
 stored in float16 or bfloat16 (``scales`` carry 24 bits), so the inverse rebuilds those
-checkpoints exactly.
+checkpoints exactly; float32 norms come back within one rounding. ``apply`` validates the
+pass on its own (:meth:`TurboQuant.validate_pass`), since it may be handed one pass.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class TurboQuantPassTransform(Transform[Mapping[str, torch.Tensor], PassData]):
         self.split_halves = split_halves
 
     def apply(self, src: Mapping[str, torch.Tensor]) -> PassData:
+        self.fmt.validate_pass(src)
         d = self.fmt.group_size
         rhs = src["rotation"].to(torch.float32).transpose(-1, -2)  # P_g = Π_gᵀ
         if self.split_halves:

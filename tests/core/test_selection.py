@@ -93,7 +93,8 @@ def test_kernels_whose_checks_raise_are_refused_not_chosen(registry: Registry) -
     boom.supports = supports
     registry.register(Plugin(boom), name="boomplug")
     rows = statuses(explain("gptq", "cpu", problem=P, registry=registry))
-    assert rows["boom"] == ("refused", "supports raised ZeroDivisionError: bad vendor math")
+    assert rows["boom"] == ("refused", "failed at run time: supports raised ZeroDivisionError: bad vendor math")
+    assert registry.failures  # remembered: refused on this device from now on, shown by quantcore list
     assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "aten_cpu"
 
 

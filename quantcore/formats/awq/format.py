@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -56,7 +56,7 @@ class AWQ(GroupedFormat, Format):
         self._check_group_size()
         layout = str(self.layout).lower()
         if layout not in VERSIONS:
-            raise TensorFormatError(f"awq version: expected one of {VERSIONS}, got {self.layout!r}")
+            raise TensorFormatError(f"awq layout (AutoAWQ's version): expected one of {VERSIONS}, got {self.layout!r}")
         object.__setattr__(self, "layout", layout)
 
     @property
@@ -67,16 +67,6 @@ class AWQ(GroupedFormat, Format):
     @property
     def maxq(self) -> int:
         return (1 << self.bits) - 1
-
-    @classmethod
-    def from_params(cls, **params: Any) -> AWQ:
-        p = dict(params)
-        if isinstance(p.get("zero_point"), str):
-            p["zero_point"] = p["zero_point"].lower() in ("1", "true", "yes")
-        for key in ("bits", "group_size"):
-            if isinstance(p.get(key), str):
-                p[key] = int(p[key])
-        return cls(**p)
 
     def validate(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         where = f"{self.slug} tensors"

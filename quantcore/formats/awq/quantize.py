@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe
+from ...tensors import require_float_weight, require_representable
 from .order import pack_awq
 
 if TYPE_CHECKING:
@@ -22,10 +22,7 @@ __all__ = ["quantize_awq"]
 
 
 def quantize_awq(fmt: AWQ, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    if weight.dim() != 2 or not weight.is_floating_point():
-        raise TensorFormatError(f"weight: expected a 2-D float [O, I] tensor, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
-        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    require_float_weight(weight, ndim=2, layout="[O, I]")
     out_features, in_features = weight.shape
     if out_features % 8:
         raise TensorFormatError(f"weight: awq packs 8 outputs per lane; out_features={out_features} is not a multiple of 8")
@@ -40,6 +37,7 @@ def quantize_awq(fmt: AWQ, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         half = 1 << (fmt.bits - 1)
         scale = (w.abs().amax(-1).clamp_min(1e-5) / (half - 1)).to(torch.float16).float()
         zero = torch.full_like(scale, half)
+    require_representable(scale, "scales", weight, torch.float16)
     q = torch.clamp(torch.round(w / scale.unsqueeze(-1)) + zero.unsqueeze(-1), 0, maxq)
     q = q.reshape(out_features, in_features).to(torch.int32)
     return {

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -132,23 +132,6 @@ class GPTQ(GroupedFormat, Format):
                 f"({self.bits}-bit codes fill {geo.lanes} lanes per {geo.codes} inputs)"
             )
         return rows // geo.lanes * geo.codes
-
-    @classmethod
-    def from_params(cls, **params: Any) -> GPTQ:
-        p = dict(params)
-        if isinstance(p.get("pack_dtype"), str):
-            name = p["pack_dtype"].removeprefix("torch.")
-            dtype = getattr(torch, name, None)
-            if not isinstance(dtype, torch.dtype):
-                raise TensorFormatError(f"gptq pack_dtype: expected int8/16/32/64, got {p['pack_dtype']!r}")
-            p["pack_dtype"] = dtype
-        for key in ("sym", "desc_act", "static_groups"):
-            if isinstance(p.get(key), str):
-                p[key] = p[key].lower() in ("1", "true", "yes")
-        for key in ("bits", "group_size"):
-            if isinstance(p.get(key), str):
-                p[key] = int(p[key])
-        return cls(**p)
 
     # --- validation ---------------------------------------------------------------------
 

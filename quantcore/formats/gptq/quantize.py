@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe
+from ...tensors import require_float_weight, require_representable
 from ..packing import pack_codes
 from .convert import zero_to_stored
 
@@ -40,10 +40,7 @@ def quantize_rtn(
     generator: torch.Generator | None = None,
     perm: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    if weight.dim() != 2 or not weight.is_floating_point():
-        raise TensorFormatError(f"weight: expected a 2-D float [O, I] tensor, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
-        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    require_float_weight(weight, ndim=2, layout="[O, I]")
     out_features, in_features = weight.shape
     per = fmt.geometry.codes
     if in_features % per or out_features % per:
@@ -78,6 +75,7 @@ def quantize_rtn(
     # Codes are chosen against the fp16 scale that is stored, so dequantization of the
     # checkpoint is the best this rule can do with what the file holds.
     scale = ((wmax - wmin) / maxq).to(torch.float16).float()
+    require_representable(scale, "scales", weight, torch.float16)
     scale = scale.clamp_min(torch.finfo(torch.float16).tiny)
     if fmt.sym:
         zero = torch.full_like(scale, (maxq + 1) // 2)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -80,19 +80,6 @@ class TRTLLMMoE(Format):
 
     def num_groups(self, k: int) -> int:
         return -(-k // self.group_size)
-
-    @classmethod
-    def from_params(cls, **params: Any) -> TRTLLMMoE:
-        p = dict(params)
-        if isinstance(p.get("scale_dtype"), str):
-            from ...dtypes import parse_dtype
-
-            p["scale_dtype"] = parse_dtype(p["scale_dtype"])
-        if isinstance(p.get("sym"), str):
-            p["sym"] = p["sym"].lower() in ("1", "true", "yes")
-        if isinstance(p.get("group_size"), str):
-            p["group_size"] = int(p["group_size"])
-        return cls(**p)
 
     # --- validation ---------------------------------------------------------------------
 

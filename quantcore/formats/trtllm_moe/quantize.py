@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...errors import TensorFormatError
-from ...tensors import describe
+from ...tensors import require_float_weight, require_representable
 
 if TYPE_CHECKING:
     from .format import TRTLLMMoE
@@ -38,10 +37,7 @@ def _group_view(w: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def quantize_groupwise(fmt: TRTLLMMoE, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    if weight.dim() != 3 or not weight.is_floating_point() or weight.numel() == 0:
-        raise TensorFormatError(f"weight: expected a non-empty 3-D float [E, K, N] tensor, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
-        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    require_float_weight(weight, ndim=3, layout="[E, K, N]")
     k = weight.shape[1]
     # One expert at a time keeps the float32 temporaries to one expert's size.
     parts = [_quantize_expert(fmt, weight[e : e + 1].float(), k) for e in range(weight.shape[0])]
@@ -60,6 +56,8 @@ def _quantize_expert(fmt: TRTLLMMoE, w: torch.Tensor, k: int) -> dict[str, torch
         lo, hi = groups.amin(dim=2), groups.amax(dim=2)
         scale = ((hi - lo) / 255).to(fmt.scale_dtype).float()
         zero = (lo + 128 * scale).to(fmt.scale_dtype).float()
+    require_representable(scale, "scales", w, fmt.scale_dtype)
+    require_representable(zero, "zeros", w, fmt.scale_dtype)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale)).clamp_min(tiny)
     q = torch.round((w - fmt.expand_groups(zero, k)) / fmt.expand_groups(safe, k))
     q = torch.where(fmt.expand_groups(scale, k) > 0, q, torch.zeros_like(q))

@@ -52,12 +52,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, require_tensor, require_tensors
+from ...tensors import check_stored, describe, require_tensor, require_tensors
 from ..base import Format
 
 __all__ = ["PASS_TENSORS", "RESIDUAL_PREFIX", "TurboQuant", "pack_indices", "unpack_indices"]
@@ -144,19 +144,6 @@ class TurboQuant(Format):
     def num_rotations(self, in_features: int) -> int:
         return in_features // self.group_size if self.rotation_per_group else 1
 
-    @classmethod
-    def from_params(cls, **params: Any) -> TurboQuant:
-        p = dict(params)
-        if isinstance(p.get("norm_dtype"), str):
-            p["norm_dtype"] = getattr(torch, p["norm_dtype"].removeprefix("torch."))
-        for key in ("residual", "rotation_per_group"):
-            if isinstance(p.get(key), str):
-                p[key] = p[key].lower() in ("1", "true", "yes")
-        for key in ("bits", "group_size"):
-            if isinstance(p.get(key), str):
-                p[key] = int(p[key])
-        return cls(**p)
-
     # --- validation ---------------------------------------------------------------------
 
     def validate(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
@@ -196,6 +183,30 @@ class TurboQuant(Format):
         devices = {t.device for t in tensors.values()}
         if len(devices) > 1:
             raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
+        return {"K": k, "N": n}
+
+    def validate_pass(self, tensors: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, int]:
+        """One pass's tensors on their own (``indices``, ``norms``, ``rotation`` under
+        ``prefix``), as a transform of a single pass takes them; returns K and N."""
+        where = f"{self.slug} pass tensors"
+        names = [prefix + t for t in PASS_TENSORS]
+        if not isinstance(tensors, Mapping):
+            raise TensorFormatError(f"{where}: tensors: expected a mapping of names to tensors, got {type(tensors).__name__}")
+        require_tensors(tensors, names, where=where)
+        one = {name: tensors[name] for name in names}
+        check_stored(one, where=where)
+        indices = require_tensor(prefix + "indices", one[prefix + "indices"], dtypes=(torch.uint8,), where=where)
+        if indices.dim() != 2 or indices.numel() == 0:
+            raise TensorFormatError(
+                f"{where}: {prefix}indices: expected non-empty 2-D [N, K/2] uint8, got {describe(indices)}"
+            )
+        n, k = indices.shape[0], indices.shape[1] * 2
+        if k % self.group_size:
+            raise TensorFormatError(
+                f"{where}: in_features K = {k} (2 × {prefix}indices.shape[1]) is not a multiple of "
+                f"group_size = {self.group_size}"
+            )
+        self._validate_pass(one, prefix, n, k, k // self.group_size, where)
         return {"K": k, "N": n}
 
     def _validate_pass(
@@ -255,7 +266,9 @@ class TurboQuant(Format):
         idx = unpack_indices(tensors[prefix + "indices"])
         n, k = idx.shape
         centroids = codebook[idx].view(n, k // d, d)  # [N, G, d]
-        rotation = tensors[prefix + "rotation"].to(dtype)  # [R, d, d]
+        # Contiguous: a matmul's summation order follows the operands' layout, and the
+        # golden result must not depend on how the checkpoint's tensors are strided.
+        rotation = tensors[prefix + "rotation"].to(dtype).contiguous()  # [R, d, d]
         if rotation.shape[0] == 1:
             unit = centroids @ rotation[0]
         else:

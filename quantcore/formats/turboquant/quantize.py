@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe
+from ...tensors import require_float_weight
 from .codebook import codebook_tensor
 from .format import pack_indices
 from .rotation import random_rotation
@@ -66,10 +66,7 @@ def quantize_weight(
     fmt: TurboQuant, weight: torch.Tensor, *, generator: torch.Generator | None = None
 ) -> dict[str, torch.Tensor]:
     """Dense float ``W [N, K]`` → the format's tensors (both passes when ``residual``)."""
-    if weight.dim() != 2 or not weight.is_floating_point():
-        raise TensorFormatError(f"weight: expected a 2-D float [N, K] tensor, got {describe(weight)}")
-    if not torch.isfinite(weight).all():
-        raise TensorFormatError("weight: contains NaN or Inf; cannot quantize")
+    require_float_weight(weight, ndim=2, layout="[N, K]")
     n, k = weight.shape
     d = fmt.group_size
     if n == 0 or k == 0 or k % d:

@@ -25,7 +25,7 @@ import torch
 from ...errors import KernelInputError
 from ...kernel import LinearKernel, Support
 from ...problem import Problem
-from ...tensors import describe
+from ...tensors import check_activation, stored_on
 from .format import PASS_TENSORS, TurboQuant
 
 __all__ = [
@@ -79,6 +79,9 @@ class TurboQuantPrepared:
     in_features: int
     out_features: int
     group_size: int
+    #: The rotation layout the passes were prepared in (the kernel's ``split_halves``):
+    #: a kernel of the other layout would read them in the wrong order.
+    split_halves: bool = False
     #: Per-kernel derived state (lookup tables per dtype, ...), filled lazily.
     cache: dict[Any, Any] = field(default_factory=dict)
 
@@ -153,7 +156,7 @@ class TurboQuantLinearKernel(LinearKernel):
     ) -> TurboQuantPrepared:
         fmt = self.fmt
         assert isinstance(fmt, TurboQuant)
-        tensors = {name: t.to(self.device) for name, t in tensors.items()}
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         dims = fmt.validate(tensors)
         if dtype is not None and dtype not in ACT_DTYPES:
             raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
@@ -166,6 +169,7 @@ class TurboQuantLinearKernel(LinearKernel):
             in_features=dims["K"],
             out_features=dims["N"],
             group_size=fmt.group_size,
+            split_halves=self.split_halves,
         )
 
     # --- running --------------------------------------------------------------------------
@@ -191,12 +195,14 @@ class TurboQuantLinearKernel(LinearKernel):
                 f"prepared: expected the TurboQuantPrepared that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
             )
+        if prepared.split_halves != self.split_halves:
+            raise KernelInputError(
+                f"prepared: its rotations are in the split_halves={prepared.split_halves} layout of another "
+                f"kernel; {self.name} reads split_halves={self.split_halves} (prepare with {self.name})"
+            )
         k = prepared.in_features
         here = prepared.codebook.device  # where prepare put the tensors ("cuda" became cuda:0)
-        if x.dtype not in ACT_DTYPES or x.device != here or x.dim() < 1 or x.shape[-1] != k:
-            raise KernelInputError(
-                f"x: expected [..., {k}] bf16/fp16/fp32 on {here}, got {describe(x)}"
-            )
+        check_activation(x, k=k, dtypes=ACT_DTYPES, device=here)
 
     def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
         self.check_input(x, prepared)

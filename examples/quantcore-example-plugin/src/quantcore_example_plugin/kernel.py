@@ -12,9 +12,18 @@ from typing import ClassVar
 
 import torch
 
-from quantcore import KernelInputError, LinearKernel, Problem, Requirements, Support
+from quantcore import (
+    KernelInputError,
+    LinearKernel,
+    Problem,
+    Requirements,
+    Support,
+    UnsupportedProblemError,
+)
 from quantcore.formats.gptq import GPTQ
-from quantcore.tensors import describe
+from quantcore.tensors import check_activation, stored_on
+
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -45,11 +54,17 @@ class ZeroFoldingGPTQ(LinearKernel):
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Grouped:
         fmt = self.fmt
         assert isinstance(fmt, GPTQ)
+        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         dims = fmt.validate(tensors)
         k, n = dims["K"], dims["N"]
         g_idx = fmt.group_index(tensors)
         ret_idx = torch.argsort(g_idx, stable=True)
         groups = fmt.num_groups(k)
+        # The folded matmul takes groups of equal size: act-order groups of other sizes
+        # (a valid checkpoint) are refused, and bind() moves on to the next kernel.
+        even = torch.arange(k, device=g_idx.device) // (k // groups)
+        if not torch.equal(g_idx[ret_idx], even):
+            raise UnsupportedProblemError(f"g_idx: zero folding needs {groups} groups of {k // groups} inputs each")
         codes = fmt.unpack_weight(tensors)[ret_idx].float().reshape(groups, k // groups, n)
         bias = tensors.get("bias")
         return Grouped(
@@ -61,9 +76,10 @@ class ZeroFoldingGPTQ(LinearKernel):
         )
 
     def __call__(self, x: torch.Tensor, prepared: Grouped) -> torch.Tensor:
+        if type(prepared) is not Grouped:
+            raise KernelInputError(f"prepared: expected the Grouped that {self.name}.prepare returns, got {type(prepared).__name__}")
         groups, size, n = prepared.codes.shape
-        if x.shape[-1] != groups * size or not x.is_floating_point():
-            raise KernelInputError(f"x: expected [..., {groups * size}] float, got {describe(x)}")
+        check_activation(x, k=groups * size, dtypes=ACT_DTYPES, device=prepared.codes.device)
         xs = x.reshape(-1, groups * size).float()[:, prepared.ret_idx].reshape(-1, groups, size)
         integer_part = torch.einsum("mgk,gkn->mgn", xs, prepared.codes)
         folded = integer_part - xs.sum(-1, keepdim=True) * prepared.zeros

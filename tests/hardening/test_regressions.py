@@ -1,0 +1,195 @@
+"""Each bug the fuzz suites found, pinned as a fixed example so CI keeps it fixed
+whatever the generated cases happen to be (one test per fix, in the order found)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantcore.backends.aten_cuda.transform import GPTQToTinygemm
+from quantcore.backends.torch_fallback import fallback_for
+from quantcore.backends.turboquant_torch import TurboQuantTorch
+from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+from quantcore.errors import (
+    InvalidArgumentError,
+    KernelInputError,
+    TensorFormatError,
+    UnsupportedProblemError,
+)
+from quantcore.formats.awq import AWQ
+from quantcore.formats.gptq import GPTQ
+from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.problem import Problem
+from quantcore.selection import get_kernel
+from quantcore.transforms.awq_gptq import AWQToGPTQ
+from quantcore.transforms.turboquant_passes import TurboQuantPassTransform
+
+GEN = torch.Generator
+
+
+GPTQ_FMT = GPTQ(group_size=32, sym=False)
+TQ_FMT = TurboQuant(bits=2, residual=True)
+
+
+def gptq_weights(fmt: GPTQ = GPTQ_FMT) -> dict[str, torch.Tensor]:
+    gen = GEN().manual_seed(0)
+    return fmt.quantize(torch.randn(64, 128, generator=gen), generator=gen)
+
+
+def test_bool_parameters_refuse_strings() -> None:
+    with pytest.raises(TensorFormatError, match="gptq sym: expected a bool, got 'false'"):
+        GPTQ(sym="false")  # type: ignore[arg-type]
+    with pytest.raises(TensorFormatError, match="awq layout"):
+        AWQ(layout=-1)  # type: ignore[arg-type]
+    assert GPTQ(bits=__import__("numpy").int64(4)).bits == 4 and type(GPTQ(bits=4).bits) is int
+
+
+def test_from_params_refuses_unreadable_strings_and_unknown_names() -> None:
+    with pytest.raises(TensorFormatError, match="gptq bits: expected a int, got 'x'"):
+        GPTQ.from_params(bits="x")
+    with pytest.raises(TensorFormatError, match="turboquant norm_dtype: expected a dtype"):
+        TurboQuant.from_params(norm_dtype="nonsense")
+    with pytest.raises(TensorFormatError, match="gptq sym: expected a bool, got 'maybe'"):
+        GPTQ.from_params(sym="maybe")
+    with pytest.raises(TensorFormatError, match="bogus: not a parameter of gptq"):
+        GPTQ.from_params(bogus="1")
+    assert TRTLLMMoE.from_params(scale_dtype="fp16", sym="no").sym is False
+
+
+@pytest.mark.parametrize("bad", [None, "meta"])
+def test_validate_names_none_and_meta_tensors(bad: str | None) -> None:
+    fmt = GPTQ(group_size=32, sym=False)
+    t = gptq_weights(fmt)
+    t["g_idx"] = None if bad is None else t["g_idx"].to("meta")  # type: ignore[assignment]
+    with pytest.raises(TensorFormatError, match=r"g_idx: (expected a torch.Tensor, got NoneType|a meta tensor holds no data)"):
+        fmt.validate(t)
+
+
+def test_quantizers_refuse_non_tensors_and_unrepresentable_ranges() -> None:
+    with pytest.raises(TensorFormatError, match="weight: expected a 2-D float"):
+        GPTQ().quantize(None)  # type: ignore[arg-type]
+    huge = torch.full((64, 128), 3e38)
+    huge[:, ::2] *= -1
+    for fmt in (GPTQ(group_size=32), AWQ(group_size=32)):
+        with pytest.raises(TensorFormatError, match="need scales beyond float16's range"):
+            fmt.quantize(huge)
+    with pytest.raises(TensorFormatError, match=r"need (scales|zeros) beyond float16's range"):
+        TRTLLMMoE(sym=False).quantize(huge.unsqueeze(0))
+    fp8 = torch.randn(64, 128, generator=GEN().manual_seed(1)).to(torch.float8_e4m3fn)
+    GPTQ(group_size=32).validate(GPTQ(group_size=32).quantize(fp8))
+
+
+def test_kernels_name_none_meta_and_scalar_inputs() -> None:
+    fmt = GPTQ(group_size=32, sym=False)
+    t = gptq_weights(fmt)
+    kernel = fallback_for("gptq")(fmt, "cpu")
+    with pytest.raises(TensorFormatError, match="qweight: a meta tensor holds no data"):
+        kernel.prepare({**t, "qweight": t["qweight"].to("meta")})
+    with pytest.raises(TensorFormatError, match=r"g_idx: expected a torch\.Tensor"):
+        kernel.prepare({**t, "g_idx": None})  # type: ignore[dict-item]
+    prepared = kernel.prepare(t)
+    for x in (None, torch.tensor(1.0)):
+        with pytest.raises(KernelInputError, match="x: expected"):
+            kernel(x, prepared)  # type: ignore[arg-type]
+
+
+def test_selection_arguments_are_quantcore_errors() -> None:
+    p = Problem.linear(GPTQ(), M=1, K=128, N=64)
+    with pytest.raises(InvalidArgumentError, match="format: gptq8"):
+        get_kernel(GPTQ(bits=8), "cpu", problem=p)
+    with pytest.raises(InvalidArgumentError, match="device: expected 'type' or 'type:index'"):
+        get_kernel("gptq", "cuda:x")
+
+
+def test_tinygemm_transform_refuses_cpu_tensors() -> None:
+    with pytest.raises(UnsupportedProblemError, match="qweight: tinygemm's layout is made by a CUDA op"):
+        GPTQToTinygemm(GPTQ(group_size=32, sym=False)).apply(gptq_weights())
+
+
+def _turboquant(fmt: TurboQuant = TQ_FMT) -> dict[str, torch.Tensor]:
+    return fmt.quantize(torch.randn(96, 256, generator=GEN().manual_seed(2)), generator=GEN().manual_seed(3))
+
+
+def test_turboquant_dequantize_ignores_strides() -> None:
+    fmt = TurboQuant(bits=2, residual=True)
+    t = _turboquant(fmt)
+    column_major = {**t, "residual_rotation": t["residual_rotation"].mT.contiguous().mT}
+    assert torch.equal(fmt.dequantize(column_major), fmt.dequantize(t))
+
+
+@pytest.mark.parametrize("broken", ["missing", "none", "flat rotation", "fp32 norms"])
+def test_turboquant_pass_transform_validates(broken: str) -> None:
+    fmt = TurboQuant(bits=2, residual=True)
+    t = dict(_turboquant(fmt))
+    if broken == "missing":
+        del t["norms"]
+    elif broken == "none":
+        t["indices"] = None  # type: ignore[assignment]
+    elif broken == "flat rotation":
+        t["rotation"] = t["rotation"].reshape(-1)
+    else:
+        t["norms"] = t["norms"].float()
+    with pytest.raises(TensorFormatError, match=r"(norms|indices|rotation)"):
+        TurboQuantPassTransform(fmt, split_halves=False).apply(t)
+
+
+def test_awq_to_gptq_refuses_unpackable_in_features() -> None:
+    fmt = AWQ(group_size=-1)
+    t = fmt.quantize(torch.randn(256, 128, generator=GEN().manual_seed(4)))
+    short = {**t, "qweight": t["qweight"][:127]}
+    with pytest.raises(UnsupportedProblemError, match="qweight: in_features = 127"):
+        AWQToGPTQ(fmt).apply(short)
+
+
+def test_torch_fallback_keeps_float32_and_refuses_wider_activations() -> None:
+    fmt = GPTQ(bits=3, group_size=128, sym=False)
+    t = gptq_weights(fmt)
+    kernel = fallback_for("gptq")(fmt, "cpu")
+    x = torch.randn(2, 128, generator=GEN().manual_seed(5))
+    ref = x.double() @ fmt.dequantize(t).T
+    y = kernel(x, kernel.prepare(t))
+    assert (y.double() - ref).norm() / ref.norm() < 1e-5  # was 1e-4: weights rounded to fp16
+    with pytest.raises(KernelInputError, match="needs more precision than the bf16 weight"):
+        kernel(x.half(), kernel.prepare(t, dtype=torch.bfloat16))
+
+
+def test_zero_folding_refuses_uneven_act_order_groups() -> None:
+    from quantcore_example_plugin.kernel import ZeroFoldingGPTQ
+
+    fmt = GPTQ(bits=3, group_size=32, sym=False, desc_act=True)
+    t = gptq_weights(fmt)
+    uneven = {**t, "g_idx": torch.zeros_like(t["g_idx"])}  # every input in group 0: valid
+    fmt.validate(uneven)
+    with pytest.raises(UnsupportedProblemError, match="g_idx: zero folding needs 4 groups of 32"):
+        ZeroFoldingGPTQ(fmt, "cpu").prepare(uneven)
+
+
+def test_turboquant_kernels_refuse_the_other_rotation_layout() -> None:
+    fmt = TurboQuant(bits=2, residual=True)
+    t = _turboquant(fmt)
+    split = TurboQuantTriton(fmt, "cpu").prepare(t)
+    with pytest.raises(KernelInputError, match="prepared: its rotations are in the split_halves=True layout"):
+        TurboQuantTorch(fmt, "cpu")(torch.randn(1, 256), split)
+
+
+def test_prepare_moves_stored_tensors_to_the_kernel_device() -> None:
+    """aten_cpu/awq_cpu/aten_xpu/aten_cuda prepared tensors where they lay: CUDA tensors
+    gave a CPU kernel CUDA metadata (a foreign error at call). Now every prepare moves
+    them, and a device this build lacks is refused by name."""
+    from quantcore.backends.aten_xpu.kernel import AtenXpuGPTQ
+
+    with pytest.raises(UnsupportedProblemError, match="qweight: cannot be moved to xpu"):
+        AtenXpuGPTQ(GPTQ_FMT, "xpu").prepare(gptq_weights())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_kernels_take_cuda_tensors() -> None:
+    from quantcore.backends.aten_cpu.kernel import AtenCpuGPTQ
+
+    t = gptq_weights()
+    kernel = AtenCpuGPTQ(GPTQ_FMT, "cpu")
+    x = torch.randn(2, 128, generator=GEN().manual_seed(6))
+    y = kernel(x, kernel.prepare({k: v.cuda() for k, v in t.items()}))
+    ref = x.double() @ GPTQ_FMT.dequantize(t).T
+    assert (y.double() - ref).norm() / ref.norm() < 1e-5
