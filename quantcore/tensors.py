@@ -12,6 +12,7 @@ __all__ = [
     "check_activation",
     "check_stored",
     "describe",
+    "ieee_div",
     "reject_unknown",
     "require_float_weight",
     "require_representable",
@@ -142,3 +143,16 @@ def require_tensor(
         wanted = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise error(f"{prefix}{name}: expected dtype {wanted}, got {describe(t)}")
     return t
+
+
+def ieee_div(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
+    """IEEE float32 ``a / b``, elementwise, on every device. Written out because torch
+    computes ``scalar / tensor`` as ``reciprocal(tensor) · scalar`` (two roundings), and
+    CUDA may turn ``tensor / scalar`` into a product with the scalar's reciprocal."""
+    ta = a if isinstance(a, torch.Tensor) else None
+    tb = b if isinstance(b, torch.Tensor) else None
+    like = ta if ta is not None else tb
+    assert like is not None
+    ta = ta if ta is not None else torch.full_like(like, float(a))  # type: ignore[arg-type]
+    tb = tb if tb is not None else torch.full_like(like, float(b))  # type: ignore[arg-type]
+    return torch.div(ta, tb)

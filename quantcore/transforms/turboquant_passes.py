@@ -24,6 +24,7 @@ import torch
 
 from ..formats.turboquant.format import TurboQuant
 from ..formats.turboquant.runtime import PassData
+from ..tensors import ieee_div
 from ..transform import Transform
 
 __all__ = ["TurboQuantPassTransform", "split_halves_order"]
@@ -49,7 +50,7 @@ class TurboQuantPassTransform(Transform[Mapping[str, torch.Tensor], PassData]):
             rhs = rhs[:, :, split_halves_order(d, rhs.device)]
         return PassData(
             indices=src["indices"].contiguous(),
-            scales=(src["norms"].to(torch.float32) / math.sqrt(d)).contiguous(),
+            scales=ieee_div(src["norms"].to(torch.float32), math.sqrt(d)).contiguous(),
             rotation=rhs.contiguous(),
         )
 

@@ -16,6 +16,7 @@ import torch
 
 from ...errors import TensorFormatError
 from ...tensors import describe
+from ...tensors import ieee_div as fdiv
 
 __all__ = [
     "E2M1_GRID",
@@ -46,17 +47,6 @@ FP16_NAN_BITS = 0x7E00
 INT4_SCALE_FLOOR = 1e-10
 
 
-def fdiv(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
-    """IEEE float32 ``a / b``, elementwise, on every device. Written out because torch
-    computes ``scalar / tensor`` as ``reciprocal(tensor) · scalar`` (two roundings), and
-    CUDA may turn ``tensor / scalar`` into a product with the scalar's reciprocal."""
-    ta = a if isinstance(a, torch.Tensor) else None
-    tb = b if isinstance(b, torch.Tensor) else None
-    like = ta if ta is not None else tb
-    assert like is not None
-    ta = ta if ta is not None else torch.full_like(like, float(a))  # type: ignore[arg-type]
-    tb = tb if tb is not None else torch.full_like(like, float(b))  # type: ignore[arg-type]
-    return torch.div(ta, tb)
 
 
 def padded_rows(m: int, pad_size: int) -> int:

@@ -57,7 +57,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import check_stored, describe, require_tensor, require_tensors
+from ...tensors import check_stored, describe, ieee_div, require_tensor, require_tensors
 from ..base import Format
 
 __all__ = ["PASS_TENSORS", "RESIDUAL_PREFIX", "TurboQuant", "pack_indices", "unpack_indices"]
@@ -273,7 +273,7 @@ class TurboQuant(Format):
             unit = centroids @ rotation[0]
         else:
             unit = torch.einsum("ngj,gjk->ngk", centroids, rotation)
-        scale = tensors[prefix + "norms"].to(dtype) / math.sqrt(d)
+        scale = ieee_div(tensors[prefix + "norms"].to(dtype), math.sqrt(d))  # the same bits on every device
         return (unit * scale.unsqueeze(-1)).reshape(n, k)
 
     def quantize(
