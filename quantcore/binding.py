@@ -128,7 +128,9 @@ def _short(exc: BaseException) -> str:
 # last user drops it the entry goes with it.
 _bound: dict[tuple[Any, ...], weakref.ref[BoundKernel]] = {}
 _locks: dict[tuple[Any, ...], threading.Lock] = {}
-_guard = threading.Lock()
+# Re-entrant: a bound kernel collected by the GC while this thread holds the guard runs
+# its finalizer (_evict) here, which takes the guard again.
+_guard = threading.RLock()
 
 
 def _lookup(key: tuple[Any, ...]) -> BoundKernel | None:

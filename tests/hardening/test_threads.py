@@ -51,17 +51,20 @@ def test_one_prepare_per_weight_under_16_threads(registry: Registry) -> None:
     x = torch.randn(3, 256, generator=gen)
     barrier = threading.Barrier(THREADS)
 
-    def work(i: int) -> tuple[str, list[torch.Tensor], list[int]]:
+    def work(i: int) -> tuple[str, list[torch.Tensor], list[Any]]:
         barrier.wait()
         k = get_kernel(FMT, "cpu", problem=P, registry=registry)
         bound = [bind(FMT, "cpu", w, problem=P, registry=registry) for w in weights]
-        return k.name, [b(x) for b in bound], [id(b) for b in bound]
+        # Returned, so every bound kernel outlives all threads: one shared prepare is
+        # promised for as long as someone holds the result (a thread that dropped its
+        # reference before a slow thread arrived would let that one prepare again).
+        return k.name, [b(x) for b in bound], bound
 
     with ThreadPoolExecutor(THREADS) as pool:
         results = list(pool.map(work, range(THREADS)))
     assert counter[0] == len(weights)
     assert {name for name, _, _ in results} == {"counted"}
-    assert len({tuple(ids) for _, _, ids in results}) == 1
+    assert len({tuple(map(id, bound)) for _, _, bound in results}) == 1
     first = results[0][1]
     for _, outs, _ in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outs, first, strict=True))
@@ -185,18 +188,19 @@ def test_bind_under_16_threads_with_a_kernel_failing_at_call(registry: Registry)
     x = torch.randn(3, 256, generator=gen)
     barrier = threading.Barrier(THREADS)
 
-    def work(_: int) -> tuple[torch.Tensor, str]:
+    def work(_: int) -> tuple[torch.Tensor, str, Any]:
         barrier.wait()
         bound = bind(FMT, "cpu", w, problem=P, registry=registry)
-        return bound(x), bound.kernel.name
+        return bound(x), bound.kernel.name, bound  # held until every thread is done
 
     with ThreadPoolExecutor(THREADS) as pool:
         results = list(pool.map(work, range(THREADS)))
     assert prepares["broken_call"] == 1
+    assert len({id(b) for _, _, b in results}) == 1
     assert list(registry.failures.values()) == ["call raised RuntimeError: vendor kernel crashed"]
-    assert {name for _, name in results} == {"aten_cpu"}
+    assert {name for _, name, _ in results} == {"aten_cpu"}
     ref = x.double() @ FMT.dequantize(w).T
-    for y, _ in results:
+    for y, _, _ in results:
         assert torch.equal(y, results[0][0])
         assert (y.double() - ref).norm() / ref.norm() < 1e-5
 
