@@ -25,11 +25,16 @@ from quantcore.formats.base import Format
 
 from .fuzz.mutations import LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.profiles import examples
-from .fuzz.seeds import format_classes, seed_cases, seed_tensors, seeds_for
+from .fuzz.seeds import NOT_YET_FUZZED, format_classes, seed_cases, seed_tensors, seeds_for
 from .fuzz.tally import attempt
 
 FORMAT_NAMES = sorted(format_classes())
 SEEDED = sorted({c.format.name for c in seed_cases()})
+#: The validate/dequantize fuzz over SEEDED, with formats not yet wired in as SKIP.
+SEEDED_VALIDATE = [
+    pytest.param(n, marks=pytest.mark.skip(reason=NOT_YET_FUZZED[n])) if n in NOT_YET_FUZZED else n
+    for n in SEEDED
+]
 
 
 def test_every_format_has_seeds() -> None:
@@ -171,7 +176,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-@pytest.mark.parametrize("name", SEEDED)
+@pytest.mark.parametrize("name", SEEDED_VALIDATE)
 @settings(max_examples=examples("fast"))
 @given(data=st.data())
 def test_validate_and_dequantize(name: str, data: st.DataObject) -> None:

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -127,18 +127,6 @@ class SVDQuantAct(Format):
 
     def padded_rows(self, m: int) -> int:
         return numerics.padded_rows(m, self.pad_size)
-
-    @classmethod
-    def from_params(cls, **params: Any) -> SVDQuantAct:
-        p = dict(params)
-        if isinstance(p.get("fp4"), str):
-            text = p["fp4"].lower()
-            if text not in ("1", "0", "true", "false", "yes", "no"):
-                raise TensorFormatError(f"svdquant fp4: expected true or false, got {p['fp4']!r}")
-            p["fp4"] = text in ("1", "true", "yes")
-        if isinstance(p.get("pad_size"), str):
-            p["pad_size"] = int(p["pad_size"])
-        return cls(**p)
 
     # --- validation -------------------------------------------------------------------------
 
