@@ -47,7 +47,7 @@ _CALLERS_FAULT = (TensorFormatError, KernelInputError)
 
 
 class BoundKernel:
-    """``bound(x)`` runs the kernel on the prepared weight; ``bound.kernel`` says which."""
+    """``bound(x, ...)`` runs the kernel on the prepared weight; ``bound.kernel`` says which."""
 
     def __init__(
         self,
@@ -99,10 +99,13 @@ class BoundKernel:
             + explain(self.fmt, self.device, problem=self.problem, registry=self._registry).table()
         )
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: Any, **options: Any) -> Any:
+        """The op's call with the prepared weight filled in: ``bound(x)`` for a linear,
+        ``bound(x, topk_ids, topk_weights=w)`` for a MoE (kernels take the prepared
+        state after their inputs)."""
         kernel, prepared = self.kernel, self.prepared
         try:
-            return kernel(x, prepared)  # type: ignore[operator,no-any-return]
+            return kernel(*inputs, prepared, **options)  # type: ignore[operator]
         except _CALLERS_FAULT:
             raise
         except Exception as exc:
@@ -113,7 +116,7 @@ class BoundKernel:
                     self._registry.record_failure(self.fmt.name, op, kernel.name, self.device, reason)
                     self.passed_over.append((kernel.name, reason))
                     self.kernel, self.prepared = self._first_that_prepares()
-            return self(x)
+            return self(*inputs, **options)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.name} {self.fmt.slug} on {self.device}>"

@@ -15,6 +15,7 @@ from quantcore.formats.svdquant.numerics import fdiv
 from quantcore.kernel import Support
 from quantcore.ops.act_quant_lora import ACT_DTYPES, ActQuantLoraKernel, check_activation
 from quantcore.problem import Problem
+from quantcore.tensors import stored_on
 
 __all__ = ["SVDQuantKernel", "SVDQuantWeights", "allocate_outputs"]
 
@@ -26,6 +27,7 @@ class SVDQuantWeights:
     lora_down: torch.Tensor  # [N, R], the activation dtype, contiguous
     rsmooth: torch.Tensor | None  # [N] float32 = 1 / smooth, or None
     dtype: torch.dtype  # the activation dtype the layer was prepared for
+    fmt: SVDQuantAct  # the format it was prepared for: the kernel's output format must match
 
     @property
     def n(self) -> int:
@@ -76,7 +78,7 @@ class SVDQuantKernel(ActQuantLoraKernel):
     ) -> SVDQuantWeights:
         fmt = self.fmt
         assert isinstance(fmt, SVDQuantAct)
-        tensors = {name: t.to(self.device) if isinstance(t, torch.Tensor) else t for name, t in tensors.items()}
+        tensors = stored_on(tensors, self.device, where=f"{self.name}.prepare")
         dims = fmt.validate(tensors)
         dtype = dtype or tensors["lora_down"].dtype
         if dtype not in ACT_DTYPES:
@@ -89,6 +91,7 @@ class SVDQuantKernel(ActQuantLoraKernel):
             lora_down=tensors["lora_down"].to(dtype).contiguous(),
             rsmooth=fdiv(1.0, smooth.float()).contiguous() if smooth is not None else None,
             dtype=dtype,
+            fmt=fmt,
         )
 
     def check_call(self, x: Any, prepared: Any) -> int:
@@ -97,5 +100,10 @@ class SVDQuantKernel(ActQuantLoraKernel):
             raise KernelInputError(
                 f"prepared: expected the SVDQuantWeights that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
+            )
+        if prepared.fmt != self.fmt:
+            raise KernelInputError(
+                f"prepared: made for {prepared.fmt.slug}, but this {self.name} writes {self.fmt.slug}; "
+                f"prepare the layer with a kernel for {self.fmt.slug}"
             )
         return check_activation(x, n=prepared.n, dtype=prepared.dtype, device=prepared.lora_down.device)

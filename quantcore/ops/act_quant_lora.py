@@ -43,6 +43,7 @@ ACT_QUANT_LORA = Op(
     name="act_quant_lora",
     dims=("M", "N", "R"),
     doc="qout, oscales = quantize(x / smooth) (NVFP4 or INT4, M padded); lora_act_out = x @ lora_down (fp32)",
+    may_be_zero=("R",),
 )
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)

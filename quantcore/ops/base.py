@@ -12,3 +12,5 @@ class Op:
     name: str
     dims: tuple[str, ...]
     doc: str
+    #: Dims a valid problem may set to 0 (the LoRA rank of ``act_quant_lora``: no branch).
+    may_be_zero: tuple[str, ...] = ()

@@ -37,7 +37,7 @@ def states() -> Iterator[tuple[str, Any]]:
                 state = make_kernel(entry, case.format).prepare(seed_tensors(case))
             except QuantCoreError as exc:
                 state = f"refused: {type(exc).__name__}"
-            yield f"prepare/{entry.cls.name}/{case.format.slug}", state
+            yield f"prepare/{entry.cls.name}/{case.id}", state
     for ft in format_transforms():
         for case in seeds_for(ft.format_cls.name)[:SEEDS_PER_FORMAT]:
             for flag in (False, True) if ft.flags else (None,):
@@ -46,7 +46,7 @@ def states() -> Iterator[tuple[str, Any]]:
                     state = ft.build(case.format, **flags).apply(seed_tensors(case))
                 except QuantCoreError as exc:
                     state = f"refused: {type(exc).__name__}"
-                yield f"transform/{ft.name}/{case.format.slug}/{flags}", state
+                yield f"transform/{ft.name}/{case.id}/{flags}", state
     gen = torch.Generator().manual_seed(0)
     for qt in QuantType:
         w = torch.randint(-128, 128, (2, 128, 64 * qt.bits // 8), dtype=torch.int8, generator=gen)

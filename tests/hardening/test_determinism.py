@@ -133,7 +133,10 @@ def test_same_digests_across_processes() -> None:
         results.append(json.loads(out))
     assert len(here) > 50
     for other in results:
-        assert other.keys() == here.keys()
+        assert other.keys() == here.keys(), (
+            f"sampled different cases: only here {sorted(here.keys() - other.keys())[:8]}, "
+            f"only in the child {sorted(other.keys() - here.keys())[:8]}"
+        )
         differ = sorted(k for k in here if here[k] != other[k])
         assert not differ, f"differ between processes: {differ}"
 

@@ -22,19 +22,27 @@ from hypothesis import strategies as st
 
 from quantcore.errors import QuantCoreError
 from quantcore.formats.base import Format
+from quantcore.ops import get_op
 
 from .fuzz.mutations import LAYOUTS, mutate_tensors, reparameterize
+from .fuzz.op_oracles import oracle_for
+from .fuzz.oracles import OpOracle
 from .fuzz.profiles import examples
-from .fuzz.seeds import NOT_YET_FUZZED, format_classes, seed_cases, seed_tensors, seeds_for
+from .fuzz.seeds import format_classes, seed_cases, seed_tensors, seeds_for
 from .fuzz.tally import attempt
 
 FORMAT_NAMES = sorted(format_classes())
 SEEDED = sorted({c.format.name for c in seed_cases()})
-#: The validate/dequantize fuzz over SEEDED, with formats not yet wired in as SKIP.
-SEEDED_VALIDATE = [
-    pytest.param(n, marks=pytest.mark.skip(reason=NOT_YET_FUZZED[n])) if n in NOT_YET_FUZZED else n
-    for n in SEEDED
-]
+
+
+def _writer(name: str) -> OpOracle | None:
+    """The oracle of the op whose outputs are this format's stored tensors, if it is one."""
+    oracle = oracle_for(format_classes()[name].op)
+    return oracle if oracle is not None and oracle.writes_format else None
+
+
+#: Formats whose stored tensors an op writes (``dequantize`` reads the op's outputs).
+OUTPUT_FORMATS = [n for n in SEEDED if _writer(n)]
 
 
 def test_every_format_has_seeds() -> None:
@@ -176,13 +184,56 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-@pytest.mark.parametrize("name", SEEDED_VALIDATE)
+def valid_dims(fmt: Format) -> Any:
+    """The judge of an accepted ``validate``: positive int dims (0 where the op allows)."""
+    zero_ok = get_op(fmt.op).may_be_zero
+
+    def judge(d: Any) -> str | None:
+        ok = isinstance(d, dict) and all(
+            isinstance(v, int) and (v > 0 or (v == 0 and k in zero_ok)) for k, v in d.items())
+        return None if ok else f"dims {d!r}"
+
+    return judge
+
+
+def positive_sizes(sizes: Any) -> str | None:
+    ok = isinstance(sizes, tuple) and all(isinstance(v, int) and v > 0 for v in sizes)
+    return None if ok else f"sizes {sizes!r}"
+
+
+def check_dequantize(
+    fmt: Format, validate: Any, judge_valid: Any, tensors: Mapping[str, Any], original: Mapping[str, Any],
+    done: list[str], name: str, names: list[str], context: Any,
+) -> None:
+    """``validate`` (the format's check of what ``dequantize`` reads) and ``dequantize``
+    on the same tensors: they agree (dequantize refuses whatever validate refuses), and a
+    layout that keeps the values (non-contiguous, offset) dequantizes bit for bit as the
+    original does."""
+    valid, dims = attempt(f"validate:{name}", lambda: validate(tensors), names=names, context=context, judge=judge_valid)
+    sizes = list(dims.values()) if isinstance(dims, dict) else dims
+
+    def judge(w: Any) -> str | None:
+        if valid != "handled":
+            return f"dequantize accepted tensors validate refused ({dims})"
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float64 or w.numel() != math.prod(sizes):
+            return f"dequantize returned {w!r:.80}, expected float64 with {math.prod(sizes)} elements"
+        if done and all(d.endswith(tuple(LAYOUTS)) for d in done):
+            ref = fmt.dequantize(original)
+            if not _same(w, ref):
+                return "a layout-only change (same values) dequantized differently"
+        return None
+
+    attempt(f"dequantize:{name}", lambda: fmt.dequantize(tensors), names=names, context=context, judge=judge)
+
+
+@pytest.mark.parametrize("name", SEEDED)
 @settings(max_examples=examples("fast"))
 @given(data=st.data())
 def test_validate_and_dequantize(name: str, data: st.DataObject) -> None:
-    """The validator and the golden dequantizer on mutated stored tensors: they agree
-    (dequantize refuses whatever validate refuses), and a layout that keeps the values
-    (non-contiguous, offset) dequantizes bit for bit as the original does."""
+    """The validator and the golden dequantizer on mutated stored tensors (see
+    :func:`check_dequantize`). For a format an op writes, ``validate`` checks the layer's
+    tensors and ``dequantize`` reads the op's outputs: those are fuzzed in
+    :func:`test_op_outputs`."""
     case = data.draw(st.sampled_from(seeds_for(name)), label="seed")
     fmt = case.format
     original = seed_tensors(case)
@@ -198,30 +249,46 @@ def test_validate_and_dequantize(name: str, data: st.DataObject) -> None:
     def context() -> str:
         return f"{case.id}: {'; '.join(done)}"
 
-    valid, dims = attempt(f"validate:{name}", lambda: fmt.validate(tensors), names=names, context=context,
-                          judge=lambda d: None if isinstance(d, dict) and all(isinstance(v, int) and v > 0 for v in d.values())
-                          else f"dims {d!r}")
-
-    def judge_dense(w: Any) -> str | None:
-        if valid != "handled":
-            return f"dequantize accepted tensors validate refused ({dims})"
-        if not isinstance(w, torch.Tensor) or w.dtype != torch.float64 or w.numel() != math.prod(dims.values()):
-            return f"dequantize returned {w!r:.80}, expected float64 with {math.prod(dims.values())} elements"
-        if done and all(d.endswith(tuple(LAYOUTS)) for d in done):
-            ref = fmt.dequantize(original)
-            if not _same(w, ref):
-                return "a layout-only change (same values) dequantized differently"
-        return None
-
-    attempt(f"dequantize:{name}", lambda: fmt.dequantize(tensors), names=names, context=context, judge=judge_dense)
+    if _writer(name):
+        attempt(f"validate:{name}", lambda: fmt.validate(tensors), names=names, context=context, judge=valid_dims(fmt))
+        return
+    check_dequantize(fmt, fmt.validate, valid_dims(fmt), tensors, original, done, name, names, context)
 
 
-def _takes_weight(fmt: Format) -> bool:
-    params = list(inspect.signature(fmt.quantize).parameters)
-    return bool(params) and params[0] == "weight"
+@pytest.mark.parametrize("name", OUTPUT_FORMATS)
+@settings(max_examples=examples("fast"))
+@given(data=st.data())
+def test_op_outputs(name: str, data: st.DataObject) -> None:
+    """A format an op writes: its output validator and golden dequantizer on mutated
+    golden outputs (of a random activation), as :func:`check_dequantize` says."""
+    oracle = _writer(name)
+    assert oracle is not None
+    case = data.draw(st.sampled_from(seeds_for(name)), label="seed")
+    fmt, layer = case.format, seed_tensors(case)
+    inputs = oracle.nominal(data, fmt.validate(layer), case.act_dtype)
+    original = oracle.outputs(fmt, layer, inputs)
+    assert original is not None
+    foreign = [seed_tensors(c) for c in data.draw(st.lists(st.sampled_from(seed_cases()), min_size=1, max_size=2), label="foreign")]
+    if data.draw(st.integers(0, 3), label="reparameterize") == 0:
+        desc, fmt = reparameterize(data, fmt)
+        done, tensors = [desc] if desc else [], dict(original)
+    else:
+        done, tensors = mutate_tensors(data, original, foreign)
+    names = names_for(fmt, original, tensors)
+    check_dequantize(fmt, fmt.validate_output, positive_sizes, tensors, original, done, name, names,  # type: ignore[attr-defined]
+                     lambda: f"{case.id}: {'; '.join(done)}")
 
 
-@pytest.mark.parametrize("name", SEEDED)
+def _takes_weight(name: str) -> bool:
+    params = list(inspect.signature(format_classes()[name].quantize).parameters)
+    return len(params) > 1 and params[1] == "weight"
+
+
+#: Formats whose golden quantizer takes a dense weight (the others quantize an op's input).
+WEIGHT_FORMATS = [n for n in SEEDED if _takes_weight(n)]
+
+
+@pytest.mark.parametrize("name", WEIGHT_FORMATS)
 @settings(max_examples=examples("fast"))
 @given(data=st.data())
 def test_golden_quantizer(name: str, data: st.DataObject) -> None:
@@ -230,8 +297,6 @@ def test_golden_quantizer(name: str, data: st.DataObject) -> None:
     accepts whose dequantization is finite and no further from the weight than zero is."""
     case = data.draw(st.sampled_from(seeds_for(name)), label="seed")
     fmt = case.format
-    if not _takes_weight(fmt):
-        pytest.skip(f"{name}.quantize takes no dense weight")
     dense = fmt.dequantize(seed_tensors(case), dtype=torch.float32)
     done, mutated = mutate_tensors(data, {"weight": dense}, [], max_mutations=2)
     weight = mutated.get("weight")
@@ -256,4 +321,24 @@ def test_golden_quantizer(name: str, data: st.DataObject) -> None:
         f"quantize:{name}", lambda: fmt.quantize(weight, generator=torch.Generator().manual_seed(seed)),  # type: ignore[arg-type]
         names=["weight", *(f.name for f in _fields(type(fmt)))], judge=judge,
         context=lambda: f"{case.id}: {'; '.join(done)}",
+    )
+
+
+@pytest.mark.parametrize("name", OUTPUT_FORMATS)
+@settings(max_examples=examples("fast"))
+@given(data=st.data())
+def test_golden_input_quantizer(name: str, data: st.DataObject) -> None:
+    """The golden quantizer of a format an op writes, on the op's input mutated as a
+    kernel call's is (wrong dtype, shape, device, layout; NaN/Inf, huge, subnormal): it
+    refuses, or writes what the op's oracle accepts (see its ``check_outputs``)."""
+    oracle = _writer(name)
+    assert oracle is not None
+    case = data.draw(st.sampled_from(seeds_for(name)), label="seed")
+    fmt, layer = case.format, seed_tensors(case)
+    dims = fmt.validate(layer)
+    desc, inputs = oracle.mutate(data, oracle.nominal(data, dims, case.act_dtype), dims)
+    attempt(
+        f"quantize:{name}", lambda: oracle.outputs(fmt, layer, inputs),
+        names=names_for(fmt, layer, inputs), judge=lambda out: oracle.check_outputs(fmt, layer, inputs, out),
+        context=f"{case.id}: {desc}",
     )

@@ -23,7 +23,7 @@ from quantcore.transform import Transform
 
 from ..trtllm_moe.cpp_oracle import preprocess as cpp_preprocess
 from .fuzz.mutations import FLOAT_DTYPES, LAYOUTS, mutate_tensors
-from .fuzz.oracles import oracle_for
+from .fuzz.op_oracles import oracle_for
 from .fuzz.profiles import examples
 from .fuzz.seeds import DEVICE, seed_cases, seed_tensors, seeds_for
 from .fuzz.tally import attempt

@@ -193,3 +193,45 @@ def test_cpu_kernels_take_cuda_tensors() -> None:
     y = kernel(x, kernel.prepare({k: v.cuda() for k, v in t.items()}))
     ref = x.double() @ GPTQ_FMT.dequantize(t).T
     assert (y.double() - ref).norm() / ref.norm() < 1e-5
+
+
+def test_svdquant_prepare_refuses_meta_tensors_by_name() -> None:
+    """svdquant prepare moved tensors with ``.to(device)``: a meta ``lora_down`` raised
+    torch's NotImplementedError, which bind blamed on every svdquant kernel in turn."""
+    from quantcore.backends.svdquant_torch.kernel import TorchActQuantLora
+    from quantcore.formats.svdquant import SVDQuantAct
+
+    meta = {"lora_down": torch.zeros(64, 8, dtype=torch.bfloat16, device="meta")}
+    with pytest.raises(TensorFormatError, match="lora_down: a meta tensor holds no data"):
+        TorchActQuantLora(SVDQuantAct(), "cpu").prepare(meta)
+
+
+def test_svdquant_prepared_state_belongs_to_its_format() -> None:
+    """An INT4 kernel took the state an NVFP4 kernel of the same class prepared and wrote
+    INT4 codes for a layer its caller had prepared as NVFP4."""
+    from quantcore.backends.svdquant_torch.kernel import TorchActQuantLora
+    from quantcore.formats.svdquant import SVDQuantAct
+
+    layer = {"lora_down": torch.randn(64, 8, generator=GEN().manual_seed(7)).to(torch.bfloat16)}
+    nvfp4_state = TorchActQuantLora(SVDQuantAct(fp4=True), "cpu").prepare(layer)
+    int4 = TorchActQuantLora(SVDQuantAct(fp4=False), "cpu")
+    with pytest.raises(KernelInputError, match="prepared: made for svdquant-nvfp4, but this svdquant_torch writes svdquant-int4"):
+        int4(torch.randn(2, 64, dtype=torch.bfloat16), nvfp4_state)
+
+
+def test_bind_forwards_every_input_of_the_op() -> None:
+    """``bind`` returned a callable of ``x`` alone: a bound MoE weight could not be given
+    its routing (TypeError on ``topk_ids``)."""
+    from quantcore.binding import bind
+    from quantcore.conformance.harnesses.moe import GoldenExperts
+    from quantcore.ops.moe import moe_gemm_reference
+
+    fmt = TRTLLMMoE(group_size=64)
+    gen = GEN().manual_seed(8)
+    stored = fmt.quantize(torch.randn(2, 128, 64, generator=gen), generator=gen)
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [1, 0], [1, 1]], dtype=torch.int32)
+    weights = torch.full((3, 2), 0.5)
+    y = bind(fmt, "cpu", stored, dtype=torch.bfloat16)(x, ids, topk_weights=weights)
+    ref = moe_gemm_reference(x, ids, GoldenExperts(fmt, stored), weights)
+    assert y.shape == ref.shape and (y.double() - ref).norm() / ref.norm() < 1e-2

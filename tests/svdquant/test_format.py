@@ -208,7 +208,7 @@ def test_pack_unpack_round_trip() -> None:
 
 
 def test_n_not_a_multiple_of_the_block_is_refused() -> None:
-    with pytest.raises(TensorFormatError, match=r"N=40 is not a multiple of the NVFP4 block 16"):
+    with pytest.raises(TensorFormatError, match=r"x: N=40 must be a positive multiple of the NVFP4 block size 16"):
         NVFP4.quantize(torch.zeros(2, 40, dtype=torch.float16))
     with pytest.raises(TensorFormatError, match=r"lora_down: N=96 must be a positive multiple of the INT4 block size 64"):
         INT4.validate({"lora_down": torch.zeros(96, 8, dtype=torch.float16)})
@@ -241,8 +241,24 @@ def test_smooth_with_zero_or_non_finite_entries_is_refused(bad: float) -> None:
 
 
 def test_activation_dtype_and_rank_are_checked() -> None:
-    with pytest.raises(TensorFormatError, match=r"x: expected a 2-D float16/bfloat16 \[M, N\] tensor, got \(2, 16\) float32"):
+    with pytest.raises(TensorFormatError, match=r"x: expected dtype float16 or bfloat16, got \(2, 16\) float32"):
         NVFP4.quantize(torch.zeros(2, 16))
+
+
+@pytest.mark.parametrize(
+    ("x", "smooth", "message"),
+    [  # what the fuzz found the golden quantizer crashing on or writing invalid outputs for
+        (None, None, r"x: expected a torch.Tensor, got NoneType"),
+        (torch.zeros(3, 0, dtype=torch.float16), None, r"x: N=0 must be a positive multiple of the NVFP4 block size 16"),
+        (torch.zeros(3, 16, dtype=torch.float16, device="meta"), None, r"x: expected a 2-D \[M, N\] tensor with data"),
+        (torch.zeros(16, dtype=torch.float16), None, r"x: expected a 2-D \[M, N\] tensor with data, got \(16,\)"),
+        (torch.ones(2, 16, dtype=torch.float16), torch.ones(16, dtype=torch.float16, device="meta"),
+         r"smooth on meta, x on cpu: expected one device"),
+    ],
+)
+def test_golden_quantizer_refuses_what_it_cannot_quantize(x: object, smooth: object, message: str) -> None:
+    with pytest.raises(TensorFormatError, match=message):
+        NVFP4.quantize(x, smooth=smooth)  # type: ignore[arg-type]
 
 
 def test_params_slug_and_from_params() -> None:
@@ -250,7 +266,7 @@ def test_params_slug_and_from_params() -> None:
     assert SVDQuantAct.from_params(fp4="false") == INT4
     assert SVDQuantAct.from_params(fp4="1", pad_size="128") == SVDQuantAct(fp4=True, pad_size=128)
     assert NVFP4.params() == {"fp4": True, "pad_size": 256}
-    with pytest.raises(TensorFormatError, match="fp4: expected a bool, got .maybe."):
+    with pytest.raises(TensorFormatError, match=r"fp4: expected a bool, got .maybe."):
         SVDQuantAct.from_params(fp4="maybe")
     with pytest.raises(TensorFormatError, match="pad_size: expected a positive int, got 0"):
         SVDQuantAct(pad_size=0)

@@ -195,8 +195,15 @@ class SVDQuantAct(Format):
     ) -> dict[str, torch.Tensor]:
         """Golden quantizer of an activation ``x [M, N]`` (fp16/bf16): ``qout`` and
         ``oscales`` padded to ``pad_size`` rows. ``generator`` is unused (deterministic)."""
+        where = f"{self.slug} quantize"
+        x = require_tensor("x", x, dtypes=FLOAT_DTYPES, where=where)
+        if x.dim() != 2 or x.device.type == "meta":
+            raise TensorFormatError(f"{where}: x: expected a 2-D [M, N] tensor with data, got {describe(x)}")
+        self.check_n(x.shape[1], f"{where}: x")
         if smooth is not None:
-            self.check_smooth(smooth, x.shape[-1], f"{self.slug} quantize")
+            if isinstance(smooth, torch.Tensor) and smooth.device != x.device:  # before reading its values
+                raise TensorFormatError(f"{where}: smooth on {smooth.device}, x on {x.device}: expected one device")
+            smooth = self.check_smooth(smooth, x.shape[1], where)
         return numerics.quantize_activation(x, smooth, fp4=self.fp4, block=self.block, pad_size=self.pad_size)
 
     def dequantize(

@@ -95,7 +95,8 @@ def _random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if t.is_complex():
         return torch.randn(t.shape, generator=gen, dtype=t.dtype)
     if t.is_floating_point():
-        return (torch.randn(t.shape, generator=gen) * t.float().abs().max().clamp_min(1e-3)).to(t.dtype)
+        top = t.float().abs().max().clamp_min(1e-3) if t.numel() else 1.0  # an empty tensor has no max
+        return (torch.randn(t.shape, generator=gen) * top).to(t.dtype)
     info = torch.iinfo(t.dtype)
     lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
     return torch.randint(lo, hi, t.shape, generator=gen, dtype=torch.int64).to(t.dtype)

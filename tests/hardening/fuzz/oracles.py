@@ -1,7 +1,7 @@
 """Per-op oracles: nominal inputs for a kernel call, the golden output computed from the
 (possibly mutated) stored tensors as the format defines them, the call itself, and the
 judgement. One small class per op; an op without one is fuzzed up to ``prepare`` and
-reported as such (see ``oracle_for``)."""
+reported as such (see :mod:`.op_oracles`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from quantcore.ops.moe import moe_gemm_reference
 
 from .mutations import ALL_DTYPES, NOT_TENSORS, OTHER_DEVICE, mutate_activation, noncontiguous
 
-__all__ = ["ORACLES", "LinearOracle", "MoEOracle", "OpOracle", "judge_dense", "oracle_for"]
+__all__ = ["Inputs", "LinearOracle", "MoEOracle", "OpOracle", "beyond", "has_tiny", "judge_dense", "x_draw"]
 
 Inputs = dict[str, Any]
 
@@ -93,12 +93,12 @@ def judge_dense(
     return verdict.problem
 
 
-def _beyond(t: torch.Tensor, dtype: torch.dtype, margin: float) -> bool:
+def beyond(t: torch.Tensor, dtype: torch.dtype, margin: float) -> bool:
     finite = t[torch.isfinite(t)]
     return bool(finite.numel()) and finite.abs().max().item() * margin > torch.finfo(dtype).max
 
 
-def _tiny(t: torch.Tensor, dtype: torch.dtype, margin: float = 64.0) -> bool:
+def has_tiny(t: torch.Tensor, dtype: torch.dtype, margin: float = 64.0) -> bool:
     """Any non-zero element below ``dtype``'s smallest normal (times a margin)?"""
     a = t[torch.isfinite(t)].abs()
     a = a[a > 0]
@@ -109,13 +109,27 @@ class OpOracle(ABC):
     op: ClassVar[str]
     #: Names a refusal of a call may give (besides the format's tensors and parameters).
     arg_names: ClassVar[tuple[str, ...]]
+    #: The op's outputs are the format's stored tensors (checked by its
+    #: ``validate_output``, read by its ``dequantize``); ``validate`` checks the layer's.
+    writes_format: ClassVar[bool] = False
 
     @abstractmethod
     def nominal(self, data: st.DataObject, dims: Mapping[str, int], act_dtype: torch.dtype) -> Inputs:
         """Valid inputs for weights of these dims."""
 
     @abstractmethod
-    def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor: ...
+    def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> Any:
+        """The exact result (a float64 tensor for a dense op)."""
+
+    def outputs(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> dict[str, torch.Tensor] | None:
+        """For an op whose outputs are themselves a stored format (what the format's
+        ``dequantize`` reads): the golden ones. None for a dense op."""
+        return None
+
+    def check_outputs(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs, out: Any) -> str | None:
+        """Why what the golden quantizer wrote for ``inputs`` is wrong, or None (an op
+        that ``writes_format`` says how its outputs relate to its input)."""
+        raise NotImplementedError(f"{self.op}: an op that writes a format must judge its golden outputs")
 
     @abstractmethod
     def call(self, kernel: Kernel, prepared: Any, inputs: Inputs) -> Any: ...
@@ -183,14 +197,14 @@ def magnitude(fmt: Format, tensors: Mapping[str, torch.Tensor], w: torch.Tensor)
     return fn(fmt, tensors, w) if fn is not None else w.abs()
 
 
-def _x(data: st.DataObject, rows: tuple[int, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
+def x_draw(data: st.DataObject, rows: tuple[int, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
     seed = data.draw(st.integers(0, 2**31 - 1), label="x seed")
     return torch.randn(*rows, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def _stored_overflow(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> bool:
     return any(
-        _beyond(t.detach().double().cpu(), dtype, 256.0)
+        beyond(t.detach().double().cpu(), dtype, 256.0)
         for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta"
     )
 
@@ -201,7 +215,7 @@ class LinearOracle(OpOracle):
 
     def nominal(self, data: st.DataObject, dims: Mapping[str, int], act_dtype: torch.dtype) -> Inputs:
         m = data.draw(st.sampled_from((1, 2, 3, 5, 8, 17)), label="M")
-        return {"x": _x(data, (m,), dims["K"], act_dtype)}
+        return {"x": x_draw(data, (m,), dims["K"], act_dtype)}
 
     def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor:
         w = fmt.dequantize(tensors, dtype=torch.float64)
@@ -224,7 +238,7 @@ class LinearOracle(OpOracle):
     def may_overflow(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> bool:
         dtype = self.act_dtype(inputs)
         w, x, bound = self._bound(fmt, tensors, inputs)
-        return _beyond(bound, dtype, 64.0) or _beyond(w, dtype, 256.0) or _beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
+        return beyond(bound, dtype, 64.0) or beyond(w, dtype, 256.0) or beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
 
     def apriori(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> tuple[torch.Tensor, int] | None:
         w, x, _ = self._bound(fmt, tensors, inputs)
@@ -239,11 +253,11 @@ class LinearOracle(OpOracle):
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             dtype = torch.float32
         w, x, bound = self._bound(fmt, tensors, inputs)
-        if not (_tiny(x, dtype) or _tiny(w, dtype) or _tiny(bound, dtype)):
+        if not (has_tiny(x, dtype) or has_tiny(w, dtype) or has_tiny(bound, dtype)):
             return self.may_overflow(fmt, tensors, inputs), 0.0
         # Each weight and each product may lose everything below the smallest normal.
-        tiny = torch.finfo(dtype).smallest_normal
-        atol = tiny * (1.0 + x.abs().sum(dim=1, keepdim=True))  # [M, 1]
+        smallest = torch.finfo(dtype).smallest_normal
+        atol = smallest * (1.0 + x.abs().sum(dim=1, keepdim=True))  # [M, 1]
         x_shape = inputs["x"].shape
         return self.may_overflow(fmt, tensors, inputs), atol.reshape(*x_shape[:-1], 1) if x.numel() else 0.0
 
@@ -262,7 +276,7 @@ class MoEOracle(OpOracle):
         gen = torch.Generator().manual_seed(seed)
         ids = torch.rand(t, e, generator=gen).argsort(dim=1)[:, :topk].to(torch.int32)
         weights = torch.softmax(torch.randn(t, topk, generator=gen), dim=-1) if weighted else None
-        x = _x(data, (t, topk) if per_route else (t,), k, act_dtype)
+        x = x_draw(data, (t, topk) if per_route else (t,), k, act_dtype)
         return {"x": x, "topk_ids": ids, "topk_weights": weights}
 
     def golden(self, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> torch.Tensor:
@@ -358,11 +372,5 @@ class MoEOracle(OpOracle):
         x = inputs["x"].detach().double().nan_to_num(0.0, 0.0, 0.0)
         wmax = w.abs().amax(dim=0)  # [K, N]: a bound over experts
         bound = x.reshape(-1, w.shape[1]).abs() @ wmax if x.numel() else torch.zeros(1, dtype=torch.float64)
-        return _beyond(bound, dtype, 64.0) or _beyond(w, dtype, 256.0) or _beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
+        return beyond(bound, dtype, 64.0) or beyond(w, dtype, 256.0) or beyond(x, dtype, 64.0) or _stored_overflow(tensors, dtype)
 
-
-ORACLES: dict[str, OpOracle] = {o.op: o for o in (LinearOracle(), MoEOracle())}
-
-
-def oracle_for(op: str) -> OpOracle | None:
-    return ORACLES.get(op)

@@ -1,6 +1,6 @@
 """Seed material, drawn from what the registry holds: for every format parameterisation
-a conformance case names (a plugin's cases included), its smallest case, and the stored
-tensors the case's harness quantizes for it. A new format is fuzzed the day it brings
+a conformance case names (a plugin's cases included) and each set of options, its
+smallest case, and the stored tensors the case's harness quantizes for it. A new format is fuzzed the day it brings
 conformance cases; nothing here names a format."""
 
 from __future__ import annotations
@@ -47,10 +47,23 @@ def _weight_elements(case: Case) -> int:
     return math.prod(dims[d] for d in case.weight_dims if d in dims)
 
 
+def _option_key(case: Case) -> str:
+    """The options that change the stored tensors (a bias, a smooth) as one sortable key."""
+    return ",".join(f"{k}={v}" for k, v in sorted(case.options) if v)
+
+
+def _seed_key(case: Case) -> tuple[Any, ...]:
+    """Smallest first, but a weight with elements before an empty one (a LoRA rank 0
+    would leave a whole tensor unfuzzed)."""
+    elements = _weight_elements(case)
+    return (elements == 0, elements, math.prod(v for _, v in case.dims), len(case.options), case.id)
+
+
 @functools.cache
 def seed_cases() -> tuple[Case, ...]:
-    """One case per format parameterisation (slug): the smallest, fewest options first."""
-    best: dict[str, Case] = {}
+    """One case per format parameterisation (slug) and set of options (a bias, a smooth):
+    the smallest."""
+    best: dict[tuple[str, str], Case] = {}
     for case in registry().conformance_cases():
         if not isinstance(case, Case) or _weight_elements(case) > MAX_WEIGHT_ELEMENTS:
             continue
@@ -58,11 +71,11 @@ def seed_cases() -> tuple[Case, ...]:
             get_harness(case.op)
         except KeyError:
             continue
-        key = (_weight_elements(case), math.prod(v for _, v in case.dims), len(case.options), case.id)
-        old = best.get(case.format.slug)
-        if old is None or key < (_weight_elements(old), math.prod(v for _, v in old.dims), len(old.options), old.id):
-            best[case.format.slug] = case
-    return tuple(best[s] for s in sorted(best))
+        variant = (case.format.slug, _option_key(case))
+        old = best.get(variant)
+        if old is None or _seed_key(case) < _seed_key(old):
+            best[variant] = case
+    return tuple(best[v] for v in sorted(best))
 
 
 def seeds_for(format_name: str | None = None, op: str | None = None) -> tuple[Case, ...]:
@@ -125,12 +138,3 @@ def cpu_kernels() -> list[KernelEntry]:
 def make_kernel(entry: KernelEntry, fmt: Format) -> Kernel:
     return entry.cls(fmt, torch.device(DEVICE))
 
-
-#: Formats the generic fuzz does not cover yet, with the reason: their cells SKIP, never PASS.
-NOT_YET_FUZZED = {
-    "svdquant": (
-        "svdquant (op act_quant_lora) landed beside the fuzz: its validate() checks the layer "
-        "(lora_down, smooth) while dequantize() reads the op's outputs (qout, oscales), so it "
-        "needs its own mutation strategy and oracle; its refusals are tested in tests/svdquant"
-    ),
-}
