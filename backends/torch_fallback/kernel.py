@@ -50,7 +50,9 @@ class DequantLinear(LinearKernel):
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in FLOAT_DTYPES:
             raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
-        weight = self.fmt.dequantize(tensors, dtype=torch.float32).to(dtype)
+        # float64, rounded once: a format whose dequantization sums (TurboQuant's rotation)
+        # then gives the same bits on every device, whatever order its BLAS sums in.
+        weight = self.fmt.dequantize(tensors, dtype=torch.float64).to(dtype)
         bias = tensors.get("bias")
         return DenseWeight(weight, bias.to(dtype) if bias is not None else None)
 
