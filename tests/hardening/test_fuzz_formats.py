@@ -307,7 +307,7 @@ def test_golden_quantizer(name: str, data: st.DataObject) -> None:
             fmt.validate(out)
         except QuantCoreError as exc:
             return f"the golden quantizer wrote tensors its validator refuses: {exc}"
-        w = fmt.dequantize(out)
+        w = fmt.dequantize(out).cpu()  # quantized where the weight lay (CUDA on a GPU host)
         if not torch.isfinite(w).all():
             return "the golden quantizer wrote a checkpoint that dequantizes to NaN/Inf"
         ref = weight.detach().to("cpu", torch.float64)  # type: ignore[union-attr]

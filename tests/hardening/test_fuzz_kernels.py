@@ -292,13 +292,19 @@ def test_bind(name: str, data: st.DataObject, bind_registry: Registry) -> None:
         read, why = meaning(fmt, mutated, torch.device(DEVICE))
         if read is None:
             return f"bound tensors the format refuses ({why})"
-        inputs = oracle.nominal(data, fmt.validate(read), case.act_dtype)
-        try:
-            out = bound(*[inputs[k] for k in ("x", "topk_ids") if k in inputs], **(
-                {"topk_weights": inputs["topk_weights"]} if "topk_weights" in inputs else {}))
-        except QuantCoreError as exc:
-            return f"bound, then refused a nominal call: {exc}"
-        return oracle.judge(out, fmt, read, inputs)
+        refusals = []
+        # The dtype of the case first; without a dtype, a kernel may prepare for the
+        # stored tensors' own (svdquant: lora_down's).
+        for act in dict.fromkeys([case.act_dtype, *FLOAT_DTYPES]):
+            inputs = oracle.nominal(data, fmt.validate(read), act)
+            try:
+                out = bound(*[inputs[k] for k in ("x", "topk_ids") if k in inputs], **(
+                    {"topk_weights": inputs["topk_weights"]} if "topk_weights" in inputs else {}))
+            except QuantCoreError as exc:
+                refusals.append(str(exc))
+                continue
+            return oracle.judge(out, fmt, read, inputs)
+        return f"bound, then refused a nominal call in every dtype: {refusals}"
 
     try:
         attempt(

@@ -90,16 +90,22 @@ LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def _random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random values of ``t``'s shape and dtype, on its device (drawn on the CPU, where
+    the generator lives; a meta tensor has no values to draw)."""
+    if t.device.type == "meta":
+        return torch.empty_like(t)
     if t.dtype == torch.bool:
-        return torch.randint(0, 2, t.shape, generator=gen).bool()
-    if t.is_complex():
-        return torch.randn(t.shape, generator=gen, dtype=t.dtype)
-    if t.is_floating_point():
-        top = t.float().abs().max().clamp_min(1e-3) if t.numel() else 1.0  # an empty tensor has no max
-        return (torch.randn(t.shape, generator=gen) * top).to(t.dtype)
-    info = torch.iinfo(t.dtype)
-    lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
-    return torch.randint(lo, hi, t.shape, generator=gen, dtype=torch.int64).to(t.dtype)
+        out = torch.randint(0, 2, t.shape, generator=gen).bool()
+    elif t.is_complex():
+        out = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+    elif t.is_floating_point():
+        top = t.float().abs().max().clamp_min(1e-3).item() if t.numel() else 1.0  # an empty tensor has no max
+        out = (torch.randn(t.shape, generator=gen) * top).to(t.dtype)
+    else:
+        info = torch.iinfo(t.dtype)
+        lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
+        out = torch.randint(lo, hi, t.shape, generator=gen, dtype=torch.int64).to(t.dtype)
+    return out.to(t.device)
 
 
 def _extreme_like(t: torch.Tensor, which: str) -> torch.Tensor:
