@@ -84,7 +84,7 @@ class ActQuantLoraOracle(OpOracle):
         v = x.float()
         if tensors.get("smooth") is not None:
             v = v * (1.0 / tensors["smooth"].detach().cpu().float())
-        deq = fmt.dequantize(out)
+        deq = fmt.dequantize(out).cpu()
         if deq[m:].numel() and (deq[m:] != 0).any():
             return f"non-zero padding rows {m}..{m_pad}"
         blocks = v.double().view(m, n // fmt.block, fmt.block)
