@@ -28,13 +28,13 @@ def states() -> Iterator[tuple[str, Any]]:
     from quantcore.backends.trtllm_moe.preprocess import CutlassMixedGemmLayout, QuantType
     from quantcore.errors import QuantCoreError
 
-    from .fuzz.seeds import cpu_kernels, make_kernel, seed_tensors, seeds_for
+    from .fuzz.seeds import make_kernel, runnable_kernels, seed_tensors, seeds_for
     from .fuzz.transforms import format_transforms
 
-    for entry in cpu_kernels():
+    for entry in runnable_kernels("cpu"):
         for case in seeds_for(entry.cls.format, entry.cls.op)[:SEEDS_PER_FORMAT]:
             try:
-                state = make_kernel(entry, case.format).prepare(seed_tensors(case))
+                state = make_kernel(entry, case.format, "cpu").prepare(seed_tensors(case))
             except QuantCoreError as exc:
                 state = f"refused: {type(exc).__name__}"
             yield f"prepare/{entry.cls.name}/{case.id}", state

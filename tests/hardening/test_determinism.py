@@ -21,7 +21,7 @@ from quantcore.errors import QuantCoreError
 from quantcore.registry import KernelEntry
 
 from .determinism_digest import digests
-from .fuzz.seeds import cpu_kernels, make_kernel, seed_tensors, seeds_for
+from .fuzz.seeds import make_kernel, runnable_kernels, seed_tensors, seeds_for
 from .fuzz.state import differences
 from .fuzz.transforms import FormatTransform, format_transforms
 
@@ -33,7 +33,7 @@ PER_FORMAT = 12
 def sample(cases: tuple[Any, ...], n: int = PER_FORMAT) -> tuple[Any, ...]:
     step = max(1, -(-len(cases) // n))
     return cases[::step]
-KERNELS = [e for e in cpu_kernels() if seeds_for(e.cls.format, e.cls.op)]
+KERNELS = [e for e in runnable_kernels("cpu") if seeds_for(e.cls.format, e.cls.op)]
 TRANSFORMS = format_transforms()
 CUDA = torch.cuda.is_available()
 
@@ -44,8 +44,7 @@ def _clone(tensors: dict[str, torch.Tensor], device: str = "cpu") -> dict[str, t
 
 def _prepare(entry: KernelEntry, case: Any, device: str = "cpu") -> Any:
     try:
-        return make_kernel(entry, case.format).prepare(_clone(seed_tensors(case), device)) if device == "cpu" else \
-            entry.cls(case.format, torch.device(device)).prepare(_clone(seed_tensors(case), device))
+        return make_kernel(entry, case.format, device).prepare(_clone(seed_tensors(case), device))
     except QuantCoreError as exc:
         return f"refused: {type(exc).__name__}: {exc}"
 

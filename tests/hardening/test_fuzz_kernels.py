@@ -2,8 +2,9 @@
 tensors, wrong ``dtype``), the call (mutated activations and routing, a prepared state
 that is not this kernel's), ``bind``, ``supports`` and ``get_kernel``.
 
-Every kernel the registry holds that can run on this machine is fuzzed (on a CPU the
-Triton ones run under the interpreter, with fewer examples); the oracle of each op
+Every kernel the registry holds that can run on the fuzz device is fuzzed (the CPU by
+default, where the Triton ones run under the interpreter, with fewer examples; CUDA with
+``QUANTCORE_FUZZ_DEVICE=cuda --qc-device cuda``); the oracle of each op
 (``fuzz/op_oracles.py``) gives the golden output of whatever a kernel accepted, computed
 from the tensors as the format defines them. A kernel may refuse anything with a
 quantcore error naming the tensor or parameter; what it accepts it must get right.
@@ -33,9 +34,9 @@ from .fuzz.oracles import OpOracle
 from .fuzz.profiles import examples
 from .fuzz.seeds import (
     DEVICE,
-    cpu_kernels,
     make_kernel,
     registry,
+    runnable_kernels,
     seed_cases,
     seed_tensors,
     seeds_for,
@@ -46,10 +47,10 @@ COMMON_NAMES = ("tensors", "weight", "in_features", "out_features", "K", "N", "E
 
 
 def _interpreted(entry: KernelEntry) -> bool:
-    return "triton" in entry.cls.requires.packages
+    return "triton" in entry.cls.requires.packages and DEVICE == "cpu"
 
 
-KERNELS = [e for e in cpu_kernels() if seeds_for(e.cls.format, e.cls.op) and oracle_for(e.cls.op)]
+KERNELS = [e for e in runnable_kernels() if seeds_for(e.cls.format, e.cls.op) and oracle_for(e.cls.op)]
 FAST = [e for e in KERNELS if not _interpreted(e)]
 SLOW = [e for e in KERNELS if _interpreted(e)]
 
@@ -58,9 +59,9 @@ def _id(e: KernelEntry) -> str:
     return f"{e.cls.format}/{e.cls.name}"
 
 
-def test_every_cpu_kernel_is_fuzzed() -> None:
+def test_every_runnable_kernel_is_fuzzed() -> None:
     """A kernel that can run here but has no seeds or no op oracle would escape."""
-    missing = [_id(e) for e in cpu_kernels() if e not in KERNELS]
+    missing = [_id(e) for e in runnable_kernels() if e not in KERNELS]
     assert not missing, f"kernels runnable here but not fuzzed (no seed case or no op oracle): {missing}"
 
 

@@ -21,7 +21,7 @@ from quantcore.selection import explain, get_kernel
 
 from ..core.fakes import Plugin, dense_kernel
 from .fuzz.op_oracles import oracle_for
-from .fuzz.seeds import cpu_kernels, seed_tensors, seeds_for
+from .fuzz.seeds import runnable_kernels, seed_tensors, seeds_for
 from .fuzz.state import differences
 
 THREADS = 16
@@ -102,7 +102,7 @@ def test_bound_state_dies_with_its_last_user(registry: Registry) -> None:
 
 # --- every real kernel, and faults, under 16 threads ------------------------------------------
 
-REAL = [e for e in cpu_kernels() if oracle_for(e.cls.op) and "triton" not in e.cls.requires.packages
+REAL = [e for e in runnable_kernels("cpu") if oracle_for(e.cls.op) and "triton" not in e.cls.requires.packages
         and any(e.cls.supports(c.problem) for c in seeds_for(e.cls.format, e.cls.op))]
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from .profiles import DEVICE as FUZZ_DEVICE
+
 __all__ = [
     "ALL_DTYPES",
     "FLOAT_DTYPES",
@@ -39,9 +41,9 @@ ALL_DTYPES = (
     torch.uint32, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
     torch.float8_e4m3fn, torch.float8_e5m2,
 )
-#: A device the tensors can be moved to that is not the kernel's: CUDA where present,
-#: otherwise ``meta`` (shape without data).
-OTHER_DEVICE = "cuda" if torch.cuda.is_available() else "meta"
+#: A device the tensors can be moved to that is not the kernel's: the CPU when fuzzing on
+#: a GPU; else CUDA where present, otherwise ``meta`` (shape without data).
+OTHER_DEVICE = "cpu" if FUZZ_DEVICE != "cpu" else "cuda" if torch.cuda.is_available() else "meta"
 
 Tensors = dict[str, Any]
 

@@ -8,6 +8,10 @@ suites generate more than 10,000 cases (``nox -s fuzz`` or
 
 Each fuzz test asks :func:`examples` for its own count, by budget class, so the ratio
 between the suites stays the same in both profiles.
+
+``QUANTCORE_FUZZ_DEVICE`` (default ``cpu``) is the device the kernels are fuzzed on:
+``cuda`` on a GPU host fuzzes the kernels that run there, compiled (with
+``--qc-device cuda``, which leaves Triton's interpreter off).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-__all__ = ["ENV_PROFILE", "PROFILE", "examples", "register_profiles"]
+__all__ = ["DEVICE", "ENV_DEVICE", "ENV_PROFILE", "PROFILE", "examples", "register_profiles"]
 
 ENV_PROFILE = "QUANTCORE_FUZZ_PROFILE"
+ENV_DEVICE = "QUANTCORE_FUZZ_DEVICE"
 PROFILES = ("ci", "nightly")
 
 #: Examples per test, by budget class: "fast" for pure-Python validation paths, "kernel"
@@ -38,6 +43,7 @@ def _profile() -> str:
 
 
 PROFILE = _profile()
+DEVICE = os.environ.get(ENV_DEVICE, "cpu").strip() or "cpu"
 
 
 def examples(budget: str) -> int:

@@ -20,18 +20,19 @@ from quantcore.kernel import Kernel
 from quantcore.probe import probe
 from quantcore.registry import KernelEntry, Registry
 
+from .profiles import DEVICE  # the fuzz device (QUANTCORE_FUZZ_DEVICE)
+
 __all__ = [
     "DEVICE",
-    "cpu_kernels",
     "find_stored_tensors",
     "format_classes",
     "registry",
+    "runnable_kernels",
     "seed_cases",
     "seed_tensors",
     "seeds_for",
 ]
 
-DEVICE = "cpu"
 #: Seeds larger than this many stored weight elements are left to the conformance matrix.
 MAX_WEIGHT_ELEMENTS = 1 << 17
 
@@ -121,10 +122,10 @@ def format_classes() -> dict[str, type[Format]]:
     return registry().formats()
 
 
-def cpu_kernels() -> list[KernelEntry]:
-    """Kernels whose device requirements this machine's CPU meets (Triton kernels run
-    under the interpreter when ``TRITON_INTERPRET=1``)."""
-    caps = probe(DEVICE)
+def runnable_kernels(device: str = DEVICE) -> list[KernelEntry]:
+    """Kernels whose device requirements this machine's ``device`` meets (on a CPU,
+    Triton kernels run under the interpreter when ``TRITON_INTERPRET=1``)."""
+    caps = probe(device)
     out = []
     for entry in registry().kernels():
         try:
@@ -135,6 +136,6 @@ def cpu_kernels() -> list[KernelEntry]:
     return sorted(out, key=lambda e: (e.cls.format, e.cls.op, e.cls.name))
 
 
-def make_kernel(entry: KernelEntry, fmt: Format) -> Kernel:
-    return entry.cls(fmt, torch.device(DEVICE))
+def make_kernel(entry: KernelEntry, fmt: Format, device: str = DEVICE) -> Kernel:
+    return entry.cls(fmt, torch.device(device))
 
