@@ -30,7 +30,7 @@ from quantcore.selection import explain, get_kernel
 
 from .fuzz.mutations import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.op_oracles import oracle_for
-from .fuzz.oracles import OpOracle
+from .fuzz.oracles import OpOracle, place
 from .fuzz.profiles import examples
 from .fuzz.seeds import (
     DEVICE,
@@ -128,7 +128,7 @@ class Runner:
         dims = self.fmt.validate(read)
         first = [dtype] if isinstance(dtype, torch.dtype) else [self.case.act_dtype]
         for act in dict.fromkeys([*first, *FLOAT_DTYPES]):
-            inputs = self.oracle.nominal(self.data, dims, act)
+            inputs = place(self.oracle.nominal(self.data, dims, act), self.kernel.device)
             try:
                 out = self.oracle.call(self.kernel, prepared, inputs)
             except QuantCoreError:
@@ -173,7 +173,7 @@ def scenario_inputs(r: Runner) -> None:
     if outcome != "handled":
         return
     dims = r.fmt.validate(r.tensors)
-    inputs = r.oracle.nominal(r.data, dims, r.case.act_dtype)
+    inputs = place(r.oracle.nominal(r.data, dims, r.case.act_dtype), r.kernel.device)
     desc, mutated = r.oracle.mutate(r.data, inputs, dims)
     r.log.append(desc)
     before = {k: v.detach().clone() for k, v in mutated.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"}
@@ -220,7 +220,7 @@ def scenario_prepared(r: Runner) -> None:
         r.log.append(f"prepared by {entry.cls.name} for {case.id}")
     r.log.append(f"prepared: {kind}")
     dims = r.fmt.validate(r.tensors)
-    inputs = r.oracle.nominal(r.data, dims, r.case.act_dtype)
+    inputs = place(r.oracle.nominal(r.data, dims, r.case.act_dtype), r.kernel.device)
 
     def judge(out: Any) -> str | None:
         if donor is None:
@@ -297,7 +297,7 @@ def test_bind(name: str, data: st.DataObject, bind_registry: Registry) -> None:
         # The dtype of the case first; without a dtype, a kernel may prepare for the
         # stored tensors' own (svdquant: lora_down's).
         for act in dict.fromkeys([case.act_dtype, *FLOAT_DTYPES]):
-            inputs = oracle.nominal(data, fmt.validate(read), act)
+            inputs = place(oracle.nominal(data, fmt.validate(read), act), DEVICE)
             try:
                 out = bound(*[inputs[k] for k in ("x", "topk_ids") if k in inputs], **(
                     {"topk_weights": inputs["topk_weights"]} if "topk_weights" in inputs else {}))

@@ -24,7 +24,7 @@ from quantcore.kernel import Kernel
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference
 
 from .mutations import mutate_activation
-from .oracles import Inputs, OpOracle, beyond, has_tiny, judge_dense, x_draw
+from .oracles import Inputs, OpOracle, beyond, has_tiny, judge_dense, on_cpu, x_draw
 
 __all__ = ["ActQuantLoraOracle"]
 
@@ -133,6 +133,7 @@ class ActQuantLoraOracle(OpOracle):
 
     def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
         assert isinstance(fmt, SVDQuantAct)
+        tensors, inputs = on_cpu(tensors), on_cpu(inputs)
         golden = self.golden(fmt, tensors, inputs)
         if not isinstance(out, tuple) or len(out) != 3:
             return f"returned {type(out).__name__}, not (qout, oscales, lora_act_out)"

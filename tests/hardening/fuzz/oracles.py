@@ -21,7 +21,7 @@ from quantcore.ops.moe import moe_gemm_reference
 
 from .mutations import ALL_DTYPES, NOT_TENSORS, OTHER_DEVICE, mutate_activation, noncontiguous
 
-__all__ = ["Inputs", "LinearOracle", "MoEOracle", "OpOracle", "beyond", "has_tiny", "judge_dense", "x_draw"]
+__all__ = ["Inputs", "LinearOracle", "MoEOracle", "OpOracle", "beyond", "has_tiny", "judge_dense", "on_cpu", "place", "x_draw"]
 
 Inputs = dict[str, Any]
 
@@ -93,6 +93,16 @@ def judge_dense(
     return verdict.problem
 
 
+def on_cpu(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The golden references compute on the CPU, wherever the kernel ran."""
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def place(inputs: Inputs, device: torch.device | str) -> Inputs:
+    """Nominal inputs (drawn on the CPU) on the kernel's device."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
 def beyond(t: torch.Tensor, dtype: torch.dtype, margin: float) -> bool:
     finite = t[torch.isfinite(t)]
     return bool(finite.numel()) and finite.abs().max().item() * margin > torch.finfo(dtype).max
@@ -156,6 +166,7 @@ class OpOracle(ABC):
         return None
 
     def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
+        tensors, inputs = on_cpu(tensors), on_cpu(inputs)
         golden = self.golden(fmt, tensors, inputs)
         overflow, atol = self.ranges(fmt, tensors, inputs)
         return judge_dense(out, golden, self.act_dtype(inputs), may_overflow=overflow, atol=atol,
