@@ -183,6 +183,9 @@ def act_quant_lora_kernel(
             code = tl.where(dropped[:, :, None], 0, code)
             sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
             sbits = tl.where(bad, 0x7E00, sbits)
+        # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0, which
+        # would otherwise set the NVFP4 sign bit).
+        code = tl.where(real[:, None, None], code, 0)
         sbits = tl.where(real[:, None], sbits, 0)
         lo, hi = tl.split(tl.reshape(code, (BM, BN // 2, 2)))
         packed = (lo | (hi << 4)).to(tl.uint8)

@@ -62,6 +62,8 @@ class PackedLinear:
         check_activation(x, k=k, dtypes=act_dtypes, device=self.weight.device)
         meta, bias = self.for_dtype(x.dtype)
         x2 = x.reshape(-1, k)
+        if x2.shape[0] == 0:  # never launch on no rows: tinygemm's CUDA launch rejects a zero grid
+            return x.new_empty(*x.shape[:-1], self.out_features)
         x2 = x2.index_select(1, self.ret_idx) if self.ret_idx is not None else x2.contiguous()
         y = mm(x2, meta)
         if bias is not None:

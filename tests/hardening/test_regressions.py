@@ -235,3 +235,40 @@ def test_bind_forwards_every_input_of_the_op() -> None:
     y = bind(fmt, "cpu", stored, dtype=torch.bfloat16)(x, ids, topk_weights=weights)
     ref = moe_gemm_reference(x, ids, GoldenExperts(fmt, stored), weights)
     assert y.shape == ref.shape and (y.double() - ref).norm() / ref.norm() < 1e-2
+
+
+def test_int4pack_kernels_take_an_empty_batch() -> None:
+    """aten_cuda raised a foreign CUDA 'invalid argument' on x of shape (0, K): tinygemm's
+    launch rejects a zero grid. No int4pack kernel launches on no rows now."""
+    from quantcore.backends.aten_cpu.kernel import AtenCpuGPTQ
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kernel = get_kernel(GPTQ(group_size=32, sym=False), device, problem=Problem.linear(
+        GPTQ(group_size=32, sym=False), M=1, K=128, N=64, dtype=torch.bfloat16))
+    if device == "cpu":
+        assert isinstance(kernel, AtenCpuGPTQ)
+    prepared = kernel.prepare({k: v.to(device) for k, v in gptq_weights().items()}, dtype=torch.bfloat16)
+    y = kernel(torch.empty(0, 128, dtype=torch.bfloat16, device=device), prepared)
+    assert y.shape == (0, 64) and y.dtype == torch.bfloat16
+
+
+def test_svdquant_padding_rows_are_zero_with_a_negative_smooth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton kernel quantized padding rows like real ones: 0 · a negative 1/smooth is
+    -0, and NVFP4 codes carry the sign, so padding bytes came out 0x88 instead of 0."""
+    from quantcore.backends.triton_nvfp4 import TritonNVFP4
+    from quantcore.formats.svdquant import SVDQuantAct
+    from quantcore.ops.act_quant_lora import act_quant_lora_reference
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fmt = SVDQuantAct(fp4=True)
+    gen = GEN().manual_seed(9)
+    layer = {"lora_down": torch.randn(64, 16, generator=gen).to(torch.bfloat16),
+             "smooth": -torch.rand(64, generator=gen).add(0.5).to(torch.bfloat16)}
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    kernel = TritonNVFP4(fmt, device)
+    qout, oscales, _ = kernel(x.to(device), kernel.prepare({k: v.to(device) for k, v in layer.items()}))
+    want = act_quant_lora_reference(fmt, x, layer["lora_down"], layer["smooth"])
+    assert torch.equal(qout.cpu(), want.qout)
+    assert torch.equal(oscales.cpu().view(torch.uint8), want.oscales.view(torch.uint8))
