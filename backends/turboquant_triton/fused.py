@@ -236,11 +236,13 @@ def _gemm_body(x_ptr, idx_ptr, scale_ptr, cb_ptr, out_ptr, partial_ptr, bias_ptr
     tl.store(out_ptr + out_offs, _to_output(acc, out_ptr), mask=mask)
 
 
+# The group geometry is in the keys: a config pruned for one group size is wrong for
+# another of the same N and K (a BLOCK_K above HALF runs no step at all and writes zeros).
 _gemv_tuned = triton.autotune(
-    configs=GEMV_CONFIGS, key=["N", "K"], prune_configs_by={"early_config_prune": _prune_gemv}
+    configs=GEMV_CONFIGS, key=["N", "K", "N_GROUPS"], prune_configs_by={"early_config_prune": _prune_gemv}
 )(_gemv_body)
 _gemm_tuned = triton.autotune(
-    configs=GEMM_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune_gemm}
+    configs=GEMM_CONFIGS, key=["M_BUCKET", "N", "K", "HALF"], prune_configs_by={"early_config_prune": _prune_gemm}
 )(_gemm_body)
 
 

@@ -272,3 +272,19 @@ def test_svdquant_padding_rows_are_zero_with_a_negative_smooth(monkeypatch: pyte
     want = act_quant_lora_reference(fmt, x, layer["lora_down"], layer["smooth"])
     assert torch.equal(qout.cpu(), want.qout)
     assert torch.equal(oscales.cpu().view(torch.uint8), want.oscales.view(torch.uint8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the interpreter uses fixed tiles)")
+def test_turboquant_triton_autotuning_keys_the_group_size() -> None:
+    """Found by the kernel fuzz on an H100: the autotuner cached its GEMM tile by (M, N,
+    K) alone, so a group-32 layer after a group-64 one of the same shape reused a
+    BLOCK_K of 32 bytes for 16-byte half groups, ran no step and returned zeros."""
+    gen = GEN().manual_seed(10)
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
+    for group_size in (64, 32):
+        fmt = TurboQuant(bits=4, group_size=group_size)
+        stored = fmt.quantize(torch.randn(96, 256, generator=gen), generator=gen)
+        kernel = TurboQuantTriton(fmt, "cuda")
+        y = kernel(x.cuda(), kernel.prepare({k: v.cuda() for k, v in stored.items()})).double().cpu()
+        ref = x.double() @ fmt.dequantize(stored).T
+        assert (y - ref).norm() / ref.norm() < 1e-2, f"group_size={group_size}"
