@@ -111,8 +111,10 @@ def _to_output(acc, out_ptr):
     explicit form is exact on the GPU as well (the result is then representable)."""
     if out_ptr.dtype.element_ty == tl.bfloat16:
         bits = acc.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        acc = bits.to(tl.float32, bitcast=True)
+        rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        # A NaN keeps its own conversion: the GPU's NaN is 0x7FFFFFFF, whose rounding
+        # carry runs into the sign bit and would write -0.0 (found by the H100 fuzz).
+        acc = tl.where(acc != acc, acc, rounded)
     return acc.to(out_ptr.dtype.element_ty)
 
 

@@ -3,12 +3,17 @@ whatever the generated cases happen to be (one test per fix, in the order found)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from quantcore.backends.aten_cuda.transform import GPTQToTinygemm
 from quantcore.backends.torch_fallback import fallback_for
 from quantcore.backends.turboquant_torch import TurboQuantTorch
+from quantcore.backends.turboquant_triton.fused import _to_output
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.errors import (
     InvalidArgumentError,
@@ -288,3 +293,28 @@ def test_turboquant_triton_autotuning_keys_the_group_size() -> None:
         y = kernel(x.cuda(), kernel.prepare({k: v.cuda() for k, v in stored.items()})).double().cpu()
         ref = x.double() @ fmt.dequantize(stored).T
         assert (y - ref).norm() / ref.norm() < 1e-2, f"group_size={group_size}"
+
+
+@triton.jit
+def _bf16_output(src, dst, n: tl.constexpr):  # type: ignore[no-untyped-def]
+    offs = tl.arange(0, n)
+    tl.store(dst + offs, _to_output(tl.load(src + offs), dst))
+
+
+def test_turboquant_triton_bf16_rounding_keeps_nan() -> None:
+    """Found by the kernel fuzz on an H100 (x at bf16's max, so every sum was NaN): the
+    bf16 output rounding adds 0x7FFF to the float32 bits, and the GPU's NaN 0x7FFFFFFF
+    carried into the sign bit, so NaN outputs were written as -0.0. Checked here through
+    the interpreter on bit patterns the GPU makes."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs Triton's interpreter or a CUDA device")
+    bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800000, 0x7F7FFFFF,
+                         0x3F808000, 0x3F818000], dtype=torch.int64).to(torch.int32)
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    src = bits.view(torch.float32).to(device)
+    out = torch.empty(8, dtype=torch.bfloat16, device=device)
+    _bf16_output[(1,)](src, out, 8)
+    want = bits.view(torch.float32).to(torch.bfloat16)  # torch rounds to nearest even; NaN stays NaN
+    got = out.cpu()
+    assert torch.equal(got.isnan(), want.isnan()), got
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
