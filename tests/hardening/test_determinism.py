@@ -114,7 +114,10 @@ def _all_seeds() -> list[Any]:
 
 
 def _digest_process(hash_seed: str, threads: str) -> subprocess.Popen[str]:
+    # The child samples the kernels this process can run on the CPU: Triton's ones only
+    # with the interpreter, which a CUDA run (--qc-device cuda) leaves off.
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "QUANTCORE_DIGEST_THREADS": threads, "OMP_NUM_THREADS": threads,
+           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "tests.hardening.determinism_digest"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
