@@ -2,7 +2,7 @@
 
     nox -s cpu     # fresh venv: CPU torch + triton (interpreter), the matrix and the tests
     nox -s cuda    # on a CUDA machine, in the environment already there (works offline);
-                   # nox -s cuda -- conformance | tests | bench [SUITE ...] runs one part
+                   # nox -s cuda -- conformance | tests | fuzz | bench [SUITE ...] runs one part
     nox -s xpu     # likewise on an Intel XPU machine
     nox -s npu     # likewise on an Ascend NPU machine (torch_npu, triton-ascend)
     nox -s lint    # ruff and mypy
@@ -54,15 +54,20 @@ def _conformance(session: nox.Session, device: str) -> None:
     )
 
 
-CUDA_PARTS = ("conformance", "tests", "bench")
+CUDA_PARTS = ("conformance", "tests", "fuzz", "bench")
+#: The hardening checks that need the GPU: the kernel fuzz on CUDA, CPU-vs-CUDA
+#: determinism and the regressions the GPU fuzz found.
+CUDA_HARDENING = ("tests/hardening/test_fuzz_kernels.py", "tests/hardening/test_determinism.py",
+                  "tests/hardening/test_regressions.py")
 
 
 @nox.session(python=False)
 def cuda(session: nox.Session) -> None:
     """The CUDA lane: the matrix (full profile) as a table and JSON, the test suite with its
     CUDA-only tests, and every benchmark suite timed as CUDA-graph replays (plots beside the
-    results). ``-- PART [ARGS]`` runs one part: ``conformance``, ``tests [PYTEST ARGS]`` or
-    ``bench [SUITE ...]`` — each fits a time-boxed job on a shared GPU."""
+    results). ``-- PART [ARGS]`` runs one part: ``conformance``, ``tests [PYTEST ARGS]``,
+    ``fuzz`` (the kernels fuzzed on CUDA, compiled) or ``bench [SUITE ...]`` — each fits a
+    time-boxed job on a shared GPU."""
     part, *rest = session.posargs or ["all"]
     if part not in ("all", *CUDA_PARTS):
         session.error(f"nox -s cuda -- PART: expected one of {', '.join(CUDA_PARTS)}, got {part!r}")
@@ -72,6 +77,9 @@ def cuda(session: nox.Session) -> None:
         _conformance(session, "cuda")
     if part in ("all", "tests"):
         session.run("python", "-m", "pytest", "-q", "-n", "8", "--dist", "loadgroup", "tests", *rest, external=True)
+    if part in ("all", "fuzz"):
+        session.run("python", "-m", "pytest", "-q", "-n", "6", *CUDA_HARDENING, "--qc-device", "cuda", *rest,
+                    env={"QUANTCORE_FUZZ_DEVICE": "cuda"}, external=True)
     if part in ("all", "bench"):
         for suite in rest or ["all"]:
             session.run(

@@ -88,7 +88,7 @@ def smem_bytes(tile: Tile, r: int) -> int:
     return tile.num_stages * (tile.bm * tile.bn + w) * 2
 
 
-def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132) -> Tile:
+def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132, pad_size: int = 256) -> Tile:
     """The default tile. Under the interpreter: few, large programs (it pays per
     operation, not per element). On a GPU: 64 × 64 tiles with 4 warps and 3 stages — the
     tile ``tune_tile`` picked on 6 of the 8 seed shapes on an H100
@@ -96,12 +96,15 @@ def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132) -> Tile:
     30–60% faster there than the 8-warp 128-wide tiles — and split-N until there are two
     programs per SM (four splits at M = 4352), as fits :data:`SMEM_BUDGET`."""
     block = 16 if fp4 else 64
+    # A row tile divides pad_size, so it divides every padded M (a multiple of 16, as
+    # supports() requires).
+    rows = pad_size & -pad_size
     if interpreted():
         bn = min(256, max(block, _pow2(n)))
         while n % bn and bn > block:
             bn //= 2
-        return Tile(min(128, m_pad), bn, 1, 4, 1)
-    bm = min(64, m_pad)
+        return Tile(min(128, m_pad, rows), bn, 1, 4, 1)
+    bm = min(64, m_pad, rows)
     tile = Tile(bm, 64, 1, 4, 3)
     for stages in (3, 2, 1):
         tile = Tile(bm, max(64, block), 1, 4, stages)
@@ -197,8 +200,8 @@ class TritonActQuantLora(SVDQuantKernel):
                     print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-            return pick_tile(m_pad, n, r, fmt.fp4, sms=sms)
-        return pick_tile(m_pad, n, r, fmt.fp4)
+            return pick_tile(m_pad, n, r, fmt.fp4, sms=sms, pad_size=fmt.pad_size)
+        return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
 
     def _launch(
         self, x: torch.Tensor, prepared: SVDQuantWeights, tile: Tile,

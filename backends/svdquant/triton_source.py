@@ -169,7 +169,9 @@ def act_quant_lora_kernel(
             sbits = tl.maximum(e4m3_scale_bits(tl.minimum(s, 448.0)), 1)  # a zero scale → 2⁻⁹
             s8 = tl.where(bad, float("nan"), e4m3_value(sbits))
             idx = e2m1_index(tl.abs(vb), s8[:, :, None])
-            code = idx | ((vbits >> 28) & tl.where(bad, 0, 8)[:, :, None])
+            # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0), so
+            # the sign is dropped per block there, as for a non-finite block.
+            code = idx | ((vbits >> 28) & tl.where(bad | ~real[:, None], 0, 8)[:, :, None])
             sbits = tl.where(bad, 0x7F, sbits)
         else:
             # r = 7 / amax; an all-zero block (r = inf) and one too small for r to be
@@ -183,9 +185,6 @@ def act_quant_lora_kernel(
             code = tl.where(dropped[:, :, None], 0, code)
             sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
             sbits = tl.where(bad, 0x7E00, sbits)
-        # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0, which
-        # would otherwise set the NVFP4 sign bit).
-        code = tl.where(real[:, None, None], code, 0)
         sbits = tl.where(real[:, None], sbits, 0)
         lo, hi = tl.split(tl.reshape(code, (BM, BN // 2, 2)))
         packed = (lo | (hi << 4)).to(tl.uint8)

@@ -318,3 +318,35 @@ def test_turboquant_triton_bf16_rounding_keeps_nan() -> None:
     got = out.cpu()
     assert torch.equal(got.isnan(), want.isnan()), got
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+def test_svdquant_output_validator_refuses_meta_tensors() -> None:
+    """Found by the nightly fuzz: ``validate_output`` took meta ``qout``/``oscales`` and
+    ``dequantize`` then raised torch's device error."""
+    from quantcore.formats.svdquant import SVDQuantAct
+
+    fmt = SVDQuantAct()
+    out = fmt.quantize(torch.randn(2, 32, generator=GEN().manual_seed(11)).to(torch.bfloat16))
+    with pytest.raises(TensorFormatError, match="qout: a meta tensor holds no data"):
+        fmt.dequantize({**out, "qout": out["qout"].to("meta")})
+
+
+def test_svdquant_triton_row_tiles_divide_pad_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the nightly fuzz: with pad_size=16 the Triton kernel prepared, then
+    refused every call of M > 16 (its row tile of 32+ rows did not divide pad_size)."""
+    from quantcore.backends.triton_nvfp4 import TritonNVFP4
+    from quantcore.formats.svdquant import SVDQuantAct
+    from quantcore.ops.act_quant_lora import act_quant_lora_reference
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fmt = SVDQuantAct(fp4=True, pad_size=16)
+    gen = GEN().manual_seed(12)
+    layer = {"lora_down": torch.randn(64, 16, generator=gen).to(torch.bfloat16)}
+    x = torch.randn(17, 64, generator=gen).to(torch.bfloat16)
+    kernel = TritonNVFP4(fmt, device)
+    qout, oscales, _ = kernel(x.to(device), kernel.prepare({k: v.to(device) for k, v in layer.items()}))
+    want = act_quant_lora_reference(fmt, x, layer["lora_down"])
+    assert qout.shape == (32, 32) and torch.equal(qout.cpu(), want.qout)
+    assert torch.equal(oscales.cpu().view(torch.uint8), want.oscales.view(torch.uint8))

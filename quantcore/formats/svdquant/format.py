@@ -82,7 +82,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import TensorFormatError
-from ...tensors import describe, reject_unknown, require_tensor, require_tensors
+from ...tensors import check_stored, describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
 from . import numerics
 
@@ -171,6 +171,7 @@ class SVDQuantAct(Format):
     def validate_output(self, tensors: Mapping[str, torch.Tensor]) -> tuple[int, int]:
         """``qout`` and ``oscales`` as the op writes them; returns ``(M_pad, N)``."""
         where = f"{self.slug} output"
+        check_stored(tensors, where=where)
         reject_unknown(tensors, OUTPUT_NAMES, where=where, takes="svdquant output is qout and oscales")
         require_tensors(tensors, OUTPUT_NAMES, where=where)
         qout = require_tensor("qout", tensors["qout"], dtypes=(torch.uint8,), where=where)
