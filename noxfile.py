@@ -55,10 +55,6 @@ def _conformance(session: nox.Session, device: str) -> None:
 
 
 CUDA_PARTS = ("conformance", "tests", "fuzz", "bench")
-#: The hardening checks that need the GPU: the kernel fuzz on CUDA, CPU-vs-CUDA
-#: determinism and the regressions the GPU fuzz found.
-CUDA_HARDENING = ("tests/hardening/test_fuzz_kernels.py", "tests/hardening/test_determinism.py",
-                  "tests/hardening/test_regressions.py")
 
 
 @nox.session(python=False)
@@ -80,8 +76,10 @@ def cuda(session: nox.Session) -> None:
         session.run("python", "-m", "pytest", "-q", "-n", "8", "--dist", "loadgroup", "tests", "--qc-device", "cuda",
                     *rest, external=True)
     if part in ("all", "fuzz"):
-        session.run("python", "-m", "pytest", "-q", "-n", "6", *CUDA_HARDENING, "--qc-device", "cuda", *rest,
-                    env={"QUANTCORE_FUZZ_DEVICE": "cuda"}, external=True)
+        # The kernel fuzz again, on CUDA (the tests part fuzzes them on the CPU and already
+        # runs the CPU-vs-CUDA determinism tests and the GPU regressions).
+        session.run("python", "-m", "pytest", "-q", "-n", "6", "tests/hardening/test_fuzz_kernels.py",
+                    "--qc-device", "cuda", *rest, env={"QUANTCORE_FUZZ_DEVICE": "cuda"}, external=True)
     if part in ("all", "bench"):
         for suite in rest or ["all"]:
             session.run(

@@ -34,7 +34,7 @@ from ..case import Case
 from ..harness import OpHarness
 from ..tolerance import Comparison, compare, tolerance_for
 
-__all__ = ["ActQuantLoraHarness", "compare_outputs", "tie_block"]
+__all__ = ["ActQuantLoraHarness", "code_problems", "compare_outputs", "first_difference", "layout_problem", "tie_block"]
 
 NVFP4_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0)
 INT4_TIES = (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.0)
@@ -64,42 +64,62 @@ class ActInputs:
     golden: ActQuantLoraOutput
 
 
-def _first_difference(got: torch.Tensor, want: torch.Tensor, name: str) -> str:
-    diff = got != want
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of a 1- or 2-byte tensor (codes, fp8 or fp16 scales), on the CPU."""
+    t = t.detach().cpu()
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
+
+
+def first_difference(name: str, got: torch.Tensor, want: torch.Tensor) -> str:
+    """``""`` if ``got`` and ``want`` hold the same bits, else how many differ and the first."""
+    g, w = _bits(got), _bits(want)
+    diff = g != w
     count = int(diff.sum())
     if not count:
         return ""
     where = tuple(int(i) for i in diff.nonzero()[0])
-    return (f"{name}: {count} of {want.numel()} differ (first at {list(where)}: got "
-            f"{int(got[where]):#x}, expected {int(want[where]):#x})")
+    return (f"{name}: {count} of {w.numel()} differ (first at {list(where)}: got "
+            f"{int(g[where]):#x}, expected {int(w[where]):#x})")
+
+
+def layout_problem(output: object, golden: ActQuantLoraOutput, fmt: SVDQuantAct) -> str:
+    """``""`` if ``output`` is ``(qout, oscales, lora_act_out)`` with the golden shapes
+    and dtypes, else what is wrong."""
+    if not isinstance(output, tuple) or len(output) != 3:
+        return f"returned {type(output).__name__}, not (qout, oscales, lora_act_out)"
+    expected = {"qout": (golden.qout, torch.uint8), "oscales": (golden.oscales, fmt.scale_dtype),
+                "lora_act_out": (golden.lora_act_out, torch.float32)}
+    for name, t in zip(expected, output, strict=True):
+        want, dtype = expected[name]
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != dtype:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            return f"{name}: expected {tuple(want.shape)} {dtype}, got {got}"
+    return ""
+
+
+def code_problems(output: tuple[torch.Tensor, ...], golden: ActQuantLoraOutput) -> list[str]:
+    """Where the codes and scales of a well-laid-out output differ from the golden bits."""
+    found = [first_difference("qout", output[0], golden.qout), first_difference("oscales", output[1], golden.oscales)]
+    return [p for p in found if p]
 
 
 def compare_outputs(output: object, golden: ActQuantLoraOutput, fmt: SVDQuantAct, m: int) -> Comparison:
     """Codes and scales exactly (as bytes / bit patterns), the LoRA branch in float32."""
     tol = tolerance_for(torch.float32)
     nan = float("nan")
-    if not isinstance(output, tuple) or len(output) != 3:
-        return Comparison(False, nan, nan, tol, f"returned {type(output).__name__}, not (qout, oscales, lora_act_out)")
-    qout, oscales, lora = output
-    expected = {"qout": (golden.qout, torch.uint8), "oscales": (golden.oscales, fmt.scale_dtype),
-                "lora_act_out": (golden.lora_act_out, torch.float32)}
-    for name, t in zip(expected, (qout, oscales, lora), strict=True):
-        want, dtype = expected[name]
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != dtype:
-            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-            return Comparison(False, nan, nan, tol, f"{name}: expected {tuple(want.shape)} {dtype}, got {got}")
-    bits = torch.uint8 if fmt.fp4 else torch.int16
-    problems = [
-        _first_difference(qout.cpu(), golden.qout, "qout"),
-        _first_difference(oscales.cpu().view(bits), golden.oscales.view(bits), "oscales"),
-    ]
+    layout = layout_problem(output, golden, fmt)
+    if layout:
+        return Comparison(False, nan, nan, tol, layout)
+    assert isinstance(output, tuple)
+    lora = output[2]
+    problems = code_problems(output, golden)
     lora_cmp = compare(lora[:m], golden.lora_act_out[:m], tol)
     if not lora_cmp.ok:
         problems.append(f"lora_act_out: {lora_cmp.problem}")
     padding = lora[m:].detach().cpu()
     if padding.numel() and (padding != 0).any():
         problems.append(f"lora_act_out: {int((padding != 0).sum())} nonzero element(s) in the padding rows {m}..")
-    problem = "; ".join(p for p in problems if p)
+    problem = "; ".join(problems)
     return Comparison(not problem, lora_cmp.rel_err, lora_cmp.max_err, tol, problem)
 
 

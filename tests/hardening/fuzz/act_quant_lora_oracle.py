@@ -2,7 +2,8 @@
 golden output has two parts, judged as the conformance harness judges them, widened to
 the inputs a fuzz makes.
 
-* ``qout`` and ``oscales`` bit for bit against the format's golden quantizer, which
+* ``qout`` and ``oscales`` bit for bit against the format's golden quantizer (the
+  harness's own checks), which
   defines the bytes for every input, NaN and Inf included (the block's scale is NaN, its
   codes 0);
 * ``lora_act_out``: the M real rows against ``x @ lora_down`` in float64 through
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from quantcore.conformance.harnesses.act_quant_lora import code_problems, layout_problem
 from quantcore.formats.base import Format
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernel import Kernel
@@ -29,21 +31,6 @@ from .oracles import Inputs, OpOracle, beyond, has_tiny, judge_dense, on_cpu, x_
 __all__ = ["ActQuantLoraOracle"]
 
 LORA_DTYPE = torch.float32
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bit patterns of a uint8 / float8 / float16 tensor, on the CPU."""
-    t = t.detach().cpu()
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
-
-
-def _first_difference(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
-    diff = _bytes(got) != _bytes(want)
-    if not diff.any():
-        return None
-    where = [int(i) for i in diff.nonzero()[0]]
-    g, w = _bytes(got)[tuple(where)], _bytes(want)[tuple(where)]
-    return f"{name}: {int(diff.sum())} of {want.numel()} differ (first at {where}: got {int(g):#x}, expected {int(w):#x})"
 
 
 class ActQuantLoraOracle(OpOracle):
@@ -135,18 +122,9 @@ class ActQuantLoraOracle(OpOracle):
         assert isinstance(fmt, SVDQuantAct)
         tensors, inputs = on_cpu(tensors), on_cpu(inputs)
         golden = self.golden(fmt, tensors, inputs)
-        if not isinstance(out, tuple) or len(out) != 3:
-            return f"returned {type(out).__name__}, not (qout, oscales, lora_act_out)"
-        wanted = (("qout", golden.qout, torch.uint8), ("oscales", golden.oscales, fmt.scale_dtype),
-                  ("lora_act_out", golden.lora_act_out, LORA_DTYPE))
-        for (name, want, dtype), got in zip(wanted, out, strict=True):
-            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape) or got.dtype != dtype:
-                seen = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
-                return f"{name}: expected {tuple(want.shape)} {dtype}, got {seen}"
-        for (name, want, _), got in zip(wanted[:2], out[:2], strict=True):
-            problem = _first_difference(name, got, want)
-            if problem:
-                return problem
+        problem = layout_problem(out, golden, fmt) or "; ".join(code_problems(out, golden))
+        if problem:
+            return problem
         m = inputs["x"].shape[0]
         lora = out[2].detach().cpu()
         if lora[m:].numel() and (lora[m:] != 0).any():

@@ -1,7 +1,7 @@
 """Seed material, drawn from what the registry holds: for every format parameterisation
 a conformance case names (a plugin's cases included) and each set of options, its
-smallest case, and the stored tensors the case's harness quantizes for it. A new format is fuzzed the day it brings
-conformance cases; nothing here names a format."""
+smallest case, and the stored tensors the case's harness quantizes for it. A new format
+is fuzzed the day it brings conformance cases; nothing here names a format."""
 
 from __future__ import annotations
 
