@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 
 from quantcore.probe import probe
-
-from .timing import time_interleaved
+from quantcore.timing import time_interleaved
 
 __all__ = ["Ceilings", "ceilings"]
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from quantcore.timing import time_interleaved
+
 from .ceilings import Ceilings
 from .spec import BenchCase
-from .timing import time_interleaved
 
 __all__ = ["run_cases"]
 

@@ -24,11 +24,11 @@ from quantcore.backends.turboquant_triton import fused
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.formats.turboquant.runtime import rotate_input
+from quantcore.timing import time_interleaved
 
 from .ceilings import ceilings
 from .memory import rotation_sets
 from .suites.turboquant_linear import format_bytes
-from .timing import time_interleaved
 
 FMT = TurboQuant(bits=4, group_size=128)
 DTYPE = torch.bfloat16

@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
+from quantcore.ops.case import PROFILES, Case
+from quantcore.ops.harness import get_harness
 from quantcore.probe import normalize_device, probe
 from quantcore.registry import KernelEntry, Registry, default_registry
-
-from .case import PROFILES, Case
-from .harness import get_harness
 
 __all__ = ["Cell", "CellResult", "collect_cells", "run_cell", "run_matrix"]
 

@@ -3,7 +3,7 @@
 Static priorities pick well on average; the fastest kernel for one device and shape can
 differ. Tuning runs each usable candidate once on random weights of the problem's
 shape, keeps only those whose output passes the conformance check against the golden
-reference (a fast wrong kernel must never win), times them, and caches the winner on
+reference (the op's harness, :mod:`quantcore.ops.harness`) (a fast wrong kernel must never win), times them, and caches the winner on
 disk keyed by device name, torch / triton / quantcore versions, format, op, dtype and
 shape class (exact K and N; M rounded up to a power of two).
 """
@@ -21,9 +21,12 @@ from typing import Any
 import torch
 
 from .dtypes import dtype_name
+from .ops.case import Case
+from .ops.harness import get_harness
 from .probe import probe
 from .problem import Problem
 from .registry import Registry
+from .timing import time_interleaved
 
 __all__ = ["TuneResult", "cache_path", "shape_class", "tuned"]
 
@@ -93,10 +96,6 @@ def tuned(problem: Problem, device: str, candidates: list[str], registry: Regist
 
 
 def _measure(problem: Problem, device: str, candidates: list[str], registry: Registry) -> TuneResult:
-    from .benchmarks.timing import time_interleaved
-    from .conformance.case import Case
-    from .conformance.harness import get_harness
-
     harness = get_harness(problem.op)
     case = Case(problem.format, problem.dims, problem.act_dtype, seed=0x7E57)
     weights = harness.weights(case)

@@ -11,6 +11,12 @@ from tabulate import tabulate
 from ..probe import KNOWN_DEVICE_TYPES, probe
 from .output import emit_json
 
+HELP = "what each device offers, as probed"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", action="append", help="probe only these (repeatable)")
+
 
 def run(args: argparse.Namespace) -> int:
     devices = args.device or list(KNOWN_DEVICE_TYPES)

@@ -6,9 +6,23 @@ import argparse
 
 from ..api import get_format
 from ..dtypes import parse_dtype
+from ..errors import InvalidArgumentError
 from ..problem import Problem
 from ..selection import explain
 from .output import emit_json
+
+HELP = "every candidate kernel for a format on a device, chosen or refused, and why"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("format", help="format name, e.g. gptq")
+    parser.add_argument("device", nargs="?", default="cpu", help="cpu, cuda, cuda:1, xpu, npu (default cpu)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="format parameter, e.g. -p bits=4 -p group_size=128")
+    for dim in ("M", "K", "N"):
+        parser.add_argument(f"-{dim}", type=int, help=f"problem dim {dim}")
+    parser.add_argument("--dtype", default="bf16", help="activation dtype (bf16, fp16, fp32)")
+    parser.add_argument("--prefer", action="append", help="kernel names to try first")
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -16,7 +30,7 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--param: expected key=value, got {pair!r}")
+            raise InvalidArgumentError(f"--param: expected key=value, got {pair!r}")
         out[key.strip()] = value.strip()
     return out
 

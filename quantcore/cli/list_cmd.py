@@ -9,6 +9,12 @@ from tabulate import tabulate
 from ..registry import default_registry
 from .output import emit_json
 
+HELP = "plugins, formats and kernels; broken plugins with their error"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No options beyond ``--json``."""
+
 
 def run(args: argparse.Namespace) -> int:
     reg = default_registry()

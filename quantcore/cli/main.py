@@ -1,73 +1,87 @@
-"""Entry point of the ``quantcore`` command."""
+"""Entry point of the ``quantcore`` command.
+
+The core's commands (list, doctor, explain) live in this package; the layers above the
+core contribute theirs through the ``quantcore.commands`` entry-point group (the
+conformance matrix's ``conformance``, the benchmark framework's ``bench``), so the core
+never imports them. A command is a module with ``HELP`` (one line), ``add_arguments(parser)``
+and ``run(args) -> int``.
+
+Exit codes: 0 done; 1 the command's own negative answer (a conformance FAIL, no kernel
+can run); 2 a usage error, printed as one line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
+
+__all__ = ["COMMAND_GROUP", "build_parser", "main"]
+
+COMMAND_GROUP = "quantcore.commands"
+DESCRIPTION = (
+    "Quantized-weight formats, their kernels chosen per device, and the conformance matrix "
+    "that proves them. Run 'quantcore COMMAND --help' for a command's options."
+)
+_BUILTIN = {"list": "quantcore.cli.list_cmd", "doctor": "quantcore.cli.doctor", "explain": "quantcore.cli.explain"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quantcore", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+class UsageError(Exception):
+    """An argument error: printed as one line, exit status 2."""
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line (``quantcore explain: error: ...``), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+
+def _commands() -> tuple[dict[str, ModuleType], dict[str, str]]:
+    """Loaded command modules by name, and the commands that failed to load, with why."""
+    modules = {name: importlib.import_module(path) for name, path in _BUILTIN.items()}
+    broken: dict[str, str] = {}
+    for ep in sorted(importlib.metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        if ep.name in modules:
+            continue
+        try:
+            modules[ep.name] = ep.load()
+        except Exception as exc:  # a broken command breaks only itself
+            broken[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+    return modules, broken
+
+
+def build_parser(commands: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    commands = _commands()[0] if commands is None else commands
+    parser = _Parser(prog="quantcore", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name, module in commands.items():
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--json", metavar="PATH", help="also write the result as JSON (- for stdout only)")
-        return p
-
-    add("list", "plugins, formats and kernels; broken plugins with their error")
-    p = add("doctor", "what each device offers, as probed")
-    p.add_argument("--device", action="append", help="probe only these (repeatable)")
-    p = add("explain", "every candidate kernel for a format on a device, chosen or refused, and why")
-    p.add_argument("format", help="format name, e.g. gptq")
-    p.add_argument("device", nargs="?", default="cpu", help="cpu, cuda, cuda:1, xpu, npu (default cpu)")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="format parameter, e.g. -p bits=4 -p group_size=128")
-    for dim in ("M", "K", "N"):
-        p.add_argument(f"-{dim}", type=int, help=f"problem dim {dim}")
-    p.add_argument("--dtype", default="bf16", help="activation dtype (bf16, fp16, fp32)")
-    p.add_argument("--prefer", action="append", help="kernel names to try first")
-    p = add("conformance", "run the conformance matrix on a device and print it")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--profile", default="ci", choices=("ci", "full"))
-    p.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
-    p.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
-    p.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
-    p.add_argument("--group", default="format", choices=("format", "family"),
-                   help="summary rows: every format variant, or one per family (gptq4, awq4, …)")
-    p = add("bench", "time kernels against their peers and the device's measured ceilings")
-    p.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
-    p.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
-    p.add_argument("--graph", action="store_true",
-                   help="CUDA: time CUDA-graph replays (no host launch cost), as decode runs in serving")
-    p.add_argument("--out", default="benchmarks/results", help="results folder (JSON and the device's .md page)")
-    p.add_argument("--no-save", action="store_true", help="do not write results")
-    p.add_argument("--plot", metavar="PNG", help="also plot time against M (needs matplotlib)")
-    p.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
+        module.add_arguments(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "list":
-        from .list_cmd import run
-    elif args.command == "doctor":
-        from .doctor import run
-    elif args.command == "explain":
-        from .explain import run
-    elif args.command == "bench":
-        from .bench import run
-    else:
-        from .conformance import run
     from ..errors import QuantCoreError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands, broken = _commands()
+    if argv and argv[0] in broken:
+        print(f"quantcore {argv[0]}: the command failed to load ({broken[argv[0]]})", file=sys.stderr)
+        return 2
     try:
-        return run(args)
-    except QuantCoreError as exc:
+        args = build_parser(commands).parse_args(argv)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        return int(commands[args.command].run(args))
+    except (QuantCoreError, UsageError) as exc:
         print(f"quantcore {args.command}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `quantcore list | head`

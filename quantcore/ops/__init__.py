@@ -1,4 +1,6 @@
-"""What is computed. Each op has one golden reference in float64."""
+"""What is computed. Each op has one golden reference in float64; its harness
+(:mod:`.harness`, :mod:`.harnesses`) draws a :class:`~.case.Case`'s weights and inputs and
+judges a kernel's output against that reference by the tolerance policy (:mod:`.tolerance`)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import pluggy
 from ..errors import PluginError, UnknownFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
+from ..ops.case import Case
 from .hookspecs import PROJECT, QuantcoreSpecs
 
 __all__ = ["ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
@@ -296,8 +297,6 @@ class Registry:
         self.load()
         with self._lock:
             if self._cases is None:
-                from ..conformance.case import Case
-
                 cases: list[Any] = []
                 for name, info in self._plugins.items():
                     if self.pm.get_plugin(name) is None:

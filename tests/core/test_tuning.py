@@ -38,9 +38,9 @@ def sleepy(name: str, seconds: float, *, priority: int, scale: float = 1.0) -> t
 def tuned_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
     monkeypatch.setenv("QUANTCORE_CACHE", str(tmp_path))
     reg = Registry(entry_point_group=None).load()
-    import quantcore.formats.plugin
+    import quantcore.registry.builtin_formats
 
-    reg.register(quantcore.formats.plugin, name="formats")
+    reg.register(quantcore.registry.builtin_formats, name="formats")
     reg.register(Plugin(
         sleepy("slow_high_priority", 0.02, priority=100),
         sleepy("fast_low_priority", 0.0, priority=1),

@@ -228,7 +228,7 @@ def test_bind_forwards_every_input_of_the_op() -> None:
     """``bind`` returned a callable of ``x`` alone: a bound MoE weight could not be given
     its routing (TypeError on ``topk_ids``)."""
     from quantcore.binding import bind
-    from quantcore.conformance.harnesses.moe import GoldenExperts
+    from quantcore.ops.harnesses.moe import GoldenExperts
     from quantcore.ops.moe import moe_gemm_reference
 
     fmt = TRTLLMMoE(group_size=64)

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from quantcore.conformance.harnesses.act_quant_lora import code_problems, layout_problem
 from quantcore.formats.base import Format
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernel import Kernel
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference
+from quantcore.ops.harnesses.act_quant_lora import code_problems, layout_problem
 
 from .mutations import mutate_activation
 from .oracles import Inputs, OpOracle, beyond, has_tiny, judge_dense, on_cpu, x_draw

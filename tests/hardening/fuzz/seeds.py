@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from quantcore.conformance.case import Case
-from quantcore.conformance.harness import get_harness
 from quantcore.formats.base import Format
 from quantcore.kernel import Kernel
+from quantcore.ops.case import Case
+from quantcore.ops.harness import get_harness
 from quantcore.probe import probe
 from quantcore.registry import KernelEntry, Registry
 

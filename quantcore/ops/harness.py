@@ -1,5 +1,6 @@
 """Per-op harnesses: how a case's inputs and golden output are drawn, how a kernel is run
-on them and how its output is judged. The matrix itself is op-agnostic."""
+on them and how its output is judged (the golden judge). The conformance matrix and tuning
+share them; both are op-agnostic."""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ class OpHarness(ABC):
 
 
 def get_harness(op: str) -> OpHarness:
-    """The harness of ``op``: module ``quantcore.conformance.harnesses.<op>``, attribute
+    """The harness of ``op``: module ``quantcore.ops.harnesses.<op>``, attribute
     ``HARNESS``. One module per op keeps ops independent of each other."""
     hit = _HARNESSES.get(op)
     if hit is None:
         try:
-            module = importlib.import_module(f"quantcore.conformance.harnesses.{op}")
+            module = importlib.import_module(f"{__package__}.harnesses.{op}")
         except ModuleNotFoundError as exc:
             raise KeyError(f"no conformance harness for op {op!r} ({exc})") from None
         hit = _HARNESSES[op] = module.HARNESS

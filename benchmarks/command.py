@@ -1,4 +1,5 @@
-"""``quantcore bench SUITE``: time kernels against their peers and the device's ceilings."""
+"""``quantcore bench SUITE``: time kernels against their peers and the device's ceilings.
+Contributed to the ``quantcore`` command through the ``quantcore.commands`` entry point."""
 
 from __future__ import annotations
 
@@ -7,9 +8,23 @@ import datetime
 import sys
 from pathlib import Path
 
-import torch
+from quantcore.cli.output import emit_json
 
-from .output import emit_json
+HELP = "time kernels against their peers and the device's measured ceilings"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
+    parser.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
+    parser.add_argument("--graph", action="store_true",
+                        help="CUDA: time CUDA-graph replays (no host launch cost), as decode runs in serving")
+    parser.add_argument("--out", default="benchmarks/results", help="results folder (JSON and the device's .md page)")
+    parser.add_argument("--no-save", action="store_true", help="do not write results")
+    parser.add_argument("--plot", metavar="PNG", help="also plot time against M (needs matplotlib)")
+    parser.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -20,11 +35,14 @@ def parse_shape(text: str) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantcore.benchmarks import report
-    from quantcore.benchmarks.ceilings import ceilings
-    from quantcore.benchmarks.runner import run_cases
-    from quantcore.benchmarks.suites import available, get_suite
+    import torch
+
     from quantcore.probe import probe
+
+    from . import report
+    from .ceilings import ceilings
+    from .runner import run_cases
+    from .suites import available, get_suite
 
     if args.suite is None:
         for name in available():

@@ -1,4 +1,5 @@
-"""``quantcore conformance``: run the matrix on a device and print it as a table."""
+"""``quantcore conformance``: run the matrix on a device and print it as a table.
+Contributed to the ``quantcore`` command through the ``quantcore.commands`` entry point."""
 
 from __future__ import annotations
 
@@ -6,7 +7,19 @@ import argparse
 import sys
 import time
 
-from .output import emit_json
+from quantcore.cli.output import emit_json
+
+HELP = "run the conformance matrix on a device and print it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", default="ci", choices=("ci", "full"))
+    parser.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
+    parser.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
+    parser.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
+    parser.add_argument("--group", default="format", choices=("format", "family"),
+                        help="summary rows: every format variant, or one per family (gptq4, awq4, …)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""One module per op, each exposing ``HARNESS`` (see :mod:`quantcore.ops.harness`)."""
