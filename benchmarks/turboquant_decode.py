@@ -23,7 +23,7 @@ from tabulate import tabulate
 from quantcore.backends.turboquant_triton import fused
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.formats.turboquant import TurboQuant
-from quantcore.formats.turboquant.runtime import rotate_input
+from quantcore.nn.turboquant.kernel import rotate_input
 from quantcore.timing import time_interleaved
 
 from .ceilings import ceilings

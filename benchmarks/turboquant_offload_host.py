@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from quantcore.formats.turboquant.model import enable_pass2_offload
+from quantcore.nn.turboquant.model import enable_pass2_offload
 
 from .suites.turboquant_offload import stack
 

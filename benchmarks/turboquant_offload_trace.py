@@ -16,7 +16,7 @@ import copy
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from quantcore.formats.turboquant.model import enable_pass2_offload
+from quantcore.nn.turboquant.model import enable_pass2_offload
 
 from .suites.turboquant_offload import stack
 

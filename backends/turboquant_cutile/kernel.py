@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from quantcore.formats.turboquant.runtime import FusedTurboQuantKernel
+from quantcore.backends.turboquant_fused import FusedTurboQuantKernel
 from quantcore.kernel import Requirements
 
 __all__ = ["TurboQuantCuTile"]

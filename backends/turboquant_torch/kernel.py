@@ -13,13 +13,13 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.formats.turboquant.runtime import (
+from quantcore.kernel import Requirements
+from quantcore.nn.turboquant.kernel import (
     PassData,
     TurboQuantLinearKernel,
     TurboQuantPrepared,
     rotate_input,
 )
-from quantcore.kernel import Requirements
 
 __all__ = ["TurboQuantTorch", "byte_pair_table"]
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from quantcore.formats.turboquant import TurboQuant
-from quantcore.formats.turboquant.model import enable_pass2_offload
-from quantcore.formats.turboquant.module import TurboQuantLinear
+from quantcore.nn.turboquant.model import enable_pass2_offload
+from quantcore.nn.turboquant.module import TurboQuantLinear
 
 from ..spec import BenchCase, Variant
 from .turboquant_linear import format_bytes

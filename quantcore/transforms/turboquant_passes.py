@@ -1,4 +1,5 @@
-"""One TurboQuant pass (``indices``, ``norms``, ``rotation``) → a kernel's :class:`PassData`.
+"""One TurboQuant pass (``indices``, ``norms``, ``rotation``) → a kernel's :class:`PassData`
+(what :class:`quantcore.nn.turboquant.TurboQuantLinearKernel` runs a pass on).
 
 * ``scales = norms / √d`` in float32: the per-(row, group) factor every kernel applies;
 * ``rotation`` becomes the right-hand side of the input GEMM, ``P_g = Π_gᵀ``, so that
@@ -17,17 +18,40 @@ pass on its own (:meth:`TurboQuant.validate_pass`), since it may be handed one p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..formats.turboquant.format import TurboQuant
-from ..formats.turboquant.runtime import PassData
 from ..tensors import ieee_div
 from ..transform import Transform
 
-__all__ = ["TurboQuantPassTransform", "split_halves_order"]
+__all__ = ["PassData", "TurboQuantPassTransform", "split_halves_order"]
+
+
+@dataclass(frozen=True)
+class PassData:
+    """One pass in a kernel's layout. Every field is a tensor, so a pass can be moved,
+    pinned or viewed from a scratch buffer field by field (``dataclasses.fields``)."""
+
+    indices: torch.Tensor  # [N, K/2] uint8, as stored
+    scales: torch.Tensor  # [N, G] float32: norms / √d
+    rotation: torch.Tensor  # [R, d, d] in the compute dtype: x_rot_g = x_g @ rotation[r]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def map(self, fn: Any) -> PassData:
+        """A PassData with ``fn`` applied to every tensor."""
+        return PassData(**{name: fn(t) for name, t in self.tensors().items()})
+
+    def map_named(self, fn: Any) -> PassData:
+        """A PassData with ``fn(name, tensor)`` applied to every tensor."""
+        return PassData(**{name: fn(name, t) for name, t in self.tensors().items()})
 
 
 def split_halves_order(d: int, device: torch.device | str = "cpu") -> torch.Tensor:

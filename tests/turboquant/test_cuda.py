@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from quantcore.formats.turboquant import TurboQuant
-from quantcore.formats.turboquant.model import enable_pass2_offload
-from quantcore.formats.turboquant.module import TurboQuantLinear
+from quantcore.nn.turboquant.model import enable_pass2_offload
+from quantcore.nn.turboquant.module import TurboQuantLinear
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from quantcore.errors import KernelInputError, TensorFormatError
 from quantcore.formats.turboquant import TurboQuant
-from quantcore.formats.turboquant.model import (
+from quantcore.nn.turboquant.model import (
     TurboQuantConfig,
     TurboQuantLinear,
     load_quantized,
@@ -93,7 +93,7 @@ def test_offload_on_cpu_gives_the_resident_outputs_and_prefetches_one_layer_ahea
 
 
 def test_offload_chain_of_three_prefetches_each_layer_once_per_step() -> None:
-    from quantcore.formats.turboquant.model import enable_pass2_offload
+    from quantcore.nn.turboquant.model import enable_pass2_offload
 
     gen = torch.Generator().manual_seed(5)
     fmt = TurboQuant(group_size=64, residual=True)
@@ -135,3 +135,44 @@ def test_module_checks_its_inputs() -> None:
         layer(torch.randn(2, 64))
     with pytest.raises(KernelInputError, match="no residual pass"):
         layer.offload_pass2(None)  # type: ignore[arg-type]
+
+
+def test_the_module_runs_behind_bind_and_falls_back_past_a_failing_kernel() -> None:
+    """TurboQuantLinear goes through ``bind``, as QuantLinear does: a kernel that fails on
+    the weight is passed over for the next candidate, and the output is unchanged."""
+    from typing import Any, ClassVar
+
+    import quantcore
+    from quantcore.kernel import Requirements
+    from quantcore.nn.turboquant.kernel import TurboQuantLinearKernel
+    from quantcore.registry import hookimpl
+
+    class BrokenVendor(TurboQuantLinearKernel):
+        name: ClassVar[str] = "tq_broken_vendor"
+        priority: ClassVar[int] = 10_000
+        requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu"}))
+
+        def prepare(self, tensors: Any, *, dtype: torch.dtype | None = None) -> Any:
+            raise RuntimeError("vendor library not initialised")
+
+    class Plugin:
+        @hookimpl
+        def quantcore_kernels(self) -> list[Any]:
+            return [BrokenVendor]
+
+    fmt = TurboQuant(group_size=64, residual=True)
+    layer = TurboQuantLinear.from_linear(nn.Linear(128, 32), fmt, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(3, 128)
+    with torch.no_grad():
+        expected = layer(x)
+    name = quantcore.register(Plugin(), name="tq_broken_vendor_plugin")
+    try:
+        fresh = TurboQuantLinear(128, 32, fmt)
+        fresh.load_state_dict(layer.state_dict())
+        with torch.no_grad():
+            assert torch.equal(fresh(x), expected)
+        bound = fresh._runners[("cpu", torch.float32)].bound
+        assert bound.kernel.name != "tq_broken_vendor"
+        assert ("tq_broken_vendor", "prepare raised RuntimeError: vendor library not initialised") in bound.passed_over
+    finally:
+        quantcore.unregister(name)

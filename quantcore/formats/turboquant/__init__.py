@@ -1,14 +1,12 @@
 """TurboQuant weights (seeds/turboquant-inference-pipeline.md, specs/turboquant.md).
 
-The format and its golden math live here; the model-level API (``TurboQuantConfig``,
-``quantize_model``, ``save_quantized``, ``load_quantized``, ``TurboQuantLinear``) in
-:mod:`quantcore.formats.turboquant.model`, imported on first use so that registering
-the format stays cheap.
+The format and its golden math live here; the runtime — the kernels' pass contract, the
+``TurboQuantLinear`` module, the model-level API (``TurboQuantConfig``, ``quantize_model``,
+``save_quantized``, ``load_quantized``) and the pass-2 CPU offload — in
+:mod:`quantcore.nn.turboquant`, above the registry and selection it uses.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from .codebook import (
     CLASSICAL_LLOYD_MAX_16,
@@ -23,24 +21,9 @@ __all__ = [
     "PASS_TENSORS",
     "RESIDUAL_PREFIX",
     "TurboQuant",
-    "TurboQuantConfig",
-    "TurboQuantLinear",
     "codebook_tensor",
     "gaussian_distortion",
     "lloyd_max_gaussian",
-    "load_quantized",
     "pack_indices",
-    "quantize_model",
-    "save_quantized",
     "unpack_indices",
 ]
-
-_MODEL_API = ("TurboQuantConfig", "TurboQuantLinear", "quantize_model", "save_quantized", "load_quantized")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MODEL_API:
-        from . import model
-
-        return getattr(model, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -59,6 +59,7 @@ import torch
 from ...errors import TensorFormatError
 from ...tensors import check_stored, describe, ieee_div, require_tensor, require_tensors
 from ..base import Format
+from .indices import pack_indices, unpack_indices
 
 __all__ = ["PASS_TENSORS", "RESIDUAL_PREFIX", "TurboQuant", "pack_indices", "unpack_indices"]
 
@@ -70,18 +71,6 @@ _CODEBOOK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Largest tolerated ‖ΠᵀΠ − I‖_max for a stored rotation held in float32.
 _ORTHOGONALITY_TOL = 1e-3
-
-
-def pack_indices(idx: torch.Tensor) -> torch.Tensor:
-    """``[N, K]`` indices in ``[0, 16)`` → ``[N, K/2]`` uint8, column 2j in the low nibble."""
-    idx = idx.to(torch.int32)
-    return (idx[:, 0::2] | (idx[:, 1::2] << 4)).to(torch.uint8)
-
-
-def unpack_indices(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_indices`: ``[N, K]`` int64."""
-    p = packed.to(torch.int64)
-    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], -1)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 from ...errors import TensorFormatError
 from ...tensors import require_float_weight
 from .codebook import codebook_tensor
-from .format import pack_indices
+from .indices import pack_indices
 from .rotation import random_rotation
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .runtime import PassData
+from ...transforms.turboquant_passes import PassData
 
 __all__ = ["OffloadedPass", "Pass2OffloadPool", "pin"]
 

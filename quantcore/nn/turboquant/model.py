@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...errors import TensorFormatError
-from .format import TurboQuant
+from ...formats.turboquant.format import TurboQuant
 from .module import TurboQuantLinear
 from .offload import Pass2OffloadPool
 

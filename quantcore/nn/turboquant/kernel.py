@@ -2,9 +2,12 @@
 
 The seed's forward is ``_forward_pass(x, pass1) + _forward_pass(x, pass2) + bias``.
 Kernels expose exactly that step, :meth:`TurboQuantLinearKernel.run_pass`, on a
-:class:`PassData` — a pass's tensors in the kernel's layout — so that the CPU-offload
-path (``offload.py``) can hand pass 2 to the kernel from a GPU scratch slot instead of
-from resident memory, with no kernel knowing the difference.
+:class:`PassData` — a pass's tensors in the kernel's layout, made by
+:mod:`quantcore.transforms.turboquant_passes` — so that the CPU-offload path
+(``offload.py``) can hand pass 2 to the kernel from a GPU scratch slot instead of from
+resident memory, with no kernel knowing the difference. :class:`TurboQuantLinear`
+(``module.py``) relies on that contract, which is why it lives here, beside the module;
+the fused backends' shared base is ``quantcore.backends.turboquant_fused``.
 
 Numerics policy (``compute_dtype``): on CPU every step runs in float32 (the Triton
 interpreter's ``tl.dot`` is only right in fp32, notes/triton-interpreter.md); on a GPU
@@ -23,14 +26,14 @@ from typing import Any, ClassVar
 import torch
 
 from ...errors import KernelInputError
+from ...formats.turboquant.format import PASS_TENSORS, TurboQuant
 from ...kernel import LinearKernel, Support
 from ...problem import Problem
 from ...tensors import check_activation, stored_on
-from .format import PASS_TENSORS, TurboQuant
+from ...transforms.turboquant_passes import PassData, TurboQuantPassTransform
 
 __all__ = [
     "ACT_DTYPES",
-    "FusedTurboQuantKernel",
     "PassData",
     "TurboQuantLinearKernel",
     "TurboQuantPrepared",
@@ -48,27 +51,6 @@ def compute_dtype(device: torch.device, act_dtype: torch.dtype | None) -> torch.
     if device.type == "cpu" or act_dtype is None:
         return torch.float32
     return act_dtype
-
-
-@dataclass(frozen=True)
-class PassData:
-    """One pass in a kernel's layout. Every field is a tensor, so a pass can be moved,
-    pinned or viewed from a scratch buffer field by field (``dataclasses.fields``)."""
-
-    indices: torch.Tensor  # [N, K/2] uint8, as stored
-    scales: torch.Tensor  # [N, G] float32: norms / √d
-    rotation: torch.Tensor  # [R, d, d] in the compute dtype: x_rot_g = x_g @ rotation[r]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def map(self, fn: Any) -> PassData:
-        """A PassData with ``fn`` applied to every tensor."""
-        return PassData(**{name: fn(t) for name, t in self.tensors().items()})
-
-    def map_named(self, fn: Any) -> PassData:
-        """A PassData with ``fn(name, tensor)`` applied to every tensor."""
-        return PassData(**{name: fn(name, t) for name, t in self.tensors().items()})
 
 
 @dataclass
@@ -146,8 +128,6 @@ class TurboQuantLinearKernel(LinearKernel):
     def prepare_pass(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype) -> PassData:
         """One pass (``indices``, ``norms``, ``rotation``) → PassData on the tensors' own
         device, the rotation cast to ``dtype``. Pure: the offload path runs it on CPU."""
-        from ...transforms.turboquant_passes import TurboQuantPassTransform
-
         fp32 = TurboQuantPassTransform(self.fmt, split_halves=self.split_halves).apply(tensors)  # type: ignore[arg-type]
         return dataclasses.replace(fp32, rotation=fp32.rotation.to(dtype))
 
@@ -219,44 +199,3 @@ class TurboQuantLinearKernel(LinearKernel):
             )
         assert out is not None
         return out.view(*x.shape[:-1], prepared.out_features)
-
-
-
-class FusedTurboQuantKernel(TurboQuantLinearKernel):
-    """A kernel whose pass is the input rotation (a GEMM) then one fused launch
-    ``fused_pass(x_rot, indices, scales, codebook, ...)`` — the Triton and cuTile backends.
-    Their tiles take half a group per step, so d/2 must be a power of two, 16 or more."""
-
-    split_halves: ClassVar[bool] = True
-    FUSED_GROUP_SIZES: ClassVar[tuple[int, ...]] = (32, 64, 128, 256)
-
-    @classmethod
-    def supports(cls, problem: Problem) -> Support:
-        base = super().supports(problem)
-        if not base:
-            return base
-        d = problem.format.group_size  # type: ignore[attr-defined]
-        if d not in cls.FUSED_GROUP_SIZES:
-            sizes = "/".join(map(str, cls.FUSED_GROUP_SIZES))
-            return Support.no(f"group_size={d}: the fused kernel takes {sizes}")
-        return Support.yes()
-
-    def fused_pass(self) -> Any:
-        """The launcher, imported on first use (its module imports triton or cuda.tile)."""
-        raise NotImplementedError
-
-    def run_pass(
-        self,
-        x2d: torch.Tensor,
-        data: PassData,
-        prepared: TurboQuantPrepared,
-        *,
-        partial: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        x_rot = rotate_input(x2d, data.rotation)
-        return self.fused_pass()(  # type: ignore[no-any-return]
-            x_rot, data.indices, data.scales, prepared.codebook,
-            group_size=prepared.group_size, partial=partial, bias=bias, out_dtype=out_dtype,
-        )

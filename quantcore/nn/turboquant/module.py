@@ -1,8 +1,9 @@
 """``TurboQuantLinear``: an ``nn.Linear`` replacement that stores TurboQuant tensors and
-runs them through whichever kernel ``quantcore.get_kernel`` picks for the device.
+runs them through whichever kernel :func:`quantcore.bind` picks for the device — with
+``bind``'s fallback to the next candidate when a kernel fails on the weight or in a call.
 
 The module holds the format's tensors as buffers (so ``state_dict`` is the checkpoint)
-and, per (device, activation dtype), the chosen kernel and its prepared state, rebuilt
+and, per (device, activation dtype), the bound kernel and its prepared state, rebuilt
 whenever the module moves. With ``cpu_offload_pass2`` the residual pass's buffers stay
 in (pinned) host memory and reach the GPU through a :class:`Pass2OffloadPool`.
 """
@@ -15,19 +16,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...binding import BoundKernel, bind
 from ...errors import KernelInputError
+from ...formats.turboquant.format import PASS_TENSORS, RESIDUAL_PREFIX, TurboQuant
+from ...problem import Problem
 from ...tensors import describe
-from .format import PASS_TENSORS, RESIDUAL_PREFIX, TurboQuant
+from .kernel import TurboQuantLinearKernel, TurboQuantPrepared, pass_tensors
 from .offload import OffloadedPass, Pass2OffloadPool, pin
-from .runtime import TurboQuantLinearKernel, TurboQuantPrepared, pass_tensors
 
 __all__ = ["TurboQuantLinear"]
 
 
 @dataclasses.dataclass
 class _Runner:
-    kernel: TurboQuantLinearKernel
-    prepared: TurboQuantPrepared
+    bound: BoundKernel
+    #: Pass 2 streamed from host memory; the bound kernel then runs pass 1 only.
     offloaded: OffloadedPass | None = None
 
 
@@ -134,44 +137,43 @@ class TurboQuantLinear(nn.Module):
         runner = self._runners.get(key)
         if runner is not None:
             return runner
-        from ...problem import Problem
-        from ...selection import get_kernel
-
-        problem = Problem.linear(self.fmt, K=self.in_features, N=self.out_features, dtype=x.dtype)
-        kernel = get_kernel(self.fmt, x.device, problem=problem)
-        if not isinstance(kernel, TurboQuantLinearKernel):
-            # A kernel outside the pass-level contract (the dequantizing fallback) runs whole.
-            runner = _Runner(kernel, kernel.prepare(self.tensors(), dtype=x.dtype))  # type: ignore[arg-type]
-        elif not self.cpu_offload_pass2:
-            runner = _Runner(kernel, kernel.prepare(self.tensors(), dtype=x.dtype))
-        else:
-            runner = self._offloaded_runner(kernel, x)
+        runner = self._offloaded_runner(x) if self.cpu_offload_pass2 else None
+        if runner is None:
+            problem = Problem.linear(self.fmt, K=self.in_features, N=self.out_features, dtype=x.dtype)
+            runner = _Runner(bind(self.fmt, x.device, self.tensors(), problem=problem, dtype=x.dtype))
         self._runners[key] = runner
         return runner
 
-    def _offloaded_runner(self, kernel: TurboQuantLinearKernel, x: torch.Tensor) -> _Runner:
+    def _offloaded_runner(self, x: torch.Tensor) -> _Runner | None:
+        """Pass 1 bound as a format of its own, pass 2 prepared on the host for the same
+        kernel; None when the chosen kernel is outside the pass-level contract (the
+        dequantizing fallback), which then runs the whole weight."""
         pass1_fmt = dataclasses.replace(self.fmt, residual=False)
-        pass1 = type(kernel)(pass1_fmt, x.device)
         resident = {k: v for k, v in self.tensors().items() if not k.startswith(RESIDUAL_PREFIX)}
-        prepared = pass1.prepare(resident, dtype=x.dtype)
+        problem = Problem.linear(pass1_fmt, K=self.in_features, N=self.out_features, dtype=x.dtype)
+        bound = bind(pass1_fmt, x.device, resident, problem=problem, dtype=x.dtype)
+        pass1 = bound.kernel
+        if not isinstance(pass1, TurboQuantLinearKernel):
+            return None
         host = pass1.prepare_pass(
             pass_tensors(self.tensors(), RESIDUAL_PREFIX), dtype=pass1.compute_dtype(x.dtype)
         ).map(pin)
         assert self._pool is not None
         entry = OffloadedPass(host, name=f"{type(self).__name__}@{id(self):x}")
         self._pool.register(entry, x.device)
-        return _Runner(pass1, prepared, entry)
+        return _Runner(bound, entry)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise KernelInputError(f"x: expected [..., {self.in_features}], got {describe(x)}")
         runner = self._runner(x)
         if runner.offloaded is None:
-            return runner.kernel(x, runner.prepared)  # type: ignore[operator]
+            return runner.bound(x)  # type: ignore[no-any-return]
         return self._forward_offloaded(x, runner)
 
     def _forward_offloaded(self, x: torch.Tensor, runner: _Runner) -> torch.Tensor:
-        kernel, prepared, entry = runner.kernel, runner.prepared, runner.offloaded
+        kernel, prepared, entry = runner.bound.kernel, runner.bound.prepared, runner.offloaded
+        assert isinstance(kernel, TurboQuantLinearKernel) and isinstance(prepared, TurboQuantPrepared)
         assert self._pool is not None and entry is not None
         kernel.check_input(x, prepared)
         x2d = x.reshape(-1, self.in_features)
