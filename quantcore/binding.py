@@ -10,8 +10,8 @@ makes that survivable where it is safe:
 * ``UnsupportedProblemError`` from ``prepare`` means this kernel cannot take these
   particular weights (uneven act-order groups, say): the next candidate is tried;
 * any other exception from ``prepare`` or from a call is the kernel's: it is recorded
-  on the registry as failed on this device (``explain`` then shows it refused, with the
-  error), and the next candidate is prepared from the same source tensors. A failed
+  as failed on this device (:mod:`quantcore.selection_state`; ``explain`` then shows it
+  refused, with the error), and the next candidate is prepared from the same source tensors. A failed
   call produced no output, so retrying it on another kernel is safe.
 
 Binding is thread-safe and idempotent: threads that bind the same tensors (same
@@ -39,7 +39,8 @@ from .kernel import Kernel
 from .probe import normalize_device
 from .problem import Problem
 from .registry import Registry, default_registry
-from .selection import explain
+from .selection import explain, rank
+from .selection_state import selection_state
 
 __all__ = ["BoundKernel", "bind"]
 
@@ -70,8 +71,8 @@ class BoundKernel:
         self.kernel, self.prepared = self._first_that_prepares()
 
     def _candidates(self) -> list[str]:
-        expl = explain(self.fmt, self.device, problem=self.problem, prefer=self.prefer or None,
-                       registry=self._registry)
+        expl = rank(self.fmt, self.device, problem=self.problem, prefer=self.prefer or None,
+                    registry=self._registry)
         return [c.kernel for c in expl.candidates if c.status in ("selected", "usable")]
 
     def _first_that_prepares(self, skip: frozenset[str] = frozenset()) -> tuple[Kernel, Any]:
@@ -91,7 +92,8 @@ class BoundKernel:
             except UnsupportedProblemError as exc:
                 self.passed_over.append((name, f"cannot take this weight: {exc}"))
             except Exception as exc:
-                self._registry.record_failure(self.fmt.name, op, name, self.device, f"prepare raised {_short(exc)}")
+                selection_state(self._registry).record_failure(
+                    self.fmt.name, op, name, self.device, f"prepare raised {_short(exc)}")
                 self.passed_over.append((name, f"prepare raised {_short(exc)}"))
         tried = "; ".join(f"{n}: {why}" for n, why in self.passed_over) or "none usable"
         raise NoKernelError(
@@ -113,7 +115,7 @@ class BoundKernel:
                 if self.kernel is kernel:  # no other thread has replaced it yet
                     op = self.problem.op if self.problem is not None else self.fmt.op
                     reason = f"call raised {_short(exc)}"
-                    self._registry.record_failure(self.fmt.name, op, kernel.name, self.device, reason)
+                    selection_state(self._registry).record_failure(self.fmt.name, op, kernel.name, self.device, reason)
                     self.passed_over.append((kernel.name, reason))
                     self.kernel, self.prepared = self._first_that_prepares()
             return self(*inputs, **options)

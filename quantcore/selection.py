@@ -1,5 +1,9 @@
 """Choosing a kernel: rank every candidate, keep the reason for every refusal.
 
+``explain`` only reads: it ranks and says why, and changes nothing. ``get_kernel`` (and
+``bind``) act on the ranking: they cache the choice and record a kernel whose own checks
+raise as failed on that device (:mod:`quantcore.selection_state`).
+
 Environment variables (comma-separated kernel or plugin names):
 
 ``QUANTCORE_DISABLE``  never choose these.
@@ -22,8 +26,9 @@ from .kernel import Kernel
 from .probe import normalize_device, probe
 from .problem import Problem
 from .registry import Registry, default_registry
+from .selection_state import FailureKey, SelectionState, selection_state
 
-__all__ = ["ENV_DISABLE", "ENV_FORCE", "ENV_PREFER", "Candidate", "Explanation", "explain", "get_kernel"]
+__all__ = ["ENV_DISABLE", "ENV_FORCE", "ENV_PREFER", "Candidate", "Explanation", "explain", "get_kernel", "rank"]
 
 ENV_DISABLE = "QUANTCORE_DISABLE"
 ENV_FORCE = "QUANTCORE_FORCE"
@@ -128,13 +133,31 @@ def explain(
     tune: bool = False,
     registry: Registry | None = None,
 ) -> Explanation:
-    """Rank every kernel registered for ``format`` on ``device``, as data. With
-    ``tune=True`` the usable candidates are checked and timed (see :mod:`quantcore.tuning`)
-    and the table shows what was measured."""
+    """Rank every kernel registered for ``format`` on ``device``, as data; records nothing
+    (a kernel whose checks raise is shown refused with the error, and ``get_kernel`` or
+    ``bind`` will record it). With ``tune=True`` the usable candidates are checked and timed
+    (see :mod:`quantcore.tuning`) and the table shows what was measured."""
     reg = registry or default_registry()
     fmt = _resolve(format, problem, reg)
-    expl = _explain(fmt, normalize_device(device), problem, _prefer_tuple(prefer), reg)
+    expl, _ = _explain(fmt, normalize_device(device), problem, _prefer_tuple(prefer), reg)
     return _tuned(expl, problem, reg) if tune else expl
+
+
+def rank(
+    fmt: Format,
+    device: str,
+    *,
+    problem: Problem | None,
+    prefer: str | Sequence[str] | None,
+    registry: Registry,
+) -> Explanation:
+    """``explain`` for those about to act on the answer (``get_kernel``, ``bind``): a kernel
+    whose own checks raised is recorded as failed on ``device``, refused from then on."""
+    expl, broke = _explain(fmt, device, problem, _prefer_tuple(prefer), registry)
+    state = selection_state(registry)
+    for key, reason in broke.items():
+        state.record_failure(*key, reason)
+    return expl
 
 
 def _tuned(expl: Explanation, problem: Problem | None, reg: Registry) -> Explanation:
@@ -170,8 +193,11 @@ def _prefer_tuple(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def _explain(
     fmt: Format, device: str, problem: Problem | None, prefer: tuple[str, ...], reg: Registry
-) -> Explanation:
+) -> tuple[Explanation, dict[FailureKey, str]]:
+    """The ranking, and the kernels whose checks raised just now (for the caller to record)."""
     caps = probe(device)
+    state: SelectionState = selection_state(reg)
+    broken_now: dict[FailureKey, str] = {}
     disabled, forced = _env_names(ENV_DISABLE), _env_names(ENV_FORCE)
     op = problem.op if problem is not None else fmt.op
     usable: list[tuple[tuple[int, int, str], Candidate]] = []
@@ -185,15 +211,16 @@ def _explain(
         if forced and not _match(names, forced):
             others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}"))
             continue
-        failed = reg.failures.get((fmt.name, op, cls.name, device))
+        failed = state.failure(fmt.name, op, cls.name, device)
         reason = ""
         if not failed:
             reason, raised = _refusal(cls, caps, problem)
             broke = broke or raised
             if broke:
-                # A kernel whose own checks raise is buggy: refused here and from now on
-                # on this device, like one that fails in prepare or in a call.
-                reg.record_failure(fmt.name, op, cls.name, device, broke)
+                # A kernel whose own checks raise is buggy: refused here, and (once someone
+                # acts on this ranking) from now on on this device, like one that fails in
+                # prepare or in a call.
+                broken_now[(fmt.name, op, cls.name, device)] = broke
                 failed = broke
         if failed:
             reason = f"failed at run time: {failed}"
@@ -213,12 +240,13 @@ def _explain(
             why + (f"; {first.reason}" if first.reason else ""),
         )
     broken = [Candidate("-", b.plugin, 0, BROKEN, f"{b.stage}: {b.error}") for b in reg.broken()]
-    return Explanation(
+    explanation = Explanation(
         format=fmt.slug,
         device=device,
         problem=problem.describe() if problem is not None else "",
         candidates=tuple(ranked + others + broken),
     )
+    return explanation, broken_now
 
 
 def _priority(cls: type[Kernel], caps: object) -> tuple[int, str]:
@@ -264,22 +292,20 @@ def get_kernel(
     ``tune=True`` picks the fastest conformant candidate by measurement, once per device
     and shape class (cached on disk; see :mod:`quantcore.tuning`).
     """
-    reg = registry or default_registry()
-    if not reg._loaded:
-        reg.load()
+    reg = (registry or default_registry()).load()
+    state = selection_state(reg)
     key = (
         format, str(device), problem, prefer if not isinstance(prefer, list) else tuple(prefer),
         os.environ.get(ENV_DISABLE), os.environ.get(ENV_FORCE), os.environ.get(ENV_PREFER), tune,
     )
-    cache = reg.selection_cache
-    hit = cache.get(key)
+    hit = state.chosen(key)
     if hit is not None:
         return hit
     fmt = _resolve(format, problem, reg)
     dev = normalize_device(device)
     while True:
-        generation = reg.generation
-        explanation = _explain(fmt, dev, problem, _prefer_tuple(prefer), reg)
+        generation, stamp = reg.generation, state.stamp()
+        explanation = rank(fmt, dev, problem=problem, prefer=prefer, registry=reg)
         if tune:
             explanation = _tuned(explanation, problem, reg)
         chosen = explanation.selected
@@ -291,10 +317,6 @@ def get_kernel(
             if reg.generation != generation:
                 continue  # its plugin was unregistered meanwhile: choose again
             raise
-        kernel = entry.cls(fmt, torch.device(dev))
-        with reg._lock:
-            if reg.generation != generation:  # never cache an answer the registry has outgrown
-                return kernel
-            # Threads that selected at once all get the first one cached.
-            return cache.setdefault(key, kernel)
+        # Never cache an answer the registry (or what selection learnt) has outgrown.
+        return state.remember(key, entry.cls(fmt, torch.device(dev)), stamp)
 

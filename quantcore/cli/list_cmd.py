@@ -7,6 +7,7 @@ import argparse
 from tabulate import tabulate
 
 from ..registry import default_registry
+from ..selection_state import selection_state
 from .output import emit_json
 
 HELP = "plugins, formats and kernels; broken plugins with their error"
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     reg = default_registry()
+    failures = selection_state(reg).failures
     plugins = reg.plugins()
     kernels = sorted(reg.kernels(), key=lambda e: (e.cls.format, e.cls.op, -e.cls.priority, e.cls.name))
     if args.json != "-":
@@ -37,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
             print("\nbroken plugins:")
             for b in broken:
                 print(f"  {b.plugin} [{b.stage}] {b.error}")
-        if reg.failures:
+        if failures:
             print("\nkernels failed at run time (refused on that device until cleared):")
-            for (fmt, op, kernel, device), why in sorted(reg.failures.items()):
+            for (fmt, op, kernel, device), why in sorted(failures.items()):
                 print(f"  {kernel} ({fmt}/{op}) on {device}: {why}")
     emit_json(
         {
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             ],
             "failures": [
                 {"format": fmt, "op": op, "kernel": kernel, "device": device, "reason": why}
-                for (fmt, op, kernel, device), why in sorted(reg.failures.items())
+                for (fmt, op, kernel, device), why in sorted(failures.items())
             ],
         },
         args.json,

@@ -89,12 +89,9 @@ class Registry:
         # Keyed by (format, op, name): one backend name ("torch_fallback") may serve many formats.
         self._kernels: dict[tuple[str, str, str], KernelEntry] = {}
         self._cases: list[Any] | None = None
-        #: Bumped on every change.
+        #: Bumped on every change (what selection learnt about the previous one may be stale:
+        #: see quantcore.selection_state).
         self.generation = 0
-        #: Kernels chosen by ``get_kernel``, emptied on every change of the registry.
-        self.selection_cache: dict[tuple[object, ...], Kernel] = {}
-        #: (format, op, kernel, device) -> why it failed at run time (see quantcore.binding).
-        self.failures: dict[tuple[str, str, str, str], str] = {}
 
     # --- loading ----------------------------------------------------------------------------
 
@@ -161,20 +158,8 @@ class Registry:
             self._cases = None
             self._changed()
 
-    def record_failure(self, format_name: str, op: str, kernel: str, device: str, reason: str) -> None:
-        """A kernel failed at run time on ``device``: selection refuses it from now on."""
-        with self._lock:
-            self.failures[(format_name, op, kernel, device)] = reason
-            self._changed()
-
-    def clear_failures(self) -> None:
-        with self._lock:
-            self.failures.clear()
-            self._changed()
-
     def _changed(self) -> None:
         self.generation += 1
-        self.selection_cache.clear()
 
     def _register(self, plugin: object, name: str, source: str) -> None:
         info = PluginInfo(name, source)

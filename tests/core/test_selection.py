@@ -12,6 +12,7 @@ from quantcore.kernel import Support
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 from quantcore.selection import ENV_DISABLE, ENV_FORCE, ENV_PREFER, explain, get_kernel
+from quantcore.selection_state import selection_state
 
 from .fakes import Plugin, dense_kernel, refusing_kernel
 
@@ -94,8 +95,28 @@ def test_kernels_whose_checks_raise_are_refused_not_chosen(registry: Registry) -
     registry.register(Plugin(boom), name="boomplug")
     rows = statuses(explain("gptq", "cpu", problem=P, registry=registry))
     assert rows["boom"] == ("refused", "failed at run time: supports raised ZeroDivisionError: bad vendor math")
-    assert registry.failures  # remembered: refused on this device from now on, shown by quantcore list
+    assert not selection_state(registry).failures  # explain only reads
     assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "aten_cpu"
+    # get_kernel acted on the ranking: remembered, refused on this device from now on
+    # (shown by quantcore list), without asking the kernel again.
+    assert list(selection_state(registry).failures) == [("gptq", "linear", "boom", "cpu")]
+    boom.supports = classmethod(lambda cls, problem: Support.yes())  # type: ignore[method-assign]
+    assert statuses(explain("gptq", "cpu", problem=P, registry=registry))["boom"][0] == "refused"
+
+
+def test_explain_has_no_side_effects(registry: Registry) -> None:
+    """explain, however often and whatever it meets, leaves the registry and the selection
+    state as they were: same generation, no failure recorded."""
+    boom = dense_kernel("boom", priority=500)
+    boom.check_device = classmethod(lambda cls, caps: 1 / 0)  # type: ignore[method-assign]
+    registry.register(Plugin(boom), name="boomplug")
+    state = selection_state(registry)
+    before = (registry.generation, state.stamp(), state.failures)
+    for _ in range(2):
+        expl = explain("gptq", "cpu", problem=P, registry=registry)
+        assert expl.selected is not None and expl.selected.kernel == "aten_cpu"
+        explain("gptq", "xpu", registry=registry)
+    assert (registry.generation, state.stamp(), state.failures) == before
 
 
 def test_refusal_reason_and_broken_plugins_are_shown(registry: Registry) -> None:

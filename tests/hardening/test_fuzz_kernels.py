@@ -27,6 +27,7 @@ from quantcore.kernel import Kernel, Support
 from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry
 from quantcore.selection import explain, get_kernel
+from quantcore.selection_state import selection_state
 
 from .fuzz.mutations import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.op_oracles import oracle_for
@@ -313,11 +314,11 @@ def test_bind(name: str, data: st.DataObject, bind_registry: Registry) -> None:
             names=names_for(fmt, oracle, tensors, mutated), judge=judge,
             context=lambda: f"{case.id}: {'; '.join(done)}", unnamed=(NoKernelError,),
         )
-        assert not bind_registry.failures, (
-            f"a bad input was blamed on a kernel: {bind_registry.failures}\n{case.id}: {'; '.join(done)}"
+        assert not selection_state(bind_registry).failures, (
+            f"a bad input was blamed on a kernel: {selection_state(bind_registry).failures}\n{case.id}: {'; '.join(done)}"
         )
     finally:
-        bind_registry.clear_failures()
+        selection_state(bind_registry).clear_failures()
 
 
 # --- supports and selection: never raise, whatever the problem ----------------------------------

@@ -19,6 +19,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 from quantcore.selection import explain
+from quantcore.selection_state import selection_state
 
 from ..core.fakes import Plugin, dense_kernel
 
@@ -59,7 +60,7 @@ def test_prepare_failure_falls_back_and_is_explained(registry: Registry) -> None
     rows = {c.kernel: c for c in explain(FMT, "cpu", problem=P, registry=registry).candidates}
     assert rows["flaky_vendor"].status == "refused"
     assert rows["flaky_vendor"].reason == "failed at run time: prepare raised RuntimeError: flaky_vendor prepare broke"
-    registry.clear_failures()
+    selection_state(registry).clear_failures()
     assert {c.kernel: c for c in explain(FMT, "cpu", problem=P, registry=registry).candidates}[
         "flaky_vendor"].status == "selected"
 
@@ -80,7 +81,7 @@ def test_unsupported_weight_is_passed_over_without_blaming_the_kernel(registry: 
     registry.register(Plugin(failing("picky_about_weights", when="prepare", error=UnsupportedProblemError)), name="v")
     bound = bind(FMT, "cpu", weights(2), problem=P, registry=registry)
     assert bound.kernel.name == "aten_cpu"
-    assert not registry.failures  # this weight only: the kernel stays selectable for others
+    assert not selection_state(registry).failures  # this weight only: the kernel stays selectable for others
 
 
 @pytest.mark.parametrize("error", [TensorFormatError, KernelInputError])
@@ -88,14 +89,14 @@ def test_callers_errors_are_not_swallowed(registry: Registry, error: type[Except
     registry.register(Plugin(failing("strict", when="prepare", error=error)), name="v")
     with pytest.raises(error, match="strict prepare broke"):
         bind(FMT, "cpu", weights(3), problem=P, registry=registry)
-    assert not registry.failures
+    assert not selection_state(registry).failures
 
 
 def test_bad_activation_is_the_callers_error(registry: Registry) -> None:
     bound = bind(FMT, "cpu", weights(4), problem=P, registry=registry)
     with pytest.raises(KernelInputError, match=r"x: expected \[..., 128\]"):
         bound(torch.randn(2, 100))
-    assert not registry.failures and bound.kernel.name == "aten_cpu"
+    assert not selection_state(registry).failures and bound.kernel.name == "aten_cpu"
 
 
 def test_nothing_left_is_a_clear_error(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry
 from quantcore.selection import explain, get_kernel
+from quantcore.selection_state import selection_state
 
 from ..core.fakes import Plugin, dense_kernel
 from .fuzz.op_oracles import oracle_for
@@ -204,7 +205,7 @@ def test_bind_under_16_threads_with_a_kernel_failing_at_call(registry: Registry)
         results = list(pool.map(work, range(THREADS)))
     assert prepares["broken_call"] == 1
     assert len({id(b) for _, _, b in results}) == 1
-    assert list(registry.failures.values()) == ["call raised RuntimeError: vendor kernel crashed"]
+    assert list(selection_state(registry).failures.values()) == ["call raised RuntimeError: vendor kernel crashed"]
     assert {name for _, name, _ in results} == {"aten_cpu"}
     ref = x.double() @ FMT.dequantize(w).T
     for y, _, _ in results:
@@ -228,7 +229,7 @@ def test_selection_while_plugins_come_and_go(registry: Registry) -> None:
             for i in range(60):
                 extra = [dense_kernel(f"filler{i}_{j}", priority=1) for j in range(10)]
                 registry.register(Plugin(dense_kernel("comes_and_goes", priority=400), *extra), name=f"churn{i}")
-                registry.record_failure("gptq", "linear", "nobody", "cpu", "x")
+                selection_state(registry).record_failure("gptq", "linear", "nobody", "cpu", "x")
                 registry.unregister(f"churn{i}")
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
