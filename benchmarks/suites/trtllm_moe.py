@@ -4,7 +4,7 @@ expert (tokens pre-sorted by expert, the sort not timed).
 
 Kernels are timed through ``forward`` where they have one (the call without validating
 the expert ids, which would wait for the GPU), else through ``__call__``. The
-standalone ``python -m quantcore.benchmarks.trtllm_moe --sweep`` also sweeps the
+standalone ``python -m quantcore.benchmarks.probes.trtllm_moe --sweep`` also sweeps the
 Triton kernel's tiles and checks each against a reference; its H100 results are in
 ``benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md``.
 """

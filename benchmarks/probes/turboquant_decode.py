@@ -5,7 +5,7 @@ alone, the fused GEMV alone (autotuned, and every GEMV tile forced in turn, each
 against the autotuned output), and cuBLAS bf16 — all timed as CUDA-graph replays over
 weight sets that together exceed L2, so host launch cost is out of the numbers.
 
-    python -m quantcore.benchmarks.turboquant_decode [--shape K,N ...] [--json PATH]
+    python -m quantcore.benchmarks.probes.turboquant_decode [--shape K,N ...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from quantcore.formats.turboquant import TurboQuant
 from quantcore.nn.turboquant.kernel import rotate_input
 from quantcore.timing import time_interleaved
 
-from .ceilings import ceilings
-from .memory import rotation_sets
-from .suites.turboquant_linear import format_bytes
+from ..ceilings import ceilings
+from ..memory import rotation_sets
+from ..suites.turboquant_linear import format_bytes
 
 FMT = TurboQuant(bits=4, group_size=128)
 DTYPE = torch.bfloat16

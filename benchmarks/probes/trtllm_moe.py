@@ -1,7 +1,7 @@
 """trtllm_moe on a GPU: the Triton W8A16 grouped GEMM against a bf16 MoE GEMM of
 per-expert cuBLAS calls, in the same run, at the seed's shape.
 
-    python -m quantcore.benchmarks.trtllm_moe --out DIR [--sweep] [--quick]
+    python -m quantcore.benchmarks.probes.trtllm_moe --out DIR [--sweep] [--quick]
 
 GEMM1 of an E = 8, top-2 MoE, K = 4096, N = 28672 (2 × inter), bf16 activations, for
 T ∈ {1, 16, 64, 512, 4096}. Method (device README, METHOD.md): bytes and flops counted

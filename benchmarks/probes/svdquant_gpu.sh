@@ -2,7 +2,7 @@
 # Issue 5 (SVDQuant pre-GEMM) on a CUDA machine, in one go. From the repository root, with
 # torch and triton installed and quantcore installed by `pip install --no-deps -e .`:
 #
-#   bash benchmarks/svdquant_gpu.sh [conformance|tests|bench|all]     (default: all)
+#   bash benchmarks/probes/svdquant_gpu.sh [conformance|tests|bench|all]     (default: all)
 #
 # conformance  the svdquant cells of the matrix (triton_nvfp4, triton_ascend_int4,
 #              svdquant_torch), full profile, on cuda

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 4 on a CUDA machine, in one go: doctor, the TurboQuant conformance matrix (full
 # profile, all three backends), the CUDA-only tests, and the two benchmark suites.
-#   bash benchmarks/turboquant_gpu.sh [conformance|bench|all]   (results under $OUT)
+#   bash benchmarks/probes/turboquant_gpu.sh [conformance|bench|all]   (results under $OUT)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
