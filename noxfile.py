@@ -5,7 +5,7 @@
                    # nox -s cuda -- conformance | tests | fuzz | bench [SUITE ...] runs one part
     nox -s xpu     # likewise on an Intel XPU machine
     nox -s npu     # likewise on an Ascend NPU machine (torch_npu, triton-ascend)
-    nox -s lint    # ruff and mypy
+    nox -s lint    # ruff, mypy and the layers contract (imports only point down, no cycles)
     nox -s fuzz    # the hardening suites in the nightly fuzz profile (> 10,000 cases), with counts
 
 The device sessions run in the current interpreter (``python=False``) and install
@@ -110,6 +110,9 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff", "mypy", *CPU_REQUIREMENTS, "-e", ".")
+    """ruff, mypy, and the layers contract (tests/layers.py: imports only point down, no
+    import cycles); the contract and ruff also run in CI, as tests."""
+    session.install(*CPU_REQUIREMENTS, "-e", ".[lint]")
     session.run("ruff", "check", "quantcore", "backends", "conformance", "benchmarks", "tests")
     session.run("mypy")
+    session.run("python", "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider", "tests/core/test_layers.py")

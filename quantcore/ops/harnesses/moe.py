@@ -15,6 +15,7 @@ so the large shapes fit in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -87,7 +88,7 @@ class MoEHarness(OpHarness):
             golden = moe_ffn_reference(x, topk_ids, topk_weights, weights.up, weights.down)
             return MoEInputs(x, topk_ids, topk_weights, golden)
         if not case.option("weighted"):
-            topk_weights = None
+            return MoEInputs(x, topk_ids, None, moe_gemm_reference(x, topk_ids, weights.up, None))
         return MoEInputs(x, topk_ids, topk_weights, moe_gemm_reference(x, topk_ids, weights.up, topk_weights))
 
     def prepare(self, kernel: Kernel, case: Case, weights: MoEWeights) -> object:
@@ -102,7 +103,7 @@ class MoEHarness(OpHarness):
         x, ids = inputs.x.to(dev), inputs.topk_ids.to(dev)
         weights = inputs.topk_weights.to(dev) if inputs.topk_weights is not None else None
         if case.option("ffn"):
-            up, down = prepared  # type: ignore[misc]
+            up, down = cast(tuple[Any, Any], prepared)
             return moe_ffn(kernel, x, ids, weights, up, down)  # type: ignore[arg-type]
         return kernel(x, ids, prepared, topk_weights=weights)  # type: ignore[operator]
 
