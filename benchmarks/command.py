@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
+from quantcore.cli.arguments import check_device
 from quantcore.cli.output import emit_json
+from quantcore.errors import InvalidArgumentError
 
 HELP = "time kernels against their peers and the device's measured ceilings"
 
@@ -27,11 +31,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
 
 
-def parse_shape(text: str) -> dict[str, int]:
+def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str] = ()) -> dict[str, int]:
+    """``M=1,K=4096,N=4096`` → ``{"M": 1, …}``; with ``required``, every one of those and
+    nothing but them and ``optional``."""
+    example = ",".join(f"{d}={v}" for d, v in zip(required or "MKN", (1, 4096, 4096, 8, 2), strict=False))
     try:
-        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+        shape = {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
     except ValueError:
-        raise SystemExit(f"--shape: expected e.g. M=1,K=4096,N=4096, got {text!r}") from None
+        raise InvalidArgumentError(f"--shape: expected e.g. {example}, got {text!r}") from None
+    if required:
+        missing = [d for d in required if d not in shape]
+        extra = sorted(set(shape) - set(required) - set(optional))
+        if missing or extra:
+            why = "; ".join(filter(None, (missing and f"missing {', '.join(missing)}",
+                                           extra and f"{', '.join(extra)} unknown")))
+            takes = ", ".join(required) + (f" (and optionally {', '.join(optional)})" if optional else "")
+            raise InvalidArgumentError(f"--shape {text}: this suite takes {takes} ({why}), e.g. {example}")
+    if any(v < 0 for v in shape.values()):
+        raise InvalidArgumentError(f"--shape {text}: dims are non-negative integers")
+    return shape
+
+
+def suite_dims(suite: ModuleType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the dims every shape of the suite names, those only some name)."""
+    shapes = [s for group in suite.SHAPES.values() for s in group]
+    every = [d for d in shapes[0] if all(d in s for s in shapes)]
+    some = sorted({d for s in shapes for d in s} - set(every))
+    return tuple(every), tuple(some)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,19 +82,18 @@ def run(args: argparse.Namespace) -> int:
         return max(codes)
     suite = get_suite(args.suite)
     if args.shape:
-        shapes = [parse_shape(s) for s in args.shape]
+        shapes = [parse_shape(s, *suite_dims(suite)) for s in args.shape]
     else:
         if args.shapes not in suite.SHAPES:
-            raise SystemExit(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {args.shapes!r}")
+            raise InvalidArgumentError(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {args.shapes!r}")
         shapes = suite.SHAPES[args.shapes]
+    check_device(args.device)
     caps = probe(args.device)
-    if not caps.available:
-        print(f"quantcore bench: {args.device}: {caps.reason}", file=sys.stderr)
-        return 2
     ceil = ceilings(args.device, remeasure=args.remeasure)
     # Suites that time subprocesses or side streams opt out of graph capture.
     graph = bool(getattr(args, "graph", False)) and args.device.startswith("cuda") and getattr(suite, "GRAPH_SAFE", True)
-    rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph)
+    rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph,
+                     total=len(shapes))
     notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
     meta = {
         "suite": args.suite,

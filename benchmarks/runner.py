@@ -4,13 +4,12 @@ and speed-ups over each peer."""
 from __future__ import annotations
 
 import gc
-import sys
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from quantcore.cli.progress import Progress
 from quantcore.timing import time_interleaved
 
 from .ceilings import Ceilings
@@ -27,12 +26,12 @@ def run_cases(
     rounds: int = 7,
     graph: bool = False,
     progress: bool = True,
+    total: int | None = None,
 ) -> list[dict[str, Any]]:
+    """Time every case's variants; ``total`` (the number of cases) gives the progress an ETA."""
     rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    for i, case in enumerate(cases, 1):
-        if progress:
-            print(f"[{i}] {time.perf_counter() - start:6.1f}s {case.suite} {case.label}", file=sys.stderr, flush=True)
+    bar = Progress(total, "cases", enabled=progress)
+    for case in cases:
         timings = time_interleaved(
             [v.fn for v in case.variants], device, rounds=rounds, graph=graph, sets=[v.sets for v in case.variants]
         )
@@ -57,8 +56,10 @@ def run_cases(
         for name, reason in case.skipped.items():
             rows.append({"suite": case.suite, "case": case.label, "dims": case.dims, "variant": name,
                          "role": "skipped", "note": reason})
+        bar.step(f"{case.suite} {case.label}")
         del case, timings
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+    bar.close()
     return rows

@@ -4,7 +4,6 @@ Contributed to the ``quantcore`` command through the ``quantcore.commands`` entr
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from quantcore.cli.output import emit_json
@@ -13,45 +12,55 @@ HELP = "run the conformance matrix on a device and print it"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, xpu, npu: one present here (default cpu)")
     parser.add_argument("--profile", default="ci", choices=("ci", "full"))
-    parser.add_argument("--backend", action="append", default=[], help="only these kernels/plugins")
-    parser.add_argument("--format", action="append", default=[], help="only these formats (name or slug)")
-    parser.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
-    parser.add_argument("--group", default="format", choices=("format", "family"),
-                        help="summary rows: every format variant, or one per family (gptq4, awq4, …)")
+    parser.add_argument("--backend", action="append", default=[], help="only these kernels/plugins (repeatable)")
+    parser.add_argument("--format", action="append", default=[],
+                        help="only these formats, by name (gptq) or a case's slug (gptq4-g128-asym) (repeatable)")
+    parser.add_argument("--group", default="family", choices=("family", "format"),
+                        help="summary rows: one per family (gptq4, awq4, …; the default) or every format variant")
+    view = parser.add_mutually_exclusive_group()
+    view.add_argument("--matrix", action="store_true",
+                      help="the summary as formats × kernels, one column per kernel (wide: the README's table)")
+    view.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
 
 
 def run(args: argparse.Namespace) -> int:
+    from quantcore.cli.arguments import check_device
+
+    from .filters import check_filters, no_cells_message
+
+    device = check_device(args.device)
     # Before anything imports triton: on a CPU run, Triton cells use the interpreter.
-    from quantcore.conformance.interpreter import enable_interpreter_for
+    from .interpreter import enable_interpreter_for
 
-    enable_interpreter_for(args.device)
-    from quantcore.conformance.report import counts, detail_table, summary_table
-    from quantcore.conformance.runner import collect_cells, run_cell
-
-    cells = collect_cells(profile=args.profile, formats=args.format, kernels=args.backend)
-    if not cells:
-        print("no conformance cells match these filters", file=sys.stderr)
-        return 2
-    results = []
-    start = time.perf_counter()
-    show = sys.stderr.isatty()
-    for i, cell in enumerate(cells, 1):
-        results.append(run_cell(cell, args.device))
-        if show or i % 100 == 0 or i == len(cells):
-            line = f"[{i}/{len(cells)}] {time.perf_counter() - start:5.0f}s {cell.id}"
-            print(("\r" + line[:110].ljust(110)) if show else line, end="" if show else "\n", file=sys.stderr)
-    if show:
-        print(file=sys.stderr)
-    if args.json != "-":
-        print(f"quantcore conformance on {args.device} (profile {args.profile}, {len(cells)} cells, "
-              f"{time.perf_counter() - start:.0f}s)\n")
-        print(detail_table(results) if args.detail else summary_table(results, group=args.group))
+    enable_interpreter_for(device)
+    from quantcore.cli.progress import Progress
+    from quantcore.errors import InvalidArgumentError
     from quantcore.probe import probe
 
-    caps = probe(args.device)
+    from .report import counts, detail_table, summary_table
+    from .runner import collect_cells, run_cell
+
+    check_filters(args.format, args.backend)
+    cells = collect_cells(profile=args.profile, formats=args.format, kernels=args.backend)
+    if not cells:
+        raise InvalidArgumentError(no_cells_message(args.format, args.backend))
+    start = time.perf_counter()
+    results = []
+    with Progress(len(cells), "cells") as progress:
+        for cell in cells:
+            results.append(run_cell(cell, device))
+            progress.step(cell.id)
+    if args.json != "-":
+        print(f"quantcore conformance on {device} (profile {args.profile}, {len(cells)} cells, "
+              f"{time.perf_counter() - start:.0f}s)\n")
+        if args.detail:
+            print(detail_table(results))
+        else:
+            print(summary_table(results, group=args.group, layout="matrix" if args.matrix else "list"))
+    caps = probe(device)
     meta = {"profile": args.profile, "device_name": caps.name, "torch": caps.torch_version}
-    emit_json({"device": args.device, **meta, "counts": counts(results),
+    emit_json({"device": device, **meta, "counts": counts(results),
                "cells": [r.as_dict() for r in results]}, args.json)
     return 1 if counts(results)["FAIL"] else 0

@@ -31,9 +31,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): cells sharing golden weights")
+    device, formats, kernels = (config.getoption(o) for o in ("--qc-device", "--qc-format", "--qc-backend"))
+    if device != "cpu" or formats or kernels:
+        # An absent device or a name nothing is called is a usage error, never a run of
+        # SKIPs or of nothing (which pytest would report as success).
+        from quantcore.cli.arguments import check_device
+        from quantcore.conformance.filters import check_filters, no_cells_message
+        from quantcore.conformance.runner import collect_cells
+        from quantcore.errors import InvalidArgumentError
+
+        try:
+            check_device(device, "--qc-device")
+            check_filters(formats, kernels, format_option="--qc-format", kernel_option="--qc-backend")
+        except InvalidArgumentError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if not collect_cells(profile=config.getoption("--qc-profile"), formats=formats, kernels=kernels):
+            raise pytest.UsageError(no_cells_message(formats, kernels))
     from quantcore.conformance.interpreter import enable_interpreter_for
 
-    enable_interpreter_for(config.getoption("--qc-device"))
+    enable_interpreter_for(device)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -21,11 +21,59 @@ def family(slug: str) -> str:
     return slug.split("-", 1)[0]
 
 
-def summary_table(results: Iterable[Any], *, group: str = "format", tablefmt: str = "simple") -> str:
-    """Formats (rows) × kernels (columns). A cell counts its PASS / FAIL / SKIP over
-    shapes and dtypes, with the worst passing error; SKIP and FAIL reasons are listed
-    once below the table as numbered notes. ``group="family"`` folds every parameter
-    variant of a format into one row (``gptq4``, ``awq4``, …)."""
+def summary_table(
+    results: Iterable[Any], *, group: str = "family", layout: str = "list", tablefmt: str = "simple"
+) -> str:
+    """The cells counted per format (or family) and kernel: PASS / FAIL / SKIP over shapes
+    and dtypes, with the worst passing error; SKIP and FAIL reasons are listed once below
+    as numbered notes. ``group="family"`` folds every parameter variant of a format into
+    one row (``gptq4``, ``awq4``, …), ``"format"`` keeps each variant.
+
+    ``layout="list"`` (the default) is one line per (format, kernel) pair that has cells,
+    a few columns wide, so it fits a terminal; ``"matrix"`` is formats × kernels, one
+    column per kernel (wide: the README's table)."""
+    if layout == "matrix":
+        return _matrix(results, group=group, tablefmt=tablefmt)
+    if layout != "list":
+        raise ValueError(f"layout: expected 'list' or 'matrix', got {layout!r}")
+    rows = _rows(results)
+    key = family if group == "family" else (lambda slug: slug)
+    cells: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        cells[(key(r["format"]), r["kernel"])].append(r)
+    notes: dict[str, int] = {}
+    table = []
+    for (fmt, kernel), items in cells.items():
+        by = {s: [r for r in items if r["status"] == s] for s in ("PASS", "FAIL", "SKIP")}
+        worst = max((r["rel_err"] for r in by["PASS"]), default=None)
+        refs = sorted({notes.setdefault(_note(r), len(notes) + 1) for r in by["FAIL"] + by["SKIP"]})
+        table.append([fmt, kernel, len(by["PASS"]) or "", len(by["FAIL"]) or "", len(by["SKIP"]) or "",
+                      "" if worst is None else f"{worst:.1e}", _refs(refs)])
+    out = tabulate(table, headers=[group, "kernel", "PASS", "FAIL", "SKIP", "worst err", "FAIL/SKIP why"],
+                   tablefmt=tablefmt, disable_numparse=[5])
+    return out + _footer(rows, notes, tablefmt)
+
+
+def _refs(refs: list[int]) -> str:
+    """``[1][2][3][5]`` as ``[1-3,5]``: a kernel refused for many reasons stays one cell."""
+    spans: list[list[int]] = []
+    for i in refs:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return "[" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans) + "]" if spans else ""
+
+
+def _footer(rows: list[Mapping[str, Any]], notes: dict[str, int], tablefmt: str) -> str:
+    out = "\n\n" + "  ".join(f"{s} {n}" for s, n in counts(rows).items())
+    bullet = "" if tablefmt == "simple" else "- "  # one note per line in Markdown too
+    if notes:
+        out += "\n" + ("\n" if bullet else "") + "\n".join(f"{bullet}[{i}] {reason}" for reason, i in notes.items())
+    return out
+
+
+def _matrix(results: Iterable[Any], *, group: str, tablefmt: str) -> str:
     rows = _rows(results)
     kernels = sorted({r["kernel"] for r in rows})
     key = family if group == "family" else (lambda slug: slug)
@@ -40,12 +88,7 @@ def summary_table(results: Iterable[Any], *, group: str = "format", tablefmt: st
         for k in kernels:
             line.append(_cell_text(cells.get((fmt, k), []), notes))
         table.append(line)
-    out = tabulate(table, headers=[group, *kernels], tablefmt=tablefmt)
-    out += "\n\n" + "  ".join(f"{s} {n}" for s, n in counts(rows).items())
-    bullet = "" if tablefmt == "simple" else "- "  # one note per line in Markdown too
-    if notes:
-        out += "\n" + ("\n" if bullet else "") + "\n".join(f"{bullet}[{i}] {reason}" for reason, i in notes.items())
-    return out
+    return tabulate(table, headers=[group, *kernels], tablefmt=tablefmt) + _footer(rows, notes, tablefmt)
 
 
 def _cell_text(items: list[Mapping[str, Any]], notes: dict[str, int]) -> str:

@@ -16,6 +16,8 @@ import importlib
 import pkgutil
 from types import ModuleType
 
+from quantcore.errors import InvalidArgumentError
+
 __all__ = ["available", "get_suite"]
 
 
@@ -25,7 +27,7 @@ def get_suite(name: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":
             raise
-        raise SystemExit(f"bench suite: expected one of {available()}, got {name!r}") from None
+        raise InvalidArgumentError(f"bench suite: expected one of {available()} or all, got {name!r}") from None
 
 
 def available() -> list[str]:

@@ -17,8 +17,13 @@ class PackageStatus:
     reason: str = ""
 
     def describe(self) -> str:
+        """``3.6.0``, ``3.6.0 (through the interpreter …)``, ``3.6.0 installed, <why not
+        usable as is>`` or ``no (not installed)``."""
         if self.usable:
-            return self.version or "yes"
+            version = self.version or "yes"
+            return f"{version} ({self.reason})" if self.reason else version
+        if self.version:
+            return f"{self.version} installed, {self.reason or 'not usable here'}"
         return f"no ({self.reason})" if self.reason else "no"
 
 

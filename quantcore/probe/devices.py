@@ -23,8 +23,13 @@ def _triton_status(device_type: str) -> PackageStatus:
         return PackageStatus("triton", version, False, "not installed")
     if device_type == "cpu":
         if os.environ.get("TRITON_INTERPRET") == "1":
-            return PackageStatus("triton", version, True, "interpreter (TRITON_INTERPRET=1)")
-        return PackageStatus("triton", version, False, "no GPU; set TRITON_INTERPRET=1 for the interpreter")
+            return PackageStatus("triton", version, True, "through the interpreter, TRITON_INTERPRET=1")
+        # Installed and usable here, but only through the interpreter, which must be on
+        # before triton is imported: quantcore conformance and the pytest plugin turn it
+        # on for CPU runs; this process has not, so its CPU kernels refuse triton.
+        return PackageStatus("triton", version, False,
+                             "usable through the interpreter only (no GPU here): set TRITON_INTERPRET=1 before "
+                             "triton is imported, as quantcore conformance and the pytest plugin do")
     return PackageStatus("triton", version, True)
 
 

@@ -112,3 +112,18 @@ def test_report_table_and_json(registry: Registry) -> None:
     assert counts(results)["SKIP"] >= 1 and counts(results)["FAIL"] == 0
     data = json.loads(to_json(results, device="cpu"))
     assert data["counts"] == counts(results) and len(data["cells"]) == len(results)
+
+
+def test_the_default_summary_fits_a_terminal_however_many_kernels() -> None:
+    """136 format variants × 15 kernels made the old table 325 columns wide; the default
+    layout is one line per (family, kernel) pair, as wide as its longest names."""
+    kernels = [f"kernel_{i:02d}_with_a_longish_name"[:18] for i in range(15)]
+    formats = [f"gptq{b}-g{g}-{s}" for b in (2, 3, 4, 8) for g in (32, 64, 128, -1) for s in ("sym", "asym")]
+    rows = [{"format": f, "kernel": k, "status": "PASS" if i % 3 else "SKIP", "rel_err": 1e-3,
+             "reason": "" if i % 3 else f"{k}: runs on cuda, not cpu", "shape": "M1", "dtype": "bf16"}
+            for i, (f, k) in enumerate((f, k) for f in formats for k in kernels)]
+    for group in ("family", "format"):
+        table = summary_table(rows, group=group).split("\n\n")[0]
+        assert max(len(line) for line in table.splitlines()) <= 100, table
+    wide = summary_table(rows, group="format", layout="matrix").split("\n\n")[0]
+    assert max(len(line) for line in wide.splitlines()) > 200  # the matrix is still there on request
