@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", default=[], help="only these kernels/plugins (repeatable)")
     parser.add_argument("--format", action="append", default=[],
                         help="only these formats, by name (gptq) or a case's slug (gptq4-g128-asym) (repeatable)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                        help="worker processes for a CPU run (default: one per CPU; 1 runs in this process)")
     parser.add_argument("--group", default="family", choices=("family", "format"),
                         help="summary rows: one per family (gptq4, awq4, …; the default) or every format variant")
     view = parser.add_mutually_exclusive_group()
@@ -39,19 +41,20 @@ def run(args: argparse.Namespace) -> int:
     from quantcore.errors import InvalidArgumentError
     from quantcore.probe import probe
 
+    from .parallel import default_jobs, run_cells
     from .report import counts, detail_table, summary_table
-    from .runner import collect_cells, run_cell
+    from .runner import collect_cells
 
     check_filters(args.format, args.backend)
     cells = collect_cells(profile=args.profile, formats=args.format, kernels=args.backend)
     if not cells:
         raise InvalidArgumentError(no_cells_message(args.format, args.backend))
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise InvalidArgumentError(f"--jobs: expected 1 or more, got {jobs}")
     start = time.perf_counter()
-    results = []
     with Progress(len(cells), "cells") as progress:
-        for cell in cells:
-            results.append(run_cell(cell, device))
-            progress.step(cell.id)
+        results = run_cells(cells, device, jobs=jobs, done=lambda cell, result: progress.step(cell.id))
     if args.json != "-":
         print(f"quantcore conformance on {device} (profile {args.profile}, {len(cells)} cells, "
               f"{time.perf_counter() - start:.0f}s)\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 import traceback
 from collections import OrderedDict
@@ -121,6 +122,8 @@ class _LRU:
 
 _weights = _LRU(size=2)
 _prepared = _LRU(size=4)
+#: A case's activations and golden output: the same for every kernel that runs the case.
+_inputs = _LRU(size=64)
 
 
 def run_cell(cell: Cell, device: str = "cpu") -> CellResult:
@@ -143,7 +146,10 @@ def run_cell(cell: Cell, device: str = "cpu") -> CellResult:
         if golden.error is not None:
             raise golden.error
         weights = golden.value
-        inputs = harness.inputs(case, weights)
+        drawn = _inputs.get((case.weight_key, case), lambda: harness.inputs(case, weights))
+        if drawn.error is not None:
+            raise drawn.error
+        inputs = copy.deepcopy(drawn.value)  # each cell its own: a kernel that wrote into x would fail alone
     except Exception as exc:  # the golden side itself failed: a FAIL of the case, loudly
         return CellResult(**base, status=FAIL, reason=f"golden reference raised {_err(exc)}")
     kernel = cls(case.format, torch.device(dev))

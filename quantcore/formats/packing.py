@@ -16,6 +16,7 @@ so values are wrapped two's-complement style on the way in.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -98,6 +99,8 @@ def unpack_codes(lanes: torch.Tensor, bits: int, *, dim: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: int32 codes in ``[0, 2**bits)``; ``dim`` grows."""
     geo = PackGeometry(bits, lanes.dtype)
     dim = dim % lanes.dim()
+    if geo.lanes == 1 and sys.byteorder == "little":
+        return _unpack_aligned(lanes, geo, dim)
     x = lanes.to(torch.int64).movedim(dim, -1)
     if geo.width == 64:
         # Split into the two 32-bit halves of the stream (low half first).
@@ -120,3 +123,19 @@ def unpack_codes(lanes: torch.Tensor, bits: int, *, dim: int) -> torch.Tensor:
         parts.append(code)
     codes = torch.stack(parts, dim=-1).reshape(*x.shape[:-2], -1).to(torch.int32)
     return codes.movedim(-1, dim).contiguous()
+
+
+def _unpack_aligned(lanes: torch.Tensor, geo: PackGeometry, dim: int) -> torch.Tensor:
+    """:func:`unpack_codes` when ``bits`` divides the lane width (2, 4, 8-bit codes): every
+    code sits inside one lane, so one broadcast shift extracts them all, in int32 (an
+    arithmetic shift's sign bits fall outside the mask). A 64-bit lane is its two 32-bit
+    halves, low half first, which is how a little-endian int64 reads as int32."""
+    x = lanes.movedim(dim, -1)
+    if geo.width == 64:
+        x = x.contiguous().view(torch.int32)
+    elif geo.width < 32:
+        x = x.to(torch.int32) & ((1 << geo.width) - 1)
+    width = min(geo.width, 32)
+    shifts = torch.arange(0, width, geo.bits, dtype=torch.int32, device=lanes.device)
+    codes = (x.unsqueeze(-1) >> shifts) & ((1 << geo.bits) - 1)
+    return codes.reshape(*x.shape[:-1], -1).movedim(-1, dim).contiguous()

@@ -168,11 +168,13 @@ class GPTQ(GroupedFormat, Format):
     ) -> torch.Tensor:
         """Dense ``W [O, I]`` (nn.Linear layout) in ``dtype``."""
         self.validate(tensors)
-        q = self.unpack_weight(tensors).to(dtype)  # [I, O]
+        w = self.unpack_weight(tensors).to(dtype)  # q, [I, O]
         z = self.unpack_zeros(tensors).to(dtype)  # [G, O]
         s = tensors["scales"].to(dtype)  # [G, O]
         g = self.group_index(tensors)
-        return ((q - z[g]) * s[g]).T.contiguous()
+        w -= z[g]  # (q - z) * s, in place: the same rounding, one [I, O] buffer fewer
+        w *= s[g]
+        return w.T.contiguous()
 
     def quantize(
         self,

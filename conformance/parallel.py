@@ -1,0 +1,92 @@
+"""Running many cells on the CPU in worker processes, as ``quantcore conformance -j N`` does.
+
+The matrix on a CPU is mostly single-threaded Python (the Triton interpreter) and
+memory-bound tensor code, so N processes of one thread each beat one process of N
+threads: a torch thread pool mostly waits (spinning) on such work. Cells sharing golden
+weights go to one worker as a group, so each golden quantization still runs once, and
+the biggest groups go first so no worker is left with a long one at the end.
+
+Workers are forked after the cells are collected (the registry, the cases and every
+plugin are loaded once, in the parent) and before anything has run: nothing in the
+parent has started a thread pool a child could inherit half-locked. Where fork is not
+available, or on an accelerator (whose runtime must not be forked), cells run here,
+one after the other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .runner import Cell, CellResult, run_cell
+
+__all__ = ["default_jobs", "run_cells"]
+
+_CELLS: Sequence[Cell] = ()  # what the forked workers run, inherited, never pickled
+_DEVICE = "cpu"
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _group_cost(cells: Sequence[Cell], indices: list[int]) -> float:
+    """A rough cost, for ordering only: weight size, cells, and the Triton interpreter."""
+    first = cells[indices[0]].case.problem
+    weight = 1
+    for dim in ("E", "K", "N", "R"):
+        weight *= first.get(dim) or 1
+    interpreted = sum("triton" in cells[i].kernel.cls.requires.packages for i in indices)
+    return weight * len(indices) + 2e7 * interpreted
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_group(indices: list[int]) -> list[tuple[int, CellResult]]:
+    return [(i, run_cell(_CELLS[i], _DEVICE)) for i in indices]
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    device: str = "cpu",
+    *,
+    jobs: int = 1,
+    done: Callable[[Cell, CellResult], Any] | None = None,
+) -> list[CellResult]:
+    """Every cell's result, in the order of ``cells``; ``done`` is called as each one
+    finishes (in finishing order)."""
+    results: list[CellResult | None] = [None] * len(cells)
+    forkable = "fork" in multiprocessing.get_all_start_methods()
+    if jobs <= 1 or len(cells) < 2 or device != "cpu" or not forkable:
+        for i, cell in enumerate(cells):
+            results[i] = run_cell(cell, device)
+            if done is not None:
+                done(cell, results[i])  # type: ignore[arg-type]
+        return results  # type: ignore[return-value]
+    groups: dict[str, list[int]] = {}
+    for i, cell in enumerate(cells):
+        groups.setdefault(cell.case.weight_key, []).append(i)
+    ordered = sorted(groups.values(), key=lambda g: _group_cost(cells, g), reverse=True)
+    global _CELLS, _DEVICE
+    _CELLS, _DEVICE = cells, device
+    threads = max(1, default_jobs() // jobs)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs, _init_worker, (threads,)) as pool:
+            for finished in pool.imap_unordered(_run_group, ordered, chunksize=1):
+                for i, result in finished:
+                    results[i] = result
+                    if done is not None:
+                        done(cells[i], result)
+    finally:
+        _CELLS = ()
+    return results  # type: ignore[return-value]
