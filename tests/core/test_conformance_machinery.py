@@ -127,3 +127,16 @@ def test_the_default_summary_fits_a_terminal_however_many_kernels() -> None:
         assert max(len(line) for line in table.splitlines()) <= 100, table
     wide = summary_table(rows, group="format", layout="matrix").split("\n\n")[0]
     assert max(len(line) for line in wide.splitlines()) > 200  # the matrix is still there on request
+
+
+def test_worker_processes_give_the_results_of_one_process(registry: Registry) -> None:
+    """quantcore conformance -j 2: the same result for every cell, in the cells' order."""
+    from quantcore.conformance.parallel import run_cells
+
+    cells = [c for c in collect_cells(formats=[SMALL], registry=registry) if "K128" in c.id][:24]
+    seen: list[str] = []
+    parallel = run_cells(cells, jobs=2, done=lambda cell, result: seen.append(result.cell_id))
+    serial = [run_cell(c) for c in cells]
+    assert [r.cell_id for r in parallel] == [c.id for c in cells] and sorted(seen) == sorted(c.id for c in cells)
+    assert [(r.status, r.rel_err, r.reason) for r in parallel] == [(r.status, r.rel_err, r.reason) for r in serial]
+    assert {r.status for r in parallel} >= {"PASS", "SKIP"}
