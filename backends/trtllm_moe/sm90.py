@@ -75,7 +75,8 @@ def compile_one(
              "E_PAD": max(2, 1 << (e - 1).bit_length()), "SCHEDULED": tile.scheduled,
              "PERSISTENT": tile.scheduled and tile.persistent > 0, "X_SORTED": tile.x_sorted, "GATED": gated,
              "HAS_RW": False, "SYM": sym, "PRE_SCALE": tile.pre_scale, "EXACT_FMA": dtype == "bf16",
-             "ASM": tile.asm, "FP32_DOT": False, "SCALE_PAIRS": tile.scale_pairs}
+             "ASM": tile.asm, "FP32_DOT": False, "SCALE_PAIRS": tile.scale_pairs,
+             "SPLIT_TAIL": tile.split_tail}
     names = list(fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ptrs}
     attrs |= {(names.index(a),): [["tt.divisibility", 16]] for a, v in ints.items() if v % 16 == 0}

@@ -10,11 +10,16 @@ variant flags), so a new shape compiles once and never reuses another's binary.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
 
 from quantcore.errors import KernelInputError
 
-__all__ = ["CHUNK", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "tile_table"]
+__all__ = ["CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "tile_table"]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
 #: Up to this many routes the kernel finds each expert's routes itself (one launch);
@@ -32,7 +37,9 @@ class MoETile:
     activations instead of gathering rows by route. ``pre_scale``: dequantize before
     the dot (TensorRT-LLM's numerics) rather than scale each K-tile's partial sum.
     ``asm``: PRMT through inline PTX (the GPU; the interpreter cannot run PTX).
-    ``scale_pairs``: read scales as 32-bit pairs (pipelined copies) rather than 16-bit."""
+    ``scale_pairs``: read scales as 32-bit pairs (pipelined copies) rather than 16-bit.
+    ``split_tail`` (scheduled): an expert's last M-tile of at most ``bm / 2`` routes runs
+    at half width."""
 
     bm: int
     bn: int
@@ -45,12 +52,14 @@ class MoETile:
     pre_scale: bool = True
     asm: bool = True
     scale_pairs: bool = True
+    split_tail: bool = False
 
     def describe(self) -> str:
         mode = "scheduled" if self.scheduled else "in-kernel routes"
         extra = [f"{self.persistent}/SM" if self.scheduled and self.persistent else "",
                  "x sorted" if self.x_sorted else "", "post-scale" if not self.pre_scale else "",
-                 "no asm" if not self.asm else "", "16-bit scales" if not self.scale_pairs else ""]
+                 "no asm" if not self.asm else "", "16-bit scales" if not self.scale_pairs else "",
+                 "split tail" if self.split_tail else ""]
         return (f"{self.bm}x{self.bn}x{self.bk} w{self.num_warps} s{self.num_stages} {mode}"
                 + "".join(f", {e}" for e in extra if e))
 
@@ -70,6 +79,8 @@ def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = Fal
         problems.append(f"in-kernel routing takes at most {SMALL_MAX_ROUTES} routes, the call has {routes}")
     if tile.x_sorted and not tile.scheduled:
         problems.append("x_sorted needs the scheduled kernel")
+    if tile.split_tail and (not tile.scheduled or tile.bm < 32):
+        problems.append(f"split_tail halves a scheduled M-tile: scheduled with bm >= 32, got {tile}")
     if gated and tile.bn < 32:
         problems.append(f"a gated tile pairs 16-row blocks: bn >= 32, got {tile.bn}")
     if problems:
@@ -77,23 +88,36 @@ def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = Fal
 
 
 #: (largest routes per expert, tile) in increasing order, per device name; measured on
-#: the H100 (benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md, its sweep in the JSON).
+#: the H100 (benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md; the sweep's JSON
+#: beside it holds every tile tried).
 _H100 = (
+    (1, MoETile(16, 64, 128, 4, 4, pre_scale=False)),
     (8, MoETile(16, 64, 128, 4, 4)),
-    (24, MoETile(32, 64, 128, 4, 4)),
-    (96, MoETile(64, 128, 64, 8, 4, scheduled=True)),
-    (192, MoETile(128, 128, 64, 8, 4, scheduled=True)),
-    (1 << 62, MoETile(256, 128, 64, 8, 4, scheduled=True)),
+    (24, MoETile(32, 128, 128, 4, 4)),
+    (192, MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True)),
+    (1 << 62, MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True)),
 )
 TABLES = {"NVIDIA H100 80GB HBM3": _H100}
+#: A JSON file ``{"table": [[limit, {MoETile fields}], ...]}`` that replaces the shipped
+#: table (what ``gpu_sweep`` writes for the device it ran on).
+ENV_TABLE = "QUANTCORE_TRTLLM_MOE_TILES"
+#: Wide (bm = 256) tiles only where the H100 computed them right: bf16 scales, groups of
+#: 128. With groups of 64 (bf16 or fp16, this kernel and the one before it) bm = 256 gave
+#: wrong results on the H100 that the interpreter computes right; cause not established.
+NARROW = MoETile(128, 128, 128, 8, 4, scheduled=True, persistent=0, split_tail=True)
 
 
 def tile_table(device_name: str | None) -> tuple[tuple[int, MoETile], ...]:
+    path = os.environ.get(ENV_TABLE)
+    if path:
+        rows = json.loads(Path(path).read_text())["table"]
+        return tuple((int(limit), MoETile(**spec)) for limit, spec in rows)
     return TABLES.get(device_name or "", _H100)
 
 
 def pick_tile(
-    routes: int, experts: int, k: int, group: int, *, device_name: str | None = None, interpreted: bool = False
+    routes: int, experts: int, k: int, group: int, *, scale_dtype: torch.dtype | None = None,
+    device_name: str | None = None, interpreted: bool = False,
 ) -> MoETile:
     """The shipped tile for a call of ``routes`` routes over ``experts`` experts."""
     bk_max = 128 if group % 128 == 0 and k % 128 == 0 else 64
@@ -105,4 +129,6 @@ def pick_tile(
     tile = next(t for limit, t in tile_table(device_name) if per_expert <= limit)
     if not tile.scheduled and routes > SMALL_MAX_ROUTES:
         tile = replace(tile, scheduled=True)
+    if tile.bm > 128 and not (scale_dtype in (None, torch.bfloat16) and group >= 128):
+        tile = NARROW
     return replace(tile, bk=min(tile.bk, bk_max))

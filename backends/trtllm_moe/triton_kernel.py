@@ -124,7 +124,7 @@ def launch(
         SYM=prepared.zeros is None, PRE_SCALE=tile.pre_scale,
         # The interpreter's fma is a rounded multiply then an add (NumPy): not exact there.
         EXACT_FMA=prepared.scales.dtype == torch.bfloat16 and not interpreted(), ASM=tile.asm and not interpreted(),
-        FP32_DOT=interpreted(), SCALE_PAIRS=tile.scale_pairs, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        FP32_DOT=interpreted(), SCALE_PAIRS=tile.scale_pairs, SPLIT_TAIL=tile.split_tail, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     dims = (r, e, n, cols, n // 2, prepared.scales.shape[1])
     if not tile.scheduled:
@@ -253,7 +253,8 @@ class TritonMoE(TRTLLMMoEKernel):
             shape = (t, cols) if weighted else (t, topk, cols)
             return torch.zeros(shape, dtype=x.dtype, device=x.device)
         name, _ = _facts(x.device)
-        tile = tile or pick_tile(routes, e, k, prepared.group_size, device_name=name, interpreted=interpreted())
+        tile = tile or pick_tile(routes, e, k, prepared.group_size, scale_dtype=prepared.scales.dtype, device_name=name,
+                                 interpreted=interpreted())
         check_tile(tile, routes, k, prepared.group_size, gated)
         rows = x.reshape(-1, k)
         if rows.stride(-1) != 1 or rows.stride(0) % 8:

@@ -91,7 +91,7 @@ def word_codes(words, ASM: tl.constexpr):
 def _dequant(b, s, c, z, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr):
     if not PRE_SCALE:
         return b - 8388736.0  # the exact code q
-    if EXACT_FMA:
+    if EXACT_FMA:  # noqa: SIM108 (constexpr branches read better as blocks)
         w = tl.fma(b, s[:, None], c[:, None])
     else:
         w = (b - 8388736.0) * s[:, None]
@@ -103,7 +103,7 @@ def _dequant(b, s, c, z, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: 
 @triton.jit
 def _unpair(words, BN: tl.constexpr, DTYPE: tl.constexpr):
     """``[BN/2]`` 32-bit words, each two adjacent 16-bit scales → ``[BN]`` float32."""
-    if DTYPE == tl.bfloat16:  # a bf16 is the upper half of its float32
+    if DTYPE == tl.bfloat16:  # noqa: SIM300 (a bf16 is the upper half of its float32)
         lo = (words << 16).to(tl.float32, bitcast=True)
         hi = (words & -65536).to(tl.float32, bitcast=True)
     else:
@@ -227,24 +227,48 @@ def _scheduled_tile(
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
     PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
-    SCALE_PAIRS: tl.constexpr,
+    SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
     """One (expert, M-tile, N-tile) of the schedule: tiles run expert by expert, and
-    within an expert N-tile by N-tile with its M-tiles side by side."""
+    within an expert N-tile by N-tile with its M-tiles side by side. With
+    ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's last) runs at
+    half width: half the MMA, the same weight tile."""
     e = tl.sum((ends <= tile).to(tl.int32), axis=0)
     first = tl.load(starts_ptr + e)
     count = tl.load(starts_ptr + e + 1) - first
     m_tiles = (count + BM - 1) // BM
     local = tile - tl.load(tiles_ptr + e)
     pid_n = local // m_tiles
-    pos = first + (local % m_tiles) * BM + tl.arange(0, BM)
-    m_ok = pos < first + count
+    start = first + (local % m_tiles) * BM
+    end = first + count
+    cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
+    if SPLIT_TAIL and end - start <= BM // 2:
+        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+    else:
+        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+
+
+@triton.jit
+def _m_tile(
+    start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+    rw_ptr, y_ptr, stride_y, N, COLS, G,
+    K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
+    PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
+    SCALE_PAIRS: tl.constexpr,
+):
+    """Sorted positions ``start ..`` (before ``end``) of one expert, one N-tile."""
+    pos = start + tl.arange(0, BM)
+    m_ok = pos < end
     routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
-    if X_SORTED:
+    if X_SORTED:  # noqa: SIM108 (constexpr branches read better as blocks)
         x_rows = pos.to(tl.int64) * stride_x
     else:
         x_rows = (routes // x_div).to(tl.int64) * stride_x
-    cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
     acc = _expert_tile(
         x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
         K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
@@ -266,7 +290,7 @@ def moe_w8a16_kernel(
     R_PAD: tl.constexpr, E_PAD: tl.constexpr,
     SCHEDULED: tl.constexpr, PERSISTENT: tl.constexpr, X_SORTED: tl.constexpr, GATED: tl.constexpr,
     HAS_RW: tl.constexpr, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr,
-    ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr,
+    ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
     """``y[route, col]`` for every route, over ``COLS`` output columns (``N``, or the
     SwiGLU's ``HALF = N / 2`` when ``GATED``). See the module docstring."""
@@ -281,13 +305,13 @@ def moe_w8a16_kernel(
                     _scheduled_tile(
                         tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
                         rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
-                        SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+                        SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
                     )
         elif pid < total:
             _scheduled_tile(
                 pid, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
                 rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
-                SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+                SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
             )
     else:
         pid_d = tl.program_id(0)

@@ -37,24 +37,26 @@ DTYPE = torch.bfloat16
 
 
 def _routing(t: int, e: int, topk: int, dev: torch.device, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(t, e, generator=gen).argsort(dim=1)[:, :topk].to(torch.int32).to(dev)
+    return torch.rand(t, e, generator=gen, device=gen.device).argsort(dim=1)[:, :topk].to(torch.int32).to(dev)
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     dev = torch.device(device)
-    gen = torch.Generator().manual_seed(0)
+    # Drawn on the device: the seed's 8 × 4096 × 28672 weights take seconds on a CPU.
+    gen = torch.Generator(device=dev).manual_seed(0)
+    on = {"generator": gen, "device": dev}
     for dims in shapes:
         t, e, topk, k, n = (dims[d] for d in ("T", "E", "topk", "K", "N"))
         case = BenchCase("trtllm_moe", f"T{t}-E{e}-top{topk}-K{k}-N{n}", dict(dims))
         ids = _routing(t, e, topk, dev, gen)
         touched = int(torch.unique(ids).numel())
         sets = rotation_sets(touched * k * n, device)
-        xs = [torch.randn(t, k, generator=gen).to(dev, DTYPE) for _ in range(sets)]
+        xs = [torch.randn(t, k, **on).to(DTYPE) for _ in range(sets)]
         flops = 2 * t * topk * k * n
         act_bytes = 2 * (t * k + t * topk * n)
         weights = [{
-            "qweight": torch.randint(-128, 128, (e, k, n), dtype=torch.int8, generator=gen).to(dev),
-            "scales": (torch.rand(e, k // FMT.group_size, n, generator=gen) * 2e-4 + 1e-4).to(dev, DTYPE),
+            "qweight": torch.randint(-128, 128, (e, k, n), dtype=torch.int8, **on),
+            "scales": (torch.rand(e, k // FMT.group_size, n, **on) * 2e-4 + 1e-4).to(DTYPE),
         } for _ in range(sets)]
         problem = moe_problem(FMT, T=t, E=e, topk=topk, K=k, N=n, dtype=DTYPE)
         for cand in explain(FMT, device, problem=problem).candidates:
@@ -68,7 +70,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             nbytes = touched * (k * n + 2 * n * k // FMT.group_size) + act_bytes
             case.variants.append(Variant(cand.kernel, "kernel", _call(call, xs, ids, prepared), nbytes, flops, sets))
         del weights
-        dense = [torch.randn(e, n, k, generator=gen).to(dev, DTYPE) for _ in range(rotation_sets(2 * touched * k * n, device))]
+        dense = [torch.randn(e, n, k, **on).to(DTYPE) for _ in range(rotation_sets(2 * touched * k * n, device))]
         case.variants.append(Variant(
             "bf16_per_expert", "peer", _per_expert_peer(xs, ids, dense), 2 * touched * k * n + act_bytes, flops,
             len(dense), "cuBLAS" if dev.type == "cuda" else "",

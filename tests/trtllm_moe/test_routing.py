@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1 (set by the quantcore pytest plugin)", allow_module_level=True)
 
-from quantcore.backends.trtllm_moe.triton_source import route_schedule_kernel  # noqa: E402
+from quantcore.backends.trtllm_moe.triton_source import route_schedule_kernel
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 

@@ -7,6 +7,7 @@ T = 0) and the tile rules."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 import triton.language as tl  # noqa: E402
 
 from quantcore.backends.trtllm_moe import TorchMoE, TritonMoE  # noqa: E402
-from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile  # noqa: E402
+from quantcore.backends.trtllm_moe.tiles import ENV_TABLE, MoETile, pick_tile  # noqa: E402
 from quantcore.backends.trtllm_moe.triton_kernel import MOE_LAYOUT, stored_row_order  # noqa: E402
 from quantcore.backends.trtllm_moe.triton_source import MAGIC, word_codes  # noqa: E402
 from quantcore.errors import KernelInputError  # noqa: E402
@@ -94,6 +95,7 @@ VARIANTS = [
     MoETile(16, 64, 64, scheduled=True, persistent=0, asm=False),
     MoETile(32, 32, 64, scheduled=True, persistent=0, x_sorted=True, asm=False),
     MoETile(16, 32, 64, scheduled=True, persistent=1, pre_scale=False, asm=False),
+    MoETile(64, 32, 64, scheduled=True, persistent=0, split_tail=True, asm=False),
 ]
 
 
@@ -160,7 +162,9 @@ def test_awkward_routings_are_exact(routing: str, scheduled: bool) -> None:
     t = 40 if routing == "one expert" else 9
     ids = ROUTINGS[routing](t, 4, gen).contiguous().to(DEVICE)
     x = torch.randn(t, 128, generator=gen).bfloat16().to(DEVICE)
-    tile = MoETile(16, 64, 64, scheduled=scheduled, persistent=0, asm=False)
+    # scheduled: 40 routes on one expert = a full 32-route M-tile and a half-width tail
+    tile = MoETile(32, 64, 64, scheduled=True, persistent=0, split_tail=True, asm=False) if scheduled else \
+        MoETile(16, 64, 64, asm=False)
     ref = ref_kernel(x, ids, ref_w)
     assert _rel(kernel.forward(x, ids, w, tile=tile), ref) < TOL[torch.bfloat16]
     assert _rel(kernel(x, ids, w), ref) < TOL[torch.bfloat16]  # the default tile too
@@ -185,6 +189,7 @@ def test_no_tokens_gives_an_empty_result(weighted: bool) -> None:
         (MoETile(16, 48, 64), "powers of two"),
         (MoETile(16, 32, 64, x_sorted=True), "x_sorted needs the scheduled kernel"),
         (MoETile(16, 16, 64, scheduled=True), "a gated tile pairs 16-row blocks"),
+        (MoETile(16, 32, 64, scheduled=True, split_tail=True), "split_tail halves a scheduled M-tile"),
     ],
 )
 def test_bad_tiles_are_refused(tile: MoETile, match: str) -> None:
@@ -207,9 +212,18 @@ def test_in_kernel_routing_refuses_too_many_routes() -> None:
         kernel.forward(x, ids, w, tile=MoETile(16, 32, 64))
 
 
-def test_shipped_tiles_follow_routes_per_expert() -> None:
+def test_shipped_tiles_follow_routes_per_expert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     decode, prefill = pick_tile(2, 8, 4096, 128), pick_tile(8192, 8, 4096, 128)
     assert not decode.scheduled and decode.bm == 16
     assert prefill.scheduled and prefill.bm >= 128
     assert pick_tile(200, 1, 4096, 128).scheduled  # more routes than in-kernel routing takes
     assert pick_tile(2, 8, 192, 64).bk == 64  # K-tiles inside one group and dividing K
+    # wide tiles only for bf16 scales in groups of 128 (see tiles.NARROW)
+    assert pick_tile(8192, 8, 4096, 64).bm <= 128
+    assert pick_tile(8192, 8, 4096, 128, scale_dtype=torch.float16).bm <= 128
+    table = tmp_path / "tiles.json"
+    table.write_text('{"table": [[4, {"bm": 16, "bn": 128, "bk": 128}], [1e18, {"bm": 64, "bn": 64, "bk": 64, '
+                     '"scheduled": true}]]}')
+    monkeypatch.setenv(ENV_TABLE, str(table))
+    assert pick_tile(2, 8, 4096, 128) == MoETile(16, 128, 128)
+    assert pick_tile(8192, 8, 4096, 128) == MoETile(64, 64, 64, scheduled=True)
