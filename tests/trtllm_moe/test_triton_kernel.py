@@ -227,3 +227,5 @@ def test_shipped_tiles_follow_routes_per_expert(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv(ENV_TABLE, str(table))
     assert pick_tile(2, 8, 4096, 128) == MoETile(16, 128, 128)
     assert pick_tile(8192, 8, 4096, 128) == MoETile(64, 64, 64, scheduled=True)
+    # persistent programs only with bf16 scales
+    assert pick_tile(8192, 8, 4096, 128, scale_dtype=torch.float16) == MoETile(64, 64, 64, scheduled=True, persistent=0)
