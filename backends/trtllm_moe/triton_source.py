@@ -36,11 +36,14 @@ activation row ``r // x_div``. Two ways to give a program its routes:
   routes into blocks of ``BM`` itself. One launch, nothing before it.
 - ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile). One
   small kernel (:func:`route_schedule_kernel`) counting-sorts the routes by expert and
-  writes each expert's first sorted position and first tile; ``PROGS`` persistent
-  programs then walk the tiles, ordered expert, N-tile, M-tile, so the M-tiles that share
-  a weight tile run side by side and read it once from HBM. ``X_SORTED`` reads the
+  writes each expert's first sorted position and first tile; the tiles, ordered expert,
+  N-tile, M-tile (the M-tiles that share a weight tile run side by side and read it once
+  from HBM), go one to a program, or ``PERSISTENT`` programs walk them ``PROGS`` apart
+  (a run-time loop bound: not under the interpreter). ``SPLIT_TAIL`` runs an expert's
+  last M-tile of at most ``BM / 2`` routes at half width. ``X_SORTED`` reads the
   activations from a copy already permuted into sorted order (contiguous rows) instead of
-  gathering rows by route inside the loads.
+  gathering rows by route inside the loads (measured slower on the H100: kept as a
+  variant).
 
 **GATED** fuses TensorRT-LLM's SwiGLU (``h[:I] · SiLU(h[I:])``): a tile's rows are 8
 linear-half columns then the same 8 gate-half columns, repeated, so each thread holds a
