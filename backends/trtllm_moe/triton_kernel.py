@@ -1,18 +1,23 @@
 """``trtllm_moe_triton``: a grouped W8A16 GEMM in Triton that reads the weights in
 TensorRT-LLM's preprocessed MoE layout (the bytes TensorRT-LLM's own kernels read), with
-the group-wise dequantization fused into the GEMM. The kernel and its layout
-arithmetic are in :mod:`.triton_source`; this module prepares weights, picks tiles and
-launches.
+the group-wise dequantization fused into the GEMM and, for the FFN, the SwiGLU fused
+into its epilogue. The kernel is in :mod:`.triton_source`, the tiles in :mod:`.tiles`;
+this module prepares weights, picks tiles and launches.
 
 On CUDA (SM >= 8.0) it compiles; on CPU it runs under Triton's interpreter
 (``TRITON_INTERPRET=1``), where dots are done in float32 because the interpreter's
 bf16 dot is wrong (notes/triton-interpreter.md), and the output is rounded by torch
 because the interpreter's fp32 → bf16 conversion truncates (measured: 517 of 1024
 random values off by one ulp, all equal to truncation).
+
+A call launches one kernel for up to ``SMALL_MAX_ROUTES`` routes (decode), and a
+one-program scheduling kernel plus the GEMM above that; neither waits for the GPU, so a
+call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,16 +33,13 @@ from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
 from .preprocess import CutlassMixedGemmLayout, QuantType
-from .routing import align_routes
+from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
 from .weights import ACT_DTYPES, load_expert_weights
 
-__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "check_tile", "pick_tile"]
+__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "launch", "stored_row_order"]
 
 #: The layout TensorRT-LLM's MoE uses on SM 80–90 (``force_interleave`` maps 90 to 80).
 MOE_LAYOUT = CutlassMixedGemmLayout(QuantType.W8_A16, arch=80)
-CHUNK = 64  # K rows per interleaved column tile of the layout
-#: Up to this many routes run in one dense launch; more are sorted by expert.
-DENSE_MAX_ROUTES = 32
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,6 @@ class TritonMoEWeights:
     layout: torch.Tensor  # int8 [E, K, N] bytes: TensorRT-LLM's preprocessed MoE layout
     scales: torch.Tensor  # [E, G, N]
     zeros: torch.Tensor | None
-    k_order: torch.Tensor  # int64 [K]: logical row of each stored position
     group_size: int
 
     @property
@@ -61,30 +62,15 @@ class TritonMoEWeights:
         return self.layout.shape[2]
 
 
-@dataclass(frozen=True)
-class MoETile:
-    """Launch shape and variant (see :mod:`.triton_source`): ``dense`` decode launch or
-    sorted blocks; ``pre_scale`` dequantizes before the dot (prefill) or scales after it
-    (decode); ``magic`` converts codes with bit operations instead of int-to-float."""
-
-    bm: int
-    bn: int
-    bk: int
-    num_warps: int = 4
-    num_stages: int = 3
-    dense: bool = False
-    pre_scale: bool = False
-    magic: bool = True
-
-
-def _interpreted() -> bool:
+def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def stored_row_order(k: int, device: torch.device) -> torch.Tensor:
     """Logical K row of every stored position of the layout, read off the preprocessor
-    itself (a column whose codes are their own row numbers), so the kernel follows the
-    layout exactly: σ(j) = 16·(j//16) + (j%16)//2 + 8·(j%2) within each 64-row chunk."""
+    itself (a column whose codes are their own row numbers): σ(j) = 16·(j//16) +
+    (j%16)//2 + 8·(j%2) within each 64-row chunk. The kernel's word reading relies on it
+    (tests check it against the closed form)."""
     rows = torch.arange(CHUNK, dtype=torch.int16) - 128
     probe = MOE_LAYOUT.apply(rows.to(torch.int8).view(CHUNK, 1).expand(CHUNK, 32).contiguous())
     sigma = (probe.view(-1)[:CHUNK].to(torch.int16) & 0xFF).long()  # the biased byte is the row
@@ -92,47 +78,85 @@ def stored_row_order(k: int, device: torch.device) -> torch.Tensor:
     return (chunks + sigma.view(1, -1)).reshape(-1).to(device)
 
 
-def pick_tile(routes: int, experts: int, n: int, group: int, sym: bool = True) -> MoETile:
-    """Tiles by the routes an expert can expect, as measured on an H100
-    (benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md): a dense launch up to 32
-    routes, then sorted blocks, pre-scaled once blocks are large.
-
-    Asymmetric weights stay at ``bm <= 128``: with ``bm = 256`` (3 stages) the H100 gave
-    a 10 % error on one asymmetric group-64 cell (K = 128, T = 512, E = 1) that the
-    interpreter computes correctly; until that is understood, only configurations that
-    passed there are chosen."""
-    bk = min(128, group)
-    if _interpreted():  # small tiles: the interpreter pays per element, not per program
-        bm = 16 if routes <= 16 else 32 if routes <= 32 else 64
-        return MoETile(bm, min(64, n), 64, dense=routes <= DENSE_MAX_ROUTES, pre_scale=bm == 64)
-    if routes <= DENSE_MAX_ROUTES:
-        return MoETile(max(16, triton_next_pow2(routes)), 64, bk, 4, 4, dense=True)
-    per_expert = routes / experts
-    if per_expert <= 24:
-        return MoETile(16 if per_expert <= 12 else 32, 128, 64, 8, 4)
-    if per_expert <= 96:
-        return MoETile(64, 128, 64, 8, 4, pre_scale=True)
-    if not sym:
-        return MoETile(128, 128, 64, 8, 4, pre_scale=True)
-    return MoETile(256, 128, 64, 8, 3 if per_expert <= 256 else 4, pre_scale=True)
+@functools.lru_cache(maxsize=8)
+def _device_facts(index: int) -> tuple[str, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.name, props.multi_processor_count
 
 
-def check_tile(tile: MoETile, routes: int, group: int) -> None:
-    """A K-tile must lie in one group and be whole 64-row chunks of the layout (so column
-    pairs are whole too); a dense launch must hold every route."""
-    problems = []
-    if tile.bk % CHUNK or group % tile.bk:
-        problems.append(f"bk={tile.bk} must be a multiple of {CHUNK} dividing group_size={group}")
-    if any(v < 16 or v & (v - 1) for v in (tile.bm, tile.bn, tile.bk)):
-        problems.append("bm, bn, bk must be powers of two >= 16 (tl.arange, tl.dot)")
-    if tile.dense and tile.bm < routes:
-        problems.append(f"a dense launch takes all {routes} routes in one block, bm={tile.bm}")
-    if problems:
-        raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
+def _facts(device: torch.device) -> tuple[str | None, int]:
+    if device.type != "cuda" or interpreted():
+        return None, 4
+    return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def triton_next_pow2(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
+def _pow2_at_least(v: int, low: int) -> int:
+    return max(low, 1 << max(0, (v - 1).bit_length()))
+
+
+def launch(
+    x: torch.Tensor,
+    route_ids: torch.Tensor,
+    x_div: int,
+    prepared: TritonMoEWeights,
+    tile: MoETile,
+    y: torch.Tensor,
+    *,
+    route_weights: torch.Tensor | None = None,
+    gated: bool = False,
+) -> None:
+    """Run the kernel into ``y [R, cols]``: ``x [rows, K]`` (route r reads row
+    ``r // x_div``), ``route_ids [R]`` int32 expert ids. No host synchronisation."""
+    from .triton_source import moe_w8a16_kernel, route_schedule_kernel
+
+    e, k, n = prepared.layout.shape
+    r = route_ids.numel()
+    cols = y.shape[1]
+    bn_out = tile.bn // 2 if gated else tile.bn
+    n_tiles = -(-cols // bn_out)
+    _, sms = _facts(x.device)
+    words = prepared.layout.view(torch.int32)
+    zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
+    rw = route_weights if route_weights is not None else prepared.scales
+    flags = dict(
+        K=k, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
+        E_PAD=_pow2_at_least(e, 2), GATED=gated, HAS_RW=route_weights is not None,
+        SYM=prepared.zeros is None, PRE_SCALE=tile.pre_scale,
+        # The interpreter's fma is a rounded multiply then an add (NumPy): not exact there.
+        EXACT_FMA=prepared.scales.dtype == torch.bfloat16 and not interpreted(), ASM=tile.asm and not interpreted(),
+        FP32_DOT=interpreted(), SCALE_PAIRS=tile.scale_pairs, SPLIT_TAIL=tile.split_tail, num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+    dims = (r, e, n, cols, n // 2, prepared.scales.shape[1])
+    if not tile.scheduled:
+        grid = (min(r, e), n_tiles)
+        moe_w8a16_kernel[grid](
+            x, x.stride(0), x_div, words, prepared.scales, zeros,
+            route_ids, route_ids, route_ids, route_ids, rw, y, y.stride(0),
+            *dims, 0, 1, R_PAD=_pow2_at_least(r, 16), SCHEDULED=False, PERSISTENT=False, X_SORTED=False, **flags,
+        )
+        return
+    dev = x.device
+    sorted_routes = torch.empty(r, dtype=torch.int32, device=dev)
+    starts = torch.empty(e + 1, dtype=torch.int32, device=dev)
+    first_tiles = torch.empty(e + 1, dtype=torch.int32, device=dev)
+    tokens = torch.empty(r if tile.x_sorted else 1, dtype=torch.int32, device=dev)
+    e_pad = _pow2_at_least(e, 2)
+    route_schedule_kernel[(1,)](
+        route_ids, sorted_routes, starts, first_tiles, tokens, r, e, n_tiles, x_div,
+        R_MAX=_pow2_at_least(r, 16), BM=tile.bm, E_PAD=e_pad, CHUNK=max(16, min(1024, 8192 // e_pad)), WRITE_TOKENS=tile.x_sorted,
+        num_warps=4,
+    )
+    xs = x.index_select(0, tokens) if tile.x_sorted else x
+    bound = (r // tile.bm + min(e, r)) * n_tiles  # each expert adds at most one partial M-tile
+    # The interpreter cannot take a run-time loop bound: one program per tile there.
+    persistent = tile.persistent if not interpreted() else 0
+    progs = min(bound, sms * persistent) if persistent else bound
+    moe_w8a16_kernel[(progs,)](
+        xs, xs.stride(0), x_div, words, prepared.scales, zeros,
+        route_ids, sorted_routes, starts, first_tiles, rw, y, y.stride(0),
+        *dims, bound, progs, R_PAD=16, SCHEDULED=True, PERSISTENT=persistent > 0, X_SORTED=tile.x_sorted,
+        **flags,
+    )
 
 
 class TritonMoE(TRTLLMMoEKernel):
@@ -178,11 +202,15 @@ class TritonMoE(TRTLLMMoEKernel):
     ) -> TritonMoEWeights:
         w = load_expert_weights(self.fmt, tensors, self.device, dtype)  # type: ignore[arg-type]
         return TritonMoEWeights(
-            layout=MOE_LAYOUT.apply(w.qweight),
-            scales=w.scales,
-            zeros=w.zeros,
-            k_order=stored_row_order(w.k, self.device),
-            group_size=w.group_size,
+            layout=MOE_LAYOUT.apply(w.qweight), scales=w.scales, zeros=w.zeros, group_size=w.group_size,
+        )
+
+    def _checked(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: TritonMoEWeights,
+                 topk_weights: torch.Tensor | None) -> None:
+        self.require_prepared(prepared)
+        check_routing(
+            x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
+            dtypes=ACT_DTYPES, device=prepared.layout.device,
         )
 
     def __call__(
@@ -193,12 +221,16 @@ class TritonMoE(TRTLLMMoEKernel):
         *,
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self.require_prepared(prepared)
-        check_routing(
-            x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
-            dtypes=ACT_DTYPES, device=prepared.layout.device,
-        )
+        self._checked(x, topk_ids, prepared, topk_weights)
         return self.forward(x, topk_ids, prepared, topk_weights=topk_weights)
+
+    def gated(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: TritonMoEWeights) -> torch.Tensor:
+        """The FFN's first GEMM with TensorRT-LLM's SwiGLU fused into the epilogue:
+        ``[T, topk, N/2]`` in the activation dtype (see :meth:`MoEKernel.gated`)."""
+        self._checked(x, topk_ids, prepared, None)
+        if prepared.n % 64:
+            raise KernelInputError(f"gated: N={prepared.n} must be a multiple of 64 (32 SwiGLU columns per tile)")
+        return self.forward(x, topk_ids, prepared, gated=True)
 
     def forward(
         self,
@@ -208,46 +240,36 @@ class TritonMoE(TRTLLMMoEKernel):
         *,
         topk_weights: torch.Tensor | None = None,
         tile: MoETile | None = None,
+        gated: bool = False,
     ) -> torch.Tensor:
         """The call without validation and without any host synchronisation (CUDA-graph
         safe). Inputs must satisfy :func:`~quantcore.ops.moe.check_routing`."""
-        from .triton_source import moe_w8a16_kernel
-
         t, topk = topk_ids.shape
         e, k, n = prepared.layout.shape
         routes = t * topk
-        tile = tile or pick_tile(routes, e, n, prepared.group_size, prepared.zeros is None)
-        check_tile(tile, routes, prepared.group_size)
-        x_perm = x.reshape(-1, k).index_select(1, prepared.k_order)
-        route_ids = topk_ids.reshape(-1).to(torch.int32)
+        cols = n // 2 if gated else n
         weighted = topk_weights is not None
+        if routes == 0:
+            shape = (t, cols) if weighted else (t, topk, cols)
+            return torch.zeros(shape, dtype=x.dtype, device=x.device)
+        name, _ = _facts(x.device)
+        tile = tile or pick_tile(routes, e, k, prepared.group_size, scale_dtype=prepared.scales.dtype, device_name=name,
+                                 interpreted=interpreted())
+        check_tile(tile, routes, k, prepared.group_size, gated)
+        rows = x.reshape(-1, k)
+        if rows.stride(-1) != 1 or rows.stride(0) % 8:
+            rows = rows.contiguous()
         # fp32 out when the routes are summed afterwards, and under the interpreter, whose
         # fp32 → bf16 conversion truncates instead of rounding to nearest.
-        y_dtype = torch.float32 if weighted or _interpreted() else x.dtype
-        y = torch.empty(routes, n, dtype=y_dtype, device=x.device)
-        if tile.dense:
-            grid_r, sorted_routes, block_expert = e, route_ids, route_ids
-        else:
-            aligned = align_routes(route_ids, e, tile.bm)
-            grid_r, sorted_routes, block_expert = aligned.num_blocks, aligned.sorted_routes, aligned.block_expert
-        rw = topk_weights.reshape(-1).float().contiguous() if weighted else x_perm
-        zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
-        grid = (grid_r, triton_cdiv(n, tile.bn))
-        moe_w8a16_kernel[grid](
-            x_perm, x_perm.stride(0),
-            prepared.layout, prepared.scales, zeros,
-            route_ids, sorted_routes, block_expert, rw,
-            y, y.stride(0),
-            routes, n, prepared.scales.shape[1], topk if x.dim() == 2 else 1,
-            K=k, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
-            SYM=prepared.zeros is None, DENSE=tile.dense, HAS_RW=weighted,
-            FP32_DOT=_interpreted(), PRE_SCALE=tile.pre_scale, MAGIC=tile.magic,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        y_dtype = torch.float32 if weighted or interpreted() else x.dtype
+        y = torch.empty(routes, cols, dtype=y_dtype, device=x.device)
+        launch(
+            rows, topk_ids.reshape(-1).to(torch.int32), topk if x.dim() == 2 else 1, prepared, tile, y,
+            route_weights=topk_weights.reshape(-1).float() if weighted else None, gated=gated,
         )
         if weighted:
-            return y.view(t, topk, n).sum(dim=1).to(x.dtype)
-        return y.view(t, topk, n).to(x.dtype)
+            return y.view(t, topk, cols).sum(dim=1).to(x.dtype)
+        return y.view(t, topk, cols).to(x.dtype)
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ += ["SMALL_MAX_ROUTES"]

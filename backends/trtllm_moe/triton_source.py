@@ -2,48 +2,55 @@
 
 Imported only when the Triton kernel runs (it imports triton).
 
-Weight layout read (int8, fp16/bf16 activations, SM 75–90 and the MoE path on SM 90;
-see ``preprocess``): per expert, byte
+**The layout, read as 32-bit words.** Per expert (int8, SM 75–90 and the MoE path on
+SM 90; see ``preprocess``), byte ``(n // 2)·2K + (p // 64)·128 + (n % 2)·64 + p % 64``
+holds the biased code ``u = q + 128`` of column n at stored position p; stored position
+``16i + j`` of a 16-row block holds logical row ``16i + σ(j)``, σ = 0 8 1 9 2 10 3 11 …
+(the LDSM row permutation composed with the register byte swap). So the 32-bit word
+``c`` (0..3) of a 16-row block holds, in its bytes 0, 1, 2, 3, the rows
+``2c, 2c + 8, 2c + 1, 2c + 9`` — exactly the four K values one thread of an MMA
+fragment holds (rows ``2c, 2c + 1`` in one register, ``2c + 8, 2c + 9`` in the other).
+That is what the layout was made for, and it is how this kernel reads it: one 32-bit
+word per thread, bytes 0 and 2 become the pair for k ``16i + 2c + (0, 1)``, bytes 1 and
+3 the pair for ``16i + 8 + 2c + (0, 1)``; joined, permuted and reshaped (free in
+registers: Triton maps the result onto the wgmma operand layout without moving data)
+they are the weight tile in *logical* K order. The activations are read as they are,
+contiguous rows, no permutation.
 
-    addr(p, n) = (n // 2) · 2K + (p // 64) · 128 + (n % 2) · 64 + p % 64
+**Codes to floats** without the integer-to-float unit (TensorRT-LLM's own trick):
+``0x4B000000 | u`` is the float32 ``2²³ + u`` (one PRMT per byte through inline PTX on
+the GPU; shifts and masks under the interpreter). Dequantization folds into one FMA:
+``w = (2²³ + u)·s − (2²³ + 128)·s = q·s``, exact in float32 when the constant
+``(2²³ + 128)·s`` is, which holds for a bf16 scale (8-bit significand: 17 + 8 bits fit
+in 24) — ``EXACT_FMA``; fp16 scales (11 bits) take a subtract and a multiply instead.
+Zeros add once more. ``PRE_SCALE`` rounds ``w`` to the activation dtype and lets the
+tensor cores accumulate across K-tiles (TensorRT-LLM's numerics); without it the exact
+codes go into the dot and each K-tile's partial sum is scaled (one K-tile never spans
+two groups).
 
-holds the *biased* code u = q + 128 of column n at stored position p, which is logical
-row k = 64 · (p // 64) + σ(p % 64) with σ(j) = 16 · (j // 16) + (j % 16) // 2 + 8 · (j % 2)
-(the LDSM row permutation composed with the register byte swap). The reduction over K
-does not care about order, so the kernel walks stored positions p and reads the
-activations permuted by σ (``x_perm[:, p] = x[:, k(p)]``, done once per call by the
-wrapper); a group of 64 or 128 rows is a union of whole 64-row chunks, so the group of
-p is ``p // group_size`` as it is for k. ``u ^ 0x80`` is the signed code.
+**Routes.** A route is one (token, slot); the expert of route r is ``ids[r]`` and its
+activation row ``r // x_div``. Two ways to give a program its routes:
 
-Each program owns one expert, ``BN`` output columns and up to ``BM`` routes, and
-computes the transposed tile ``acc[BN, BM] = Wᵀ · xᵀ`` so that the dequantized weight
-is the left operand (registers) and a handful of tokens can be the narrow side.
+- ``SCHEDULED = False`` (decode): program (d, n-tile) takes the d-th distinct expert of
+  the call, found in the kernel from all ``R ≤ R_PAD`` ids, and compacts that expert's
+  routes into blocks of ``BM`` itself. One launch, nothing before it.
+- ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile). One
+  small kernel (:func:`route_schedule_kernel`) counting-sorts the routes by expert and
+  writes each expert's first sorted position and first tile; the tiles, ordered expert,
+  N-tile, M-tile (the M-tiles that share a weight tile run side by side and read it once
+  from HBM), go one to a program, or ``PERSISTENT`` programs walk them ``PROGS`` apart
+  (a run-time loop bound: not under the interpreter). ``SPLIT_TAIL`` runs an expert's
+  last M-tile of at most ``BM / 2`` routes at half width. ``X_SORTED`` reads the
+  activations from a copy already permuted into sorted order (contiguous rows) instead of
+  gathering rows by route inside the loads (measured slower on the H100: kept as a
+  variant).
 
-Codes to floats without the slow integer-to-float unit (``MAGIC``, TensorRT-LLM's own
-trick): ``0x4B000000 | u`` is the float32 2²³ + u, so subtracting 2²³ + 128 leaves q
-exactly; q has at most 8 significant bits, so its bf16 is the float32's upper half; for
-fp16, ``0x6400 | u`` is 1024 + u and subtracting 1152 leaves q.
+**GATED** fuses TensorRT-LLM's SwiGLU (``h[:I] · SiLU(h[I:])``): a tile's rows are 8
+linear-half columns then the same 8 gate-half columns, repeated, so each thread holds a
+column's two halves in the rows ``r`` and ``r + 8`` of its accumulator fragment.
 
-Dequantization is fused in one of two ways:
-
-- ``PRE_SCALE = False`` (decode): per K-tile of one group, ``acc += scale[n] · (q · x)``
-  and, asymmetric, ``acc += zero[n] · Σ_k x``. The codes are exact in fp16/bf16, so only
-  the output is rounded; the scaling costs ``BM`` multiply-adds per column per tile.
-- ``PRE_SCALE = True`` (prefill): ``w = q · scale (+ zero)`` in float32, rounded to the
-  activation dtype (as TensorRT-LLM's kernels do), and the dot accumulates into ``acc``
-  across tiles, so the tensor cores never wait for an epilogue.
-
-K is a compile-time constant: a loop bound read from a run-time scalar breaks
-Triton 3.6's interpreter under NumPy 2.4 (``int()`` of a one-element array), and a
-model has few distinct K.
-
-Routes reach a program in one of two ways (``DENSE``):
-
-- dense: program (e, n-tile) takes all R ≤ BM routes and keeps those whose id is e;
-  an expert no route chose returns at once. No sorting, one launch: decode.
-- sorted: routes sorted by expert and padded to multiples of BM
-  (:func:`..routing.align_routes`); program (block, n-tile) reads its block's expert
-  and routes. Prefill.
+K is a compile-time constant: a loop bound read from a run-time scalar breaks Triton
+3.6's interpreter under NumPy 2.4, and a model has few distinct K.
 """
 
 from __future__ import annotations
@@ -51,93 +58,326 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["codes_bf16", "codes_f16", "codes_f32", "moe_w8a16_kernel"]
+__all__ = ["MAGIC", "moe_w8a16_kernel", "route_schedule_kernel", "word_codes"]
+
+#: 2²³ + 128: the float32 ``0x4B000000 | u`` minus this is the signed code q.
+MAGIC = 8388736.0
 
 
 @triton.jit
+def word_codes(words, ASM: tl.constexpr):
+    """The four biased bytes of each 32-bit word as float32 ``2²³ + u``."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 m;
+            mov.b32 m, 0x4B000000;
+            prmt.b32 $0, $4, m, 0x7540;
+            prmt.b32 $1, $4, m, 0x7541;
+            prmt.b32 $2, $4, m, 0x7542;
+            prmt.b32 $3, $4, m, 0x7543;
+            }""",
+            constraints="=r,=r,=r,=r,r",
+            args=[words],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    b0 = ((words & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+    b1 = (((words >> 8) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+    b2 = (((words >> 16) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+    b3 = (((words >> 24) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _dequant(b, s, c, z, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr):
+    if not PRE_SCALE:
+        return b - 8388736.0  # the exact code q
+    if EXACT_FMA:  # noqa: SIM108 (constexpr branches read better as blocks)
+        w = tl.fma(b, s[:, None], c[:, None])
+    else:
+        w = (b - 8388736.0) * s[:, None]
+    if not SYM:
+        w += z[:, None]
+    return w
+
+
+@triton.jit
+def _unpair(words, BN: tl.constexpr, DTYPE: tl.constexpr):
+    """``[BN/2]`` 32-bit words, each two adjacent 16-bit scales → ``[BN]`` float32."""
+    if DTYPE == tl.bfloat16:  # noqa: SIM300 (a bf16 is the upper half of its float32)
+        lo = (words << 16).to(tl.float32, bitcast=True)
+        hi = (words & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = (words & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (words >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.join(lo, hi).reshape(BN)
+
+
+@triton.jit
+def _logical_tile(b0, b1, b2, b3, BN: tl.constexpr, BK: tl.constexpr):
+    """``[BN, BK/4]`` words' bytes → the ``[BN, BK]`` tile in logical K order."""
+    lo = tl.join(b0, b2).reshape(BN, BK // 16, 8)  # k = 16i + 2c + (0, 1)
+    hi = tl.join(b1, b3).reshape(BN, BK // 16, 8)  # k = 16i + 8 + 2c + (0, 1)
+    return tl.join(lo, hi).permute(0, 1, 3, 2).reshape(BN, BK)
+
+
+@triton.jit
+def _expert_tile(
+    x_ptr, x_rows, m_ok,
+    w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+    K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr,
+    FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr,
+):
+    """``acc[BN, BM] = W[e][:, cols]ᵀ · x[rows]ᵀ`` in float32, the weight tile
+    dequantized in registers as the dot's left operand."""
+    WORDS: tl.constexpr = BK // 4
+    e64 = e.to(tl.int64)
+    # word (w, n) of an expert: (n // 2)·K/2 + (w // 16)·32 + (n % 2)·16 + w % 16
+    w_base = w_ptr + e64 * (K // 4) * N
+    offs_w = tl.arange(0, WORDS)
+    w_tile = w_base + ((cols // 2) * (K // 2) + (cols % 2) * 16)[:, None] + ((offs_w // 16) * 32 + offs_w % 16)[None, :]
+    offs_k = tl.arange(0, BK)
+    x_tile = x_ptr + x_rows[None, :] + offs_k[:, None]
+    if SCALE_PAIRS:
+        # Scales (and zeros) read as 32-bit pairs of adjacent columns: 4-byte loads go
+        # through the pipelined asynchronous copies, 2-byte ones would stall every warp.
+        pair_cols = tl.split(cols.reshape(BN // 2, 2))[0]
+        sz = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (e64 * G * N + pair_cols) // 2
+        zz = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (e64 * G * N + pair_cols) // 2
+        pair_ok = tl.split(n_ok.reshape(BN // 2, 2))[0]
+    else:
+        sz = s_ptr + e64 * G * N + cols
+        zz = z_ptr + e64 * G * N + cols
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        g = (k0 // GROUP) * N
+        if SCALE_PAIRS:
+            s = _unpair(tl.load(sz + g // 2, mask=pair_ok, other=0), BN, s_ptr.dtype.element_ty)
+            z = s
+            if not SYM:
+                z = _unpair(tl.load(zz + g // 2, mask=pair_ok, other=0), BN, s_ptr.dtype.element_ty)
+        else:
+            s = tl.load(sz + g, mask=n_ok, other=0.0).to(tl.float32)
+            z = s
+            if not SYM:
+                z = tl.load(zz + g, mask=n_ok, other=0.0).to(tl.float32)
+        words = tl.load(w_tile + k0 // 2, mask=n_ok[:, None], other=0)
+        xt = tl.load(x_tile + k0, mask=m_ok[None, :], other=0.0)
+        c = s * -8388736.0
+        b0, b1, b2, b3 = word_codes(words, ASM)
+        w = _logical_tile(
+            _dequant(b0, s, c, z, SYM, PRE_SCALE, EXACT_FMA), _dequant(b1, s, c, z, SYM, PRE_SCALE, EXACT_FMA),
+            _dequant(b2, s, c, z, SYM, PRE_SCALE, EXACT_FMA), _dequant(b3, s, c, z, SYM, PRE_SCALE, EXACT_FMA),
+            BN, BK,
+        )
+        if FP32_DOT:
+            # The interpreter: an fp32 dot (its bf16 dot is wrong), no rounding of w.
+            part = tl.dot(w, xt.to(tl.float32))
+        elif PRE_SCALE:
+            acc = tl.dot(w.to(xt.dtype), xt, acc)
+        else:
+            part = tl.dot(w.to(xt.dtype), xt)
+        if FP32_DOT or not PRE_SCALE:
+            if PRE_SCALE:
+                acc += part
+            else:
+                acc += part * s[:, None]
+                if not SYM:
+                    acc += z[:, None] * tl.sum(xt.to(tl.float32), axis=0)[None, :]
+    return acc
+
+
+@triton.jit
+def _tile_columns(pid_n, COLS, HALF, BN: tl.constexpr, GATED: tl.constexpr):
+    """Weight column of each tile row, and the output column it feeds."""
+    offs = tl.arange(0, BN)
+    if GATED:
+        # rows 16b + (0..7): linear half, 16b + (8..15): the same columns' gate half
+        out = pid_n * (BN // 2) + (offs // 16) * 8 + offs % 8
+        ok = out < COLS
+        cols = out + ((offs // 8) % 2) * HALF
+    else:
+        out = pid_n * BN + offs
+        ok = out < COLS
+        cols = out
+    return cols, ok
+
+
+@triton.jit
+def _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS,
+           BN: tl.constexpr, BM: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr):
+    if GATED:
+        pair = acc.reshape(BN // 16, 2, 8, BM).permute(0, 2, 3, 1).reshape(BN // 2, BM, 2)
+        lin, gate = tl.split(pair)
+        out = lin * (gate / (1.0 + tl.exp(-gate)))
+        offs_o = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+    else:
+        out = acc
+        offs_o = pid_n * BN + tl.arange(0, BN)
+    if HAS_RW:
+        out *= tl.load(rw_ptr + routes, mask=m_ok, other=0.0)[None, :]
+    ptrs = y_ptr + routes.to(tl.int64)[None, :] * stride_y + offs_o[:, None]
+    tl.store(ptrs, out.to(y_ptr.dtype.element_ty), mask=m_ok[None, :] & (offs_o < COLS)[:, None])
+
+
+@triton.jit
+def _scheduled_tile(
+    tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
+    rw_ptr, y_ptr, stride_y, N, COLS, HALF, G,
+    K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
+    PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
+    SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+):
+    """One (expert, M-tile, N-tile) of the schedule: tiles run expert by expert, and
+    within an expert N-tile by N-tile with its M-tiles side by side. With
+    ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's last) runs at
+    half width: half the MMA, the same weight tile."""
+    e = tl.sum((ends <= tile).to(tl.int32), axis=0)
+    first = tl.load(starts_ptr + e)
+    count = tl.load(starts_ptr + e + 1) - first
+    m_tiles = (count + BM - 1) // BM
+    local = tile - tl.load(tiles_ptr + e)
+    pid_n = local // m_tiles
+    start = first + (local % m_tiles) * BM
+    end = first + count
+    cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
+    if SPLIT_TAIL and end - start <= BM // 2:
+        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+    else:
+        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+
+
+@triton.jit
+def _m_tile(
+    start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+    rw_ptr, y_ptr, stride_y, N, COLS, G,
+    K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
+    PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
+    SCALE_PAIRS: tl.constexpr,
+):
+    """Sorted positions ``start ..`` (before ``end``) of one expert, one N-tile."""
+    pos = start + tl.arange(0, BM)
+    m_ok = pos < end
+    routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
+    if X_SORTED:  # noqa: SIM108 (constexpr branches read better as blocks)
+        x_rows = pos.to(tl.int64) * stride_x
+    else:
+        x_rows = (routes // x_div).to(tl.int64) * stride_x
+    acc = _expert_tile(
+        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+        K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+    )
+    _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+
+
+# Route counts and the tile bound change with every call: not specialised on, so a new
+# batch size reuses the compiled kernel.
+@triton.jit(do_not_specialize=["x_div", "R", "E", "TILES", "PROGS"])
 def moe_w8a16_kernel(
-    x_ptr, stride_x,
+    x_ptr, stride_x, x_div,
     w_ptr, s_ptr, z_ptr,
-    ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr,
+    ids_ptr, sorted_ptr, starts_ptr, tiles_ptr, rw_ptr,
     y_ptr, stride_y,
-    R, N, G, x_div,
+    R, E, N, COLS, HALF, G, TILES, PROGS,
     K: tl.constexpr, GROUP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SYM: tl.constexpr, DENSE: tl.constexpr, HAS_RW: tl.constexpr, FP32_DOT: tl.constexpr,
-    PRE_SCALE: tl.constexpr, MAGIC: tl.constexpr,
+    R_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    SCHEDULED: tl.constexpr, PERSISTENT: tl.constexpr, X_SORTED: tl.constexpr, GATED: tl.constexpr,
+    HAS_RW: tl.constexpr, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr,
+    ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
-    pid_r = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = tl.arange(0, BM)
-    if DENSE:
-        e = pid_r
-        routes = offs_m
-        ids = tl.load(ids_ptr + offs_m, mask=offs_m < R, other=-1)
-        valid = ids == e
+    """``y[route, col]`` for every route, over ``COLS`` output columns (``N``, or the
+    SwiGLU's ``HALF = N / 2`` when ``GATED``). See the module docstring."""
+    if SCHEDULED:
+        pid = tl.program_id(0)
+        offs_e = tl.arange(0, E_PAD)
+        ends = tl.load(tiles_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
+        total = tl.load(tiles_ptr + E)
+        if PERSISTENT:
+            for tile in range(pid, TILES, PROGS):
+                if tile < total:
+                    _scheduled_tile(
+                        tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
+                        rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
+                        SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
+                    )
+        elif pid < total:
+            _scheduled_tile(
+                pid, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
+                SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
+            )
     else:
-        e = tl.load(block_expert_ptr + pid_r)
-        routes = tl.load(sorted_ptr + pid_r * BM + offs_m)
-        valid = routes < R
-    if tl.sum(valid.to(tl.int32), axis=0) > 0:
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        n_ok = offs_n < N
-        offs_p = tl.arange(0, BK)
-        e64 = e.to(tl.int64)
-        w_cols = w_ptr + e64 * K * N + (offs_n // 2) * (2 * K) + (offs_n % 2) * 64
-        w_rows = (offs_p // 64) * 128 + offs_p % 64
-        x_rows = x_ptr + (routes // x_div).to(tl.int64) * stride_x
-        sz_row = e64 * G * N + offs_n
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            u = tl.load(w_cols[:, None] + (k0 * 2 + w_rows)[None, :], mask=n_ok[:, None], other=0)
-            xt = tl.load(x_rows[None, :] + (k0 + offs_p)[:, None], mask=valid[None, :], other=0.0)
-            g = k0 // GROUP
-            scale = tl.load(s_ptr + sz_row + g * N, mask=n_ok, other=0.0).to(tl.float32)
-            if not SYM:
-                zero = tl.load(z_ptr + sz_row + g * N, mask=n_ok, other=0.0).to(tl.float32)
-            if PRE_SCALE or FP32_DOT or not MAGIC:
-                q = codes_f32(u, MAGIC)
-            elif xt.dtype == tl.bfloat16:
-                q = codes_bf16(u)
-            else:
-                q = codes_f16(u)
-            if PRE_SCALE:
-                w = q * scale[:, None]
-                if not SYM:
-                    w += zero[:, None]
-                if FP32_DOT:
-                    acc = tl.dot(w, xt.to(tl.float32), acc)
-                else:
-                    acc = tl.dot(w.to(xt.dtype), xt, acc)
-            else:
-                if FP32_DOT:  # noqa: SIM108 (constexpr branches read better as blocks)
-                    part = tl.dot(q, xt.to(tl.float32))
-                else:
-                    part = tl.dot(q.to(xt.dtype), xt)
-                acc += part * scale[:, None]
-                if not SYM:
-                    acc += zero[:, None] * tl.sum(xt.to(tl.float32), axis=0)[None, :]
-        if HAS_RW:
-            acc *= tl.load(rw_ptr + routes, mask=valid, other=0.0)[None, :]
-        out = y_ptr + routes.to(tl.int64)[None, :] * stride_y + offs_n[:, None]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=valid[None, :] & n_ok[:, None])
+        pid_d = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        offs_r = tl.arange(0, R_PAD)
+        ids = tl.load(ids_ptr + offs_r, mask=offs_r < R, other=-1)
+        # The pid_d-th distinct expert, in order of first appearance.
+        earlier = (ids[:, None] == ids[None, :]) & (offs_r[None, :] < offs_r[:, None])
+        first = (tl.max(earlier.to(tl.int32), axis=1) == 0) & (offs_r < R)
+        pick = first & (tl.cumsum(first.to(tl.int32), axis=0) == pid_d + 1)
+        if tl.sum(pick.to(tl.int32), axis=0) > 0:
+            e = tl.sum(tl.where(pick, ids, 0), axis=0)
+            mine = ids == e
+            count = tl.sum(mine.to(tl.int32), axis=0)
+            slot = tl.cumsum(mine.to(tl.int32), axis=0) - 1
+            cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
+            for m0 in range(0, R_PAD, BM):
+                if m0 < count:
+                    want = m0 + tl.arange(0, BM)
+                    hit = mine[None, :] & (slot[None, :] == want[:, None])
+                    routes = tl.sum(tl.where(hit, offs_r[None, :], 0), axis=1)
+                    m_ok = want < count
+                    x_rows = (routes // x_div).to(tl.int64) * stride_x
+                    acc = _expert_tile(
+                        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+                        K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+                    )
+                    _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
 
 
-@triton.jit
-def codes_f32(u, MAGIC: tl.constexpr):
-    """Signed codes q as float32 from the biased bytes u = q + 128 (int8 bits)."""
-    if MAGIC:
-        return ((u.to(tl.int32) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-    return (u ^ -128).to(tl.float32)
-
-
-@triton.jit
-def codes_bf16(u):
-    """q as bf16: the upper half of the exact float32 (q has at most 8 significant bits)."""
-    return (codes_f32(u, True).to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def codes_f16(u):
-    """q as fp16: ``0x6400 | u`` is 1024 + u; minus 1152 is q, exactly."""
-    return ((u.to(tl.int16) & 0xFF) | 0x6400).to(tl.float16, bitcast=True) - 1152.0
+@triton.jit(do_not_specialize=["R", "E", "n_tiles", "x_div"])
+def route_schedule_kernel(
+    ids_ptr, sorted_ptr, starts_ptr, tiles_ptr, tokens_ptr,
+    R, E, n_tiles, x_div,
+    R_MAX: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, WRITE_TOKENS: tl.constexpr,
+):
+    """One program: counting-sort the ``R`` routes by expert (stable), and write
+    ``starts[e]`` (first sorted position of expert e, ``starts[E] = R``) and
+    ``tiles[e]`` (first tile of expert e: ``ceil(count / BM)`` M-tiles × ``n_tiles``,
+    ``tiles[E]`` = all tiles). With ``WRITE_TOKENS``, also each sorted position's token
+    (its activation row), for the permuted copy of the activations. ``R_MAX`` (a power
+of two >= R) bounds the loops at compile time."""
+    offs_e = tl.arange(0, E_PAD)
+    offs_c = tl.arange(0, CHUNK)
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    for r0 in range(0, R_MAX, CHUNK):
+        ids = tl.load(ids_ptr + r0 + offs_c, mask=r0 + offs_c < R, other=-1)
+        counts += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
+    starts = tl.cumsum(counts, axis=0) - counts
+    tiles_per = ((counts + BM - 1) // BM) * n_tiles
+    tile_starts = tl.cumsum(tiles_per, axis=0) - tiles_per
+    tl.store(starts_ptr + offs_e, starts, mask=offs_e < E)
+    tl.store(tiles_ptr + offs_e, tile_starts, mask=offs_e < E)
+    tl.store(starts_ptr + E, R)
+    tl.store(tiles_ptr + E, tl.sum(tiles_per, axis=0))
+    running = starts
+    for r0 in range(0, R_MAX, CHUNK):
+        ids = tl.load(ids_ptr + r0 + offs_c, mask=r0 + offs_c < R, other=-1)
+        onehot = (ids[None, :] == offs_e[:, None]).to(tl.int32)  # [E_PAD, CHUNK]
+        rank = tl.cumsum(onehot, axis=1) - onehot
+        pos = tl.sum(onehot * (running[:, None] + rank), axis=0)
+        ok = r0 + offs_c < R
+        tl.store(sorted_ptr + pos, r0 + offs_c, mask=ok)
+        if WRITE_TOKENS:
+            tl.store(tokens_ptr + pos, (r0 + offs_c) // x_div, mask=ok)
+        running += tl.sum(onehot, axis=1)

@@ -140,6 +140,14 @@ class MoEKernel(Kernel):
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
+    def gated(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: Any) -> torch.Tensor:
+        """The FFN's first GEMM and its SwiGLU: ``[T, topk, N/2]`` in x's dtype. The
+        default rounds the GEMM to x's dtype, runs the SwiGLU in float32 and rounds its
+        result, as TensorRT-LLM's separate gated-activation kernel does; a kernel that
+        fuses the SwiGLU into its epilogue overrides this (one rounding, no ``[T, topk,
+        N]`` round trip)."""
+        return swiglu(self(x, topk_ids, prepared).float()).to(x.dtype)
+
 
 def check_routing(
     x: torch.Tensor,
@@ -193,9 +201,8 @@ def moe_ffn(
     prepared_w1: Any,
     prepared_w2: Any,
 ) -> torch.Tensor:
-    """The gated FFN from two routed GEMMs of one kernel. The SwiGLU runs in float32 and
-    its result is rounded to the activation dtype, as TensorRT-LLM's gated activation
-    kernel stores it."""
-    h = kernel(x, topk_ids, prepared_w1)
-    a = swiglu(h.float()).to(x.dtype)
+    """The gated FFN from two routed GEMMs of one kernel: :meth:`MoEKernel.gated` (the
+    first GEMM and the SwiGLU, rounded to the activation dtype as TensorRT-LLM's gated
+    activation kernel stores it), then the weighted second GEMM."""
+    a = kernel.gated(x, topk_ids, prepared_w1)
     return kernel(a, topk_ids, prepared_w2, topk_weights=topk_weights)

@@ -1,35 +1,50 @@
-"""Sorting routes by expert into blocks, on the device and without host syncs."""
+"""The scheduling kernel: a stable counting sort of the routes by expert, each expert's
+first sorted position and first tile, on the device and without host syncs."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
-from quantcore.backends.trtllm_moe.routing import align_routes, max_blocks
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1 (set by the quantcore pytest plugin)", allow_module_level=True)
+
+from quantcore.backends.trtllm_moe.triton_source import route_schedule_kernel
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
-@pytest.mark.parametrize(("routes", "experts", "block"), [(1, 8, 16), (9, 4, 4), (130, 8, 16), (512, 1, 64), (64, 8, 128)])
-def test_blocks_hold_one_expert_each_and_every_route_once(routes: int, experts: int, block: int) -> None:
-    ids = torch.randint(0, experts, (routes,), generator=torch.Generator().manual_seed(routes))
-    aligned = align_routes(ids, experts, block)
-    assert aligned.num_blocks == max_blocks(routes, experts, block)
-    blocks = aligned.sorted_routes.view(-1, block).tolist()
-    seen = []
-    for b, (members, expert) in enumerate(zip(blocks, aligned.block_expert.tolist(), strict=True)):
-        real = [r for r in members if r < routes]
-        assert members[: len(real)] == real  # padding only at the end of a block
-        if expert == -1:
-            assert not real, f"block {b} past the end holds routes"
-            continue
-        assert real and all(int(ids[r]) == expert for r in real)
-        seen += real
-    assert sorted(seen) == list(range(routes))
-    used = sum(-(-int((ids == e).sum()) // block) for e in range(experts))
-    assert int((aligned.block_expert >= 0).sum()) == used
+@pytest.mark.parametrize(("routes", "experts", "bm", "chunk"),
+                         [(1, 8, 16, 16), (9, 4, 4, 16), (130, 8, 16, 32), (512, 1, 64, 128), (64, 8, 128, 16)])
+def test_routes_sorted_stably_with_expert_starts_and_tiles(routes: int, experts: int, bm: int, chunk: int) -> None:
+    ids = torch.randint(0, experts, (routes,), generator=torch.Generator().manual_seed(routes), dtype=torch.int32)
+    n_tiles, x_div = 3, 2
+    sorted_routes = torch.full((routes,), -1, dtype=torch.int32)
+    starts, tiles = torch.full((experts + 1,), -1, dtype=torch.int32), torch.full((experts + 1,), -1, dtype=torch.int32)
+    tokens = torch.full((routes,), -1, dtype=torch.int32)
+    e_pad = max(2, 1 << (experts - 1).bit_length())
+    r_max = max(16, 1 << (routes - 1).bit_length())
+    args = [t.to(DEVICE) for t in (ids, sorted_routes, starts, tiles, tokens)]
+    route_schedule_kernel[(1,)](*args, routes, experts, n_tiles, x_div,
+                                R_MAX=r_max, BM=bm, E_PAD=e_pad, CHUNK=chunk, WRITE_TOKENS=True)
+    sorted_routes, starts, tiles, tokens = (t.cpu() for t in args[1:])
+    assert torch.equal(sorted_routes.long(), torch.argsort(ids, stable=True))
+    assert torch.equal(tokens, sorted_routes // x_div)
+    counts = torch.bincount(ids, minlength=experts)
+    assert torch.equal(starts.long(), torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
+    per = (counts + bm - 1) // bm * n_tiles
+    assert torch.equal(tiles.long(), torch.cat([torch.zeros(1, dtype=torch.long), per.cumsum(0)]))
 
 
 def test_hand_example() -> None:
-    ids = torch.tensor([3, 0, 3, 3, 1, 0, 3, 3, 3])
-    a = align_routes(ids, 4, 4)
-    assert a.sorted_routes.view(-1, 4).tolist()[:4] == [[1, 5, 9, 9], [4, 9, 9, 9], [0, 2, 3, 6], [7, 8, 9, 9]]
-    assert a.block_expert.tolist() == [0, 1, 3, 3, -1, -1]
+    ids = torch.tensor([3, 0, 3, 3, 1, 0, 3, 3, 3], dtype=torch.int32)
+    out = [torch.full((n,), -1, dtype=torch.int32) for n in (9, 5, 5, 9)]
+    args = [t.to(DEVICE) for t in (ids, *out)]
+    route_schedule_kernel[(1,)](*args, 9, 4, 2, 1, R_MAX=16, BM=4, E_PAD=4, CHUNK=16, WRITE_TOKENS=False)
+    sorted_routes, starts, tiles, _ = (t.cpu().tolist() for t in args[1:])
+    assert sorted_routes == [1, 5, 4, 0, 2, 3, 6, 7, 8]
+    assert starts == [0, 2, 3, 3, 9]
+    assert tiles == [0, 2, 4, 4, 8]  # experts 0, 1: one M-tile; 2: none; 3: two; × 2 N-tiles
