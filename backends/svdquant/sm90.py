@@ -69,8 +69,10 @@ def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True) -
     # one 32-bit store per thread and row, in the layout the quantizer computes them in)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in runtime if a not in ("M", "MAXC", "q_ptr")}
     src = ASTSource(fn=fn, signature={**runtime, **{k: "constexpr" for k in const}}, constexprs=const, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={
-        "num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False})
+    options: dict[str, Any] = {"num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False}
+    if tile.maxnreg:
+        options["maxnreg"] = tile.maxnreg
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])

@@ -33,25 +33,24 @@ __all__ = ["CANDIDATES", "SHAPES", "main"]
 SHAPES = [(m, n, r) for m in (4352, 256) for n in (3840, 10240) for r in (32, 128)]
 
 
-def _candidates(fp4: bool) -> list[Tile]:
-    """Tiles that compile differently (grid is a launch parameter: free to vary)."""
-    shapes = [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 64, 4, 3), (64, 128, 4, 3), (32, 64, 4, 3),
-              (16, 64, 4, 3), (32, 128, 4, 3), (16, 128, 4, 3)]
-    tiles = [Tile(*s, 0, 1) for s in shapes]
-    if fp4:
-        tiles += [Tile(64, 64, 4, 3, 0, 0), Tile(128, 64, 8, 3, 0, 0), Tile(32, 64, 4, 3, 0, 0)]
-    return tiles
+def _tiles(big: bool) -> list[Tile]:
+    """Candidates for a large (M = 4352) or small (M = 256) batch: tile shapes × register
+    caps × programs per launch (grid and cap are launch options: only the shape, the cap
+    and the tree compile differently)."""
+    out = []
+    if big:
+        for (bm, bn, warps), cap, grid in itertools.product(
+                [(64, 64, 4), (64, 128, 4), (128, 64, 8)], (None, 128, 168), (0, 396, 528)):
+            if not (grid == 528 and cap != 128):  # four programs per SM fit 128 registers only
+                out.append(Tile(bm, bn, warps, 3, grid, 1, cap))
+    else:
+        for (bm, bn), cap, grid in itertools.product(
+                [(16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)], (None, 128), (33, 66, 132, 264)):
+            out.append(Tile(bm, bn, 4, 3, grid, 1, cap))
+    return out
 
 
-CANDIDATES = {True: _candidates(True), False: _candidates(False)}
-#: Programs per launch tried with every tile: two per SM (0), one, three; a half for small
-#: row tiles (fewer partials to sum in a small batch).
-GRIDS = (0, 132, 396, 66)
-
-
-def _with_grids(tiles: list[Tile]) -> list[Tile]:
-    return [Tile(t.bm, t.bn, t.num_warps, t.num_stages, g, t.tree) for t in tiles for g in GRIDS
-            if g != 66 or t.bm <= 32]
+CANDIDATES = {big: _tiles(big) for big in (True, False)}
 
 
 def _layer(n: int, r: int, device: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -142,8 +141,11 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
 
     shapes = SHAPES[:1] + SHAPES[4:5] if quick else SHAPES
     t0 = time.perf_counter()
+    def compiled_apart(tiles: list[Tile]) -> list[Tile]:  # one per compiled variant (grid is a launch option)
+        return list({(t.bm, t.bn, t.num_warps, t.num_stages, t.tree, t.maxnreg): t for t in tiles}.values())
+
     jobs = [(fp4, n, r, [t]) for fp4, (n, r) in itertools.product((True, False), sorted({(n, r) for _, n, r in shapes}))
-            for t in CANDIDATES[fp4] if smem_bytes(t, r) <= 200 * 1024]
+            for t in compiled_apart(CANDIDATES[True] + CANDIDATES[False]) if smem_bytes(t, r) <= 200 * 1024]
     ctx = torch.multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(procs, len(jobs)), mp_context=ctx) as pool:
         compiled = sum(pool.map(_compile, jobs))
@@ -166,7 +168,7 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
             ref = torch_kernel(xs[0], torch_kernel.prepare(layer, dtype=torch.bfloat16))
             nbytes = op_bytes(fp4, m, n, r)
             results: list[dict[str, Any]] = []
-            for tile in [None, *_with_grids([t for t in CANDIDATES[fp4] if smem_bytes(t, r) <= 200 * 1024])]:
+            for tile in [None, *[t for t in CANDIDATES[m > 512] if smem_bytes(t, r) <= 200 * 1024]]:
                 label = "default" if tile is None else str(asdict(tile))
                 try:
                     exact, rel = _same(kernel.forward(xs[0], prepared, tile=tile), ref, fp4)
@@ -187,7 +189,7 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
             for row in results[:5]:
                 t = row["tile"]
                 desc = "default" if t is None else f"bm{t['bm']} bn{t['bn']} w{t['num_warps']} s{t['num_stages']} " \
-                                                   f"g{t['grid']} t{t['tree']}"
+                                                   f"g{t['grid']} t{t['tree']} r{t['maxnreg']}"
                 print(f"   {row['time_s'] * 1e6:7.1f} µs {row['copy_share']:5.0%} {row['vs_cublas']:5.2f}x "
                       f"{'exact' if row['exact'] else 'DIFF '} lora {row['lora_rel']:.1e}  {desc}", flush=True)
         del xs

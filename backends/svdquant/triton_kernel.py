@@ -55,6 +55,9 @@ class Tile:
     grid: int = 0
     #: the E2M1 comparison tree (NVFP4, compiled): 0 predicates, 1 float fmas
     tree: int = DEFAULT_TREE
+    #: a register cap per thread (CUDA; None: the compiler's choice): 128 lets four
+    #: 4-warp programs share an SM, at the price of a few spilled bytes
+    maxnreg: int | None = None
 
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
@@ -136,6 +139,8 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         problems.append(f"grid={tile.grid} must be >= 0")
     if tile.tree not in (0, 1):
         problems.append(f"tree={tile.tree} must be 0 or 1")
+    if tile.maxnreg is not None and not 64 <= tile.maxnreg <= 255:
+        problems.append(f"maxnreg={tile.maxnreg} must be None or in [64, 255]")
     if r > MAX_RANK:
         problems.append(f"R={r} > {MAX_RANK}")
     if problems:
@@ -263,12 +268,13 @@ class TritonActQuantLora(SVDQuantKernel):
         # Pointers the kernel never reads (no smooth, no LoRA) stand in as x.
         rs = prepared.rsmooth if prepared.rsmooth is not None else x
         w = prepared.lora_down if r else x
+        extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
         act_quant_lora_kernel[(programs,)](
             x, x.stride(0), rs, w, qout.view(torch.int32), scale_bits, lora if r else x, part, tickets,
             m, m_pad, slots,
             N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
             GPU_MATH=gpu_math(), PTX=compiled, TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r),
-            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False,
+            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra,
         )
 
 

@@ -139,7 +139,8 @@ def test_every_tile_candidate_bit_exact(fp4: bool) -> None:
     kernel = (TritonNVFP4 if fp4 else TritonAscendInt4)(fmt, DEV)
     prepared = kernel.prepare({k: v.to(DEV) for k, v in layer.items()}, dtype=torch.float16)
     tiles = [t for t in CONFIGS if t.bn % fmt.block == 0 and smem_bytes(t, 128) <= 200 * 1024]
-    tiles += [pick_tile(512, 3840, 128, fp4), Tile(16, 64, grid=5), Tile(64, 64, grid=7, tree=0), Tile(32, 64, grid=1)]
+    tiles += [pick_tile(512, 3840, 128, fp4), Tile(16, 64, grid=5), Tile(64, 64, grid=7, tree=0), Tile(32, 64, grid=1),
+              Tile(64, 64, grid=528, maxnreg=128), Tile(64, 128, grid=396, maxnreg=168)]
     for tile in tiles:
         _check(kernel.forward(x.to(DEV), prepared, tile=tile), ref, fp4, str(tile))
 
