@@ -43,6 +43,9 @@ def _tiles(big: bool) -> list[Tile]:
                 [(64, 64, 4), (64, 128, 4), (128, 64, 8)], (None, 128, 168), (0, 396, 528)):
             if not (grid == 528 and cap != 128):  # four programs per SM fit 128 registers only
                 out.append(Tile(bm, bn, warps, 3, grid, 1, cap))
+        # 8 warps on 64 rows: half the quantizer per thread, fewer programs (LoRA partials)
+        for cap, grid in itertools.product((None, 128), (132, 264)):
+            out.append(Tile(64, 64, 8, 3, grid, 1, cap))
     else:
         for (bm, bn), cap, grid in itertools.product(
                 [(16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)], (None, 128), (33, 66, 132, 264)):
@@ -135,11 +138,13 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / graph_time(lambda i: dst.copy_(src), 1, calls=4)
 
 
-def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, Any]]:
+def main(out: Path, *, quick: bool = False, big_only: bool = False, procs: int = 14) -> list[dict[str, Any]]:
     from quantcore.backends.svdquant_torch import TorchActQuantLora
     from quantcore.formats.svdquant import SVDQuantAct
 
     shapes = SHAPES[:1] + SHAPES[4:5] if quick else SHAPES
+    if big_only:
+        shapes = [s for s in shapes if s[0] > 512]
     t0 = time.perf_counter()
     def compiled_apart(tiles: list[Tile]) -> list[Tile]:  # one per compiled variant (grid is a launch option)
         return list({(t.bm, t.bn, t.num_warps, t.num_stages, t.tree, t.maxnreg): t for t in tiles}.values())
@@ -151,6 +156,8 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
         compiled = sum(pool.map(_compile, jobs))
     print(f"compiled {compiled} kernels in {time.perf_counter() - t0:.0f}s", flush=True)
     copy = copy_bandwidth()
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": copy}
     rows: list[dict[str, Any]] = []
     gen = torch.Generator().manual_seed(1)
     for m, n, r in shapes:
@@ -194,9 +201,7 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
                       f"{'exact' if row['exact'] else 'DIFF '} lora {row['lora_rel']:.1e}  {desc}", flush=True)
         del xs
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": copy}
-    (out / "sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (out / "sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))  # as it goes
     print(f"sweep done in {time.perf_counter() - t0:.0f}s", flush=True)
     return rows
 
@@ -204,6 +209,7 @@ def main(out: Path, *, quick: bool = False, procs: int = 14) -> list[dict[str, A
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="two shapes only")
+    parser.add_argument("--big-only", action="store_true", help="M = 4352 only")
     args = parser.parse_args()
-    main(args.out, quick=args.quick)
+    main(args.out, quick=args.quick, big_only=args.big_only)

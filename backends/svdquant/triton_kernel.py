@@ -51,23 +51,25 @@ class Tile:
     bn: int
     num_warps: int = 4
     num_stages: int = 3
-    #: programs launched (stream-K); 0: two per SM on a GPU, one per row tile otherwise
+    #: programs launched (stream-K); 0: ``per_sm`` per SM on a GPU, one per row tile otherwise
     grid: int = 0
     #: the E2M1 comparison tree (NVFP4, compiled): 0 predicates, 1 float fmas
     tree: int = DEFAULT_TREE
-    #: a register cap per thread (CUDA; None: the compiler's choice): 128 lets four
-    #: 4-warp programs share an SM, at the price of a few spilled bytes
+    #: a register cap per thread (CUDA; None: the compiler's choice): 168 lets three
+    #: 4-warp programs share an SM, 128 four, at the price of a few spilled bytes
     maxnreg: int | None = None
+    #: programs per SM when ``grid`` is 0
+    per_sm: int = 2
 
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
 #: at R ≤ 128 (``python -m quantcore.backends.svdquant.sm90``); those whose pipelined tiles
 #: exceed shared memory for a rank are skipped.
 CONFIGS = tuple(
-    Tile(bm, bn, warps, stages, grid)
-    for bm, bn, warps, stages, grid in [
-        (64, 64, 4, 3, 0), (64, 64, 4, 4, 0), (64, 128, 4, 3, 0), (128, 64, 8, 3, 0), (128, 64, 4, 3, 0),
-        (64, 64, 4, 3, 132), (64, 64, 4, 3, 396), (32, 64, 4, 3, 0), (128, 128, 8, 3, 0), (32, 128, 4, 3, 0),
+    Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
+    for bm, bn, warps, cap, per_sm in [
+        (64, 64, 4, None, 2), (64, 64, 4, 168, 3), (64, 64, 4, 128, 4), (64, 128, 4, 168, 3), (128, 64, 8, 128, 2),
+        (32, 128, 4, None, 1), (32, 64, 4, 128, 2), (16, 64, 4, 128, 2), (16, 128, 4, 128, 1), (64, 128, 4, None, 1),
     ]
 )
 
@@ -105,10 +107,13 @@ def smem_bytes(tile: Tile, r: int) -> int:
 
 
 def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, pad_size: int = 256) -> Tile:
-    """The default tile. Under the interpreter: few, large programs, one per row tile (it
-    pays per operation, not per element). On a GPU: 64 × 64 steps, 4 warps, 3 stages,
-    two programs per SM sharing the steps evenly, with fewer stages where the pipelined
-    tiles would exceed :data:`SMEM_BUDGET`."""
+    """The tile of a shape the shipped table does not hold. Under the interpreter: few,
+    large programs, one per row tile (it pays per operation, not per element). On a GPU,
+    what won most of the H100 sweep: a large batch in 64 × 64 steps, 4 warps, 3 stages,
+    three programs per SM under a 168-register cap (two, uncapped, for R > 128); a small
+    batch (M_pad ≤ 512) in 32-row steps (16 for R > 64), one program per SM (their LoRA
+    partials are few), with fewer stages where the pipelined tiles would exceed
+    :data:`SMEM_BUDGET`."""
     block = 16 if fp4 else 64
     # A row tile divides pad_size, so it divides every padded M (a multiple of 16, as
     # supports() requires).
@@ -118,10 +123,17 @@ def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, pad_size: int = 256) -> 
         while n % bn and bn > block:
             bn //= 2
         return Tile(min(128, m_pad, rows), bn, 4, 1)
-    bm = min(64, m_pad, rows)
-    tile = Tile(bm, 64, 4, 3)
+    small = m_pad <= 512
+    bm = min((16 if r > 64 else 32) if small else 64, m_pad, rows)
+    bn = 128 if small else 64
+    cap: int | None
+    if small:
+        cap, per_sm = 128, 1
+    else:
+        cap, per_sm = (168, 3) if r <= 128 else (None, 2)
+    tile = Tile(bm, bn, 4, 3, 0, DEFAULT_TREE, cap, per_sm)
     for stages in (3, 2, 1):
-        tile = Tile(bm, 64, 4, stages)
+        tile = Tile(bm, bn, 4, stages, 0, DEFAULT_TREE, cap, per_sm)
         if smem_bytes(tile, r) <= SMEM_BUDGET:
             break
     return tile
@@ -135,8 +147,8 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         problems.append(f"bn={tile.bn} must be a multiple of the block size {fmt.block}")
     if fmt.pad_size % tile.bm:
         problems.append(f"bm={tile.bm} must divide pad_size={fmt.pad_size}")
-    if tile.grid < 0:
-        problems.append(f"grid={tile.grid} must be >= 0")
+    if tile.grid < 0 or tile.per_sm < 1:
+        problems.append(f"grid={tile.grid} must be >= 0 and per_sm={tile.per_sm} >= 1")
     if tile.tree not in (0, 1):
         problems.append(f"tree={tile.tree} must be 0 or 1")
     if tile.maxnreg is not None and not 64 <= tile.maxnreg <= 255:
@@ -151,7 +163,7 @@ def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int,
     """``(programs, row tiles, partial slots per row tile)`` of a launch."""
     row_tiles = m_pad // tile.bm
     steps = row_tiles * -(-n // tile.bn)
-    programs = max(1, min(steps, tile.grid or 2 * sms))
+    programs = max(1, min(steps, tile.grid or tile.per_sm * sms))
     # a row tile's steps are shared by at most ⌈programs / row tiles⌉ + 1 programs
     return programs, row_tiles, -(-programs // row_tiles) + 1
 
