@@ -37,38 +37,42 @@ def _tool(name: str) -> Path:
 
 
 def _loop_instructions(sass: str) -> int:
-    """Instructions in the longest backward-branch loop (the walk over N)."""
-    ins = re.findall(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s([^;]*);", sass)
+    """Instructions in the longest innermost backward-branch loop (the walk over a row
+    tile's steps; the loop over row tiles around it is not counted)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s([^;]*);", sass)
     loops = []
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op.startswith("BRA") and target and int(target.group(1), 16) < int(addr, 16):
             loops.append((int(target.group(1), 16), int(addr, 16)))
-    if not loops:
+    inner = [a for a in loops if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in loops)]
+    if not inner:
         return 0
-    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    lo, hi = max(inner, key=lambda span: span[1] - span[0])
     return sum(1 for addr, _, _ in ins if lo <= int(addr, 16) <= hi)
 
 
-def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, m_pad: int = 4352, smooth: bool = True) -> dict[str, Any]:
+def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True) -> dict[str, Any]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from .triton_source import act_quant_lora_kernel as fn
 
-    runtime = {"x_ptr": "*bf16", "stride_xm": "i32", "rs_ptr": "*fp32", "w_ptr": "*bf16", "q_ptr": "*u8",
-               "s_ptr": "*u8" if fp4 else "*i16", "l_ptr": "*fp32", "M": "i32", "M_PAD": "i32"}
-    chunks = -(-n // tile.bn)
-    per = -(-chunks // min(tile.split, chunks)) * tile.bn
-    split = -(-n // per)
-    const = {"N": n, "R": r, "N_PER_PROG": per, "FP4": fp4, "HAS_SMOOTH": smooth, "INTERPRETED": False,
-             "MASK_N": per * split != n, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r)}
+    runtime = {"x_ptr": "*bf16", "stride_xm": "i32", "rs_ptr": "*fp32", "w_ptr": "*bf16", "q_ptr": "*i32",
+               "s_ptr": "*u8" if fp4 else "*i16", "l_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+               "M": "i32", "M_PAD": "i32", "MAXC": "i32"}
+    const = {"N": n, "R": r, "FP4": fp4, "HAS_SMOOTH": smooth, "INTERPRETED": False, "GPU_MATH": True, "PTX": True,
+             "TREE": tile.tree, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r)}
     names = list(fn.arg_names)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in runtime if a != "M"}
+    # what the launcher's arguments specialise to (q_ptr is not: the code words go out as
+    # one 32-bit store per thread and row, in the layout the quantizer computes them in)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in runtime if a not in ("M", "MAXC", "q_ptr")}
     src = ASTSource(fn=fn, signature={**runtime, **{k: "constexpr" for k in const}}, constexprs=const, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={
-        "num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False})
+    options: dict[str, Any] = {"num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False}
+    if tile.maxnreg:
+        options["maxnreg"] = tile.maxnreg
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
@@ -86,9 +90,21 @@ def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, m_pad: int = 4352, smo
             "shared": kernel.metadata.shared, "instr_per_element": round(_loop_instructions(sass) / per_thread, 1)}
 
 
+def h100_tile(fp4: bool, n: int, r: int, m_pad: int = 4352) -> Tile:
+    """The tile an H100 runs the shape with (shipped table, else :func:`pick_tile`)."""
+    import torch
+
+    from quantcore.formats.svdquant import SVDQuantAct
+
+    from .configs import shipped_tile
+
+    return (shipped_tile("NVIDIA H100 80GB HBM3", SVDQuantAct(fp4=fp4), m_pad, n, r, torch.bfloat16, True)
+            or pick_tile(m_pad, n, r, fp4))
+
+
 def compile_report() -> list[dict[str, Any]]:
-    """One row per seed shape and format, with the tile :func:`pick_tile` gives it."""
-    return [compile_one(fp4, n, r, pick_tile(4352, n, r, fp4)) for fp4, n, r in SHAPES]
+    """One row per seed shape and format, with the tile an H100 runs it with."""
+    return [compile_one(fp4, n, r, h100_tile(fp4, n, r)) for fp4, n, r in SHAPES]
 
 
 if __name__ == "__main__":

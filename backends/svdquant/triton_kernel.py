@@ -1,17 +1,18 @@
-"""The launcher both Triton registrations share: tiles, grid, the LoRA partial sum.
+"""The launcher both Triton registrations share: tiles, the stream-K grid, the workspace.
 
 The kernel (:mod:`.triton_source`) is compiled per format (``FP4``), smooth on/off, N,
 R and tile. On CUDA it compiles; on CPU it runs under Triton's interpreter
 (``TRITON_INTERPRET=1``) with float32 dot operands; on an Ascend NPU triton-ascend
-compiles the same source.
+compiles the same source (no inline PTX there: ``PTX`` is set on CUDA only).
 
-Tiles. A program owns ``bm`` rows and ``1/split`` of N, walking it ``bn`` columns at a
-time. ``bm`` trades the LoRA weight's re-reads (each row tile reads all of ``lora_down``
-from L2) against parallelism; ``split`` restores parallelism for small M at the price of
-``split`` float32 partials summed afterwards. :func:`pick_tile` is the default;
-``CONFIGS`` are the candidates :func:`tune_tile` times on a GPU (the ``+tuned`` rows of
-``quantcore bench svdquant_prequant``); ``QUANTCORE_SVDQUANT_TUNE=1`` makes every new
-shape tune itself on its first call (cached in-process).
+Tiles. A step is one ``bm × bn`` tile of x; ``grid`` programs share the
+``(M_pad / bm) · ⌈N / bn⌉`` steps evenly (stream-K; 0 = two programs per SM). ``bm``
+trades the LoRA weight's re-reads (each row tile reads all of ``lora_down`` from L2)
+against the partials of row tiles split between programs. The tile for a call comes
+from, in order: ``QUANTCORE_SVDQUANT_TUNE=1`` (time :data:`CONFIGS` on the shape's first
+call, cached in-process); the shipped table for this GPU (:mod:`.configs`, keyed by
+everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
+:func:`pick_tile` rule.
 """
 
 from __future__ import annotations
@@ -33,38 +34,55 @@ from quantcore.problem import Problem
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 
 __all__ = [
-    "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "interpreted", "pick_tile", "smem_bytes",
-    "tune_tile",
+    "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "gpu_math", "interpreted", "launch_geometry",
+    "pick_tile", "smem_bytes", "tune_tile",
 ]
 
 MAX_RANK = 256
 ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
+#: The E2M1 tree the compiled NVFP4 kernel uses unless a tile says otherwise (see
+#: :func:`.triton_source.e2m1_code`).
+DEFAULT_TREE = 1
 
 
 @dataclass(frozen=True)
 class Tile:
     bm: int
     bn: int
-    split: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    #: programs launched (stream-K); 0: ``per_sm`` per SM on a GPU, one per row tile otherwise
+    grid: int = 0
+    #: the E2M1 comparison tree (NVFP4, compiled): 0 predicates, 1 float fmas
+    tree: int = DEFAULT_TREE
+    #: a register cap per thread (CUDA; None: the compiler's choice): 168 lets three
+    #: 4-warp programs share an SM, 128 four, at the price of a few spilled bytes
+    maxnreg: int | None = None
+    #: programs per SM when ``grid`` is 0
+    per_sm: int = 2
 
 
-#: Candidates for :func:`tune_tile` on a GPU: (bm, bn, split, warps, stages). Each compiles
-#: for sm_90 without spilling at R ≤ 128 (``python -m quantcore.backends.svdquant.sm90``);
-#: those whose pipelined tiles exceed shared memory for a rank are skipped.
+#: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
+#: at R ≤ 128 (``python -m quantcore.backends.svdquant.sm90``); those whose pipelined tiles
+#: exceed shared memory for a rank are skipped.
 CONFIGS = tuple(
-    Tile(bm, bn, split, warps, stages)
-    for bm, bn, split, warps, stages in [
-        (32, 128, 4, 4, 3), (64, 128, 1, 8, 3), (64, 128, 2, 8, 3), (64, 128, 4, 8, 3), (64, 64, 4, 4, 3),
-        (64, 256, 2, 8, 2), (128, 64, 2, 8, 3), (128, 64, 4, 8, 3), (128, 128, 2, 8, 2), (128, 128, 4, 8, 2),
-        (128, 64, 8, 8, 3), (64, 128, 8, 8, 3),
+    Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
+    for bm, bn, warps, cap, per_sm in [
+        (64, 64, 4, None, 2), (64, 64, 4, 168, 3), (64, 64, 4, 128, 4), (64, 128, 4, 168, 3), (128, 64, 8, 128, 2),
+        (32, 128, 4, None, 1), (32, 64, 4, 128, 2), (16, 64, 4, 128, 2), (16, 128, 4, 128, 1), (64, 128, 4, None, 1),
     ]
 )
 
 
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def gpu_math() -> bool:
+    """Whether the kernel takes the GPU's arithmetic paths (a dot on the loaded dtype, a
+    float block max): off under the interpreter (its bf16 dot is wrong, a custom max is
+    slow there). Tests turn it on under the interpreter to check those paths."""
+    return not interpreted()
 
 
 def _pow2(v: int) -> int:
@@ -88,13 +106,14 @@ def smem_bytes(tile: Tile, r: int) -> int:
     return tile.num_stages * (tile.bm * tile.bn + w) * 2
 
 
-def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132, pad_size: int = 256) -> Tile:
-    """The default tile. Under the interpreter: few, large programs (it pays per
-    operation, not per element). On a GPU: 64 × 64 tiles with 4 warps and 3 stages — the
-    tile ``tune_tile`` picked on 6 of the 8 seed shapes on an H100
-    (benchmarks/results/nvidia-h100-80gb-hbm3/svdquant_prequant.json, ``+tuned`` rows),
-    30–60% faster there than the 8-warp 128-wide tiles — and split-N until there are two
-    programs per SM (four splits at M = 4352), as fits :data:`SMEM_BUDGET`."""
+def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, pad_size: int = 256) -> Tile:
+    """The tile of a shape the shipped table does not hold. Under the interpreter: few,
+    large programs, one per row tile (it pays per operation, not per element). On a GPU,
+    what won most of the H100 sweep: a large batch in 64 × 64 steps, 4 warps, 3 stages,
+    three programs per SM under a 168-register cap (two, uncapped, for R > 128); a small
+    batch (M_pad ≤ 512) in 32-row steps (16 for R > 64), one program per SM (their LoRA
+    partials are few), with fewer stages where the pipelined tiles would exceed
+    :data:`SMEM_BUDGET`."""
     block = 16 if fp4 else 64
     # A row tile divides pad_size, so it divides every padded M (a multiple of 16, as
     # supports() requires).
@@ -103,18 +122,21 @@ def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, sms: int = 132, pad_size
         bn = min(256, max(block, _pow2(n)))
         while n % bn and bn > block:
             bn //= 2
-        return Tile(min(128, m_pad, rows), bn, 1, 4, 1)
-    bm = min(64, m_pad, rows)
-    tile = Tile(bm, 64, 1, 4, 3)
+        return Tile(min(128, m_pad, rows), bn, 4, 1)
+    small = m_pad <= 512
+    bm = min((16 if r > 64 else 32) if small else 64, m_pad, rows)
+    bn = 128 if small else 64
+    cap: int | None
+    if small:
+        cap, per_sm = 128, 1
+    else:
+        cap, per_sm = (168, 3) if r <= 128 else (None, 2)
+    tile = Tile(bm, bn, 4, 3, 0, DEFAULT_TREE, cap, per_sm)
     for stages in (3, 2, 1):
-        tile = Tile(bm, max(64, block), 1, 4, stages)
+        tile = Tile(bm, bn, 4, stages, 0, DEFAULT_TREE, cap, per_sm)
         if smem_bytes(tile, r) <= SMEM_BUDGET:
             break
-    chunks = -(-n // tile.bn)
-    split = 1
-    while (m_pad // bm) * split < 2 * sms and split * 2 <= chunks and split < 8:
-        split *= 2
-    return Tile(tile.bm, tile.bn, split, tile.num_warps, tile.num_stages)
+    return tile
 
 
 def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
@@ -125,15 +147,42 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         problems.append(f"bn={tile.bn} must be a multiple of the block size {fmt.block}")
     if fmt.pad_size % tile.bm:
         problems.append(f"bm={tile.bm} must divide pad_size={fmt.pad_size}")
-    if tile.split < 1:
-        problems.append(f"split={tile.split} must be >= 1")
+    if tile.grid < 0 or tile.per_sm < 1:
+        problems.append(f"grid={tile.grid} must be >= 0 and per_sm={tile.per_sm} >= 1")
+    if tile.tree not in (0, 1):
+        problems.append(f"tree={tile.tree} must be 0 or 1")
+    if tile.maxnreg is not None and not 64 <= tile.maxnreg <= 255:
+        problems.append(f"maxnreg={tile.maxnreg} must be None or in [64, 255]")
     if r > MAX_RANK:
         problems.append(f"R={r} > {MAX_RANK}")
     if problems:
         raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
 
 
+def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int, int]:
+    """``(programs, row tiles, partial slots per row tile)`` of a launch."""
+    row_tiles = m_pad // tile.bm
+    steps = row_tiles * -(-n // tile.bn)
+    programs = max(1, min(steps, tile.grid or tile.per_sm * sms))
+    # a row tile's steps are shared by at most ⌈programs / row tiles⌉ + 1 programs
+    return programs, row_tiles, -(-programs // row_tiles) + 1
+
+
 _tuned: dict[tuple[object, ...], Tile] = {}
+#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
+#: one buffer per device and stream, so concurrent streams never share tickets.
+_tickets: dict[tuple[object, ...], torch.Tensor] = {}
+
+
+def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
+    if device.type != "cuda":
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _tickets.get(key)
+    if buf is None or buf.numel() < size:
+        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+        _tickets[key] = buf
+    return buf
 
 
 class TritonActQuantLora(SVDQuantKernel):
@@ -193,14 +242,18 @@ class TritonActQuantLora(SVDQuantKernel):
         assert isinstance(fmt, SVDQuantAct)
         n, r = prepared.n, prepared.r
         if x.device.type == "cuda" and not interpreted():
+            smooth = prepared.rsmooth is not None
             if os.environ.get(ENV_TUNE) == "1":
-                key = (x.device, fmt.fp4, m_pad, n, r, x.dtype, prepared.rsmooth is not None)
+                key = (x.device, fmt.fp4, m_pad, n, r, x.dtype, smooth)
                 if key not in _tuned:
                     _tuned[key] = tune_tile(self, x, prepared)[0][0]
                     print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
-            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-            return pick_tile(m_pad, n, r, fmt.fp4, sms=sms, pad_size=fmt.pad_size)
+            from .configs import shipped_tile
+
+            shipped = shipped_tile(torch.cuda.get_device_name(x.device), fmt, m_pad, n, r, x.dtype, smooth)
+            if shipped is not None:
+                return shipped
         return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
 
     def _launch(
@@ -213,26 +266,28 @@ class TritonActQuantLora(SVDQuantKernel):
         assert isinstance(fmt, SVDQuantAct)
         m, n = x.shape
         m_pad, r = qout.shape[0], prepared.r
-        chunks = -(-n // tile.bn)
-        split = min(tile.split, chunks)
-        per_prog = -(-chunks // split) * tile.bn
-        split = -(-n // per_prog)
-        part = lora if split == 1 or r == 0 else torch.empty(split, m_pad, r, dtype=torch.float32, device=x.device)
+        compiled = x.device.type == "cuda" and not interpreted()
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
+        programs, row_tiles, slots = launch_geometry(tile, m_pad, n, sms)
+        if not compiled and tile.grid == 0:
+            programs = row_tiles  # the interpreter: whole row tiles, no partials
+        if r and programs > 1:
+            part = torch.empty(row_tiles * slots * tile.bm * r, dtype=torch.float32, device=x.device)
+            tickets = _ticket_buffer(x.device, row_tiles)
+        else:
+            part = tickets = lora  # never read: no row tile is shared
         scale_bits = oscales.view(torch.uint8 if fmt.fp4 else torch.int16)
         # Pointers the kernel never reads (no smooth, no LoRA) stand in as x.
         rs = prepared.rsmooth if prepared.rsmooth is not None else x
-        w, part_or_x = (prepared.lora_down, part) if r else (x, x)
-        act_quant_lora_kernel[(m_pad // tile.bm, split)](
-            x, x.stride(0), rs, w, qout, scale_bits, part_or_x,
-            m, m_pad,
-            N=n, R=r, N_PER_PROG=per_prog,
-            FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
-            MASK_N=per_prog * split != n,
-            BM=tile.bm, BN=tile.bn, BR=rank_block(r),
-            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False,
+        w = prepared.lora_down if r else x
+        extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
+        act_quant_lora_kernel[(programs,)](
+            x, x.stride(0), rs, w, qout.view(torch.int32), scale_bits, lora if r else x, part, tickets,
+            m, m_pad, slots,
+            N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
+            GPU_MATH=gpu_math(), PTX=compiled, TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r),
+            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra,
         )
-        if part is not lora:
-            torch.sum(part, dim=0, out=lora)
 
 
 def tune_tile(

@@ -3,51 +3,57 @@
 Imported only when a Triton kernel runs (it imports triton). The rules it implements are
 the format's (:mod:`quantcore.formats.svdquant.format`); this module is about how.
 
-One read of each input tile feeds both passes. Program ``(i, j)`` owns rows
-``[i·BM, (i+1)·BM)`` and the j-th slice of N (``N_PER_PROG`` columns); per ``BM × BN``
-tile of x it
+Work split (stream-K). The work is a flat list of ``ROW_TILES × CHUNKS`` steps, a step
+being one ``BM × BN`` tile of x (row tile ``t``, columns ``[c·BN, (c+1)·BN)``), row tile
+by row tile. Program ``p`` of ``P`` takes steps ``[⌊p·T/P⌋, ⌊(p+1)·T/P⌋)``, so every
+program has the same work to within one step whatever M, N and the SM count (the split
+into whole row tiles or fixed N slices left a third of the SMs idle in the last wave).
+Per step it
 
-1. adds ``x_tile @ lora_down[tile, :]`` to a ``[BM, BR]`` float32 accumulator (``tl.dot``
-   on the fp16/bf16 tile as loaded — on Hopper a wgmma reading the pipelined shared
-   memory copy of x);
-2. quantizes the same tile: ``v = x · rsmooth``, per block ``amax``, the scale, the codes,
-   two codes per byte; writes codes and scales.
+1. adds ``x_tile @ lora_down[cols, :]`` to a ``[BM, BR]`` float32 accumulator (``tl.dot``
+   on the tile as loaded: on Hopper a wgmma reading the pipelined shared-memory copy of
+   x that the quantizer reads too — one HBM read of x feeds both);
+2. quantizes the same tile: ``v = x · rsmooth``, per block ``amax`` (one in-thread max
+   tree: a thread holds whole blocks), the scale, the codes; packs eight 4-bit codes
+   into a 32-bit word with shifts and stores words; stores the scales.
 
-``MASK_N`` (set by the launcher when the slices do not tile N exactly) masks the columns.
-At the end a program writes its LoRA partial: the output itself when there is one slice,
-else slice j of a ``[SPLIT, M_pad, R]`` buffer that the caller sums (no atomics:
-deterministic). Padding rows (M ≤ row < M_pad) are loaded as zeros and written as zero
-bytes.
+A row tile whose steps one program ran entirely is written straight to ``lora_act_out``.
+A row tile shared by several programs: each writes its partial to slot ``p − p_first``
+of the tile's ``[MAXC, BM, R]`` workspace, then takes a ticket on the tile's counter; the
+one that draws the last ticket sums the slots in slot order (fixed: the result does not
+depend on which program finishes last — no float atomics, deterministic), writes the
+output and resets the counter to 0 for the next call.
 
-``INTERPRETED`` (Triton's interpreter on CPU): dot operands in float32 (its bf16 dot is
-wrong, notes/triton-interpreter.md) and the block max as an integer max over bit
-patterns (a custom-combine reduction runs element by element there). Compiled, the block
-max is a NaN-propagating float max of ``|v|`` (``max.NaN``, one instruction per
-element). Both give the same amax, NaN when the block holds a NaN.
+Padding rows (M ≤ row < M_pad) are loaded as zeros and written as zero bytes.
+
+``INTERPRETED`` (Triton's interpreter on CPU, notes/triton-interpreter.md): dot operands
+in float32 (its bf16 dot is wrong), the block max as an integer max over bit patterns (a
+custom-combine reduction runs element by element there), and the two steps a GPU does
+in hardware done exactly in integers instead: fp8 e4m3 rounding (its fp8 cast is wrong
+for ~2 % of values) and ``amax / 6`` by ``div_rn`` (its ``fma`` is a product then a sum,
+two roundings). Compiled, the block max is a NaN-propagating float max, ``amax / 6`` is
+correctly rounded by one Markstein correction step (:func:`div6_rn`), and the scale goes
+through the GPU's ``cvt.rn.satfinite.e4m3x2.f32``.
 
 Exactness. Codes and scales must equal the golden bytes on every device, so each step is
 either exact or one correctly rounded float32 operation that the golden performs too:
 
-- fp8 e4m3 rounding of the scale is integer bit manipulation (:func:`e4m3_scale_bits`,
-  torch's ``float8_e4m3fn`` rounding for the kernel's range [0, 448], its subnormal
-  branch in integers too). ``.to(tl.float8e4nv)`` is wrong for ~2% of values under the
-  interpreter, and integers need no fp8 hardware.
+- the fp8 scale: ``e4m3(fl(amax / 6))``. The hardware conversion and the integer path
+  (:func:`e4m3_scale_bits`) both round to nearest even exactly as torch does.
 - E2M1 codes without a division per element: the golden divides, ``y = v / s8``, then
   rounds; here ``|v|`` is compared with ``t · s8`` for the thresholds t (0.25, 0.75,
   1.25, 1.75, 2.5, 3.5, 5). ``t · s8`` is exact (≤ 3 + 4 significant bits), and a
   correctly rounded ``v / s8`` never rounds *onto* t unless ``v == t · s8`` (its distance
   from t is ``ulp(v) / s8 > ulp(t) / 2`` since s8's significand is below 2), so
-  ``fl(v / s8) ⋚ t ⇔ v ⋚ t · s8`` exactly, ties included. A three-level comparison tree
-  finds the index; its comparisons are materialised as 0.0/1.0 and the next thresholds
-  picked with exact fmas (every sum is a small multiple of s8), which keeps the work on
-  the FMA pipe instead of predicate registers. A non-finite block compares against NaN
-  thresholds (never true), so its codes come out 0 with no per-element test.
+  ``fl(v / s8) ⋚ t ⇔ v ⋚ t · s8`` exactly, ties included. The seven products are made
+  once per block; per element a three-level tree of comparisons and selects (no
+  branches) finds the index. A non-finite block has NaN thresholds (never compared
+  true), so its codes come out 0 with no per-element test.
 - INT4 rounding: ``y + 1.5·2²³`` in float32 rounds y (|y| ≤ 7) to an integer, ties to
   even, and its low four bits are the two's-complement nibble. That add must not be
   fused with the product before it (an FMA would skip the product's rounding): kernels
-  are launched with ``enable_fp_fusion=False``; the explicit ``tl.fma`` above are exact.
-  Per-block divisions (``amax / 6``, ``7 / amax``, ``amax / 7``) use ``tl.math.div_rn``
-  (IEEE, not the approximate ``div.full``).
+  are launched with ``enable_fp_fusion=False``; the explicit ``tl.fma`` are exact or
+  the Markstein step, which relies on the fusion.
 """
 
 from __future__ import annotations
@@ -55,10 +61,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["act_quant_lora_kernel", "e2m1_index", "e4m3_scale_bits", "e4m3_value"]
+__all__ = ["act_quant_lora_kernel", "div6_rn", "e2m1_index", "e4m3_scale_bits", "e4m3_value"]
 
 #: 1.5 · 2²³: adding it to |y| ≤ 2²² rounds y to an integer, ties to even.
 ROUND_MAGIC = tl.constexpr(12582912.0)
+#: fl(1/6) = 0x3E2AAAAB and fl(1/7) = 0x3E124925.
+RCP6 = tl.constexpr(0.16666667163372040)
+RCP7 = tl.constexpr(0.14285714924335480)
 
 
 @triton.jit
@@ -90,15 +99,63 @@ def e4m3_value(bits):
 
 
 @triton.jit
+def div6_rn(a):
+    """``fl(a / 6)`` for finite a ≥ 0 without a division: ``q = a · fl(1/6)`` is within an
+    ulp, its remainder ``a − 6q`` is exact in one fma, and one correction fma rounds
+    correctly (Markstein; checked for every float32 in [0, 2688] by
+    ``tests/svdquant/test_div6.py``). Needs a fused fma: compiled code only."""
+    q = a * RCP6
+    r = tl.fma(q, -6.0, a)
+    return tl.fma(r, RCP6, q)
+
+
+@triton.jit
+def div7_rn(a):
+    """``fl(a / 7)`` for finite a ≥ 0, as :func:`div6_rn`."""
+    q = a * RCP7
+    r = tl.fma(q, -7.0, a)
+    return tl.fma(r, RCP7, q)
+
+
+@triton.jit
+def e2m1_code(v, s8, TREE: tl.constexpr):
+    """The 4-bit E2M1 code (int32) of ``fl(v / s8)``: bit 3 the sign bit of v, bits 0–2
+    the magnitude index found by comparing ``a = |v|`` with ``t · s8`` (see the module
+    docstring) in a three-level tree — the last level's threshold is picked by the first
+    two comparisons; no branches. Ties: ``≥`` at 0.75, 1.75, 3.5 and ``>`` at 0.25, 1.25,
+    2.5, 5, so the even index wins. A NaN ``s8`` gives index 0.
+
+    ``TREE`` picks how the comparisons are combined (both exact; the GPU's instruction
+    count differs): 0 — predicates and selects; 1 — comparisons as 0.0/1.0 floats, the
+    thresholds and the index by exact fmas (every sum a small multiple of s8), the index
+    read from the bits of ``idx + 1.5·2²³``."""
+    a = tl.abs(v)
+    if TREE == 0:
+        c2 = a >= 1.75 * s8
+        hi = tl.where(c2, 5.0 * s8, 1.25 * s8)
+        lo = tl.where(c2, 2.5 * s8, 0.25 * s8)
+        c1 = a >= tl.where(c2, 3.5 * s8, 0.75 * s8)
+        c0 = a > tl.where(c1, hi, lo)
+        idx = tl.where(c2, 4, 0) + tl.where(c1, 2, 0) + tl.where(c0, 1, 0)
+    else:
+        c2 = (a >= 1.75 * s8).to(tl.float32)
+        c1 = (a >= tl.fma(c2, 2.75 * s8, 0.75 * s8)).to(tl.float32)  # 3.5·s8 or 0.75·s8
+        t0 = tl.fma(c1, tl.fma(c2, 1.5 * s8, s8), tl.fma(c2, 2.25 * s8, 0.25 * s8))  # 5, 2.5, 1.25, 0.25 (·s8)
+        c0 = (a > t0).to(tl.float32)
+        # idx · 2⁻¹⁴⁹ is the subnormal whose bits are idx (exact: small integers)
+        d1 = tl.full(c0.shape, 1, tl.int32).to(tl.float32, bitcast=True)  # 2⁻¹⁴⁹ (bits 1, 2, 4)
+        d2 = tl.full(c0.shape, 2, tl.int32).to(tl.float32, bitcast=True)
+        d4 = tl.full(c0.shape, 4, tl.int32).to(tl.float32, bitcast=True)
+        idx = tl.fma(c2, d4, tl.fma(c1, d2, c0 * d1)).to(tl.int32, bitcast=True)
+    # v's bits 28–31 shifted down put its sign in bit 3
+    sign = (v.to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+    return idx | (sign & 8)
+
+
+@triton.jit
 def e2m1_index(a, s8):
-    """The E2M1 magnitude index (int32, 0..7) of ``fl(a / s8)`` for a ≥ 0 (see the module
-    docstring); a NaN ``s8`` gives 0."""
-    c2 = (a >= 1.75 * s8).to(tl.float32)
-    c1 = (a >= tl.fma(c2, 2.75 * s8, 0.75 * s8)).to(tl.float32)  # 3.5·s8 or 0.75·s8
-    t0 = tl.fma(c2, tl.fma(c1, 1.5 * s8, 2.25 * s8), tl.fma(c1, s8, 0.25 * s8))  # 5, 2.5, 1.25, 0.25 (·s8)
-    c0 = (a > t0).to(tl.float32)
-    idx = tl.fma(c2, 4.0, tl.fma(c1, 2.0, c0))
-    return (idx + ROUND_MAGIC).to(tl.int32, bitcast=True) & 0xF
+    """The E2M1 magnitude index (int32, 0..7) of ``fl(a / s8)`` for ``a ≥ 0`` (tests)."""
+    return e2m1_code(a, s8, 1) & 7
 
 
 @triton.jit
@@ -107,6 +164,100 @@ def _max_nan(a, b):
 
 
 @triton.jit
+def _quantize_tile(v, real, FP4: tl.constexpr, GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr):
+    """One ``BM × BN`` tile of ``v = x / smooth`` (float32): ``(words [BM, BN/8] int32,
+    scale bits [BM, BN/BLOCK] int32)``."""
+    BLOCK: tl.constexpr = 16 if FP4 else 64
+    NB: tl.constexpr = BN // BLOCK
+    vb = tl.reshape(v, (BM, NB, BLOCK))
+    vbits = vb.to(tl.int32, bitcast=True)
+    if GPU_MATH:
+        amax = tl.reduce(tl.abs(vb), 2, _max_nan)
+    else:  # for |v| the bit patterns order as the values, NaN above Inf
+        amax = tl.max(vbits & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    bad = ~(amax <= 3.4028234663852886e38)  # the block holds a NaN or an Inf
+    if FP4:
+        if PTX:  # the GPU's fp8 conversion, and amax / 6 without a division
+            s = tl.minimum(div6_rn(amax), 448.0)
+            sbits = tl.maximum(s.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32), 1)
+            s8 = sbits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:  # exact integers: the interpreter's fp8 cast is wrong, and no fp8 hardware is needed
+            s = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+            sbits = tl.maximum(e4m3_scale_bits(tl.minimum(s, 448.0)), 1)  # a zero scale → 2⁻⁹
+            s8 = e4m3_value(sbits)
+        s8 = tl.where(bad, float("nan"), s8)[:, :, None]
+        code = e2m1_code(vb, s8, TREE)
+        # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0), so
+        # the sign bits are dropped per block there, as for a non-finite block.
+        keep = tl.where(bad | ~real[:, None], 0x77777777, -1)
+        sbits = tl.where(bad, 0x7F, sbits)
+    else:
+        # r = 7 / amax; an all-zero block (r = inf) and one too small for r to be
+        # finite get codes 0; 0 is never a divisor and inf never a factor
+        nonzero = amax > 0
+        r = tl.math.div_rn(tl.full(amax.shape, 7.0, tl.float32), tl.where(nonzero, amax, 1.0))
+        dropped = bad | ~nonzero | (r == float("inf"))
+        scale = div7_rn(amax) if PTX else tl.math.div_rn(amax, tl.full(amax.shape, 7.0, tl.float32))
+        scale = tl.maximum(scale, 1e-10)
+        y = vb * tl.where(dropped, 0.0, r)[:, :, None]
+        code = (y + ROUND_MAGIC).to(tl.int32, bitcast=True) & 0xF
+        keep = tl.where(dropped, 0, -1)
+        sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        sbits = tl.where(bad, 0x7E00, sbits)
+    sbits = tl.where(real[:, None], sbits, 0)
+    # eight codes per 32-bit word, element 8j+k in bits 4k..4k+3 (two per byte, low
+    # first): three rounds of pairing neighbours, shifts and ors on whole registers
+    lo, hi = tl.split(tl.reshape(code, (BM, BN // 2, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (BM, BN // 4, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (BM, BN // 8, 2)))
+    words = tl.reshape(lo | (hi << 16), (BM, NB, BLOCK // 8)) & keep[:, :, None]
+    return tl.reshape(words, (BM, BN // 8)), sbits
+
+
+@triton.jit
+def _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD,
+          N: tl.constexpr, R: tl.constexpr, FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr,
+          GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+    """One step: the ``BM × BN`` tile of x at step ``c`` of its row tile, added to the
+    LoRA accumulator (returned) and quantized (codes and scales stored)."""
+    BLOCK: tl.constexpr = 16 if FP4 else 64
+    NB: tl.constexpr = BN // BLOCK
+    MASK_N: tl.constexpr = N % BN != 0
+    offs_n = tl.arange(0, BN)
+    offs_r = tl.arange(0, BR)
+    if MASK_N:
+        cols = c * BN + offs_n
+        x = tl.load(x_ptrs, mask=real[:, None] & (cols < N)[None, :], other=0.0)
+    else:
+        x = tl.load(x_ptrs, mask=real[:, None], other=0.0)
+    if R > 0:
+        if MASK_N:
+            w = tl.load(w_ptrs, mask=(offs_r < R)[None, :] & (cols < N)[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=(offs_r < R)[None, :], other=0.0)
+        if GPU_MATH:
+            acc = tl.dot(x, w, acc)
+        else:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    v = x.to(tl.float32)
+    if HAS_SMOOTH:
+        if MASK_N:
+            v = v * tl.load(rs_ptrs, mask=cols < N, other=1.0)[None, :]
+        else:
+            v = v * tl.load(rs_ptrs)[None, :]
+    words, sbits = _quantize_tile(v, real, FP4, GPU_MATH, PTX, TREE, BM, BN)
+    if MASK_N:
+        tl.store(q_ptrs, words, mask=(c * (BN // 8) + tl.arange(0, BN // 8) < N // 8)[None, :])
+        tl.store(s_ptrs, sbits.to(s_ptrs.dtype.element_ty), mask=(c * NB + tl.arange(0, NB) < N // BLOCK)[None, :])
+    else:
+        tl.store(q_ptrs, words)
+        tl.store(s_ptrs, sbits.to(s_ptrs.dtype.element_ty))
+    return acc
+
+
+@triton.jit(do_not_specialize=["q_ptr"])
 def act_quant_lora_kernel(
     x_ptr, stride_xm,
     rs_ptr,
@@ -114,90 +265,79 @@ def act_quant_lora_kernel(
     q_ptr,
     s_ptr,
     l_ptr,
-    M, M_PAD,
-    N: tl.constexpr, R: tl.constexpr, N_PER_PROG: tl.constexpr,
-    FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr, INTERPRETED: tl.constexpr, MASK_N: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+    part_ptr,
+    cnt_ptr,
+    M, M_PAD, MAXC,
+    N: tl.constexpr, R: tl.constexpr,
+    FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr, INTERPRETED: tl.constexpr, GPU_MATH: tl.constexpr,
+    PTX: tl.constexpr, TREE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
 ):
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
+    CHUNKS: tl.constexpr = (N + BN - 1) // BN
     HAS_LORA: tl.constexpr = R > 0
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    real = rows < M
-    rows64 = rows.to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    progs = tl.num_programs(0).to(tl.int64)
+    steps = (M_PAD // BM).to(tl.int64) * CHUNKS
+    start = pid * steps // progs
+    end = (pid + 1) * steps // progs
+    offs_m = tl.arange(0, BM)
     offs_n = tl.arange(0, BN)
-    offs_h = tl.arange(0, BN // 2)
+    offs_w = tl.arange(0, BN // 8)
     offs_b = tl.arange(0, NB)
     offs_r = tl.arange(0, BR)
-    acc = tl.zeros((BM, BR), dtype=tl.float32)
-    n_start = pid_s * N_PER_PROG
-    for i in range(0, N_PER_PROG, BN):
-        n0 = n_start + i
-        cols = n0 + offs_n
-        if MASK_N:
-            x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :],
-                        mask=real[:, None] & (cols < N)[None, :], other=0.0)
+    t = start // CHUNKS
+    while t * CHUNKS < end:  # the row tiles this program has steps in
+        c_lo = tl.maximum(start - t * CHUNKS, 0)
+        c_hi = tl.minimum(end - t * CHUNKS, CHUNKS)
+        rows = t * BM + offs_m
+        real = rows < M
+        acc = tl.zeros((BM, BR), dtype=tl.float32)
+        # pointers at the first step, advanced by one step per iteration
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + (c_lo * BN + offs_n)[None, :]
+        w_ptrs = w_ptr + (c_lo * BN + offs_n)[:, None] * R + offs_r[None, :]
+        rs_ptrs = rs_ptr + c_lo * BN + offs_n
+        q_ptrs = q_ptr + rows[:, None] * (N // 8) + (c_lo * (BN // 8) + offs_w)[None, :]
+        s_ptrs = s_ptr + (c_lo * NB + offs_b)[None, :] * M_PAD + rows[:, None]
+        if INTERPRETED:  # its range() cannot take bounds computed from program_id
+            c = c_lo
+            while c < c_hi:
+                acc = _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
+                            GPU_MATH, PTX, TREE, BM, BN, BR)
+                x_ptrs += BN
+                w_ptrs += BN * R
+                rs_ptrs += BN
+                q_ptrs += BN // 8
+                s_ptrs += NB * M_PAD
+                c += 1
         else:
-            x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=real[:, None], other=0.0)
+            for c in range(c_lo, c_hi):
+                acc = _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
+                            GPU_MATH, PTX, TREE, BM, BN, BR)
+                x_ptrs += BN
+                w_ptrs += BN * R
+                rs_ptrs += BN
+                q_ptrs += BN // 8
+                s_ptrs += NB * M_PAD
         if HAS_LORA:
-            w_mask = (offs_r < R)[None, :]
-            if MASK_N:
-                w_mask = w_mask & (cols < N)[:, None]
-            w = tl.load(w_ptr + cols[:, None] * R + offs_r[None, :], mask=w_mask, other=0.0)
-            if INTERPRETED:
-                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            out_mask = (offs_r < R)[None, :]
+            if (c_lo == 0) & (c_hi == CHUNKS):  # the whole row tile was this program's
+                tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], acc, mask=out_mask)
             else:
-                acc = tl.dot(x, w, acc)
-        v = x.to(tl.float32)
-        if HAS_SMOOTH:
-            if MASK_N:
-                rs = tl.load(rs_ptr + cols, mask=cols < N, other=1.0)
-            else:
-                rs = tl.load(rs_ptr + cols)
-            v = v * rs[None, :]
-        vb = tl.reshape(v, (BM, NB, BLOCK))
-        vbits = vb.to(tl.int32, bitcast=True)
-        if INTERPRETED:  # for |v| the bit patterns order as the values, NaN above Inf
-            amax = tl.max(vbits & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
-        else:
-            amax = tl.reduce(tl.abs(vb), 2, _max_nan)
-        bad = (amax != amax) | (amax == float("inf"))  # the block holds a NaN or an Inf
-        if FP4:
-            s = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
-            sbits = tl.maximum(e4m3_scale_bits(tl.minimum(s, 448.0)), 1)  # a zero scale → 2⁻⁹
-            s8 = tl.where(bad, float("nan"), e4m3_value(sbits))
-            idx = e2m1_index(tl.abs(vb), s8[:, :, None])
-            # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0), so
-            # the sign is dropped per block there, as for a non-finite block.
-            code = idx | ((vbits >> 28) & tl.where(bad | ~real[:, None], 0, 8)[:, :, None])
-            sbits = tl.where(bad, 0x7F, sbits)
-        else:
-            # r = 7 / amax; an all-zero block (r = inf) and one too small for r to be
-            # finite get codes 0; 0 is never a divisor and inf never a factor
-            nonzero = amax > 0
-            r = tl.math.div_rn(tl.full(amax.shape, 7.0, tl.float32), tl.where(nonzero, amax, 1.0))
-            dropped = bad | ~nonzero | (r == float("inf"))
-            scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 7.0, tl.float32)), 1e-10)
-            y = vb * tl.where(dropped, 0.0, r)[:, :, None]
-            code = (y + ROUND_MAGIC).to(tl.int32, bitcast=True) & 0xF
-            code = tl.where(dropped[:, :, None], 0, code)
-            sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-            sbits = tl.where(bad, 0x7E00, sbits)
-        sbits = tl.where(real[:, None], sbits, 0)
-        lo, hi = tl.split(tl.reshape(code, (BM, BN // 2, 2)))
-        packed = (lo | (hi << 4)).to(tl.uint8)
-        q_cols = n0 // 2 + offs_h
-        s_blocks = n0 // BLOCK + offs_b
-        q_out = q_ptr + rows64[:, None] * (N // 2) + q_cols[None, :]
-        s_out = s_ptr + s_blocks[None, :].to(tl.int64) * M_PAD + rows64[:, None]
-        if MASK_N:
-            tl.store(q_out, packed, mask=(q_cols < N // 2)[None, :])
-            tl.store(s_out, sbits.to(s_ptr.dtype.element_ty), mask=(s_blocks < N // BLOCK)[None, :])
-        else:
-            tl.store(q_out, packed)
-            tl.store(s_out, sbits.to(s_ptr.dtype.element_ty))
-    if HAS_LORA:
-        out = l_ptr + pid_s.to(tl.int64) * M_PAD * R + rows64[:, None] * R + offs_r[None, :]
-        tl.store(out, acc, mask=(offs_r < R)[None, :])
+                # the programs holding the tile's first and last steps (see the docstring)
+                first = ((t * CHUNKS + 1) * progs + steps - 1) // steps - 1
+                last = ((t + 1) * CHUNKS * progs + steps - 1) // steps - 1
+                slots = part_ptr + (t * MAXC * BM + offs_m[:, None]) * R + offs_r[None, :]
+                tl.store(slots + (pid - first) * BM * R, acc, mask=out_mask)
+                tl.debug_barrier()  # every thread's partial is written before the ticket
+                ticket = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                if ticket == last - first:
+                    tl.debug_barrier()
+                    total = tl.load(slots, mask=out_mask, other=0.0, cache_modifier=".cg")
+                    j = first + 1
+                    while j <= last:  # in slot order, whoever came last
+                        total += tl.load(slots + (j - first) * BM * R, mask=out_mask, other=0.0, cache_modifier=".cg")
+                        j += 1
+                    tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], total, mask=out_mask)
+                    tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+        t += 1

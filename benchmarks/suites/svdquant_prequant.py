@@ -1,27 +1,29 @@
 """svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the seed's
 shapes (ZImage Turbo at 1024², M = 4352; N — the seed's K — ∈ {3840, 10240}; R ∈ {32,
-128}), smooth on, bf16, NVFP4 and INT4.
+128}) and the same at a small batch (M = 256), smooth on, bf16, NVFP4 and INT4.
 
 Variants, timed in the same run:
 
 - every registered kernel that can run here except the plain-torch one (role kernel):
   ``triton_nvfp4`` / ``triton_ascend_int4`` on CUDA, called through ``forward`` (no
-  argument checks);
-- ``svdquant_torch`` (peer): the unfused path — torch's element-wise quantize passes
-  and a separate cuBLAS LoRA-down (fp32 accumulate and output);
+  argument checks), with the tile a caller gets (on an H100 the shipped one);
 - ``cublas_lora_down`` (peer): ``x @ lora_down`` alone, bf16 out, cuBLAS — the matmul
-  the fused kernel hides its quantize behind (specs: "the real peer").
+  the fused kernel hides its quantize behind (specs: "the real peer");
+- ``svdquant_torch`` (peer, ``--shapes unfused`` only: it is ~25× slower and would
+  dominate the run): the unfused path — torch's element-wise quantize passes and a
+  separate cuBLAS LoRA-down (fp32 accumulate and output).
 
 Bytes are each variant's fewest: x read once, lora_down (and 1/smooth, float32) read,
 codes, scales and the float32 LoRA output written (M padded to 256); the cuBLAS peer
-reads x and lora_down and writes a bf16 [M, R]. Targets (issue 5): the fused kernel at
-≥ 80 % of the measured copy bandwidth and ≥ 2× the unfused path.
+reads x and lora_down and writes a bf16 [M, R]. Inputs rotate over enough sets to be
+twice the L2 together, also at M = 256 (so the small batch reads x from HBM too).
+Targets (issue 19): the fused kernel at ≥ 80 % of the measured copy bandwidth at M =
+4352 (≥ 1.0× cuBLAS LoRA-down alone) and ≥ 60 % at M = 256.
 
-On CUDA each Triton kernel is timed twice: with its default tile (:func:`pick_tile`, what a
-caller gets) and as ``<name>+tuned`` with the fastest of its ``CONFIGS`` for the shape
-(timed first; ``QUANTCORE_SVDQUANT_TUNE=0`` skips it). ``QUANTCORE_SVDQUANT_TUNE=1`` makes
-the kernels themselves tune on each shape's first call, and ``python -m
-quantcore.benchmarks.suites.svdquant_prequant`` prints the whole sweep.
+On CUDA each Triton kernel is also timed as ``<name>+tuned`` with the fastest of its
+``CONFIGS`` for the shape (timed first; ``QUANTCORE_SVDQUANT_TUNE=0`` skips it).
+``QUANTCORE_SVDQUANT_TUNE=1`` makes the kernels themselves tune on each shape's first
+call; ``python -m quantcore.backends.svdquant.sweep`` times the whole candidate grid.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -46,12 +49,16 @@ DTYPE = torch.bfloat16
 ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
 TORCH_KERNEL = "svdquant_torch"
 _SEED = [{"M": 4352, "N": n, "R": r} for n, r in itertools.product((3840, 10240), (32, 128))]
+_BATCH = [{**s, "M": 256} for s in _SEED]
 SHAPES = {
-    "default": _SEED,
-    "nvfp4": [{**s, "fp4": 1} for s in _SEED],
-    "int4": [{**s, "fp4": 0} for s in _SEED],
+    "default": _SEED + _BATCH,
+    "nvfp4": [{**s, "fp4": 1} for s in _SEED + _BATCH],
+    "int4": [{**s, "fp4": 0} for s in _SEED + _BATCH],
+    "unfused": [{**s, "unfused": 1} for s in _SEED],
     "small": [{"M": 256, "N": 256, "R": 32}],
 }
+#: Rotating input sets allowed per case: enough for M = 256 to exceed the L2 twice.
+MAX_SETS = 64
 
 
 def op_bytes(fmt: SVDQuantAct, m: int, n: int, r: int, smooth: bool = True) -> int:
@@ -76,7 +83,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     for dims in shapes:
         m, n, r = dims["M"], dims["N"], dims["R"]
         fp4s = (bool(dims["fp4"]),) if "fp4" in dims else (True, False)
-        sets = rotation_sets(2 * m * n, device)
+        sets = rotation_sets(2 * m * n, device, cap=MAX_SETS)
         xs = [(torch.randn(m, n, generator=gen) * 2).to(dev, DTYPE) for _ in range(sets)]
         layer = _layer(n, r, dev, gen)
         flops = 2 * m * n * r
@@ -87,6 +94,9 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             nbytes = op_bytes(fmt, m, n, r)
             problem = act_quant_lora_problem(fmt, M=m, N=n, R=r, dtype=DTYPE)
             for cand in explain(fmt, device, problem=problem).candidates:
+                if cand.kernel == TORCH_KERNEL and not dims.get("unfused") and dev.type == "cuda":
+                    case.skipped[cand.kernel] = "the unfused peer runs with --shapes unfused"
+                    continue
                 if cand.status not in ("selected", "usable"):
                     if cand.status != "broken":
                         case.skipped[cand.kernel] = f"{cand.status}: {cand.reason}"
@@ -129,39 +139,26 @@ def _call(call: Callable[..., Any], xs: list[torch.Tensor], prepared: Any) -> Ca
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 5's targets for each fused Triton row: ≥ 80 % of copy, ≥ 2× unfused."""
+    """Issue 19's targets for each fused Triton row: ≥ 80 % of copy at M = 4352 (and ≥ 1.0×
+    cuBLAS LoRA-down alone), ≥ 60 % at a small batch."""
     notes = []
     for row in rows:
         if row["role"] != "kernel":
             continue
-        unfused = row["speedup_vs"].get(TORCH_KERNEL)
         cublas = row["speedup_vs"].get("cublas_lora_down")
-        if unfused is None:
-            continue
-        ok = row["copy_share"] >= 0.8 and unfused >= 2.0
+        unfused = row["speedup_vs"].get(TORCH_KERNEL)
+        small = row["dims"]["M"] <= 256
+        target = 0.6 if small else 0.8
+        ok = row["copy_share"] >= target and (small or cublas is None or cublas >= 1.0)
         extra = f", {cublas:.2f}× cuBLAS LoRA-down alone" if cublas is not None else ""
-        notes.append(f"{row['case']} {row['variant']}: {row['copy_share']:.0%} of copy, {unfused:.2f}× unfused"
-                     f"{extra} (target ≥ 80 %, ≥ 2×): {'met' if ok else 'missed'}")
+        extra += f", {unfused:.2f}× unfused" if unfused is not None else ""
+        goal = f"≥ {target:.0%} of copy" + ("" if small else ", ≥ 1.0× cuBLAS")
+        notes.append(f"{row['case']} {row['variant']}: {row['copy_share']:.0%} of copy{extra} "
+                     f"(target {goal}): {'met' if ok else 'missed'}")
     return notes
 
 
-def sweep(device: str = "cuda") -> None:  # pragma: no cover - GPU only
-    """Print every tile candidate's time per seed shape and format (a tuning aid)."""
-    from quantcore.backends.svdquant.triton_kernel import tune_tile
+if __name__ == "__main__":  # pragma: no cover - GPU only: the tile sweep lives with the kernel
+    from quantcore.backends.svdquant.sweep import main as sweep
 
-    gen = torch.Generator().manual_seed(0)
-    for dims, fp4 in itertools.product(_SEED, (True, False)):
-        fmt = SVDQuantAct(fp4=fp4)
-        m, n, r = dims["M"], dims["N"], dims["R"]
-        name = "triton_nvfp4" if fp4 else "triton_ascend_int4"
-        kernel = default_registry().kernel("svdquant", "act_quant_lora", name).cls(fmt, torch.device(device))
-        prepared = kernel.prepare(_layer(n, r, torch.device(device), gen), dtype=DTYPE)
-        x = (torch.randn(m, n, generator=gen) * 2).to(device, DTYPE)
-        floor = op_bytes(fmt, m, n, r) / 3.0e12
-        print(f"{name} M{m} N{n} R{r}  (bytes at 3.0 TB/s: {floor * 1e6:.1f} µs)")
-        for tile, seconds in tune_tile(kernel, x, prepared)[:6]:  # type: ignore[arg-type]
-            print(f"   {seconds * 1e6:8.1f} µs  {tile}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sweep()
+    sweep(Path("."))

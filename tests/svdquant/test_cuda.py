@@ -1,6 +1,7 @@
 """What only a CUDA GPU can show: the compiled Triton kernels (``triton_nvfp4``,
 ``triton_ascend_int4``) and the torch backend against the golden reference bit for bit at
-the seed's shapes and for every tile candidate, the integer fp8 rounding against
+the seed's shapes and for every tile candidate (both E2M1 trees, stream-K grids that
+split row tiles between programs), the integer fp8 rounding against
 torch's ``float8_e4m3fn`` cast over every float32 bit pattern in the scales' range
 [0, 448], and CUDA-graph capture.
 
@@ -24,12 +25,13 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from quantcore.backends.svdquant.triton_kernel import CONFIGS, Tile, pick_tile, smem_bytes  # noqa: E402
-from quantcore.backends.svdquant.triton_source import e4m3_scale_bits  # noqa: E402
+from quantcore.backends.svdquant.triton_source import div6_rn, div7_rn, e4m3_scale_bits  # noqa: E402
 from quantcore.backends.svdquant_torch import TorchActQuantLora  # noqa: E402
 from quantcore.backends.triton_ascend_int4 import TritonAscendInt4  # noqa: E402
 from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.formats.svdquant import SVDQuantAct  # noqa: E402
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference  # noqa: E402
+from quantcore.tensors import ieee_div  # noqa: E402
 
 DEV = "cuda"
 CHUNK = 1 << 27
@@ -57,6 +59,34 @@ def test_e4m3_rounding_matches_torch_for_every_scale() -> None:
             i = int(diff.nonzero()[0, 0])
             pytest.fail(f"{int(diff.sum())} patterns differ from {start:#x}; e.g. {f[i].item()!r}: "
                         f"{int(out[i]):#x} vs torch {int(want[i]):#x}")
+
+
+@triton.jit
+def _divs(f_ptr, out6_ptr, out7_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    a = tl.load(f_ptr + offs, mask=ok, other=0.0)
+    tl.store(out6_ptr + offs, div6_rn(a), mask=ok)
+    tl.store(out7_ptr + offs, div7_rn(a), mask=ok)
+
+
+def test_divisions_by_6_and_7_match_ieee_for_every_float() -> None:
+    """The kernel's ``amax / 6`` and ``amax / 7`` (one fused fma correcting ``a · fl(1/b)``,
+    compiled without contraction elsewhere) against IEEE division (``ieee_div``), for every finite
+    float32 from 2⁻¹²⁰ up (1.85e9 patterns; below, the quotients are far under every
+    threshold the kernel compares them with)."""
+    lo, top = 0x03800000, 0x7F800000  # 2^-120, +inf
+    out6 = torch.empty(CHUNK, dtype=torch.float32, device=DEV)
+    out7 = torch.empty(CHUNK, dtype=torch.float32, device=DEV)
+    for start in range(lo, top, CHUNK):
+        n = min(CHUNK, top - start)
+        f = torch.arange(start, start + n, dtype=torch.int32, device=DEV).view(torch.float32)
+        _divs[(triton.cdiv(n, 4096),)](f, out6, out7, n, BLOCK=4096, enable_fp_fusion=False)
+        for b, out in ((6.0, out6), (7.0, out7)):
+            diff = out[:n].view(torch.int32) != ieee_div(f, b).view(torch.int32)
+            if diff.any():
+                i = int(diff.nonzero()[0, 0])
+                pytest.fail(f"/{b}: {int(diff.sum())} differ from {start:#x}; e.g. {f[i].item()!r}: {out[i].item()!r}")
 
 
 def _layer(n: int, r: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -109,7 +139,8 @@ def test_every_tile_candidate_bit_exact(fp4: bool) -> None:
     kernel = (TritonNVFP4 if fp4 else TritonAscendInt4)(fmt, DEV)
     prepared = kernel.prepare({k: v.to(DEV) for k, v in layer.items()}, dtype=torch.float16)
     tiles = [t for t in CONFIGS if t.bn % fmt.block == 0 and smem_bytes(t, 128) <= 200 * 1024]
-    tiles += [pick_tile(512, 3840, 128, fp4), Tile(16, 64, 5)]
+    tiles += [pick_tile(512, 3840, 128, fp4), Tile(16, 64, grid=5), Tile(64, 64, grid=7, tree=0), Tile(32, 64, grid=1),
+              Tile(64, 64, grid=528, maxnreg=128), Tile(64, 128, grid=396, maxnreg=168)]
     for tile in tiles:
         _check(kernel.forward(x.to(DEV), prepared, tile=tile), ref, fp4, str(tile))
 
@@ -127,8 +158,27 @@ def test_cuda_graph_replay(fp4: bool) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = kernel.forward(x, prepared)
-    x.copy_((torch.randn(300, 3840, generator=gen) * 2).to(DEV, torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    ref = act_quant_lora_reference(fmt, x.cpu(), layer["lora_down"].cpu(), layer["smooth"].cpu())
-    _check(out, ref, fp4, "graph replay")
+    for replay in range(2):  # the row tiles' tickets are back at zero after each replay
+        x.copy_((torch.randn(300, 3840, generator=gen) * 2).to(DEV, torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = act_quant_lora_reference(fmt, x.cpu(), layer["lora_down"].cpu(), layer["smooth"].cpu())
+        _check(out, ref, fp4, f"graph replay {replay}")
+
+
+@pytest.mark.parametrize("fp4", [True, False], ids=["nvfp4", "int4"])
+@pytest.mark.parametrize(("m", "n", "r"), [(256, 3840, 32), (256, 10240, 128), (4352, 3840, 128)])
+def test_small_batch_bit_exact_and_deterministic(fp4: bool, m: int, n: int, r: int) -> None:
+    """The benchmark's small batch (its row tiles shared by many programs) against the
+    golden, and the LoRA output bit-identical over repeated calls (the partials of a shared
+    row tile are summed in a fixed order whichever program finishes last)."""
+    fmt = SVDQuantAct(fp4=fp4)
+    gen = torch.Generator().manual_seed(m + n + r)
+    x = (torch.randn(m, n, generator=gen) * 2).to(torch.bfloat16)
+    layer = _layer(n, r, gen)
+    kernel = (TritonNVFP4 if fp4 else TritonAscendInt4)(fmt, DEV)
+    prepared = kernel.prepare({k: v.to(DEV) for k, v in layer.items()}, dtype=torch.bfloat16)
+    outs = [kernel(x.to(DEV), prepared) for _ in range(5)]
+    _check(outs[0], act_quant_lora_reference(fmt, x, layer["lora_down"], layer["smooth"]), fp4, f"M{m} N{n} R{r}")
+    for out in outs[1:]:
+        assert torch.equal(out.lora_act_out.view(torch.int32), outs[0].lora_act_out.view(torch.int32))

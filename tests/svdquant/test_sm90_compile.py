@@ -33,7 +33,10 @@ def test_default_tiles_compile_for_sm90() -> None:
     rows = json.loads(out.stdout)
     assert len(rows) == 6
     for r in rows:
-        assert r["spill_stack"] == 0, r
+        # the H100 tiles cap registers for occupancy (8–56 spilled bytes), and R = 256
+        # NVFP4's [64, 256] float32 accumulator spills 16 bytes uncapped
+        assert r["spill_stack"] <= 64, r
         assert r["shared"] <= 227 * 1024, r
-        # measured 33–35 (NVFP4) and 20 (INT4) SASS instructions per element, LoRA dot included
-        assert r["instr_per_element"] <= (36 if r["fp4"] else 22), r
+        # measured 24.0–25.5 (NVFP4) and 16.0–17.3 (INT4) SASS instructions per element,
+        # LoRA dot included (before issue 19: 33–35 and 19–21)
+        assert r["instr_per_element"] <= (26 if r["fp4"] else 18), r

@@ -17,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 import triton.language as tl  # noqa: E402
 
 from quantcore.backends.svdquant.triton_kernel import Tile, check_tile, pick_tile  # noqa: E402
-from quantcore.backends.svdquant.triton_source import e2m1_index, e4m3_scale_bits, e4m3_value  # noqa: E402
+from quantcore.backends.svdquant.triton_source import e2m1_code, e4m3_scale_bits, e4m3_value  # noqa: E402
 from quantcore.backends.triton_ascend_int4 import TritonAscendInt4  # noqa: E402
 from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.errors import KernelInputError  # noqa: E402
@@ -67,18 +67,19 @@ def test_e4m3_integer_rounding_matches_torch_bit_for_bit() -> None:
 
 
 @triton.jit
-def _e2m1_kernel(a_ptr, s_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _e2m1_kernel(a_ptr, s_ptr, out_ptr, n, TREE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     a = tl.load(a_ptr + offs, mask=ok, other=0.0)
     s = tl.load(s_ptr + offs, mask=ok, other=1.0)
-    tl.store(out_ptr + offs, e2m1_index(a, s), mask=ok)
+    tl.store(out_ptr + offs, e2m1_code(a, s, TREE), mask=ok)
 
 
-def test_e2m1_comparison_tree_equals_division_then_rounding() -> None:
+@pytest.mark.parametrize("tree", [0, 1])
+def test_e2m1_comparison_tree_equals_division_then_rounding(tree: int) -> None:
     """For every e4m3 scale the kernel can store (2⁻⁹ … 448) and every threshold t, the
-    float32 values within 6 ulps of t · s8 (and random ones): comparing |v| with t · s8
-    gives the code of fl(|v| / s8)."""
+    float32 values within 6 ulps of t · s8 (and random ones), of either sign: comparing
+    |v| with t · s8 gives the code of fl(v / s8), sign bit included, in both trees."""
     s8 = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     t = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
     centre = (s8[:, None] * t[None, :]).flatten()  # exact products
@@ -89,8 +90,10 @@ def test_e2m1_comparison_tree_equals_division_then_rounding() -> None:
     ra = torch.rand(1 << 16, generator=gen) * 8
     rs = s8[torch.randint(0, len(s8), (1 << 16,), generator=gen)]
     a, scales = torch.cat([a, ra * rs]), torch.cat([scales, rs])
+    a = torch.where(torch.rand(a.shape, generator=gen) < 0.5, -a, a)
     out = torch.empty(a.shape, dtype=torch.int32, device=DEVICE)
-    _e2m1_kernel[(triton.cdiv(a.numel(), BLOCK),)](a.to(DEVICE), scales.to(DEVICE), out, a.numel(), BLOCK=BLOCK)
+    _e2m1_kernel[(triton.cdiv(a.numel(), BLOCK),)](a.to(DEVICE), scales.to(DEVICE), out, a.numel(), TREE=tree,
+                                                   BLOCK=BLOCK)
     want = e2m1_codes(a / scales)  # the golden: IEEE division, nearest, ties to even
     assert torch.equal(out.cpu().long(), want), f"{int((out.cpu().long() != want).sum())} differ"
 
@@ -129,15 +132,19 @@ def _assert_matches_golden(kernel: type, fmt: SVDQuantAct, x: torch.Tensor, laye
         assert ((lora - gold)[finite].abs() <= 1e-5 * gold[finite].abs().max().clamp_min(1e-30)).all()
 
 
-TILES = [Tile(16, 64), Tile(64, 128, split=2), Tile(32, 64, split=3), Tile(128, 256, num_warps=8, num_stages=1)]
+#: Grids that split row tiles between programs in every way: a tile shared by 2 or 3
+#: programs, programs spanning tile boundaries, more programs than steps, one program.
+TILES = [Tile(16, 64, grid=5), Tile(64, 128, grid=3), Tile(32, 64, grid=7), Tile(128, 256, num_warps=8, num_stages=1),
+         Tile(64, 64, grid=40, tree=0), Tile(32, 64, grid=1)]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy meets the NaN/Inf rows
 @pytest.mark.parametrize("fp4", [True, False], ids=["nvfp4", "int4"])
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"bm{t.bm}-bn{t.bn}-s{t.split}")
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"bm{t.bm}-bn{t.bn}-g{t.grid}-t{t.tree}")
 def test_kernel_equals_golden_across_tiles(fp4: bool, tile: Tile) -> None:
     """N = 192 (not a multiple of 128 or 256: masked tails), R = 48 (not a power of
-    two), M = 300 (pads to 512), smooth, non-contiguous rows, and the hard rows."""
+    two), M = 300 (pads to 512), smooth, non-contiguous rows, and the hard rows; the
+    LoRA partials of shared row tiles summed by whichever program finishes a tile last."""
     fmt = SVDQuantAct(fp4=fp4)
     if tile.bn % fmt.block:
         pytest.skip("bn below the INT4 block")
@@ -173,13 +180,16 @@ def test_tile_rules() -> None:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("fp4", [True, False], ids=["nvfp4", "int4"])
 def test_compiled_code_path_under_the_interpreter(fp4: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The branch a GPU compiles (NaN-propagating float block max, dot on the loaded
-    dtype, the GPU's default tile) run by the interpreter: fp16, whose dot the
-    interpreter computes correctly, with the hard rows."""
+    """The GPU's arithmetic (NaN-propagating float block max, dot on the loaded dtype,
+    both E2M1 trees) run by the interpreter: fp16, whose dot the interpreter computes
+    correctly, with the hard rows. (The fp8 conversion and the fused Markstein fma need
+    the GPU: tests/svdquant/test_cuda.py and test_div.py.)"""
     from quantcore.backends.svdquant import triton_kernel
 
-    monkeypatch.setattr(triton_kernel, "interpreted", lambda: False)
+    monkeypatch.setattr(triton_kernel, "gpu_math", lambda: True)
     fmt = SVDQuantAct(fp4=fp4)
     gen = torch.Generator().manual_seed(11)
     x = _hard_rows((torch.randn(20, 128, generator=gen) * 3).to(torch.float16), fmt)
-    _assert_matches_golden(TritonNVFP4 if fp4 else TritonAscendInt4, fmt, x, _layer(128, 16, True, gen))
+    layer = _layer(128, 16, True, gen)
+    for tree in (0, 1):
+        _assert_matches_golden(TritonNVFP4 if fp4 else TritonAscendInt4, fmt, x, layer, Tile(16, 64, grid=3, tree=tree))
