@@ -4,3 +4,15 @@ dequantize-into-a-scratch + cuBLAS path for large batches (CUDA; the interpreter
 
 Importing this plugin does not import triton: the kernels load on the first call.
 """
+
+from quantcore.registry import hookimpl
+
+from .kernel import TritonInt4AWQ, TritonInt4GPTQ
+
+
+@hookimpl
+def quantcore_kernels() -> list[type]:
+    return [TritonInt4GPTQ, TritonInt4AWQ]
+
+
+__all__ = ["TritonInt4AWQ", "TritonInt4GPTQ"]
