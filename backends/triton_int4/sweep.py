@@ -122,7 +122,17 @@ CHECK_PLANS = [None, Plan("gemv", gemv=GemvConfig(16, 8, 3)), Plan("mma", mma=Mm
                Plan("mma", mma=MmaConfig(128, 64, 1, 4, 3, 2, 2)), Plan("dequant")]
 
 
-def check_format(index: int) -> list[dict[str, Any]]:
+def check_shape(fmt: Any) -> tuple[int, int]:
+    """K not a multiple of the block (128 at 4 bits, 64 at 8) where the group size allows;
+    N = 392: no multiple of any tile."""
+    gs = fmt.group_size
+    if gs == 128:
+        return 1408, 392
+    return (1376 if fmt.bits == 8 and gs == 32 else 1344), 392
+
+
+def check_format(index: int, device: str = "cuda", ms: tuple[int, ...] = (1, 5, 33, 200),
+                 plans: list[Plan | None] | None = None) -> list[dict[str, Any]]:
     """Every plan of CHECK_PLANS on one format of CHECK_FORMATS, bf16 and fp16."""
     from quantcore.conformance.tolerance import compare, tolerance_for
     from quantcore.ops.linear import linear_reference
@@ -130,11 +140,9 @@ def check_format(index: int) -> list[dict[str, Any]]:
     from .kernel import TritonInt4AWQ, TritonInt4GPTQ
     from .launch import linear
 
-    fmt, device = CHECK_FORMATS[index], "cuda"
+    fmt = CHECK_FORMATS[index]
     gen = torch.Generator().manual_seed(index)
-    k, n = 1344, 392  # K: 10½ blocks of 128 (21 of 64); N: not a multiple of any tile
-    if isinstance(fmt, GPTQ) and fmt.group_size == 64:
-        k = 1280
+    k, n = check_shape(fmt)
     dense = torch.randn(n, k, generator=gen) * 0.05
     tensors = fmt.quantize(dense)
     tensors["bias"] = torch.randn(n, generator=gen).half()
@@ -143,7 +151,7 @@ def check_format(index: int) -> list[dict[str, Any]]:
     kernel = cls(fmt, device)
     prepared = kernel.prepare({a: t.to(device) for a, t in tensors.items()})
     rows = []
-    for m, dtype, plan in itertools.product((1, 5, 33, 200), (torch.bfloat16, torch.float16), CHECK_PLANS):
+    for m, dtype, plan in itertools.product(ms, (torch.bfloat16, torch.float16), CHECK_PLANS if plans is None else plans):
         x = torch.randn(m, k, generator=gen).to(dtype)
         ref = linear_reference(x, golden_w, tensors["bias"])
         xd = x.to(device)
@@ -155,7 +163,8 @@ def check_format(index: int) -> list[dict[str, Any]]:
                 else:
                     x2 = xd.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else xd
                     y = linear(x2.contiguous(), prepared, plan)
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             c = compare(y, ref, tolerance_for(dtype))
             rows.append({**row, "ok": c.ok, "rel": c.rel_err, "max": c.max_err, "why": c.problem})
         except Exception as exc:  # report, keep going
