@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan, Shape, default_plan, m_bucket
+from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan, Shape, default_plan, plan_for
 from quantcore.backends.triton_int4.kernel import TritonInt4AWQ, TritonInt4GPTQ
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import KernelInputError
@@ -141,9 +141,24 @@ def test_ranks_below_torch_on_cpu_and_above_tinygemm_on_cuda() -> None:
 
 
 def test_default_plans() -> None:
-    """One row: tensor cores with 16-row tiles, K split to fill the GPU; large M: no split."""
+    """One row: tensor cores with 16-row tiles, K split to fill the GPU; mid M: 128-row
+    tiles; large M: dequantize + cuBLAS."""
     p = default_plan(Shape(1, 14336, 4096, 4, 4, "bf16"), 132)
     assert p.path == "mma" and p.mma is not None and p.mma.block_m == 16 and p.mma.split_k > 1
-    p = default_plan(Shape(2048, 4096, 14336, 4, 4, "bf16"), 132)
-    assert p.mma is not None and p.mma.split_k == 1 and p.mma.block_m >= 128
-    assert [m_bucket(m) for m in (1, 2, 3, 16, 17, 5000)] == [1, 2, 4, 16, 32, 4096]
+    p = default_plan(Shape(512, 4096, 14336, 4, 4, "bf16"), 132)
+    assert p.mma is not None and p.mma.split_k == 1 and p.mma.block_m == 128
+    assert default_plan(Shape(2048, 4096, 14336, 4, 4, "bf16"), 132).path == "dequant"
+
+
+def test_tuned_plans_serve_nearby_m() -> None:
+    """The H100 table: M between measured ones takes the plan measured just below it;
+    other devices, group closes or shapes take the rule."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    at = {m: plan_for(Shape(m, 4096, 14336, 4, 4, "bf16"), h100, 132) for m in (1, 2, 16, 24, 1024, 2048, 9000)}
+    assert at[2] == at[1] and at[24] == at[16] and at[1024] == plan_for(Shape(512, 4096, 14336, 4, 4, "bf16"), h100, 132)
+    assert at[2048].path == "dequant" and at[9000].path == "dequant"
+    assert plan_for(Shape(16, 4096, 14336, 4, 4, "fp16"), h100, 132) == at[16]
+    other = Shape(16, 4096, 14336, 4, 1, "bf16")  # g32 closes every slice: not measured
+    assert plan_for(other, h100, 132) == default_plan(other, 132)
+    assert plan_for(Shape(16, 4096, 14336, 4, 4, "bf16"), "NVIDIA A100", 108) == default_plan(
+        Shape(16, 4096, 14336, 4, 4, "bf16"), 108)
