@@ -42,7 +42,7 @@ def plot_speedup(data: dict[str, Any], path: Path, *, peer: str = "dense_bf16", 
         ax.set_ylabel(f"speed-up over {peer}")
         ax.set_title(f"K={k} N={n}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"{data.get('suite', '')} on {data.get('device_name', '')} ({data.get('timing', '')})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
