@@ -8,6 +8,7 @@ with ``gptq_linear``'s; the difference between the two formats is all in ``prepa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -16,7 +17,7 @@ from quantcore.formats.awq import AWQ
 
 from ..spec import BenchCase
 from ._linear import linear_case
-from .gptq_linear import SHAPES
+from .gptq_linear import GOALS, SHAPES, goal_notes
 
 __all__ = ["DESCRIPTION", "SHAPES", "cases"]
 
@@ -25,9 +26,15 @@ FMT = AWQ(bits=4, group_size=128, zero_point=True)
 DTYPE = torch.bfloat16
 
 
-def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+@functools.lru_cache(maxsize=1)
+def _quantized(k: int, n: int, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    base = FMT.quantize(torch.randn(n, k, generator=gen) * 0.02)
+    return FMT.quantize(torch.randn(n, k, generator=gen) * 0.02)
+
+
+def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed + 1)
+    base = _quantized(k, n, seed)
     out = [base]
     for _ in range(sets - 1):
         t = dict(base)  # same scales and zeros, fresh random codes: distinct memory, same work
@@ -47,7 +54,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
 
 
 def summarize(rows: list[dict]) -> list[str]:
-    notes = []
+    notes = goal_notes(rows, "triton_int4", GOALS, 0.8)
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
         for kernel in ("awq_cpu", "aten_cuda"):

@@ -1,0 +1,122 @@
+"""Which path and tile a call runs: the shipped tuned table, else a default rule.
+
+A plan is chosen per call from the problem alone (no autotuning at run time, so the
+first call costs one compile, not a search): ``plan_for(shape, device, sms)``. The key
+holds everything that changes a kernel's geometry: bits, the close-run of the groups
+(``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
+(``sweep.py``; numbers in README.md); other devices, and shapes missing from it, take
+:func:`default_plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "DEQUANT_BLOCK_N",
+    "INTERPRETER_GEMV",
+    "INTERPRETER_MMA",
+    "GemvConfig",
+    "MmaConfig",
+    "Plan",
+    "Shape",
+    "default_plan",
+    "plan_for",
+]
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_b: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    block_n: int
+    block_m: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    #: 1: exact integer operand, scale on the accumulator; 2: scaled operand (kernels.py).
+    operand: int = 1
+    #: Blocks per loop iteration (unrolled): fewer loop overheads per code.
+    block_b: int = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: Literal["gemv", "mma", "dequant"]
+    gemv: GemvConfig | None = None
+    mma: MmaConfig | None = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a plan depends on."""
+
+    m: int
+    k: int
+    n: int
+    bits: int
+    close: int  # slices per scale group (kernels.py)
+    dtype: str  # "bf16" / "fp16"
+
+
+#: Fixed tiles under the interpreter: few, large programs (it pays per operation).
+INTERPRETER_GEMV = GemvConfig(block_n=64, block_b=2, num_warps=4, num_stages=1)
+INTERPRETER_MMA = MmaConfig(block_n=64, block_m=64, num_warps=4, num_stages=1, operand=0)
+DEQUANT_BLOCK_N = 64
+
+
+def _tuned() -> dict[str, dict[tuple[int, int, int, int, int], Plan]]:
+    """device name → {(bits, close, K, N, M): plan}, measured in bf16 (tuned_h100.py)."""
+    from . import tuned_h100
+
+    return {tuned_h100.DEVICE: tuned_h100.PLANS}
+
+
+def _pow2_at_least(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))
+
+
+def _split(blocks: int, tiles: int, target: int) -> int:
+    """K splits that bring the programs near ``target``, each keeping at least one block."""
+    return max(1, min(blocks, round(target / tiles)))
+
+
+def default_plan(shape: Shape, sms: int) -> Plan:
+    """A rule for shapes the table lacks, read off the H100 sweep (README.md): tensor
+    cores at every M (fewer instructions per code than the CUDA-core GEMV); 64 outputs
+    per program and K split to about 4 programs per SM up to M = 64, 128-row tiles above
+    with less splitting; fused 128×128 tiles to M = 1024, then dequantize + cuBLAS."""
+    m, bits = shape.m, shape.bits
+    blocks = -(-shape.k // (512 // bits))
+    if m > 1024:
+        return Plan("dequant")
+    if m > 256:
+        return Plan("mma", mma=MmaConfig(128, 128, 1, 8, 3, 1))
+    block_m = _pow2_at_least(m, 16, 128)
+    block_b = 2 if blocks >= 16 and m <= 64 else 1
+    tiles = -(-shape.n // 64) * -(-m // block_m)
+    target = (4 if m <= 16 else 3 if m <= 64 else 2) * sms
+    split = _split(blocks // block_b, tiles, target)
+    return Plan("mma", mma=MmaConfig(64, block_m, split, 4, 3, 1, block_b))
+
+
+def plan_for(shape: Shape, device_name: str, sms: int) -> Plan:
+    """The measured plan of the largest measured M at or below this one (at most 4× below:
+    further out, the rule), for this device, bits, groups, K and N; else the rule. fp16
+    takes the bf16 measurement: the same tiles and, per the sm90 report, the same
+    instruction counts."""
+    table = _tuned().get(device_name)
+    if table:
+        ms = sorted(m for (b, c, k, n, m) in table if (b, c, k, n) == (shape.bits, shape.close, shape.k, shape.n))
+        below = [m for m in ms if m <= shape.m]
+        if below and shape.m <= 4 * below[-1]:
+            return table[(shape.bits, shape.close, shape.k, shape.n, below[-1])]
+    return default_plan(shape, sms)

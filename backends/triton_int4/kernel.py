@@ -1,0 +1,124 @@
+"""The ``triton_int4`` kernels: GPTQ (4/8-bit) and AWQ (4-bit) linears in Triton."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+
+from quantcore.dtypes import dtype_name
+from quantcore.errors import KernelInputError
+from quantcore.formats.awq import AWQ
+from quantcore.formats.gptq import GPTQ
+from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
+from quantcore.tensors import check_activation, stored_on
+from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
+
+from .layout import SLICE, SUPPORTED_BITS, GPTQToTritonInt, TritonIntWeights
+
+__all__ = ["ACT_DTYPES", "INTERPRETER_MAX_WEIGHTS", "TritonInt4AWQ", "TritonInt4GPTQ"]
+
+ACT_DTYPES = (torch.bfloat16, torch.float16)
+#: Under Triton's interpreter (a CPU), larger weights take too long per call to test:
+#: ~1 s per 2^20 codes on one core. The shape still runs compiled on CUDA.
+INTERPRETER_MAX_WEIGHTS = 1 << 21
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _gptq_supports(fmt: GPTQ, problem: Problem) -> Support:
+    if fmt.bits not in SUPPORTED_BITS:
+        return Support.no(f"bits={fmt.bits}: triton_int4 runs {'- and '.join(map(str, SUPPORTED_BITS))}-bit codes")
+    if problem.act_dtype not in ACT_DTYPES:
+        names = " and ".join(dtype_name(d) for d in ACT_DTYPES)
+        return Support.no(f"activation dtype {dtype_name(problem.act_dtype)}: triton_int4 takes {names}")
+    if fmt.group_size != -1 and fmt.group_size % SLICE:
+        return Support.no(
+            f"group_size={fmt.group_size}: triton_int4 reads one scale per run of {SLICE} sorted inputs, "
+            f"so groups must be multiples of {SLICE} (or -1)"
+        )
+    k, n = problem.get("K"), problem.get("N")
+    if _interpreting() and k is not None and n is not None and k > 0 and n > 0 and k * n > INTERPRETER_MAX_WEIGHTS:
+        return Support.no(
+            f"K·N = {k * n} weights: under Triton's interpreter (CPU) triton_int4 takes at most "
+            f"{INTERPRETER_MAX_WEIGHTS} (a call would take minutes); the shape runs compiled on CUDA"
+        )
+    return Support.yes()
+
+
+class TritonInt4GPTQ(LinearKernel):
+    name: ClassVar[str] = "triton_int4"
+    format: ClassVar[str] = "gptq"
+    #: Above aten_cuda (100) on CUDA: faster at every M measured on the H100 (README.md).
+    priority: ClassVar[int] = 110
+    description: ClassVar[str] = "GPTQ 4/8-bit in Triton: tensor-core dequant-in-registers GEMM, split-K"
+    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cuda", "cpu"}), packages=("triton",))
+
+    @classmethod
+    def check_device(cls, caps: Capabilities) -> str | None:
+        reason = cls.requires.check(caps)
+        if reason or caps.device_type != "cuda":
+            return reason
+        cc = caps.compute_capability
+        if cc is None or cc < (8, 0):
+            return f"needs compute capability >= 8.0 (bf16 tensor cores), device has {cc}"
+        return None
+
+    @classmethod
+    def priority_on(cls, caps: Capabilities) -> int:
+        # On CPU this is Triton's interpreter: a correctness tool, far slower than torch.
+        return 10 if caps.device_type == "cpu" else cls.priority
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        fmt = problem.format
+        if not isinstance(fmt, GPTQ):
+            return Support.no(f"format {fmt.slug} is not GPTQ")
+        return _gptq_supports(fmt, problem)
+
+    def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
+        return self.fmt, tensors  # type: ignore[return-value]
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> TritonIntWeights:
+        if dtype is not None and dtype not in ACT_DTYPES:
+            names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
+            raise KernelInputError(f"dtype: expected {names}, got {dtype}")
+        fmt, gptq = self._gptq(stored_on(tensors, self.device, where=f"{self.name} prepare"))
+        return GPTQToTritonInt(fmt).apply(gptq)
+
+    def __call__(self, x: torch.Tensor, prepared: TritonIntWeights) -> torch.Tensor:
+        if type(prepared) is not TritonIntWeights:
+            raise KernelInputError(
+                f"prepared: expected the TritonIntWeights that {self.name}.prepare returns, got {type(prepared).__name__}"
+            )
+        k, n = prepared.in_features, prepared.out_features
+        check_activation(x, k=k, dtypes=ACT_DTYPES, device=prepared.qweight.device)
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], n)
+        x2 = x2.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x2.contiguous()
+        from .launch import linear  # imports triton: only when a call runs
+
+        return linear(x2, prepared).view(*x.shape[:-1], n)
+
+
+class TritonInt4AWQ(TritonInt4GPTQ):
+    format: ClassVar[str] = "awq"
+    description: ClassVar[str] = "AWQ 4-bit via GPTQ lanes and triton_int4"
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        fmt = problem.format
+        if not isinstance(fmt, AWQ):
+            return Support.no(f"format {fmt.slug} is not AWQ")
+        return _gptq_supports(gptq_format_for(fmt), problem)
+
+    def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
+        fmt: AWQ = self.fmt  # type: ignore[assignment]
+        return gptq_format_for(fmt), AWQToGPTQ(fmt).apply(tensors)

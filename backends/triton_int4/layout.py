@@ -1,0 +1,227 @@
+"""GPTQ → the ``triton_int4`` layout, and back, losslessly.
+
+The kernels read the weight one **block** of sorted inputs at a time: 128 inputs at 4
+bits, 64 at 8 bits, so that one block of one output row is always 16 int32 words
+(64 bytes). A block is cut into **slices** of 32 consecutive inputs (4 slices at 4
+bits, 2 at 8), and the codes of a slice sit in the 16 words as *pairs*: word ``c`` holds
+inputs ``2c`` and ``2c + 1`` of slice ``i`` in fields ``i`` and ``i + PAIRS`` —
+16 bits apart. So field ``f`` (bits ``[b·f, b·f + b)``) of word ``c`` is input
+
+    k = block·BK + (f mod PAIRS)·32 + 2c + f div PAIRS,      PAIRS = 16 / b.
+
+Why: one shift and one masked OR of a word give the two codes of a pair as the two
+halves of a 32-bit register — ``0x4300 | q`` is bf16 ``128 + q``, ``0x6400 | q`` fp16
+``1024 + q`` — which is already the register a tensor-core operand wants (consecutive
+inputs, lower one in the low half): no repacking per code. The GEMV meets the same
+words 16 bytes at a time (the codes of 4 words × 2 halves × PAIRS slices). Every row
+is one contiguous int32 run, so all weight loads are 16-byte vectors along K.
+
+============  ====================  ===============================================
+qweight       int32 [N, Kp·b/32]    the codes above, ``Kp`` = K rounded up to a block
+                                    (codes past K are 0; the kernels mask x there)
+scales        [G, N]                as stored (fp16/bf16/fp32)
+zeros         uint8 [G, N] | None   true zero points; None when every one is 2^(b−1)
+group_map     int32 [Kp/SG] | None  the group of each sub-group; None when sub-group
+                                    i is group i
+============  ====================  ===============================================
+
+Inputs are sorted by group first (``transforms/gptq_rows``: act-order checkpoints get
+``ret_idx`` and the kernels permute ``x`` with it). The kernels read scales per
+*sub-group* of ``SG`` sorted inputs: the largest size that splits every group boundary
+(their gcd), which is the group size itself for every checkpoint GPTQ and AWQ write
+(act-order ones included: each group holds ``group_size`` inputs). It must be a
+multiple of 32, so that no slice straddles two groups.
+
+Bytes: ``N·Kp·b/8`` for the codes, as the checkpoint's ``qweight``; scales as stored;
+zeros one byte per (group, output) instead of b bits: ``≤ 1.1×`` the checkpoint for
+every group size ≥ 32 when K is a multiple of the block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from quantcore.errors import UnsupportedProblemError
+from quantcore.formats.gptq import GPTQ
+from quantcore.transform import Transform
+from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
+
+__all__ = [
+    "BLOCK_WORDS",
+    "SLICE",
+    "SUPPORTED_BITS",
+    "GPTQToTritonInt",
+    "TritonIntWeights",
+    "block_k",
+    "deinterleave_codes",
+    "field_inputs",
+    "interleave_codes",
+    "padded_k",
+    "pairs",
+    "sub_group_size",
+]
+
+#: Words of one block of one output row, whatever the bit width (64 bytes).
+BLOCK_WORDS = 16
+#: Inputs of one slice: the depth of one tensor-core dot.
+SLICE = 32
+SUPPORTED_BITS = (4, 8)
+
+
+def block_k(bits: int) -> int:
+    """Inputs per block: 128 at 4 bits, 64 at 8 bits."""
+    return BLOCK_WORDS * 32 // bits
+
+
+def pairs(bits: int) -> int:
+    """Slices per block (pairs of fields per word): 4 at 4 bits, 2 at 8 bits."""
+    return 16 // bits
+
+
+def padded_k(k: int, bits: int) -> int:
+    bk = block_k(bits)
+    return -(-k // bk) * bk
+
+
+def field_inputs(bits: int) -> torch.Tensor:
+    """``[F, 16]``: the input (within its block) of field f of word c."""
+    p = pairs(bits)
+    f = torch.arange(32 // bits).view(-1, 1)
+    c = torch.arange(BLOCK_WORDS).view(1, -1)
+    return (f % p) * SLICE + 2 * c + f // p
+
+
+def interleave_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes ``[N, K]`` (``0 ≤ q < 2^b``) → int32 words ``[N, Kp·b/32]`` (module docstring)."""
+    n, k = codes.shape
+    kp, bk = padded_k(k, bits), block_k(bits)
+    c = torch.zeros(n, kp, dtype=torch.int64, device=codes.device)
+    c[:, :k] = codes.to(torch.int64)
+    c = c.view(n, kp // bk, bk)
+    where = field_inputs(bits).to(codes.device)
+    words = torch.zeros(n, kp // bk, BLOCK_WORDS, dtype=torch.int64, device=codes.device)
+    for f in range(32 // bits):
+        words |= c[:, :, where[f]] << (bits * f)
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32).reshape(n, kp * bits // 32).contiguous()
+
+
+def deinterleave_codes(words: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`interleave_codes`: int32 codes ``[N, K]``."""
+    n = words.shape[0]
+    bk = block_k(bits)
+    w = words.to(torch.int64).view(n, -1, BLOCK_WORDS) & 0xFFFFFFFF
+    codes = torch.zeros(n, w.shape[1], bk, dtype=torch.int64, device=words.device)
+    where = field_inputs(bits).to(words.device)
+    for f in range(32 // bits):
+        codes[:, :, where[f]] = (w >> (bits * f)) & ((1 << bits) - 1)
+    return codes.reshape(n, -1)[:, :k].to(torch.int32).contiguous()
+
+
+def sub_group_size(sorted_groups: torch.Tensor, k_padded: int) -> int | None:
+    """The gcd of the group boundaries of ``sorted_groups`` (non-decreasing), if it is a
+    multiple of the slice (32 inputs); None when no sub-group size fits. One group
+    (group_size −1, or a single group) reads one row of scales: any size does."""
+    k = sorted_groups.numel()
+    change = (torch.nonzero(sorted_groups[1:] != sorted_groups[:-1]).flatten() + 1).tolist()
+    if not change:
+        return k_padded
+    size = 0
+    for b in [*change, k]:
+        size = math.gcd(size, b)
+    return size if size % SLICE == 0 else None
+
+
+@dataclass(kw_only=True)
+class TritonIntWeights:
+    """Prepared state of ``triton_int4`` (module docstring)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group_map: torch.Tensor | None
+    sub_group: int
+    bits: int
+    in_features: int
+    out_features: int
+    ret_idx: torch.Tensor | None
+    bias: torch.Tensor | None
+    #: Launch-time state (split-K counters), filled on first use; not part of the layout.
+    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_groups(self) -> int:
+        return self.scales.shape[0]
+
+    @property
+    def blocks(self) -> int:
+        return padded_k(self.in_features, self.bits) // block_k(self.bits)
+
+    def nbytes(self) -> int:
+        """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
+        ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+class GPTQToTritonInt(Transform[Mapping[str, torch.Tensor], TritonIntWeights]):
+    name = "gptq->triton_int"
+
+    def __init__(self, fmt: GPTQ) -> None:
+        self.fmt = fmt
+
+    def apply(self, src: Mapping[str, torch.Tensor]) -> TritonIntWeights:
+        fmt = self.fmt
+        if fmt.bits not in SUPPORTED_BITS:
+            raise UnsupportedProblemError(f"bits: triton_int4 takes {SUPPORTED_BITS}-bit codes, got {fmt.bits}")
+        rows = GPTQToRows(fmt).apply(src)
+        kp = padded_k(rows.in_features, fmt.bits)
+        sg = sub_group_size(rows.sorted_groups, kp)
+        if sg is None:
+            raise UnsupportedProblemError(
+                f"g_idx: triton_int4 reads scales per run of {SLICE} sorted inputs, and this "
+                f"checkpoint's group boundaries are not all multiples of {SLICE}"
+            )
+        starts = torch.arange(0, kp, sg, device=rows.sorted_groups.device).clamp_max(rows.in_features - 1)
+        group_map = rows.sorted_groups[starts].to(torch.int32)
+        real = torch.arange(0, rows.in_features, sg, device=group_map.device).numel()
+        identity = torch.equal(group_map[:real].long(), torch.arange(real, device=group_map.device))
+        mid = 1 << (fmt.bits - 1)
+        zeros = None if bool((rows.zeros == mid).all()) else rows.zeros.to(torch.uint8).contiguous()
+        return TritonIntWeights(
+            qweight=interleave_codes(rows.codes, fmt.bits),
+            scales=rows.scales.contiguous(),
+            zeros=zeros,
+            group_map=None if identity else group_map.contiguous(),
+            sub_group=sg,
+            bits=fmt.bits,
+            in_features=rows.in_features,
+            out_features=rows.out_features,
+            ret_idx=rows.ret_idx,
+            bias=rows.bias,
+        )
+
+    def invert(self, dst: TritonIntWeights) -> dict[str, torch.Tensor]:
+        k, n = dst.in_features, dst.out_features
+        device = dst.qweight.device
+        groups = dst.num_groups
+        if dst.group_map is None:
+            sorted_groups = (torch.arange(k, device=device) // dst.sub_group).clamp_max(groups - 1)
+        else:
+            sorted_groups = dst.group_map.long()[torch.arange(k, device=device) // dst.sub_group]
+        zeros = dst.zeros
+        zeros = (torch.full((groups, n), 1 << (dst.bits - 1), dtype=torch.int32, device=device)
+                 if zeros is None else zeros.to(torch.int32))
+        rows = GPTQRows(
+            codes=deinterleave_codes(dst.qweight, dst.bits, k),
+            zeros=zeros,
+            scales=dst.scales,
+            sorted_groups=sorted_groups,
+            ret_idx=dst.ret_idx,
+            bias=dst.bias,
+        )
+        return GPTQToRows(self.fmt).invert(rows)
