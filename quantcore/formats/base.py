@@ -17,7 +17,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import QuantCoreError, TensorFormatError
+from ..errors import QuantCoreError, ShardError, TensorFormatError
+
+if typing.TYPE_CHECKING:
+    from .sharding import Shard
 
 __all__ = ["Format", "coerce_params"]
 
@@ -68,6 +71,28 @@ class Format(ABC):
         self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float64
     ) -> torch.Tensor:
         """Golden dequantizer back to a dense weight in the op's natural layout."""
+
+    #: The dims :meth:`shard` can cut this format's layers along (``"K"``, ``"N"``, ``"E"``).
+    shard_dims: ClassVar[tuple[str, ...]] = ()
+
+    def shard(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+    ) -> Shard:
+        """Rank ``rank``'s tensor-parallel shard of a layer's stored tensors, cut along
+        ``dim`` into ``world`` equal parts (see :mod:`quantcore.formats.sharding`): the
+        request is checked here, then the format's ``shard_tensors`` cuts."""
+        from .sharding import check_request
+
+        if not self.shard_dims:
+            raise ShardError(f"{self.slug}: the {self.name} format defines no tensor-parallel shard")
+        check_request(self.slug, dim, rank, world, self.shard_dims)
+        return self.shard_tensors(tensors, dim=dim, rank=rank, world=world)
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+    ) -> Shard:
+        """The format's own cut, for a request :meth:`shard` has checked."""
+        raise ShardError(f"{self.slug}: the {self.name} format defines no tensor-parallel shard")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
@@ -42,6 +42,9 @@ from ...errors import TensorFormatError
 from ..base import Format
 from ..grouping import GroupedFormat
 from ..packing import LANE_BITS, PackGeometry, unpack_codes
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 
 __all__ = ["GPTQ"]
 
@@ -64,6 +67,7 @@ class GPTQ(GroupedFormat, Format):
     static_groups: bool = False
 
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
+    shard_dims: ClassVar[tuple[str, ...]] = ("K", "N")
 
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
@@ -139,6 +143,13 @@ class GPTQ(GroupedFormat, Format):
         from .validate import validate_gptq
 
         return validate_gptq(self, tensors)
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+    ) -> Shard:
+        from .shard import shard_gptq
+
+        return shard_gptq(self, tensors, dim=dim, rank=rank, world=world)
 
     # --- unpacking, shared by the dequantizer and by kernels' transforms -----------------
 
