@@ -1,0 +1,96 @@
+"""A real multi-process run: two (or three) processes meet through torch.distributed's
+gloo backend on the CPU, each builds its column- and row-parallel shards of one MLP
+checkpoint, and the block's all-reduce runs between them.
+
+Quick and safe on a 2-core CI machine: ranks rendezvous through a file store (no port
+to collide on), every launch has a deadline after which the ranks' process groups are
+killed, and a refused build exits before the rendezvous, so a refusal returns in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantcore.benchmarks.tp_launch import launch
+from quantcore.checkpoint import load_checkpoint
+from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.formats.gptq import GPTQ
+
+from .mlp import golden_mlp, mlp_layers, write_mlp
+
+pytestmark = pytest.mark.xdist_group("tp-gloo")
+
+FMT = GPTQ(bits=4, group_size=64, sym=False)
+HIDDEN, INTER = 256, 512
+#: Generous for a loaded 2-core machine (each rank imports torch); a hang would be killed here.
+DEADLINE_S = 180.0
+
+
+def _run(tmp_path, world: int, *extra: str, checkpoint=None) -> list:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    args = ["--checkpoint", str(checkpoint or tmp_path / "ckpt"), "--out", str(out), "--threads", "1", "--timeout", "60", *extra]
+    return launch(world, args, timeout_s=DEADLINE_S, workdir=tmp_path / "run")
+
+
+def _describe(results) -> str:
+    return "\n".join(f"rank {r.rank}: rc={r.returncode} after {r.seconds:.1f}s\n{r.stderr[-2000:]}" for r in results)
+
+
+def test_two_gloo_ranks_match_the_unsharded_block(tmp_path):
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    torch.save(x, tmp_path / "x.pt")
+    results = _run(tmp_path, 2, "--mode", "check", "--input", str(tmp_path / "x.pt"))
+    assert all(r.ok for r in results), _describe(results)
+    y = torch.load(tmp_path / "out" / "y.pt")
+    ckpt = load_checkpoint(tmp_path / "ckpt")
+    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device="cpu")
+    with torch.no_grad():
+        unsharded = whole(x)
+    tol = tolerance_for(torch.bfloat16)
+    versus_golden = compare(y, golden_mlp(FMT, ckpt.linears, x), tol)
+    versus_unsharded = compare(y, unsharded.double(), tol)
+    assert versus_golden.ok, versus_golden.problem
+    assert versus_unsharded.ok, versus_unsharded.problem
+    assert y.dtype == torch.bfloat16 and y.shape == (5, HIDDEN)
+    # Each rank ran its shards through the CPU's int4pack kernel, not the fallback.
+    for rank in range(2):
+        kernels = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())["kernels"]
+        assert kernels == {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}, kernels
+
+
+def _refused_everywhere(results, words: tuple[str, ...]) -> None:
+    for r in results:
+        assert r.returncode == 3, _describe(results)  # exited on its own, refusing (3), not killed
+        assert "REFUSED ShardError" in r.stderr and all(w in r.stderr for w in words), r.stderr[-2000:]
+        assert r.seconds < DEADLINE_S / 2
+
+
+def test_a_cut_inside_a_group_is_refused_on_every_rank_before_the_rendezvous(tmp_path):
+    # down_proj's K = 192 over 2 ranks is 96 inputs each: not whole groups of 64.
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, 192)
+    results = _run(tmp_path, 2, "--mode", "check", "--input", "unused")
+    _refused_everywhere(results, ("K = 192 over world=2", "whole groups of 64", "world ∈ {1, 3}"))
+
+
+def test_a_world_that_does_not_divide_is_refused_on_every_rank(tmp_path):
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
+    results = _run(tmp_path, 3, "--mode", "check", "--input", "unused")
+    _refused_everywhere(results, ("over world=3", "3 does not divide"))
+
+
+def test_shards_of_mixed_group_sizes_on_one_layer_are_refused_on_every_rank(tmp_path):
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
+    write_mlp(tmp_path / "other", GPTQ(bits=4, group_size=128, sym=False), HIDDEN, INTER)
+    results = _run(tmp_path, 2, "--mode", "mixed", "--other", str(tmp_path / "other"))
+    _refused_everywhere(results, ("group_size 128 vs 64",))
+
+
+def test_mlp_layers_are_what_the_checkpoint_holds():
+    layers = mlp_layers(FMT, 64, 128)
+    assert {FMT.validate(t)["K"] for t in layers.values()} == {64, 128}
