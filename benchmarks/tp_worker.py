@@ -7,7 +7,8 @@ every layer (every refusal happens here, alike on every rank, and the rank exits
 code 3 and ``REFUSED …`` on stderr), and only then join the process group — with a
 timeout — and run. Modes:
 
-``check``  run the block on ``--input``; rank 0 writes the output to ``--out/y.pt``
+``check``  run the block on ``--input``; each rank writes its column-parallel outputs, its
+           slice of the hidden activation and the all-reduced output to ``--out/rankR.pt``
 ``bench``  time the block, its parts and its peers in lockstep (:mod:`.tp_timing`);
            rank 0 writes ``--out/bench.json``
 ``mixed``  build the row-parallel ``down_proj`` from a pre-sharded set whose shards come
@@ -110,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "check":
             x = torch.load(args.input).to(device)
             with torch.no_grad():
-                y = module(x)
+                parts = {"up": module.up(x), "hidden": module.hidden(x), "y": module(x)}
+                if module.gate is not None:
+                    parts["gate"] = module.gate(x)
+            torch.save({k: v.cpu() for k, v in parts.items()}, out / f"rank{args.rank}.pt")
             kernels = {n: m.local.kernel.name for n, m in (("gate", module.gate), ("up", module.up), ("down", module.down)) if m is not None}
             (out / f"rank{args.rank}.json").write_text(json.dumps({"kernels": kernels, "device": str(device)}))
-            if args.rank == 0:
-                torch.save(y.cpu(), out / "y.pt")
         else:
             from .tp_timing import bench_rank
 

@@ -9,18 +9,11 @@ killed, and a refused build exits before the rendezvous, so a refusal returns in
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
+from quantcore.benchmarks.tp_check import check_block, mlp_layers, write_mlp
 from quantcore.benchmarks.tp_launch import launch
-from quantcore.checkpoint import load_checkpoint
-from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
-from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.gptq import GPTQ
-
-from .mlp import golden_mlp, mlp_layers, write_mlp
 
 pytestmark = pytest.mark.xdist_group("tp-gloo")
 
@@ -30,10 +23,10 @@ HIDDEN, INTER = 256, 512
 DEADLINE_S = 180.0
 
 
-def _run(tmp_path, world: int, *extra: str, checkpoint=None) -> list:
+def _run(tmp_path, world: int, *extra: str) -> list:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    args = ["--checkpoint", str(checkpoint or tmp_path / "ckpt"), "--out", str(out), "--threads", "1", "--timeout", "60", *extra]
+    args = ["--checkpoint", str(tmp_path / "ckpt"), "--out", str(out), "--threads", "1", "--timeout", "60", *extra]
     return launch(world, args, timeout_s=DEADLINE_S, workdir=tmp_path / "run")
 
 
@@ -41,27 +34,13 @@ def _describe(results) -> str:
     return "\n".join(f"rank {r.rank}: rc={r.returncode} after {r.seconds:.1f}s\n{r.stderr[-2000:]}" for r in results)
 
 
-def test_two_gloo_ranks_match_the_unsharded_block(tmp_path):
-    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
-    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    torch.save(x, tmp_path / "x.pt")
-    results = _run(tmp_path, 2, "--mode", "check", "--input", str(tmp_path / "x.pt"))
-    assert all(r.ok for r in results), _describe(results)
-    y = torch.load(tmp_path / "out" / "y.pt")
-    ckpt = load_checkpoint(tmp_path / "ckpt")
-    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device="cpu")
-    with torch.no_grad():
-        unsharded = whole(x)
-    tol = tolerance_for(torch.bfloat16)
-    versus_golden = compare(y, golden_mlp(FMT, ckpt.linears, x), tol)
-    versus_unsharded = compare(y, unsharded.double(), tol)
-    assert versus_golden.ok, versus_golden.problem
-    assert versus_unsharded.ok, versus_unsharded.problem
-    assert y.dtype == torch.bfloat16 and y.shape == (5, HIDDEN)
-    # Each rank ran its shards through the CPU's int4pack kernel, not the fallback.
-    for rank in range(2):
-        kernels = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())["kernels"]
-        assert kernels == {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}, kernels
+def test_two_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
+    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S)
+    assert report["ok"], report
+    assert report["shape"] == [5, HIDDEN] and report["dtype"] == "torch.bfloat16"
+    # Each rank ran its shards through the CPU's int4pack kernel, as the unsharded block does.
+    aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
+    assert report["kernels"] == [aten, aten] and report["unsharded_kernels"] == aten, report
 
 
 def _refused_everywhere(results, words: tuple[str, ...]) -> None:
@@ -91,6 +70,7 @@ def test_shards_of_mixed_group_sizes_on_one_layer_are_refused_on_every_rank(tmp_
     _refused_everywhere(results, ("group_size 128 vs 64",))
 
 
-def test_mlp_layers_are_what_the_checkpoint_holds():
+def test_mlp_layers_chain():
     layers = mlp_layers(FMT, 64, 128)
-    assert {FMT.validate(t)["K"] for t in layers.values()} == {64, 128}
+    dims = {name.rsplit(".", 1)[1]: FMT.validate(t) for name, t in layers.items()}
+    assert dims == {"gate_proj": {"K": 64, "N": 128}, "up_proj": {"K": 64, "N": 128}, "down_proj": {"K": 128, "N": 64}}

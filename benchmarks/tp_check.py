@@ -1,0 +1,156 @@
+"""Is a tensor-parallel MLP block right? One checkpoint, W ranks through torch.distributed;
+each layer's output (the column-parallel ones gathered, the row-parallel one after the
+all-reduce) against the float64 golden and against the unsharded kernels in one
+process, both within the conformance tolerance; every rank must hold the same sum.
+
+    python -m quantcore.benchmarks.tp_check --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+
+prints one JSON line and exits 0 when both comparisons pass, 1 otherwise. The gloo test
+(``tests/tp/test_gloo.py``) and ``benchmarks/probes/tp_linear_gpu.sh`` run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantcore.formats.base import Format
+from quantcore.formats.gptq import GPTQ
+
+from .tp_launch import launch
+
+__all__ = ["check_block", "golden_block", "mlp_layers", "write_mlp"]
+
+
+def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+    """gate/up ``[inter, hidden]`` and down ``[hidden, inter]``, random, through the golden
+    quantizer; with ``bias`` up and down carry one (down's is added once, on rank 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = {}
+    for name, (n, k) in {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}.items():
+        tensors = dict(fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen))
+        if bias and name != "gate_proj":
+            tensors["bias"] = (torch.randn(n, generator=gen) * 0.1).to(torch.float16)
+        layers[f"mlp.{name}"] = tensors
+    return layers
+
+
+def write_mlp(folder: Path, fmt: Format, hidden: int, inter: int, seed: int = 0) -> Path:
+    from quantcore.checkpoint import save_checkpoint
+
+    return save_checkpoint(folder, fmt, mlp_layers(fmt, hidden, inter, seed))
+
+
+def golden_linear(fmt: Format, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``x Wᵀ + b`` in float64 from the golden dequantization."""
+    t = {k: w.cpu() for k, w in tensors.items()}
+    y = x.double().cpu() @ fmt.dequantize(t, dtype=torch.float64).T
+    return y + t["bias"].double() if "bias" in t else y
+
+
+def golden_block(fmt: Format, layers: dict[str, dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) · up(x))`` in float64, every intermediate rounded to x's dtype
+    where the kernels round it (each linear's output, the SiLU, the product)."""
+    r = x.dtype
+    gate = golden_linear(fmt, layers["mlp.gate_proj"], x).to(r)
+    up = golden_linear(fmt, layers["mlp.up_proj"], x).to(r)
+    h = (torch.nn.functional.silu(gate.float()).to(r) * up).to(r)
+    return golden_linear(fmt, layers["mlp.down_proj"], h)
+
+
+def check_block(
+    folder: Path,
+    *,
+    world: int,
+    backend: str = "gloo",
+    device: str = "cpu",
+    fmt: Format | None = None,
+    hidden: int = 256,
+    inter: int = 512,
+    m: int = 5,
+    threads: int = 1,
+    timeout_s: float = 180.0,
+) -> dict[str, Any]:
+    """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.conformance.tolerance import compare, tolerance_for
+
+    fmt = fmt or GPTQ(bits=4, group_size=64, sym=False)
+    write_mlp(folder / "ckpt", fmt, hidden, inter)
+    x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    torch.save(x, folder / "x.pt")
+    (folder / "out").mkdir(exist_ok=True)
+    args = ["--mode", "check", "--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
+            "--out", str(folder / "out"), "--backend", backend, "--device", device,
+            "--threads", str(threads), "--timeout", "60"]
+    ranks = launch(world, args, timeout_s=timeout_s, workdir=folder / "run")
+    report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
+                              "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
+                                         "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
+    if not all(r.ok for r in ranks):
+        report["ok"] = False
+        return report
+    parts = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(world)]
+    ckpt = load_checkpoint(folder / "ckpt")
+    local = "cpu" if device == "cpu" else "cuda:0"
+    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local)
+    tol = tolerance_for(torch.bfloat16)
+    y, h = parts[0]["y"], torch.cat([p["hidden"] for p in parts], dim=-1)
+    # Each layer is one op, judged as the matrix judges it: the column-parallel outputs
+    # gathered, the row-parallel output given the hidden activation the ranks really
+    # had; against the float64 golden and against the unsharded kernels (one process).
+    layers = {"up": ("mlp.up_proj", x), "down": ("mlp.down_proj", h)}
+    if whole.gate is not None:
+        layers["gate"] = ("mlp.gate_proj", x)
+    judged: dict[str, Any] = {}
+    ok = all(torch.equal(p["y"], y) for p in parts)  # the all-reduce left every rank the same sum
+    with torch.no_grad():
+        for name, (leaf, inp) in layers.items():
+            got = y if name == "down" else torch.cat([p[name] for p in parts], dim=-1)
+            mine = getattr(whole, name)(inp.to(local)).cpu()
+            vs_g = compare(got, golden_linear(fmt, ckpt.linears[leaf], inp), tol)
+            vs_u = compare(got, mine.double(), tol)
+            judged[name] = {"rel_vs_golden": vs_g.rel_err, "max_vs_golden": vs_g.max_err,
+                            "rel_vs_unsharded": vs_u.rel_err, "max_vs_unsharded": vs_u.max_err,
+                            "problems": [c.problem for c in (vs_g, vs_u) if c.problem]}
+            ok = ok and vs_g.ok and vs_u.ok
+        block = compare(y, whole(x.to(local)).cpu().double(), tol)
+    report.update(
+        kernels=[json.loads((folder / "out" / f"rank{r}.json").read_text())["kernels"] for r in range(world)],
+        unsharded_kernels={n: getattr(whole, n).local.kernel.name for n in ("gate", "up", "down")},
+        layers=judged, tolerance={"rel": tol.rel, "max": tol.max},
+        # The block end to end composes two ops' roundings, beyond one op's tolerance: shown, not judged.
+        block_rel_vs_unsharded=block.rel_err,
+        block_rel_vs_golden=compare(y, golden_block(fmt, ckpt.linears, x), tol).rel_err,
+        shape=list(y.shape), dtype=str(y.dtype), ok=ok,
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tp_check")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    p.add_argument("--device", default="cpu", help="cpu, cuda (every rank on GPU 0) or cuda:rank")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--inter", type=int, default=2816)
+    p.add_argument("--m", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=128)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
+        report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
+                             fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
+                             hidden=args.hidden, inter=args.inter, m=args.m, threads=0)
+    print(json.dumps(report))
+    return 0 if report.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
