@@ -76,6 +76,7 @@ def check_block(
     m: int = 5,
     threads: int = 1,
     timeout_s: float = 180.0,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
     from quantcore.checkpoint import load_checkpoint
@@ -89,9 +90,10 @@ def check_block(
     (folder / "out").mkdir(exist_ok=True)
     args = ["--mode", "check", "--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
             "--out", str(folder / "out"), "--backend", backend, "--device", device,
-            "--threads", str(threads), "--timeout", "60"]
+            "--threads", str(threads), "--timeout", "60", *(extra or [])]
     ranks = launch(world, args, timeout_s=timeout_s, workdir=folder / "run")
     report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
+                              "stage_on_host": "--stage-host" in (extra or []),
                               "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
                                          "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
     if not all(r.ok for r in ranks):
@@ -143,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inter", type=int, default=2816)
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
         report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
                              fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
-                             hidden=args.hidden, inter=args.inter, m=args.m, threads=0)
+                             hidden=args.hidden, inter=args.inter, m=args.m, threads=0,
+                             extra=["--stage-host"] if args.stage_host else [])
     print(json.dumps(report))
     return 0 if report.get("ok") else 1
 

@@ -9,8 +9,8 @@ slowest rank's (what the block costs the group), the result the median of the ro
 Variants (a ``solo`` one runs on rank 0 alone while the others wait, with all the
 group's CPU threads): ``tpW_mlp`` the block with its all-reduce; ``tpW_local`` the same
 without it (this rank's compute); ``all_reduce`` the collective alone on the block's
-``[M, hidden]`` output; ``tp1_mlp`` the whole block unsharded on one rank (the same
-kernels); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
+``[M, hidden]`` output; ``unsharded_mlp`` the whole block unsharded on one rank (the same
+kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
 """
 
 from __future__ import annotations
@@ -132,12 +132,12 @@ def bench_rank(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[
         ]
         if rank == 0:
             variants += [
-                ("tp1_mlp", "peer", lambda i: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank"),
+                ("unsharded_mlp", "peer", lambda i: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
                 ("dense_bf16_mlp", "peer", lambda i: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
             ]
         else:
             noop: Callable[[int], object] = lambda i: None  # noqa: E731
-            variants += [("tp1_mlp", "peer", noop, True, 0, 0, ""), ("dense_bf16_mlp", "peer", noop, True, 0, 0, "")]
+            variants += [("unsharded_mlp", "peer", noop, True, 0, 0, ""), ("dense_bf16_mlp", "peer", noop, True, 0, 0, "")]
         rows = []
         with torch.no_grad():
             for name, role, fn, solo, nbytes, nflops, note in variants:

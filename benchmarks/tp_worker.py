@@ -51,6 +51,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     p.add_argument("--ms", default="1,16", help="bench mode: activation rows")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--stage-host", action="store_true",
+                   default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
+                   help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
     return p.parse_args(argv)
 
 
@@ -66,7 +69,7 @@ def build(args: argparse.Namespace, device: torch.device) -> Any:
     from quantcore.checkpoint import load_checkpoint
     from quantcore.checkpoint.parallel import ParallelQuantMLP, RowParallelQuantLinear, TPGroup
 
-    tp = TPGroup(args.rank, args.world)
+    tp = TPGroup(args.rank, args.world, stage_on_host=args.stage_host)
     dtype = parse_dtype(args.dtype)
     ckpt = load_checkpoint(args.checkpoint)
     if args.mode == "mixed":

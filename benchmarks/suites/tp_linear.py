@@ -112,11 +112,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
-        tp = next((r for name, r in mine.items() if name.startswith("tp") and name.endswith("_mlp") and name != "tp1_mlp"), None)
-        if tp is None or "tp1_mlp" not in mine:
+        tp = next((r for name, r in mine.items() if name.startswith("tp") and name.endswith("_mlp")), None)
+        if tp is None or "unsharded_mlp" not in mine:
             continue
         w = tp["dims"]["W"]
-        speed = mine["tp1_mlp"]["time_s"] / tp["time_s"]
+        speed = mine["unsharded_mlp"]["time_s"] / tp["time_s"]
         comm = mine["all_reduce"]["time_s"] / tp["time_s"] if "all_reduce" in mine else float("nan")
         notes.append(f"{case}: {w} ranks {speed:.2f}× the unsharded block on one rank "
                      f"(ideal {w}× on {w} devices); the all-reduce alone is {100 * comm:.0f}% of the block's time")

@@ -37,11 +37,13 @@ __all__ = [
 class TPGroup:
     """This process's place in a tensor-parallel group: ``rank`` of ``world``, and the
     ``torch.distributed`` process group the all-reduce runs on (``None``: the default one).
-    ``world=1`` needs no process group at all."""
+    ``world=1`` needs no process group at all. ``stage_on_host`` copies a device tensor
+    to the CPU for the all-reduce and back (for a backend that takes only CPU tensors)."""
 
     rank: int
     world: int
     group: Any = None
+    stage_on_host: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.world, int) or isinstance(self.world, bool) or self.world < 1:
@@ -50,20 +52,25 @@ class TPGroup:
             raise ShardError(f"TPGroup rank: expected an int in [0, {self.world}) for world={self.world}, got {self.rank!r}")
 
     @classmethod
-    def current(cls, group: Any = None) -> TPGroup:
+    def current(cls, group: Any = None, *, stage_on_host: bool = False) -> TPGroup:
         """The group of an initialised ``torch.distributed`` (the default group, or ``group``)."""
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             raise ShardError("TPGroup.current: torch.distributed is not initialised (call init_process_group first)")
-        return cls(dist.get_rank(group), dist.get_world_size(group), group)
+        return cls(dist.get_rank(group), dist.get_world_size(group), group, stage_on_host)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over the group, in place (nothing to do for one rank)."""
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(t, group=self.group)
+            if self.stage_on_host and t.device.type != "cpu":
+                host = t.cpu()
+                dist.all_reduce(host, group=self.group)
+                t.copy_(host)
+            else:
+                dist.all_reduce(t, group=self.group)
         return t
 
 
