@@ -185,6 +185,14 @@ class TritonMoE(TRTLLMMoEKernel):
             group_size=w.group_size,
         )
 
+    def shard_prepared(self, prepared: TritonMoEWeights, *, dim: str, rank: int, world: int) -> TritonMoEWeights:
+        """Rank ``rank``'s part of prepared weights, the preprocessed layout cut in place
+        (:mod:`.prepared_shard`); equal to ``prepare`` of the format's shard."""
+        from .prepared_shard import shard_triton_weights
+
+        self.require_prepared(prepared)
+        return shard_triton_weights(prepared, dim=dim, rank=rank, world=world)
+
     def __call__(
         self,
         x: torch.Tensor,

@@ -1,0 +1,132 @@
+"""Every format's shards, at the format level: each shard is a valid tensor set of its
+format whose golden dequantization is exactly the matching slice of the whole layer's,
+and the set of shards puts the layer back together bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantcore.formats.awq import AWQ
+from quantcore.formats.gptq import GPTQ
+from quantcore.formats.sharding import Part, unshard
+from quantcore.formats.svdquant import SVDQuantAct
+from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.formats.turboquant import TurboQuant
+
+LINEAR_FORMATS = [
+    GPTQ(bits=4, group_size=128, sym=True),
+    GPTQ(bits=4, group_size=128, sym=False, desc_act=True),
+    GPTQ(bits=4, group_size=32, sym=False, desc_act=True, static_groups=True),
+    GPTQ(bits=4, group_size=-1, sym=False, desc_act=True, checkpoint_format="v1"),
+    GPTQ(bits=2, group_size=64, sym=False, desc_act=True),
+    GPTQ(bits=3, group_size=128, sym=False, checkpoint_format="v1"),
+    GPTQ(bits=3, group_size=32, sym=True, desc_act=True),
+    GPTQ(bits=8, group_size=128, sym=False, desc_act=True),
+    GPTQ(bits=8, group_size=512, sym=True),  # one group as long as K
+    GPTQ(bits=2, group_size=64, pack_dtype=torch.int8),
+    GPTQ(bits=4, group_size=64, sym=False, pack_dtype=torch.int16),
+    GPTQ(bits=8, group_size=64, pack_dtype=torch.int64),
+    AWQ(group_size=128),
+    AWQ(group_size=32, zero_point=False),
+    AWQ(group_size=-1),
+    TurboQuant(),
+    TurboQuant(residual=True),
+    TurboQuant(group_size=64, residual=True, rotation_per_group=True),
+    TurboQuant(bits=3, group_size=64, norm_dtype=torch.float32),
+]
+K, N = 512, 256
+
+
+@pytest.fixture(scope="module", params=LINEAR_FORMATS, ids=lambda f: f.slug)
+def linear_layer(request):
+    fmt = request.param
+    gen = torch.Generator().manual_seed(7)
+    tensors = dict(fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen))
+    tensors["bias"] = torch.randn(N, generator=gen).to(torch.float16)
+    return fmt, tensors, fmt.dequantize(tensors)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("dim", ["K", "N"])
+def test_linear_shards_dequantize_to_the_slice_and_reassemble(linear_layer, dim, world):
+    fmt, tensors, dense = linear_layer
+    shards = [fmt.shard(tensors, dim=dim, rank=r, world=world) for r in range(world)]
+    size = (K if dim == "K" else N) // world
+    for s in shards:
+        assert (s.start, s.stop, s.total, s.dim, s.world) == (s.rank * size, (s.rank + 1) * size, size * world, dim, world)
+        dims = s.format.validate(s.tensors)
+        assert dims == ({"K": size, "N": N} if dim == "K" else {"K": K, "N": size})
+        want = dense[:, s.start : s.stop] if dim == "K" else dense[s.start : s.stop]
+        assert torch.equal(s.format.dequantize(s.tensors), want)
+        if dim == "K":  # the bias is added once, after the sum
+            assert ("bias" in s.tensors) == (s.rank == 0)
+        else:
+            assert torch.equal(s.tensors["bias"], tensors["bias"][s.start : s.stop])
+    back = unshard(shards)
+    assert back.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+
+
+def test_cut_tensors_own_their_memory(linear_layer):
+    """A shard must not keep the whole layer alive through a view."""
+    fmt, tensors, _ = linear_layer
+    s = fmt.shard(tensors, dim="N", rank=1, world=2)
+    for name, part in s.parts.items():
+        if part.axis is not None and name in s.tensors:
+            assert s.tensors[name].untyped_storage().data_ptr() != tensors[name].untyped_storage().data_ptr(), name
+            assert s.tensors[name].is_contiguous()
+
+
+def test_act_order_row_shards_keep_every_group_and_global_g_idx():
+    fmt = GPTQ(bits=4, group_size=128, sym=False, desc_act=True)
+    gen = torch.Generator().manual_seed(3)
+    t = fmt.quantize(torch.randn(64, 512, generator=gen), generator=gen)
+    s = fmt.shard(t, dim="K", rank=1, world=4)
+    assert s.format.group_size == 32 and s.format.desc_act  # 4 groups over 128 inputs
+    assert torch.equal(s.tensors["scales"], t["scales"]) and torch.equal(s.tensors["qzeros"], t["qzeros"])
+    assert torch.equal(s.tensors["g_idx"], t["g_idx"][128:256])
+    assert s.parts["scales"] == Part() and s.parts["g_idx"] == Part(axis=0)
+
+
+def test_plain_row_shards_renumber_g_idx_from_zero():
+    fmt = GPTQ(bits=4, group_size=64)
+    t = fmt.quantize(torch.randn(64, 512))
+    s = fmt.shard(t, dim="K", rank=3, world=4)
+    assert torch.equal(s.tensors["g_idx"], torch.arange(128, dtype=torch.int32) // 64)
+    assert s.parts["g_idx"].offset == 6 and torch.equal(s.tensors["scales"], t["scales"][6:8])
+
+
+@pytest.mark.parametrize("fmt", [TRTLLMMoE(group_size=64), TRTLLMMoE(group_size=128, sym=False, scale_dtype=torch.bfloat16)],
+                         ids=lambda f: f.slug)
+@pytest.mark.parametrize("dim", ["E", "K", "N"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_shards_dequantize_to_the_slice(fmt, dim, world):
+    gen = torch.Generator().manual_seed(5)
+    t = fmt.quantize(torch.randn(4, 512, 128, generator=gen))
+    dense = fmt.dequantize(t)
+    shards = [fmt.shard(t, dim=dim, rank=r, world=world) for r in range(world)]
+    axis = "EKN".index(dim)
+    for s in shards:
+        assert torch.equal(s.format.dequantize(s.tensors), dense.narrow(axis, s.start, s.size))
+    back = unshard(shards)
+    assert all(torch.equal(back[n], t[n]) for n in t) and back.keys() == t.keys()
+
+
+@pytest.mark.parametrize("fp4", [True, False])
+@pytest.mark.parametrize("world", [2, 4])
+def test_svdquant_channel_shards_quantize_like_the_whole(fp4, world):
+    """Codes of each channel slice are the whole activation's codes for those channels."""
+    fmt = SVDQuantAct(fp4=fp4)
+    gen = torch.Generator().manual_seed(2)
+    n = 256
+    tensors = {"lora_down": torch.randn(n, 8, generator=gen).to(torch.bfloat16),
+               "smooth": torch.exp(torch.randn(n, generator=gen) * 0.3).to(torch.bfloat16)}
+    x = (torch.randn(3, n, generator=gen) * 2).to(torch.bfloat16)
+    whole = fmt.quantize(x, smooth=tensors["smooth"])
+    shards = [fmt.shard(tensors, dim="N", rank=r, world=world) for r in range(world)]
+    parts = [fmt.quantize(x[:, s.start : s.stop].contiguous(), smooth=s.tensors["smooth"]) for s in shards]
+    assert torch.equal(torch.cat([p["qout"] for p in parts], dim=1), whole["qout"])
+    assert torch.equal(torch.cat([p["oscales"] for p in parts], dim=0).view(torch.uint8), whole["oscales"].view(torch.uint8))
+    assert all(torch.equal(unshard(shards)[k], tensors[k]) for k in tensors)
