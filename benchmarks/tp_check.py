@@ -77,6 +77,7 @@ def check_block(
     threads: int = 1,
     timeout_s: float = 180.0,
     extra: list[str] | None = None,
+    act_order: str = "replicate",
 ) -> dict[str, Any]:
     """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
     from quantcore.checkpoint import load_checkpoint
@@ -90,10 +91,10 @@ def check_block(
     (folder / "out").mkdir(exist_ok=True)
     args = ["--mode", "check", "--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
             "--out", str(folder / "out"), "--backend", backend, "--device", device,
-            "--threads", str(threads), "--timeout", "60", *(extra or [])]
+            "--threads", str(threads), "--timeout", "60", "--act-order", act_order, *(extra or [])]
     ranks = launch(world, args, timeout_s=timeout_s, workdir=folder / "run")
     report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
-                              "stage_on_host": "--stage-host" in (extra or []),
+                              "stage_on_host": "--stage-host" in (extra or []), "act_order": act_order,
                               "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
                                          "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
     if not all(r.ok for r in ranks):
@@ -102,9 +103,21 @@ def check_block(
     parts = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(world)]
     ckpt = load_checkpoint(folder / "ckpt")
     local = "cpu" if device == "cpu" else "cuda:0"
-    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local)
+    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local, act_order=act_order)
     tol = tolerance_for(torch.bfloat16)
-    y, h = parts[0]["y"], torch.cat([p["hidden"] for p in parts], dim=-1)
+    # Under act_order="groups" rank r's columns are the inputs its down shard reads (its
+    # index), so the gathered columns are put back in the layer's order first.
+    order = torch.cat([p["index"] for p in parts]) if "index" in parts[0] else None
+
+    def gathered(name: str) -> torch.Tensor:
+        cat = torch.cat([p[name] for p in parts], dim=-1)
+        if order is None:
+            return cat
+        out = torch.empty_like(cat)
+        out[..., order] = cat
+        return out
+
+    y, h = parts[0]["y"], gathered("hidden")
     # Each layer is one op, judged as the matrix judges it: the column-parallel outputs
     # gathered, the row-parallel output given the hidden activation the ranks really
     # had; against the float64 golden and against the unsharded kernels (one process).
@@ -115,7 +128,7 @@ def check_block(
     ok = all(torch.equal(p["y"], y) for p in parts)  # the all-reduce left every rank the same sum
     with torch.no_grad():
         for name, (leaf, inp) in layers.items():
-            got = y if name == "down" else torch.cat([p[name] for p in parts], dim=-1)
+            got = y if name == "down" else gathered(name)
             mine = getattr(whole, name)(inp.to(local)).cpu()
             vs_g = compare(got, golden_linear(fmt, ckpt.linears[leaf], inp), tol)
             vs_u = compare(got, mine.double(), tol)

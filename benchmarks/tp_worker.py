@@ -51,6 +51,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     p.add_argument("--ms", default="1,16", help="bench mode: activation rows")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"),
+                   help="how an act-order GPTQ down_proj is cut (see formats/gptq/shard.py)")
     p.add_argument("--stage-host", action="store_true",
                    default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
                    help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
@@ -78,7 +80,7 @@ def build(args: argparse.Namespace, device: torch.device) -> Any:
         shards = [(other if r % 2 else ckpt).format.shard((other if r % 2 else ckpt).linears[name], dim="K",
                                                           rank=r, world=args.world) for r in range(args.world)]
         return RowParallelQuantLinear.from_shards(shards, tp, device=device, dtype=dtype)
-    return ParallelQuantMLP.from_checkpoint(ckpt, args.prefix, tp, device=device, dtype=dtype)
+    return ParallelQuantMLP.from_checkpoint(ckpt, args.prefix, tp, device=device, dtype=dtype, act_order=args.act_order)
 
 
 def join(args: argparse.Namespace, device: torch.device) -> None:
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                 parts = {"up": module.up(x), "hidden": module.hidden(x), "y": module(x)}
                 if module.gate is not None:
                     parts["gate"] = module.gate(x)
+                if module.down.shard.index is not None:
+                    parts["index"] = module.down.shard.index
             torch.save({k: v.cpu() for k, v in parts.items()}, out / f"rank{args.rank}.pt")
             kernels = {n: m.local.kernel.name for n, m in (("gate", module.gate), ("up", module.up), ("down", module.down)) if m is not None}
             (out / f"rank{args.rank}.json").write_text(json.dumps({"kernels": kernels, "device": str(device)}))

@@ -45,7 +45,9 @@ class RankCall:
 
 def rank_call(op: str, shard: Shard, inputs: Any) -> RankCall:
     x = inputs.x
-    if op == "act_quant_lora" or shard.dim == "K":
+    if shard.index is not None and shard.dim == "K":  # scattered inputs (act-order by groups)
+        x = x.index_select(-1, shard.index.to(x.device))
+    elif op == "act_quant_lora" or shard.dim == "K":
         x = x[..., shard.start : shard.stop].contiguous()
     if op != "moe":
         return RankCall(x)

@@ -44,10 +44,13 @@ class TPCell:
     kernel: KernelEntry
     dim: str
     world: int
+    #: A named cut (``Format.shard_rules``), or None for the format's default.
+    rule: str | None = None
 
     @property
     def id(self) -> str:
-        return f"{self.case.cell_id(self.kernel.cls.name)}/tp-{self.dim}{self.world}"
+        rule = f"-{self.rule}" if self.rule else ""
+        return f"{self.case.cell_id(self.kernel.cls.name)}/tp-{self.dim}{self.world}{rule}"
 
 
 def collect_tp_cells(
@@ -73,8 +76,10 @@ def collect_tp_cells(
             if kernels and entry.cls.name not in kernels and entry.plugin not in kernels:
                 continue
             for dim in case.format.shard_dims:
-                cells += [TPCell(case, entry, dim, w) for w in worlds]
-    cells.sort(key=lambda c: (c.case.weight_key, c.kernel.cls.name, c.case.id, c.dim, c.world))
+                # the default cut, then every other named rule (the first rule is the default)
+                for rule in (None, *case.format.shard_rules(dim)[1:]):
+                    cells += [TPCell(case, entry, dim, w, rule) for w in worlds]
+    cells.sort(key=lambda c: (c.case.weight_key, c.kernel.cls.name, c.case.id, c.dim, c.world, c.rule or ""))
     return cells
 
 
@@ -140,7 +145,7 @@ def run_tp_cell(cell: TPCell, device: str = "cpu") -> CellResult:
     case, cls = cell.case, cell.kernel.cls
     dev = normalize_device(device)
     base = dict(cell_id=cell.id, format=case.format.slug, kernel=cls.name, plugin=cell.kernel.plugin,
-                shape=f"{case.shape_id}/tp-{cell.dim}{cell.world}", dtype=cell.case.id.rsplit("/", 1)[-1])
+                shape=f"{case.shape_id}/{cell.id.rsplit('/', 1)[1]}", dtype=cell.case.id.rsplit("/", 1)[-1])
     try:
         reason = cls.check_device(probe(dev))
     except Exception as exc:
@@ -152,7 +157,8 @@ def run_tp_cell(cell: TPCell, device: str = "cpu") -> CellResult:
         weights = _weights.get(case.weight_key, lambda: harness.weights(case))
         inputs = harness.inputs(case, weights)
         tensors = stored_tensors(case.op, weights)
-        shards = [case.format.shard(tensors, dim=cell.dim, rank=r, world=cell.world) for r in range(cell.world)]
+        shards = [case.format.shard(tensors, dim=cell.dim, rank=r, world=cell.world, rule=cell.rule)
+                  for r in range(cell.world)]
     except Exception as exc:  # the case promises cuts that work: a refusal here is a FAIL
         return CellResult(**base, status=FAIL, reason=f"golden side or shard raised {_err(exc)}")
     for s in shards:

@@ -149,10 +149,13 @@ class ParallelQuantMLP(nn.Module):
     (or ``down(act(up(x)))`` without ``gate``), ``gate`` and ``up`` column-parallel, ``down``
     row-parallel, one all-reduce per forward — the pair an engine builds (Megatron's).
     The dims must chain (``up: K → I``, ``down: I → K``) and every cut must be possible,
-    which is checked for all layers before anything is prepared."""
+    which is checked for all layers before anything is prepared. ``act_order="groups"``
+    cuts an act-order GPTQ ``down`` by whole groups (its kernels need no replicated
+    scales and take even groups) and ``gate``/``up`` by the inputs those groups hold;
+    other formats ignore it."""
 
     def __init__(self, fmt: Format, layers: Mapping[str, Mapping[str, torch.Tensor]], tp: TPGroup, *,
-                 activation: str = "silu", device: str | torch.device | None = None,
+                 activation: str = "silu", act_order: str = "replicate", device: str | torch.device | None = None,
                  dtype: torch.dtype = torch.bfloat16, prefer: str | Sequence[str] | None = None) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -166,10 +169,17 @@ class ParallelQuantMLP(nn.Module):
             raise ShardError(f"ParallelQuantMLP gate: {dims['gate']}, expected the shape of up {dims['up']}")
         if dims["down"] != {"K": inter, "N": hidden}:
             raise ShardError(f"ParallelQuantMLP down: {dims['down']}, expected K={inter} (up's N) and N={hidden} (up's K)")
+        if act_order not in ("replicate", "groups"):
+            raise ShardError(f"ParallelQuantMLP act_order: expected 'replicate' or 'groups', got {act_order!r}")
         kw = {"device": device, "dtype": dtype, "prefer": prefer}
         # Every cut is made (and may refuse) before any kernel is prepared or collective run.
-        shards = {name: fmt.shard(t, dim="K" if name == "down" else "N", rank=tp.rank, world=tp.world)
-                  for name, t in layers.items()}
+        # act_order="groups" (an act-order format's alternative row cut): down takes whole
+        # groups, and gate/up produce exactly the inputs those groups hold, in that order.
+        rule = act_order if act_order in fmt.shard_rules("K") else None
+        down = fmt.shard(layers["down"], dim="K", rank=tp.rank, world=tp.world, rule=rule)
+        shards = {name: fmt.shard(t, dim="N", rank=tp.rank, world=tp.world, index=down.index)
+                  for name, t in layers.items() if name != "down"}
+        shards["down"] = down
         self.tp, self.activation = tp, activation
         self.gate = ColumnParallelQuantLinear(shards["gate"], tp, **kw) if "gate" in shards else None
         self.up = ColumnParallelQuantLinear(shards["up"], tp, **kw)

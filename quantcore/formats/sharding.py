@@ -83,6 +83,11 @@ class Shard:
     stop: int
     total: int
     parts: dict[str, Part] = field(default_factory=dict)
+    #: The layer's positions along ``dim`` this shard holds, in its order, when they are
+    #: not the range ``[start, stop)`` (an act-order GPTQ row shard by whole groups reads
+    #: scattered inputs; the column shard feeding it produces them). ``[start, stop)`` is
+    #: then the shard's place in the concatenation of the ranks' indices.
+    index: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -177,6 +182,12 @@ def check_shards(shards: Sequence[Shard]) -> None:
         edge = s.stop
     if edge != first.total:
         raise ShardError(f"{where}: the shards cover {first.dim}[0:{edge}] of {first.total}")
+    if any(s.index is not None for s in ordered):
+        if not all(s.index is not None for s in ordered):
+            raise ShardError(f"{where}: some shards hold an index of positions and some a range")
+        covered = torch.cat([s.index.cpu() for s in ordered])  # type: ignore[union-attr]
+        if not torch.equal(covered.sort().values, torch.arange(first.total)):
+            raise ShardError(f"{where}: the ranks' indices are not a permutation of {first.dim}[0:{first.total}]")
     dims = []
     for s in ordered:
         try:
@@ -201,6 +212,9 @@ def unshard(shards: Sequence[Shard]) -> dict[str, torch.Tensor]:
     cut tensors concatenated (offsets added back), replicated ones taken once."""
     check_shards(shards)
     ordered = sorted(shards, key=lambda s: s.rank)
+    if ordered[0].index is not None:
+        raise ShardError(f"{ordered[0].parent.slug} shards: hold scattered positions ({ordered[0].dim} by index); "
+                         "unshard puts back range shards only")
     out: dict[str, Any] = {}
     for name, t in ordered[0].tensors.items():
         part = ordered[0].parts.get(name, Part())

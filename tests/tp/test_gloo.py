@@ -43,6 +43,14 @@ def test_two_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
     assert report["kernels"] == [aten, aten] and report["unsharded_kernels"] == aten, report
 
 
+def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_kernel(tmp_path):
+    act = GPTQ(bits=4, group_size=64, sym=False, desc_act=True)
+    report = check_block(tmp_path, world=2, fmt=act, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S, act_order="groups")
+    assert report["ok"], report
+    aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
+    assert report["kernels"] == [aten, aten], report
+
+
 def _refused_everywhere(results, words: tuple[str, ...]) -> None:
     for r in results:
         assert r.returncode == 3, _describe(results)  # exited on its own, refusing (3), not killed

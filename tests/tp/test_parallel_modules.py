@@ -91,3 +91,22 @@ def test_from_shards_checks_the_whole_set_and_the_group(layers):
         ColumnParallelQuantLinear.from_shards(shards, TPGroup(1, 2))
     with pytest.raises(ShardError, match=r"expected ranks 0 … 1 once each"):
         RowParallelQuantLinear.from_shards([shards[0], shards[0]], TPGroup(0, 2))
+
+
+@pytest.mark.parametrize("act_order", ["replicate", "groups"])
+def test_an_act_order_block_sums_to_the_whole_over_ranks(act_order):
+    act = GPTQ(bits=4, group_size=64, sym=False, desc_act=True)
+    named = {k.rsplit(".", 1)[1].removesuffix("_proj"): v for k, v in mlp_layers(act, 128, 256).items()}
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    whole = ParallelQuantMLP(act, named, TPGroup(0, 1), act_order=act_order, device="cpu")
+    ranks = [ParallelQuantMLP(act, named, TPGroup(r, 2), act_order=act_order, device="cpu") for r in range(2)]
+    with torch.no_grad():
+        h = whole.hidden(x)
+        for r in ranks:
+            wanted = h[:, r.down.shard.index] if act_order == "groups" else h[:, r.down.shard.start:r.down.shard.stop]
+            assert torch.equal(r.hidden(x), wanted)
+        total = ranks[0].partial(x) + ranks[1].partial(x)
+    kernels = {r.down.local.kernel.name for r in ranks}
+    assert kernels == ({"aten_cpu"} if act_order == "groups" else {"torch_fallback"})  # even groups vs replicated
+    verdict = compare(total, golden_linear(act, named["down"], h), tolerance_for(torch.bfloat16))
+    assert verdict.ok, verdict.problem

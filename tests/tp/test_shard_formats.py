@@ -9,7 +9,8 @@ import torch
 
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
-from quantcore.formats.sharding import Part, unshard
+from quantcore.errors import ShardError
+from quantcore.formats.sharding import Part, check_shards, unshard
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.formats.turboquant import TurboQuant
@@ -130,3 +131,66 @@ def test_svdquant_channel_shards_quantize_like_the_whole(fp4, world):
     assert torch.equal(torch.cat([p["qout"] for p in parts], dim=1), whole["qout"])
     assert torch.equal(torch.cat([p["oscales"] for p in parts], dim=0).view(torch.uint8), whole["oscales"].view(torch.uint8))
     assert all(torch.equal(unshard(shards)[k], tensors[k]) for k in tensors)
+
+
+ACT_ORDER = [
+    GPTQ(bits=4, group_size=128, sym=False, desc_act=True),
+    GPTQ(bits=3, group_size=32, sym=True, desc_act=True),
+    GPTQ(bits=2, group_size=64, desc_act=True, pack_dtype=torch.int8),
+    GPTQ(bits=8, group_size=64, sym=False, desc_act=True, pack_dtype=torch.int64, checkpoint_format="v1"),
+]
+
+
+@pytest.mark.parametrize("fmt", ACT_ORDER, ids=lambda f: f.slug)
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_act_order_by_whole_groups_and_the_columns_that_feed_it(fmt, world):
+    gen = torch.Generator().manual_seed(11)
+    down = dict(fmt.quantize(torch.randn(64, 512, generator=gen), generator=gen))
+    down["bias"] = torch.randn(64, generator=gen).to(torch.float16)
+    up = fmt.quantize(torch.randn(512, 256, generator=gen), generator=gen)
+    dense_down, dense_up = fmt.dequantize(down), fmt.dequantize(up)
+    assert fmt.shard_rules("K") == ("replicate", "groups") and fmt.shard_rules("N") == ()
+    rows = [fmt.shard(down, dim="K", rank=r, world=world, rule="groups") for r in range(world)]
+    check_shards(rows)
+    groups = 512 // fmt.group_size
+    for s in rows:
+        g0, per = s.rank * groups // world, groups // world
+        assert s.format == fmt  # the layer's group size: whole groups, nothing replicated
+        assert torch.equal(s.tensors["scales"], down["scales"][g0 : g0 + per])
+        assert torch.equal(torch.unique(down["g_idx"][s.index]), torch.arange(g0, g0 + per, dtype=torch.int32))
+        assert torch.equal(s.index, s.index.sort().values)
+        assert torch.equal(s.format.dequantize(s.tensors), dense_down[:, s.index])
+        assert ("bias" in s.tensors) == (s.rank == 0)
+    cols = [fmt.shard(up, dim="N", rank=r, world=world, index=s.index) for r, s in enumerate(rows)]
+    check_shards(cols)
+    for c in cols:
+        assert torch.equal(c.format.dequantize(c.tensors), dense_up[c.index])
+    with pytest.raises(ShardError, match="unshard puts back range shards only"):
+        unshard(rows)
+    # the default rule is vLLM's replicated one, asked for by name too
+    assert torch.equal(fmt.shard(down, dim="K", rank=0, world=world, rule="replicate").tensors["scales"], down["scales"])
+
+
+def test_rule_and_index_refusals():
+    act = ACT_ORDER[0]
+    t = act.quantize(torch.randn(64, 512), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ShardError, match=r"rule: expected one of \[\] for dim=K, got 'groups'"):
+        GPTQ(bits=4, group_size=128).shard(GPTQ(bits=4, group_size=128).quantize(torch.randn(64, 512)),
+                                           dim="K", rank=0, world=2, rule="groups")
+    with pytest.raises(ShardError, match=r"groups = 4 over world=8: 8 does not divide 4"):
+        act.shard(t, dim="K", rank=0, world=8, rule="groups")
+    uneven = dict(t)
+    uneven["g_idx"] = torch.where(t["g_idx"] == 1, 0, t["g_idx"]).to(torch.int32)
+    with pytest.raises(ShardError, match="rule 'groups' needs every group to hold group_size=128 inputs; group 0 holds 256"):
+        act.shard(uneven, dim="K", rank=0, world=2, rule="groups")
+    awq = AWQ()
+    with pytest.raises(ShardError, match="index: only a column"):
+        awq.shard(awq.quantize(torch.randn(64, 128)), dim="N", rank=0, world=2, index=torch.arange(32))
+    with pytest.raises(ShardError, match="index: only a column"):
+        act.shard(t, dim="K", rank=0, world=2, index=torch.arange(32))
+    for bad, words in [(torch.arange(12), "12 outputs, expected a positive multiple of 8"),
+                       (torch.tensor([0] * 8), "with 7 repeated"),
+                       (torch.arange(60, 68), r"values in \[60, 67\]"),
+                       (torch.arange(8.0), "1-D integer tensor")]:
+        with pytest.raises(ShardError, match=words):
+            act.shard(t, dim="N", rank=0, world=2, index=bad)

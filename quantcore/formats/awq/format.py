@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -87,7 +87,7 @@ class AWQ(GroupedFormat, Format):
         return {"K": in_features, "N": out_features}
 
     def shard_tensors(
-        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
     ) -> Shard:
         from .shard import shard_awq
 

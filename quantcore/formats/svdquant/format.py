@@ -77,7 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -135,7 +135,7 @@ class SVDQuantAct(Format):
         return numerics.padded_rows(m, self.pad_size)
 
     def shard_tensors(
-        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
     ) -> Shard:
         from .shard import shard_svdquant
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -86,7 +86,7 @@ class TRTLLMMoE(Format):
         return -(-k // self.group_size)
 
     def shard_tensors(
-        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
     ) -> Shard:
         from .shard import shard_trtllm_moe
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -149,7 +149,7 @@ class TurboQuant(Format):
         return in_features // self.group_size if self.rotation_per_group else 1
 
     def shard_tensors(
-        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
     ) -> Shard:
         from .shard import shard_turboquant
 
