@@ -123,17 +123,17 @@ def bench_rank(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[
         flops = 2 * m * hidden * inter * (3 if gated else 2)
         dense_bytes = 2 * hidden * inter * (3 if gated else 2) + act
         variants: list[tuple[str, str, Callable[[int], object], bool, int, int, str]] = [
-            (f"tp{world}_mlp", "kernel", lambda i: mlp(xs[i % 4]), False, quant_bytes + act, flops,
+            (f"tp{world}_mlp", "kernel", lambda i, xs=xs: mlp(xs[i % 4]), False, quant_bytes + act, flops,
              f"{world} ranks, {args.backend}; bytes and flops of all ranks"),
-            (f"tp{world}_local", "peer", lambda i: mlp.partial(xs[i % 4]), False, quant_bytes + act, flops,
+            (f"tp{world}_local", "peer", lambda i, xs=xs: mlp.partial(xs[i % 4]), False, quant_bytes + act, flops,
              "the same without the all-reduce"),
-            ("all_reduce", "peer", lambda i: mlp.tp.all_reduce(bufs[i % 4]), False, 2 * m * hidden * dtype.itemsize, 0,
+            ("all_reduce", "peer", lambda i, bufs=bufs: mlp.tp.all_reduce(bufs[i % 4]), False, 2 * m * hidden * dtype.itemsize, 0,
              f"{args.backend} all-reduce of the [M, hidden] output"),
         ]
         if rank == 0:
             variants += [
-                ("unsharded_mlp", "peer", lambda i: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
-                ("dense_bf16_mlp", "peer", lambda i: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
+                ("unsharded_mlp", "peer", lambda i, xs=xs: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
+                ("dense_bf16_mlp", "peer", lambda i, xs=xs: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
             ]
         else:
             noop: Callable[[int], object] = lambda i: None  # noqa: E731

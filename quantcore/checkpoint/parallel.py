@@ -171,7 +171,7 @@ class ParallelQuantMLP(nn.Module):
             raise ShardError(f"ParallelQuantMLP down: {dims['down']}, expected K={inter} (up's N) and N={hidden} (up's K)")
         if act_order not in ("replicate", "groups"):
             raise ShardError(f"ParallelQuantMLP act_order: expected 'replicate' or 'groups', got {act_order!r}")
-        kw = {"device": device, "dtype": dtype, "prefer": prefer}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype, "prefer": prefer}
         # Every cut is made (and may refuse) before any kernel is prepared or collective run.
         # act_order="groups" (an act-order format's alternative row cut): down takes whole
         # groups, and gate/up produce exactly the inputs those groups hold, in that order.

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from quantcore.benchmarks.tp_check import golden_linear, mlp_layers
-from quantcore.checkpoint.parallel import ColumnParallelQuantLinear, ParallelQuantMLP, RowParallelQuantLinear, TPGroup
+from quantcore.checkpoint.parallel import (
+    ColumnParallelQuantLinear,
+    ParallelQuantMLP,
+    RowParallelQuantLinear,
+    TPGroup,
+)
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import ShardError
 from quantcore.formats.gptq import GPTQ
@@ -34,7 +39,7 @@ def test_tp_group_current_needs_an_initialised_process_group():
 
     if dist.is_available() and dist.is_initialized():
         pytest.skip("a process group is initialised in this process")
-    with pytest.raises(ShardError, match="torch.distributed is not initialised"):
+    with pytest.raises(ShardError, match=r"torch\.distributed is not initialised"):
         TPGroup.current()
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantcore.errors import ShardError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
-from quantcore.errors import ShardError
 from quantcore.formats.sharding import Part, check_shards, unshard
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.formats.trtllm_moe import TRTLLMMoE

@@ -35,9 +35,9 @@ def shard_awq(fmt: AWQ, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: 
     if dim == "N":
         size = even_split(fmt.slug, "N", n, world, _LANE, "qweight and qzeros pack 8 outputs per int32 lane")
         n0 = rank * size
-        cuts = {"qweight": (1, n0 // _LANE, size // _LANE), "qzeros": (1, n0 // _LANE, size // _LANE),
-                "scales": (1, n0, size), "bias": (0, n0, size)}
-        return shard_of(fmt, tensors, cuts, dim="N", rank=rank, world=world, start=n0, stop=n0 + size, total=n)
+        columns = {"qweight": (1, n0 // _LANE, size // _LANE), "qzeros": (1, n0 // _LANE, size // _LANE),
+                   "scales": (1, n0, size), "bias": (0, n0, size)}
+        return shard_of(fmt, tensors, columns, dim="N", rank=rank, world=world, start=n0, stop=n0 + size, total=n)
     groups = fmt.num_groups(k)
     shard_fmt = fmt
     if groups == 1:

@@ -89,9 +89,9 @@ def shard_gptq(
     if dim == "N":
         size = even_split(fmt.slug, "N", n, world, geo.codes, f"qzeros packs outputs: {packed}")
         n0 = rank * size
-        cuts = {"qweight": (1, n0, size), "scales": (1, n0, size), "qzeros": (1, lanes(n0), lanes(size)),
-                "bias": (0, n0, size)}
-        return shard_of(fmt, tensors, cuts, dim="N", rank=rank, world=world, start=n0, stop=n0 + size, total=n)
+        columns = {"qweight": (1, n0, size), "scales": (1, n0, size), "qzeros": (1, lanes(n0), lanes(size)),
+                   "bias": (0, n0, size)}
+        return shard_of(fmt, tensors, columns, dim="N", rank=rank, world=world, start=n0, stop=n0 + size, total=n)
 
     groups = fmt.num_groups(k)
     shard_fmt = fmt
