@@ -92,9 +92,8 @@ def _trtllm_moe() -> list[Case]:
     g64a = TRTLLMMoE(group_size=64, sym=False, scale_dtype=BF16)
     g128 = TRTLLMMoE(group_size=128, sym=True, scale_dtype=BF16)
     return [
-        _moe(g64, 7, 256, 128), _moe(g64a, 7, 256, 128), _moe(g128, 5, 512, 128),
-        _moe(g64, 7, 256, 128, "weighted"), _moe(g64a, 5, 256, 128, "per_route"),
-        _moe(g128, 64, 4096, 4096, profile="full"),
+        _moe(g64, 5, 256, 128), _moe(g64a, 5, 256, 128, "per_route"), _moe(g128, 5, 512, 128, "weighted"),
+        _moe(g64a, 64, 256, 128, profile="full"), _moe(g128, 64, 4096, 4096, profile="full"),
     ]
 
 
