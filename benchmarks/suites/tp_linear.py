@@ -119,6 +119,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
         speed = mine["unsharded_mlp"]["time_s"] / tp["time_s"]
         comm = mine["all_reduce"]["time_s"] / tp["time_s"] if "all_reduce" in mine else float("nan")
         notes.append(f"{case}: {w} ranks {speed:.2f}× the unsharded block on one rank "
-                     f"(ideal {w}× on {w} devices); the all-reduce alone is {100 * comm:.0f}% of the block's time")
+                     f"(ideal {w}× where each rank has its own device; ranks sharing one CPU or GPU split it); "
+                     f"the all-reduce alone is {100 * comm:.0f}% of the block's time")
     return notes
 
