@@ -42,6 +42,7 @@ __all__ = [
     "check_request",
     "check_shards",
     "even_split",
+    "merged_index",
     "narrow",
     "unshard",
     "working_worlds",
@@ -133,6 +134,19 @@ def even_split(where: str, dim: str, total: int, world: int, unit: int, boundary
         f"{where} shard: {dim} = {total} over world={world}: {why}; splits that work: "
         f"world ∈ {{{listed}}} (parts of {sizes})"
     )
+
+
+def merged_index(sizes: Sequence[int], rank: int, world: int) -> torch.Tensor:
+    """The outputs rank ``rank`` holds of a layer whose N is several parts laid end to end
+    (a fused gate/up projection, TensorRT-LLM's gated W1 ``[…, 2·I]``): each part cut into
+    ``world`` and the rank's pieces concatenated, so pairs that meet in an activation stay
+    on one rank (vLLM's ``MergedColumnParallelLinear``). Pass it as ``shard(..., index=)``."""
+    pieces, base = [], 0
+    for size in sizes:
+        part = even_split("merged layer", "N", size, world, 1, "")
+        pieces.append(torch.arange(base + rank * part, base + (rank + 1) * part))
+        base += size
+    return torch.cat(pieces)
 
 
 def narrow(t: torch.Tensor, axis: int, start: int, length: int) -> torch.Tensor:

@@ -194,3 +194,39 @@ def test_rule_and_index_refusals():
                        (torch.arange(8.0), "1-D integer tensor")]:
         with pytest.raises(ShardError, match=words):
             act.shard(t, dim="N", rank=0, world=2, index=bad)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_gated_ffn_cut_by_halves_sums_to_the_whole(world):
+    """TensorRT-LLM's gated FFN: W1 [E, K, 2·I] cut half by half (SwiGLU pairs on one
+    rank), W2 [E, I, K] cut along its K; the ranks' FFN outputs sum to the whole's."""
+    from quantcore.backends.trtllm_moe import TorchMoE
+    from quantcore.formats.sharding import merged_index
+    from quantcore.ops.moe import moe_ffn
+
+    fmt = TRTLLMMoE(group_size=64, sym=False, scale_dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(9)
+    e, k, inter = 4, 128, 256
+    w1 = fmt.quantize(torch.randn(e, k, 2 * inter, generator=gen) * 0.05)
+    w2 = fmt.quantize(torch.randn(e, inter, k, generator=gen) * 0.05)
+    x = torch.randn(6, k, generator=gen).to(torch.bfloat16)
+    ids = torch.rand(6, e, generator=gen).argsort(1)[:, :2].to(torch.int32)
+    weights = torch.softmax(torch.randn(6, 2, generator=gen), -1)
+    kernel = TorchMoE(fmt, "cpu")
+    whole = moe_ffn(kernel, x, ids, weights, kernel.prepare(w1), kernel.prepare(w2))
+    parts = []
+    for rank in range(world):
+        index = merged_index((inter, inter), rank, world)
+        s1 = fmt.shard(w1, dim="N", rank=rank, world=world, index=index)
+        s2 = fmt.shard(w2, dim="K", rank=rank, world=world)
+        assert torch.equal(s1.format.dequantize(s1.tensors), fmt.dequantize(w1)[..., index])
+        parts.append(moe_ffn(kernel, x, ids, weights, kernel.prepare(s1.tensors), kernel.prepare(s2.tensors)))
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    from quantcore.conformance.tolerance import compare, tolerance_for
+
+    verdict = compare(total, whole.double(), tolerance_for(torch.bfloat16))
+    assert verdict.ok, verdict.problem
+    check_shards([fmt.shard(w1, dim="N", rank=r, world=world, index=merged_index((inter, inter), r, world))
+                  for r in range(world)])

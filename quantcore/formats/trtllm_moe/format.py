@@ -64,6 +64,7 @@ class TRTLLMMoE(Format):
     SUPPORTED_GROUP_SIZES: ClassVar[tuple[int, ...]] = (64, 128)
     bits: ClassVar[int] = 8
     shard_dims: ClassVar[tuple[str, ...]] = ("K", "N", "E")
+    shard_by_index: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.group_size not in self.SUPPORTED_GROUP_SIZES:
@@ -90,7 +91,7 @@ class TRTLLMMoE(Format):
     ) -> Shard:
         from .shard import shard_trtllm_moe
 
-        return shard_trtllm_moe(self, tensors, dim=dim, rank=rank, world=world)
+        return shard_trtllm_moe(self, tensors, dim=dim, rank=rank, world=world, index=extra.get("index"))
 
     # --- validation ---------------------------------------------------------------------
 
