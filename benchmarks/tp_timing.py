@@ -1,4 +1,6 @@
 """Timing inside a tensor-parallel group: every rank runs the same calls in lockstep.
+:func:`bench_rank` is the rank entry the ``tp_linear`` suite launches
+(:func:`quantcore.checkpoint.launch.launch`).
 
 A collective makes ranks wait for each other, so they must issue the same calls in the
 same order; :func:`~quantcore.benchmarks.timing.time_interleaved` calibrates each
@@ -15,6 +17,9 @@ kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one ra
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,7 +27,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["bench_rank"]
+__all__ = ["ENTRY", "bench_rank"]
+
+ENTRY = "quantcore.benchmarks.tp_timing:bench_rank"
 
 #: Seconds one round of calls should last.
 ROUND_S = {"cpu": 0.05, "cuda": 0.02}
@@ -91,7 +98,43 @@ def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> 
     return block
 
 
-def bench_rank(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str, Any]:
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tp_linear rank")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prefix", default="mlp")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--ms", default="1,16", help="activation rows, comma-separated")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"))
+    p.add_argument("--stage-host", action="store_true",
+                   default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
+                   help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
+    return p.parse_args(argv)
+
+
+def bench_rank(ctx: Any, argv: list[str]) -> int:
+    """Build this rank's block (every refusal before the rendezvous), join, time; rank 0
+    writes ``bench.json``."""
+    import torch.distributed as dist
+
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.dtypes import parse_dtype
+
+    args = _args(argv)
+    args.backend = ctx.backend
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    mlp = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
+                                           dtype=parse_dtype(args.dtype), act_order=args.act_order)
+    ctx.join()
+    result = _bench(args, mlp, ctx.device, ctx.threads)
+    if ctx.rank == 0:
+        (ctx.out / "bench.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    return 0
+
+
+def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str, Any]:
     """Time the block and its peers for every M of ``args.ms``; rank 0's return value is
     what the suite reads."""
     import torch.distributed as dist
@@ -107,7 +150,7 @@ def bench_rank(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[
     whole = dense = None
     if rank == 0:  # the one-rank peers, built before any timing so that no rank waits on a build
         whole = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, TPGroup(0, 1),
-                                                 device=device, dtype=dtype)
+                                                 device=device, dtype=dtype, act_order=args.act_order)
         dense = _dense_block(hidden, inter, device, gated)
     ctl = _control(device, args.backend)
     total = torch.tensor([_stored_bytes(mlp)], dtype=torch.float64, device=ctl)

@@ -27,6 +27,7 @@ from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
+from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .routing import align_routes
 from .weights import ACT_DTYPES, load_expert_weights
@@ -188,10 +189,8 @@ class TritonMoE(TRTLLMMoEKernel):
     def shard_prepared(self, prepared: TritonMoEWeights, *, dim: str, rank: int, world: int) -> TritonMoEWeights:
         """Rank ``rank``'s part of prepared weights, the preprocessed layout cut in place
         (:mod:`.prepared_shard`); equal to ``prepare`` of the format's shard."""
-        from .prepared_shard import shard_triton_weights
-
         self.require_prepared(prepared)
-        return shard_triton_weights(prepared, dim=dim, rank=rank, world=world)
+        return shard_prepared_moe(prepared, MOE_LAYOUT, stored_row_order, dim=dim, rank=rank, world=world)
 
     def __call__(
         self,

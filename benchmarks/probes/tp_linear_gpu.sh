@@ -6,7 +6,7 @@
 #                  not, the run is repeated with the all-reduce staged through the host)
 #   two GPUs       two processes with NCCL, one GPU each (NVLink multicast kept off)
 #
-# In each: tp_check (each layer of a GPTQ MLP block — gate/up column-parallel, down
+# In each: the check (conformance/tp/processes.py: each layer of a GPTQ MLP block — gate/up column-parallel, down
 # row-parallel after the all-reduce — against the float64 golden and the unsharded kernels,
 # conformance tolerance), then `quantcore bench tp_linear` (the block, its local part, the
 # all-reduce alone, the unsharded block and dense bf16; Llama-7B MLP, M = 1, 16, 128). Once:
@@ -36,7 +36,7 @@ say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch; pr
 
 check() {  # world backend device [--stage-host]
   say "tp_check world=$1 backend=$2 device=$3 ${4:-}"
-  timeout 150 python3 -m quantcore.benchmarks.tp_check --world "$1" --backend "$2" --device "$3" \
+  timeout 150 python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" --device "$3" \
       --hidden 2048 --inter 5504 --m 16 ${4:-} 2>>"$LOG" | tee -a "$OUT/tp_check.jsonl"
   local rc=${PIPESTATUS[0]}
   say "tp_check rc=$rc"
@@ -47,7 +47,7 @@ bench() {  # label, then VAR=value settings for the suite
   local label=$1
   shift
   say "bench tp_linear ($label)"
-  env "$@" timeout 150 quantcore bench tp_linear --device cuda --out "$OUT/$label" \
+  env "$@" timeout 150 python3 -m quantcore bench tp_linear --device cuda --out "$OUT/$label" \
       --shape M=1,K=4096,N=11008,W=1 --shape M=16,K=4096,N=11008,W=1 --shape M=128,K=4096,N=11008,W=1 \
       --shape M=1,K=4096,N=11008,W=2 --shape M=16,K=4096,N=11008,W=2 --shape M=128,K=4096,N=11008,W=2 \
       2>&1 | tail -22 | tee -a "$LOG"

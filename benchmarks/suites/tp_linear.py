@@ -3,7 +3,7 @@
 
 Each shape group writes one checkpoint (GPTQ 4-bit g128 sym, the ``gate_proj``,
 ``up_proj``, ``down_proj`` of a Llama-style block: hidden K, intermediate N), starts W
-ranks (:mod:`..tp_launch`), each cuts and prepares its shards and the group times in
+ranks (:func:`quantcore.checkpoint.launch.launch`), each cuts and prepares its shards and the group times in
 lockstep (:mod:`..tp_timing`): the block with its all-reduce, the same without it, the
 all-reduce alone, and on one rank the unsharded block (same kernels) and the dense bf16
 block. The transport follows the device: gloo on the CPU; on CUDA, NCCL with one GPU per
@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
+from quantcore.checkpoint.launch import launch
 from quantcore.formats.gptq import GPTQ
 
 from ..spec import BenchCase, Variant
 from ..timing import Timing
-from ..tp_launch import launch
+from ..tp_timing import ENTRY
 
 DESCRIPTION = "tensor-parallel GPTQ MLP block (column- then row-parallel, all-reduce between) over W processes"
 GRAPH_SAFE = False
@@ -79,10 +80,10 @@ def run_group(device: str, k: int, n: int, world: int, ms: list[int], folder: Pa
     backend, rank_device = transport(device, world)
     write_block(folder / "ckpt", k, n)
     (folder / "out").mkdir(exist_ok=True)
-    args = ["--mode", "bench", "--checkpoint", str(folder / "ckpt"), "--out", str(folder / "out"),
+    args = ["--checkpoint", str(folder / "ckpt"), "--out", str(folder / "out"),
             "--backend", backend, "--device", rank_device, "--ms", ",".join(map(str, ms)),
             "--rounds", str(ROUNDS), "--timeout", "300"]
-    results = launch(world, args, timeout_s=1800, grace_s=30, workdir=folder / "run")
+    results = launch(world, ENTRY, args, timeout_s=1800, grace_s=30, workdir=folder / "run")
     if not all(r.ok for r in results):
         tails = "\n".join(f"rank {r.rank} rc={r.returncode}: {r.stderr[-1500:]}" for r in results)
         raise RuntimeError(f"tp_linear: the ranks failed\n{tails}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from quantcore.benchmarks.tp_check import check_block, mlp_layers, write_mlp
-from quantcore.benchmarks.tp_launch import launch
+from quantcore.checkpoint.launch import REFUSED, launch
+from quantcore.conformance.tp.processes import CHECK, MIXED, check_block, mlp_layers, write_mlp
 from quantcore.formats.gptq import GPTQ
 
 pytestmark = pytest.mark.xdist_group("tp-gloo")
@@ -23,11 +23,11 @@ HIDDEN, INTER = 256, 512
 DEADLINE_S = 180.0
 
 
-def _run(tmp_path, world: int, *extra: str) -> list:
+def _run(tmp_path, world: int, entry: str, *extra: str) -> list:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     args = ["--checkpoint", str(tmp_path / "ckpt"), "--out", str(out), "--threads", "1", "--timeout", "60", *extra]
-    return launch(world, args, timeout_s=DEADLINE_S, workdir=tmp_path / "run")
+    return launch(world, entry, args, timeout_s=DEADLINE_S, workdir=tmp_path / "run")
 
 
 def _describe(results) -> str:
@@ -53,7 +53,7 @@ def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_
 
 def _refused_everywhere(results, words: tuple[str, ...]) -> None:
     for r in results:
-        assert r.returncode == 3, _describe(results)  # exited on its own, refusing (3), not killed
+        assert r.returncode == REFUSED, _describe(results)  # exited on its own, refusing, not killed
         assert "REFUSED ShardError" in r.stderr and all(w in r.stderr for w in words), r.stderr[-2000:]
         assert r.seconds < DEADLINE_S / 2
 
@@ -61,20 +61,20 @@ def _refused_everywhere(results, words: tuple[str, ...]) -> None:
 def test_a_cut_inside_a_group_is_refused_on_every_rank_before_the_rendezvous(tmp_path):
     # down_proj's K = 192 over 2 ranks is 96 inputs each: not whole groups of 64.
     write_mlp(tmp_path / "ckpt", FMT, HIDDEN, 192)
-    results = _run(tmp_path, 2, "--mode", "check", "--input", "unused")
+    results = _run(tmp_path, 2, CHECK, "--input", "unused")
     _refused_everywhere(results, ("K = 192 over world=2", "whole groups of 64", "world ∈ {1, 3}"))
 
 
 def test_a_world_that_does_not_divide_is_refused_on_every_rank(tmp_path):
     write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
-    results = _run(tmp_path, 3, "--mode", "check", "--input", "unused")
+    results = _run(tmp_path, 3, CHECK, "--input", "unused")
     _refused_everywhere(results, ("over world=3", "3 does not divide"))
 
 
 def test_shards_of_mixed_group_sizes_on_one_layer_are_refused_on_every_rank(tmp_path):
     write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
     write_mlp(tmp_path / "other", GPTQ(bits=4, group_size=128, sym=False), HIDDEN, INTER)
-    results = _run(tmp_path, 2, "--mode", "mixed", "--other", str(tmp_path / "other"))
+    results = _run(tmp_path, 2, MIXED, "--other", str(tmp_path / "other"))
     _refused_everywhere(results, ("group_size 128 vs 64",))
 
 

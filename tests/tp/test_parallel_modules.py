@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantcore.benchmarks.tp_check import golden_linear, mlp_layers
 from quantcore.checkpoint.parallel import (
     ColumnParallelQuantLinear,
     ParallelQuantMLP,
@@ -14,6 +13,7 @@ from quantcore.checkpoint.parallel import (
     TPGroup,
 )
 from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.conformance.tp.processes import golden_linear, mlp_layers
 from quantcore.errors import ShardError
 from quantcore.formats.gptq import GPTQ
 

@@ -1,12 +1,20 @@
-"""Is a tensor-parallel MLP block right? One checkpoint, W ranks through torch.distributed;
-each layer's output (the column-parallel ones gathered, the row-parallel one after the
-all-reduce) against the float64 golden and against the unsharded kernels in one
-process, both within the conformance tolerance; every rank must hold the same sum.
+"""The tensor-parallel MLP block across real processes: one checkpoint, W ranks meeting
+through torch.distributed (:mod:`quantcore.checkpoint.launch`), each building its column-
+and row-parallel shards and running the block with the all-reduce between them.
 
-    python -m quantcore.benchmarks.tp_check --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+:func:`check_block` judges each layer as the matrix judges one op — the column-parallel
+outputs gathered, the row-parallel output (after the all-reduce) on the hidden activation
+the ranks really had — against the float64 golden and against the unsharded kernels in
+one process, within the conformance tolerance; every rank must hold the same sum.
 
-prints one JSON line and exits 0 when both comparisons pass, 1 otherwise. The gloo test
-(``tests/tp/test_gloo.py``) and ``benchmarks/probes/tp_linear_gpu.sh`` run it.
+Rank entries (``function(ctx, argv)`` for the launcher): :func:`check_rank` runs the
+block on a saved input; :func:`mixed_rank` builds a row-parallel layer from a pre-sharded
+set whose shards come from two checkpoints, which must be refused on every rank.
+
+    python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+
+prints one JSON line and exits 0 when every comparison passes, 1 otherwise. The gloo
+test (``tests/tp/test_gloo.py``) and ``benchmarks/probes/tp_linear_gpu.sh`` run it.
 """
 
 from __future__ import annotations
@@ -20,12 +28,74 @@ from typing import Any
 
 import torch
 
+from quantcore.checkpoint.launch import RankContext, launch
 from quantcore.formats.base import Format
 from quantcore.formats.gptq import GPTQ
 
-from .tp_launch import launch
+from ..tolerance import compare, tolerance_for
 
-__all__ = ["check_block", "golden_block", "mlp_layers", "write_mlp"]
+__all__ = ["check_block", "check_rank", "golden_block", "golden_linear", "mixed_rank", "mlp_layers", "write_mlp"]
+
+CHECK = "quantcore.conformance.tp.processes:check_rank"
+MIXED = "quantcore.conformance.tp.processes:mixed_rank"
+
+
+def _rank_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tp rank")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--other", help="mixed_rank: the checkpoint the odd ranks' shards come from")
+    p.add_argument("--prefix", default="mlp")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--input", help="check_rank: a torch.save'd activation")
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"),
+                   help="how an act-order GPTQ down_proj is cut (see formats/gptq/shard.py)")
+    p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
+    return p.parse_args(argv)
+
+
+def check_rank(ctx: RankContext, argv: list[str]) -> int:
+    """Build this rank's block (every refusal here), join, run it on ``--input``, save
+    the column outputs, the hidden slice and the all-reduced output to ``rankR.pt``."""
+    import torch.distributed as dist
+
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.dtypes import parse_dtype
+
+    args = _rank_args(argv)
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    block = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
+                                             dtype=parse_dtype(args.dtype), act_order=args.act_order)
+    x = torch.load(args.input).to(ctx.device)
+    ctx.join()
+    with torch.no_grad():
+        parts = {"up": block.up(x), "hidden": block.hidden(x), "y": block(x)}
+        if block.gate is not None:
+            parts["gate"] = block.gate(x)
+    if block.down.shard.index is not None:
+        parts["index"] = block.down.shard.index
+    torch.save({k: v.cpu() for k, v in parts.items()}, ctx.out / f"rank{ctx.rank}.pt")
+    kernels = {n: m.local.kernel.name for n, m in (("gate", block.gate), ("up", block.up), ("down", block.down))
+               if m is not None}
+    (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps({"kernels": kernels, "device": str(ctx.device)}))
+    dist.barrier()
+    return 0
+
+
+def mixed_rank(ctx: RankContext, argv: list[str]) -> int:
+    """A pre-sharded ``down_proj`` whose even ranks' shards come from ``--checkpoint`` and
+    odd ranks' from ``--other``: every rank reads the whole list and must refuse it."""
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import RowParallelQuantLinear, TPGroup
+
+    args = _rank_args(argv)
+    ckpts = [load_checkpoint(args.checkpoint), load_checkpoint(args.other)]
+    name = f"{args.prefix}.down_proj"
+    shards = [ckpts[r % 2].format.shard(ckpts[r % 2].linears[name], dim="K", rank=r, world=ctx.world)
+              for r in range(ctx.world)]
+    RowParallelQuantLinear.from_shards(shards, TPGroup(ctx.rank, ctx.world), device=ctx.device)
+    print("mixed shards were accepted", file=sys.stderr)
+    return 1
 
 
 def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True) -> dict[str, dict[str, torch.Tensor]]:
@@ -82,17 +152,17 @@ def check_block(
     """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
     from quantcore.checkpoint import load_checkpoint
     from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
-    from quantcore.conformance.tolerance import compare, tolerance_for
+
 
     fmt = fmt or GPTQ(bits=4, group_size=64, sym=False)
     write_mlp(folder / "ckpt", fmt, hidden, inter)
     x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     torch.save(x, folder / "x.pt")
     (folder / "out").mkdir(exist_ok=True)
-    args = ["--mode", "check", "--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
+    args = ["--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
             "--out", str(folder / "out"), "--backend", backend, "--device", device,
             "--threads", str(threads), "--timeout", "60", "--act-order", act_order, *(extra or [])]
-    ranks = launch(world, args, timeout_s=timeout_s, workdir=folder / "run")
+    ranks = launch(world, CHECK, args, timeout_s=timeout_s, workdir=folder / "run")
     report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
                               "stage_on_host": "--stage-host" in (extra or []), "act_order": act_order,
                               "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
@@ -150,7 +220,7 @@ def check_block(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tp_check")
+    p = argparse.ArgumentParser(prog="quantcore.conformance.tp.processes")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     p.add_argument("--device", default="cpu", help="cpu, cuda (every rank on GPU 0) or cuda:rank")
