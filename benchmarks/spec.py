@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .timing import Timing
 
 __all__ = ["BenchCase", "Variant"]
 
@@ -24,6 +27,9 @@ class Variant:
     flops: int
     sets: int = 1
     note: str = ""
+    #: Already timed elsewhere (in the ranks of a tensor-parallel group): the runner
+    #: reports it as is and does not call ``fn``.
+    measured: Timing | None = None
 
 
 @dataclass

@@ -45,6 +45,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TensorFormatError": ("quantcore.errors", "TensorFormatError"),
     "KernelInputError": ("quantcore.errors", "KernelInputError"),
     "InvalidArgumentError": ("quantcore.errors", "InvalidArgumentError"),
+    "ShardError": ("quantcore.errors", "ShardError"),
     "UnknownFormatError": ("quantcore.errors", "UnknownFormatError"),
     "UnsupportedProblemError": ("quantcore.errors", "UnsupportedProblemError"),
 }
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
         KernelInputError,
         NoKernelError,
         QuantCoreError,
+        ShardError,
         TensorFormatError,
         UnknownFormatError,
         UnsupportedProblemError,

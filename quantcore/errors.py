@@ -12,6 +12,7 @@ __all__ = [
     "NoKernelError",
     "PluginError",
     "QuantCoreError",
+    "ShardError",
     "TensorFormatError",
     "UnknownFormatError",
     "UnsupportedProblemError",
@@ -37,6 +38,12 @@ class UnsupportedProblemError(QuantCoreError, ValueError):
 class InvalidArgumentError(QuantCoreError, ValueError):
     """An argument quantcore cannot read: a device string, a dtype name, arguments that
     contradict each other."""
+
+
+class ShardError(InvalidArgumentError):
+    """A tensor-parallel split that cannot be made: a world size that does not divide, a
+    rank out of range, a cut inside a packed lane or a quantization group, shards of one
+    layer that disagree. Raised before any collective, on every rank alike."""
 
 
 class UnknownFormatError(QuantCoreError, LookupError):

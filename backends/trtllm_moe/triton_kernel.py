@@ -32,6 +32,7 @@ from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
+from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
 from .weights import ACT_DTYPES, load_expert_weights
@@ -212,6 +213,12 @@ class TritonMoE(TRTLLMMoEKernel):
             x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
             dtypes=ACT_DTYPES, device=prepared.layout.device,
         )
+
+    def shard_prepared(self, prepared: TritonMoEWeights, *, dim: str, rank: int, world: int) -> TritonMoEWeights:
+        """Rank ``rank``'s part of prepared weights, the preprocessed layout cut in place
+        (:mod:`.prepared_shard`); equal to ``prepare`` of the format's shard."""
+        self.require_prepared(prepared)
+        return shard_prepared_moe(prepared, MOE_LAYOUT, stored_row_order, dim=dim, rank=rank, world=world)
 
     def __call__(
         self,

@@ -17,7 +17,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import QuantCoreError, TensorFormatError
+from ..errors import QuantCoreError, ShardError, TensorFormatError
+
+if typing.TYPE_CHECKING:
+    from .sharding import Shard
 
 __all__ = ["Format", "coerce_params"]
 
@@ -68,6 +71,55 @@ class Format(ABC):
         self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float64
     ) -> torch.Tensor:
         """Golden dequantizer back to a dense weight in the op's natural layout."""
+
+    #: The dims :meth:`shard` can cut this format's layers along (``"K"``, ``"N"``, ``"E"``).
+    shard_dims: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``shard(..., dim="N", index=...)`` takes an explicit list of outputs.
+    shard_by_index: ClassVar[bool] = False
+
+    def shard_rules(self, dim: str) -> tuple[str, ...]:
+        """Named cuts along ``dim`` a caller may ask for (``rule=``); the first is the one
+        taken when none is named."""
+        return ()
+
+    def shard(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        dim: str,
+        rank: int,
+        world: int,
+        rule: str | None = None,
+        index: torch.Tensor | None = None,
+    ) -> Shard:
+        """Rank ``rank``'s tensor-parallel shard of a layer's stored tensors, cut along
+        ``dim`` into ``world`` equal parts (see :mod:`quantcore.formats.sharding`): the
+        request is checked here, then the format's ``shard_tensors`` cuts. ``rule`` names
+        an alternative cut (:meth:`shard_rules`); ``index`` gives a column-parallel shard
+        an explicit, ordered list of outputs (where :attr:`shard_by_index`)."""
+        from .sharding import check_request
+
+        if not self.shard_dims:
+            raise ShardError(f"{self.slug}: the {self.name} format defines no tensor-parallel shard")
+        check_request(self.slug, dim, rank, world, self.shard_dims)
+        extra: dict[str, Any] = {}
+        if rule is not None:
+            rules = self.shard_rules(dim)
+            if rule not in rules:
+                raise ShardError(f"{self.slug} shard: rule: expected one of {list(rules)} for dim={dim}, got {rule!r}")
+            extra["rule"] = rule
+        if index is not None:
+            if dim != "N" or not self.shard_by_index:
+                raise ShardError(f"{self.slug} shard: index: only a column (N) cut of a format with "
+                                 f"shard_by_index takes one; {self.name} along {dim} does not")
+            extra["index"] = index
+        return self.shard_tensors(tensors, dim=dim, rank=rank, world=world, **extra)
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        """The format's own cut, for a request :meth:`shard` has checked."""
+        raise ShardError(f"{self.slug}: the {self.name} format defines no tensor-parallel shard")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

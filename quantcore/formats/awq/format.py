@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -31,6 +31,9 @@ from ...tensors import describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
 from ..grouping import SCALE_DTYPES, GroupedFormat, check_linear_extras
 from .order import unpack_awq
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 
 __all__ = ["AWQ"]
 
@@ -49,6 +52,7 @@ class AWQ(GroupedFormat, Format):
     layout: str = "gemm"
 
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (4,)
+    shard_dims: ClassVar[tuple[str, ...]] = ("K", "N")
 
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
@@ -81,6 +85,13 @@ class AWQ(GroupedFormat, Format):
         require_tensor("qzeros", tensors["qzeros"], shape=(groups, out_features // 8), dtypes=(torch.int32,), where=where)
         check_linear_extras(tensors, out_features, where)
         return {"K": in_features, "N": out_features}
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        from .shard import shard_awq
+
+        return shard_awq(self, tensors, dim=dim, rank=rank, world=world)
 
     def unpack_weight(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Codes ``[I, O]`` int32, columns in natural order."""

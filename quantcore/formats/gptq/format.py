@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -42,6 +42,9 @@ from ...errors import TensorFormatError
 from ..base import Format
 from ..grouping import GroupedFormat
 from ..packing import LANE_BITS, PackGeometry, unpack_codes
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 
 __all__ = ["GPTQ"]
 
@@ -64,6 +67,8 @@ class GPTQ(GroupedFormat, Format):
     static_groups: bool = False
 
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
+    shard_dims: ClassVar[tuple[str, ...]] = ("K", "N")
+    shard_by_index: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
@@ -139,6 +144,21 @@ class GPTQ(GroupedFormat, Format):
         from .validate import validate_gptq
 
         return validate_gptq(self, tensors)
+
+    def shard_rules(self, dim: str) -> tuple[str, ...]:
+        """Act-order row cuts: ``"replicate"`` (the default, vLLM's) or ``"groups"`` (see .shard)."""
+        if dim == "K" and self.uses_act_order and self.group_size != -1:
+            return ("replicate", "groups")
+        return ()
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        from .shard import shard_gptq
+
+        rule = extra.get("rule")
+        return shard_gptq(self, tensors, dim=dim, rank=rank, world=world,
+                          rule=None if rule == "replicate" else rule, index=extra.get("index"))
 
     # --- unpacking, shared by the dequantizer and by kernels' transforms -----------------
 

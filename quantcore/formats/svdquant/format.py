@@ -77,13 +77,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ...errors import TensorFormatError
 from ...tensors import check_stored, describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 from . import numerics
 
 __all__ = ["SVDQuantAct"]
@@ -104,6 +107,9 @@ class SVDQuantAct(Format):
 
     fp4: bool = True
     pad_size: int = 256
+
+    #: The activation's channels: the pre-GEMM of a row-parallel W4A4 linear (see .shard).
+    shard_dims: ClassVar[tuple[str, ...]] = ("N",)
 
     def __post_init__(self) -> None:
         if not isinstance(self.fp4, bool):
@@ -127,6 +133,13 @@ class SVDQuantAct(Format):
 
     def padded_rows(self, m: int) -> int:
         return numerics.padded_rows(m, self.pad_size)
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        from .shard import shard_svdquant
+
+        return shard_svdquant(self, tensors, dim=dim, rank=rank, world=world)
 
     # --- validation -------------------------------------------------------------------------
 

@@ -31,13 +31,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ...errors import TensorFormatError
 from ...tensors import describe, reject_unknown, require_tensor, require_tensors
 from ..base import Format
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 
 __all__ = ["TRTLLMMoE"]
 
@@ -60,6 +63,8 @@ class TRTLLMMoE(Format):
     #: The group sizes TensorRT-LLM's fine-grained mixed GEMM kernels are built for.
     SUPPORTED_GROUP_SIZES: ClassVar[tuple[int, ...]] = (64, 128)
     bits: ClassVar[int] = 8
+    shard_dims: ClassVar[tuple[str, ...]] = ("K", "N", "E")
+    shard_by_index: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.group_size not in self.SUPPORTED_GROUP_SIZES:
@@ -80,6 +85,13 @@ class TRTLLMMoE(Format):
 
     def num_groups(self, k: int) -> int:
         return -(-k // self.group_size)
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        from .shard import shard_trtllm_moe
+
+        return shard_trtllm_moe(self, tensors, dim=dim, rank=rank, world=world, index=extra.get("index"))
 
     # --- validation ---------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -60,6 +60,9 @@ from ...errors import TensorFormatError
 from ...tensors import check_stored, describe, ieee_div, require_tensor, require_tensors
 from ..base import Format
 from .indices import pack_indices, unpack_indices
+
+if TYPE_CHECKING:
+    from ..sharding import Shard
 
 __all__ = ["PASS_TENSORS", "RESIDUAL_PREFIX", "TurboQuant", "pack_indices", "unpack_indices"]
 
@@ -87,6 +90,7 @@ class TurboQuant(Format):
     norm_dtype: torch.dtype = torch.float16
 
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4)
+    shard_dims: ClassVar[tuple[str, ...]] = ("K", "N")
 
     def __post_init__(self) -> None:
         if self.bits not in self.SUPPORTED_BITS:
@@ -132,6 +136,13 @@ class TurboQuant(Format):
 
     def num_rotations(self, in_features: int) -> int:
         return in_features // self.group_size if self.rotation_per_group else 1
+
+    def shard_tensors(
+        self, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int, **extra: Any
+    ) -> Shard:
+        from .shard import shard_turboquant
+
+        return shard_turboquant(self, tensors, dim=dim, rank=rank, world=world)
 
     # --- validation ---------------------------------------------------------------------
 

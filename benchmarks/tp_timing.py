@@ -1,0 +1,196 @@
+"""Timing inside a tensor-parallel group: every rank runs the same calls in lockstep.
+:func:`bench_rank` is the rank entry the ``tp_linear`` suite launches
+(:func:`quantcore.checkpoint.launch.launch`).
+
+A collective makes ranks wait for each other, so they must issue the same calls in the
+same order; :func:`~quantcore.benchmarks.timing.time_interleaved` calibrates each
+process on its own and would not. Here rank 0 calibrates, the group agrees on the call
+count (an all-reduce of it), and every round starts at a barrier; a round's time is the
+slowest rank's (what the block costs the group), the result the median of the rounds.
+
+Variants (a ``solo`` one runs on rank 0 alone while the others wait, with all the
+group's CPU threads): ``tpW_mlp`` the block with its all-reduce; ``tpW_local`` the same
+without it (this rank's compute); ``all_reduce`` the collective alone on the block's
+``[M, hidden]`` output; ``unsharded_mlp`` the whole block unsharded on one rank (the same
+kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["ENTRY", "bench_rank"]
+
+ENTRY = "quantcore.benchmarks.tp_timing:bench_rank"
+
+#: Seconds one round of calls should last.
+ROUND_S = {"cpu": 0.05, "cuda": 0.02}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _control(device: torch.device, backend: str) -> torch.device:
+    """Where small control tensors live: NCCL needs them on the GPU, gloo takes the CPU."""
+    return device if backend == "nccl" else torch.device("cpu")
+
+
+def lockstep(fn: Callable[[int], object], device: torch.device, backend: str, rounds: int, *, solo: bool) -> tuple[float, float]:
+    """(median seconds per call, spread) of ``fn`` timed in lockstep over the group."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    runs = rank == 0 or not solo
+    ctl = _control(device, backend)
+    per_call = 0.0
+    if runs:
+        for i in range(3):
+            fn(i)
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(3):
+            fn(i)
+        _sync(device)
+        per_call = (time.perf_counter() - t0) / 3
+    calls = torch.tensor([max(1, int(ROUND_S.get(device.type, 0.05) / max(per_call, 1e-7))) if rank == 0 else 1], device=ctl)
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    n = int(calls.item())
+    samples = []
+    for r in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if runs:
+            for i in range(n):
+                fn(r * n + i)
+            _sync(device)
+        took = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64, device=ctl)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        samples.append(float(took.item()))
+    med = statistics.median(samples)
+    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
+def _stored_bytes(module: torch.nn.Module) -> int:
+    shards = [m.shard for m in (module.gate, module.up, module.down) if m is not None]  # type: ignore[attr-defined]
+    return sum(t.numel() * t.element_size() for s in shards for t in s.tensors.values())
+
+
+def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    w = [(torch.randn(inter, hidden, generator=gen) * 0.02).to(device, torch.bfloat16) for _ in range(2)]
+    wd = (torch.randn(hidden, inter, generator=gen) * 0.02).to(device, torch.bfloat16)
+    f = torch.nn.functional
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        h = f.silu(f.linear(x, w[0])) * f.linear(x, w[1]) if gated else f.silu(f.linear(x, w[1]))
+        return f.linear(h, wd)
+
+    return block
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tp_linear rank")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prefix", default="mlp")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--ms", default="1,16", help="activation rows, comma-separated")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"))
+    p.add_argument("--stage-host", action="store_true",
+                   default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
+                   help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
+    return p.parse_args(argv)
+
+
+def bench_rank(ctx: Any, argv: list[str]) -> int:
+    """Build this rank's block (every refusal before the rendezvous), join, time; rank 0
+    writes ``bench.json``."""
+    import torch.distributed as dist
+
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.dtypes import parse_dtype
+
+    args = _args(argv)
+    args.backend = ctx.backend
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    mlp = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
+                                           dtype=parse_dtype(args.dtype), act_order=args.act_order)
+    ctx.join()
+    result = _bench(args, mlp, ctx.device, ctx.threads)
+    if ctx.rank == 0:
+        (ctx.out / "bench.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    return 0
+
+
+def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str, Any]:
+    """Time the block and its peers for every M of ``args.ms``; rank 0's return value is
+    what the suite reads."""
+    import torch.distributed as dist
+
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.dtypes import parse_dtype
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = parse_dtype(args.dtype)
+    hidden, inter = mlp.down.local.out_features, mlp.up.shard.total
+    gated = mlp.gate is not None
+    whole = dense = None
+    if rank == 0:  # the one-rank peers, built before any timing so that no rank waits on a build
+        whole = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, TPGroup(0, 1),
+                                                 device=device, dtype=dtype, act_order=args.act_order)
+        dense = _dense_block(hidden, inter, device, gated)
+    ctl = _control(device, args.backend)
+    total = torch.tensor([_stored_bytes(mlp)], dtype=torch.float64, device=ctl)
+    dist.all_reduce(total)
+    quant_bytes = int(total.item())
+    kernels = {n: m.local.kernel.name for n, m in (("gate", mlp.gate), ("up", mlp.up), ("down", mlp.down)) if m is not None}
+    cases = []
+    for m in (int(v) for v in args.ms.split(",")):
+        gen = torch.Generator().manual_seed(1 + m)
+        xs = [torch.randn(m, hidden, generator=gen).to(device, dtype) for _ in range(4)]
+        bufs = [torch.randn(m, hidden, generator=gen).to(device, dtype) for _ in range(4)]
+        act = 2 * 2 * m * hidden  # x read, y written (bf16)
+        flops = 2 * m * hidden * inter * (3 if gated else 2)
+        dense_bytes = 2 * hidden * inter * (3 if gated else 2) + act
+        variants: list[tuple[str, str, Callable[[int], object], bool, int, int, str]] = [
+            (f"tp{world}_mlp", "kernel", lambda i, xs=xs: mlp(xs[i % 4]), False, quant_bytes + act, flops,
+             f"{world} ranks, {args.backend}; bytes and flops of all ranks"),
+            (f"tp{world}_local", "peer", lambda i, xs=xs: mlp.partial(xs[i % 4]), False, quant_bytes + act, flops,
+             "the same without the all-reduce"),
+            ("all_reduce", "peer", lambda i, bufs=bufs: mlp.tp.all_reduce(bufs[i % 4]), False, 2 * m * hidden * dtype.itemsize, 0,
+             f"{args.backend} all-reduce of the [M, hidden] output"),
+        ]
+        if rank == 0:
+            variants += [
+                ("unsharded_mlp", "peer", lambda i, xs=xs: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
+                ("dense_bf16_mlp", "peer", lambda i, xs=xs: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
+            ]
+        else:
+            noop: Callable[[int], object] = lambda i: None  # noqa: E731
+            variants += [("unsharded_mlp", "peer", noop, True, 0, 0, ""), ("dense_bf16_mlp", "peer", noop, True, 0, 0, "")]
+        rows = []
+        with torch.no_grad():
+            for name, role, fn, solo, nbytes, nflops, note in variants:
+                if solo and rank == 0:
+                    torch.set_num_threads(threads * world)
+                t, spread = lockstep(fn, device, args.backend, args.rounds, solo=solo)
+                torch.set_num_threads(threads)
+                rows.append({"name": name, "role": role, "time_s": t, "spread": spread, "bytes": nbytes,
+                             "flops": nflops, "note": note})
+        cases.append({"M": m, "variants": rows})
+    return {"world": world, "backend": args.backend, "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "threads_per_rank": threads, "kernels": kernels, "hidden": hidden, "inter": inter, "cases": cases}

@@ -1,0 +1,243 @@
+"""The tensor-parallel MLP block across real processes: one checkpoint, W ranks meeting
+through torch.distributed (:mod:`quantcore.checkpoint.launch`), each building its column-
+and row-parallel shards and running the block with the all-reduce between them.
+
+:func:`check_block` judges each layer as the matrix judges one op — the column-parallel
+outputs gathered, the row-parallel output (after the all-reduce) on the hidden activation
+the ranks really had — against the float64 golden and against the unsharded kernels in
+one process, within the conformance tolerance; every rank must hold the same sum.
+
+Rank entries (``function(ctx, argv)`` for the launcher): :func:`check_rank` runs the
+block on a saved input; :func:`mixed_rank` builds a row-parallel layer from a pre-sharded
+set whose shards come from two checkpoints, which must be refused on every rank.
+
+    python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+
+prints one JSON line and exits 0 when every comparison passes, 1 otherwise. The gloo
+test (``tests/tp/test_gloo.py``) and ``benchmarks/probes/tp_linear_gpu.sh`` run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantcore.checkpoint.launch import RankContext, launch
+from quantcore.formats.base import Format
+from quantcore.formats.gptq import GPTQ
+
+from ..tolerance import compare, tolerance_for
+
+__all__ = ["check_block", "check_rank", "golden_block", "golden_linear", "mixed_rank", "mlp_layers", "write_mlp"]
+
+CHECK = "quantcore.conformance.tp.processes:check_rank"
+MIXED = "quantcore.conformance.tp.processes:mixed_rank"
+
+
+def _rank_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tp rank")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--other", help="mixed_rank: the checkpoint the odd ranks' shards come from")
+    p.add_argument("--prefix", default="mlp")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--input", help="check_rank: a torch.save'd activation")
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"),
+                   help="how an act-order GPTQ down_proj is cut (see formats/gptq/shard.py)")
+    p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
+    return p.parse_args(argv)
+
+
+def check_rank(ctx: RankContext, argv: list[str]) -> int:
+    """Build this rank's block (every refusal here), join, run it on ``--input``, save
+    the column outputs, the hidden slice and the all-reduced output to ``rankR.pt``."""
+    import torch.distributed as dist
+
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+    from quantcore.dtypes import parse_dtype
+
+    args = _rank_args(argv)
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    block = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
+                                             dtype=parse_dtype(args.dtype), act_order=args.act_order)
+    x = torch.load(args.input).to(ctx.device)
+    ctx.join()
+    with torch.no_grad():
+        parts = {"up": block.up(x), "hidden": block.hidden(x), "y": block(x)}
+        if block.gate is not None:
+            parts["gate"] = block.gate(x)
+    if block.down.shard.index is not None:
+        parts["index"] = block.down.shard.index
+    torch.save({k: v.cpu() for k, v in parts.items()}, ctx.out / f"rank{ctx.rank}.pt")
+    kernels = {n: m.local.kernel.name for n, m in (("gate", block.gate), ("up", block.up), ("down", block.down))
+               if m is not None}
+    (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps({"kernels": kernels, "device": str(ctx.device)}))
+    dist.barrier()
+    return 0
+
+
+def mixed_rank(ctx: RankContext, argv: list[str]) -> int:
+    """A pre-sharded ``down_proj`` whose even ranks' shards come from ``--checkpoint`` and
+    odd ranks' from ``--other``: every rank reads the whole list and must refuse it."""
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import RowParallelQuantLinear, TPGroup
+
+    args = _rank_args(argv)
+    ckpts = [load_checkpoint(args.checkpoint), load_checkpoint(args.other)]
+    name = f"{args.prefix}.down_proj"
+    shards = [ckpts[r % 2].format.shard(ckpts[r % 2].linears[name], dim="K", rank=r, world=ctx.world)
+              for r in range(ctx.world)]
+    RowParallelQuantLinear.from_shards(shards, TPGroup(ctx.rank, ctx.world), device=ctx.device)
+    print("mixed shards were accepted", file=sys.stderr)
+    return 1
+
+
+def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+    """gate/up ``[inter, hidden]`` and down ``[hidden, inter]``, random, through the golden
+    quantizer; with ``bias`` up and down carry one (down's is added once, on rank 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = {}
+    for name, (n, k) in {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}.items():
+        tensors = dict(fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen))
+        if bias and name != "gate_proj":
+            tensors["bias"] = (torch.randn(n, generator=gen) * 0.1).to(torch.float16)
+        layers[f"mlp.{name}"] = tensors
+    return layers
+
+
+def write_mlp(folder: Path, fmt: Format, hidden: int, inter: int, seed: int = 0) -> Path:
+    from quantcore.checkpoint import save_checkpoint
+
+    return save_checkpoint(folder, fmt, mlp_layers(fmt, hidden, inter, seed))
+
+
+def golden_linear(fmt: Format, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``x Wᵀ + b`` in float64 from the golden dequantization."""
+    t = {k: w.cpu() for k, w in tensors.items()}
+    y = x.double().cpu() @ fmt.dequantize(t, dtype=torch.float64).T
+    return y + t["bias"].double() if "bias" in t else y
+
+
+def golden_block(fmt: Format, layers: dict[str, dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) · up(x))`` in float64, every intermediate rounded to x's dtype
+    where the kernels round it (each linear's output, the SiLU, the product)."""
+    r = x.dtype
+    gate = golden_linear(fmt, layers["mlp.gate_proj"], x).to(r)
+    up = golden_linear(fmt, layers["mlp.up_proj"], x).to(r)
+    h = (torch.nn.functional.silu(gate.float()).to(r) * up).to(r)
+    return golden_linear(fmt, layers["mlp.down_proj"], h)
+
+
+def check_block(
+    folder: Path,
+    *,
+    world: int,
+    backend: str = "gloo",
+    device: str = "cpu",
+    fmt: Format | None = None,
+    hidden: int = 256,
+    inter: int = 512,
+    m: int = 5,
+    threads: int = 1,
+    timeout_s: float = 180.0,
+    extra: list[str] | None = None,
+    act_order: str = "replicate",
+) -> dict[str, Any]:
+    """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
+    from quantcore.checkpoint import load_checkpoint
+    from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
+
+
+    fmt = fmt or GPTQ(bits=4, group_size=64, sym=False)
+    write_mlp(folder / "ckpt", fmt, hidden, inter)
+    x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    torch.save(x, folder / "x.pt")
+    (folder / "out").mkdir(exist_ok=True)
+    args = ["--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
+            "--out", str(folder / "out"), "--backend", backend, "--device", device,
+            "--threads", str(threads), "--timeout", "60", "--act-order", act_order, *(extra or [])]
+    ranks = launch(world, CHECK, args, timeout_s=timeout_s, workdir=folder / "run")
+    report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
+                              "stage_on_host": "--stage-host" in (extra or []), "act_order": act_order,
+                              "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
+                                         "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
+    if not all(r.ok for r in ranks):
+        report["ok"] = False
+        return report
+    parts = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(world)]
+    ckpt = load_checkpoint(folder / "ckpt")
+    local = "cpu" if device == "cpu" else "cuda:0"
+    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local, act_order=act_order)
+    tol = tolerance_for(torch.bfloat16)
+    # Under act_order="groups" rank r's columns are the inputs its down shard reads (its
+    # index), so the gathered columns are put back in the layer's order first.
+    order = torch.cat([p["index"] for p in parts]) if "index" in parts[0] else None
+
+    def gathered(name: str) -> torch.Tensor:
+        cat = torch.cat([p[name] for p in parts], dim=-1)
+        if order is None:
+            return cat
+        out = torch.empty_like(cat)
+        out[..., order] = cat
+        return out
+
+    y, h = parts[0]["y"], gathered("hidden")
+    # Each layer is one op, judged as the matrix judges it: the column-parallel outputs
+    # gathered, the row-parallel output given the hidden activation the ranks really
+    # had; against the float64 golden and against the unsharded kernels (one process).
+    layers = {"up": ("mlp.up_proj", x), "down": ("mlp.down_proj", h)}
+    if whole.gate is not None:
+        layers["gate"] = ("mlp.gate_proj", x)
+    judged: dict[str, Any] = {}
+    ok = all(torch.equal(p["y"], y) for p in parts)  # the all-reduce left every rank the same sum
+    with torch.no_grad():
+        for name, (leaf, inp) in layers.items():
+            got = y if name == "down" else gathered(name)
+            mine = getattr(whole, name)(inp.to(local)).cpu()
+            vs_g = compare(got, golden_linear(fmt, ckpt.linears[leaf], inp), tol)
+            vs_u = compare(got, mine.double(), tol)
+            judged[name] = {"rel_vs_golden": vs_g.rel_err, "max_vs_golden": vs_g.max_err,
+                            "rel_vs_unsharded": vs_u.rel_err, "max_vs_unsharded": vs_u.max_err,
+                            "problems": [c.problem for c in (vs_g, vs_u) if c.problem]}
+            ok = ok and vs_g.ok and vs_u.ok
+        block = compare(y, whole(x.to(local)).cpu().double(), tol)
+    report.update(
+        kernels=[json.loads((folder / "out" / f"rank{r}.json").read_text())["kernels"] for r in range(world)],
+        unsharded_kernels={n: getattr(whole, n).local.kernel.name for n in ("gate", "up", "down")},
+        layers=judged, tolerance={"rel": tol.rel, "max": tol.max},
+        # The block end to end composes two ops' roundings, beyond one op's tolerance: shown, not judged.
+        block_rel_vs_unsharded=block.rel_err,
+        block_rel_vs_golden=compare(y, golden_block(fmt, ckpt.linears, x), tol).rel_err,
+        shape=list(y.shape), dtype=str(y.dtype), ok=ok,
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="quantcore.conformance.tp.processes")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    p.add_argument("--device", default="cpu", help="cpu, cuda (every rank on GPU 0) or cuda:rank")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--inter", type=int, default=2816)
+    p.add_argument("--m", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
+        report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
+                             fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
+                             hidden=args.hidden, inter=args.inter, m=args.m, threads=0,
+                             extra=["--stage-host"] if args.stage_host else [])
+    print(json.dumps(report))
+    return 0 if report.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""A real multi-process run: two (or three) processes meet through torch.distributed's
+gloo backend on the CPU, each builds its column- and row-parallel shards of one MLP
+checkpoint, and the block's all-reduce runs between them.
+
+Quick and safe on a 2-core CI machine: ranks rendezvous through a file store (no port
+to collide on), every launch has a deadline after which the ranks' process groups are
+killed, and a refused build exits before the rendezvous, so a refusal returns in seconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from quantcore.checkpoint.launch import REFUSED, launch
+from quantcore.conformance.tp.processes import CHECK, MIXED, check_block, mlp_layers, write_mlp
+from quantcore.formats.gptq import GPTQ
+
+pytestmark = pytest.mark.xdist_group("tp-gloo")
+
+FMT = GPTQ(bits=4, group_size=64, sym=False)
+HIDDEN, INTER = 256, 512
+#: Generous for a loaded 2-core machine (each rank imports torch); a hang would be killed here.
+DEADLINE_S = 180.0
+
+
+def _run(tmp_path, world: int, entry: str, *extra: str) -> list:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    args = ["--checkpoint", str(tmp_path / "ckpt"), "--out", str(out), "--threads", "1", "--timeout", "60", *extra]
+    return launch(world, entry, args, timeout_s=DEADLINE_S, workdir=tmp_path / "run")
+
+
+def _describe(results) -> str:
+    return "\n".join(f"rank {r.rank}: rc={r.returncode} after {r.seconds:.1f}s\n{r.stderr[-2000:]}" for r in results)
+
+
+def test_two_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
+    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S)
+    assert report["ok"], report
+    assert report["shape"] == [5, HIDDEN] and report["dtype"] == "torch.bfloat16"
+    # Each rank ran its shards through the CPU's int4pack kernel, as the unsharded block does.
+    aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
+    assert report["kernels"] == [aten, aten] and report["unsharded_kernels"] == aten, report
+
+
+def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_kernel(tmp_path):
+    act = GPTQ(bits=4, group_size=64, sym=False, desc_act=True)
+    report = check_block(tmp_path, world=2, fmt=act, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S, act_order="groups")
+    assert report["ok"], report
+    aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
+    assert report["kernels"] == [aten, aten], report
+
+
+def _refused_everywhere(results, words: tuple[str, ...]) -> None:
+    for r in results:
+        assert r.returncode == REFUSED, _describe(results)  # exited on its own, refusing, not killed
+        assert "REFUSED ShardError" in r.stderr and all(w in r.stderr for w in words), r.stderr[-2000:]
+        assert r.seconds < DEADLINE_S / 2
+
+
+def test_a_cut_inside_a_group_is_refused_on_every_rank_before_the_rendezvous(tmp_path):
+    # down_proj's K = 192 over 2 ranks is 96 inputs each: not whole groups of 64.
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, 192)
+    results = _run(tmp_path, 2, CHECK, "--input", "unused")
+    _refused_everywhere(results, ("K = 192 over world=2", "whole groups of 64", "world ∈ {1, 3}"))
+
+
+def test_a_world_that_does_not_divide_is_refused_on_every_rank(tmp_path):
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
+    results = _run(tmp_path, 3, CHECK, "--input", "unused")
+    _refused_everywhere(results, ("over world=3", "3 does not divide"))
+
+
+def test_shards_of_mixed_group_sizes_on_one_layer_are_refused_on_every_rank(tmp_path):
+    write_mlp(tmp_path / "ckpt", FMT, HIDDEN, INTER)
+    write_mlp(tmp_path / "other", GPTQ(bits=4, group_size=128, sym=False), HIDDEN, INTER)
+    results = _run(tmp_path, 2, MIXED, "--other", str(tmp_path / "other"))
+    _refused_everywhere(results, ("group_size 128 vs 64",))
+
+
+def test_mlp_layers_chain():
+    layers = mlp_layers(FMT, 64, 128)
+    dims = {name.rsplit(".", 1)[1]: FMT.validate(t) for name, t in layers.items()}
+    assert dims == {"gate_proj": {"K": 64, "N": 128}, "up_proj": {"K": 64, "N": 128}, "down_proj": {"K": 128, "N": 64}}

@@ -1,0 +1,64 @@
+"""The tensor-parallel matrix and the suite's plumbing catch what they must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quantcore.conformance.tp.runner as tp_runner
+from quantcore.benchmarks.ceilings import Ceilings
+from quantcore.benchmarks.runner import run_cases
+from quantcore.benchmarks.spec import BenchCase, Variant
+from quantcore.benchmarks.timing import Timing
+from quantcore.conformance.runner import FAIL, PASS, SKIP
+from quantcore.conformance.tp import collect_tp_cells, run_tp_cell
+
+
+def _cell(fmt_slug: str, kernel: str, dim: str, world: int):
+    cells = collect_tp_cells(formats=[fmt_slug], kernels=[kernel])
+    return next(c for c in cells if c.dim == dim and c.world == world and c.case.act_dtype == torch.bfloat16)
+
+
+def test_every_format_family_and_dim_is_in_the_matrix():
+    cells = collect_tp_cells()
+    seen = {(c.case.format.name, c.dim, c.world) for c in cells}
+    for name, dims in {"gptq": "KN", "awq": "KN", "turboquant": "KN", "trtllm_moe": "KNE", "svdquant": "N"}.items():
+        assert {(name, d, w) for d in dims for w in (2, 4)} <= seen, name
+
+
+def test_a_passing_cell_and_a_wrong_combination_that_fails(monkeypatch):
+    cell = _cell("gptq4-g128-sym", "torch_fallback", "N", 2)
+    assert run_tp_cell(cell).status == PASS
+    real = tp_runner.combine
+    monkeypatch.setattr(tp_runner, "combine", lambda op, dim, outs, calls: real(op, dim, list(reversed(outs)), calls))
+    result = run_tp_cell(cell)
+    assert result.status == FAIL and "rel" in result.reason
+
+
+def test_a_shard_that_drops_the_bias_fails(monkeypatch):
+    cell = _cell("gptq4-g128-sym", "torch_fallback", "K", 2)
+    real = tp_runner.Shard
+    fmt_cls = type(cell.case.format)
+    original = fmt_cls.shard_tensors
+
+    def no_bias(self, tensors, **kw):
+        s = original(self, tensors, **kw)
+        return real(**{**s.__dict__, "tensors": {k: v for k, v in s.tensors.items() if k != "bias"}})
+
+    monkeypatch.setattr(fmt_cls, "shard_tensors", no_bias)
+    assert run_tp_cell(cell).status == FAIL
+
+
+def test_a_kernel_that_refuses_act_order_row_shards_is_a_skip_with_the_reason():
+    result = run_tp_cell(_cell("gptq4-g128-asym-act", "aten_cpu", "K", 2))
+    assert result.status == SKIP and "prepare refused a shard" in result.reason
+
+
+def test_the_runner_reports_variants_measured_by_the_ranks():
+    case = BenchCase("tp_linear", "M1", {"M": 1})
+    never = lambda i: pytest.fail("a measured variant is not called")  # noqa: E731
+    case.variants.append(Variant("tp2_mlp", "kernel", never, 1000, 10, measured=Timing(2e-3, 0.1, 7, "lockstep")))
+    case.variants.append(Variant("unsharded_mlp", "peer", never, 1000, 10, measured=Timing(3e-3, 0.1, 7, "lockstep")))
+    rows = run_cases([case], "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
+    tp = next(r for r in rows if r["variant"] == "tp2_mlp")
+    assert tp["time_s"] == 2e-3 and tp["speedup_vs"]["unsharded_mlp"] == pytest.approx(1.5)
