@@ -15,7 +15,6 @@ one after the other.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -51,25 +50,6 @@ def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    _keep_freed_memory()
-
-
-def _keep_freed_memory() -> None:
-    """glibc serves every large tensor with a fresh mmap and returns it with munmap, so
-    each golden float64 weight is page-faulted in, zeroed by the kernel, anew: that was
-    most of the matrix's system time (sys 10.5 s of 24 s CPU on a gptq + moe subset, 1.6 s
-    with this). A worker instead allocates from its heap and keeps what it frees (up to
-    1 GiB) for the next cell. Worker processes only: the caller's own process keeps its
-    allocator as it was."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return
-    libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
 def _run_group(indices: list[int]) -> list[tuple[int, CellResult]]:
