@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .runner import Cell, CellResult, run_cell
@@ -80,13 +83,26 @@ def run_cells(
     global _CELLS, _DEVICE
     _CELLS, _DEVICE = cells, device
     threads = max(1, default_jobs() // jobs)
+
+    def finish(i: int, result: CellResult) -> None:
+        results[i] = result
+        if done is not None:
+            done(cells[i], result)
+
     try:
-        with multiprocessing.get_context("fork").Pool(jobs, _init_worker, (threads,)) as pool:
-            for finished in pool.imap_unordered(_run_group, ordered, chunksize=1):
-                for i, result in finished:
-                    results[i] = result
-                    if done is not None:
-                        done(cells[i], result)
+        with ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), _init_worker, (threads,)) as pool:
+            futures = [pool.submit(_run_group, group) for group in ordered]
+            for future in as_completed(futures):
+                for i, result in future.result():
+                    finish(i, result)
+    except BrokenProcessPool:
+        # A worker died (the kernel's OOM killer, a crash in native code): say so, and run
+        # what is left here, one cell at a time, rather than wait forever or drop cells.
+        left = [i for i in range(len(cells)) if results[i] is None]
+        print(f"quantcore conformance: a worker process died; running the {len(left)} cells left in this process",
+              file=sys.stderr)
+        for i in left:
+            finish(i, run_cell(cells[i], device))
     finally:
         _CELLS = ()
     return results  # type: ignore[return-value]

@@ -4,6 +4,8 @@ tolerance catches the errors it is there to catch."""
 from __future__ import annotations
 
 import json
+import os
+from typing import Any
 
 import pytest
 import torch
@@ -140,3 +142,22 @@ def test_worker_processes_give_the_results_of_one_process(registry: Registry) ->
     assert [r.cell_id for r in parallel] == [c.id for c in cells] and sorted(seen) == sorted(c.id for c in cells)
     assert [(r.status, r.rel_err, r.reason) for r in parallel] == [(r.status, r.rel_err, r.reason) for r in serial]
     assert {r.status for r in parallel} >= {"PASS", "SKIP"}
+
+
+def _dies_on_its_first_group(indices: list[int]) -> Any:
+    from quantcore.conformance import parallel
+
+    if 0 in indices:
+        os._exit(1)  # a worker killed mid-group (the OOM killer, a native crash)
+    return parallel._run_one_group(indices)
+
+
+def test_a_dead_worker_loses_no_cell(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.conformance import parallel
+
+    cells = [c for c in collect_cells(formats=[SMALL], registry=registry) if "K128" in c.id][:12]
+    monkeypatch.setattr(parallel, "_run_one_group", parallel._run_group, raising=False)
+    monkeypatch.setattr(parallel, "_run_group", _dies_on_its_first_group)
+    results = parallel.run_cells(cells, jobs=2)
+    assert [r.cell_id for r in results] == [c.id for c in cells]
+    assert [r.status for r in results] == [run_cell(c).status for c in cells]
