@@ -34,7 +34,16 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout)
-    assert {r["kernel"] for r in rows} == {"gemv", "gemm"}
+    assert {r["kernel"] for r in rows} == {"gemv", "mma", "dequant"}
     for r in rows:
         assert r["spill_stack"] == 0, r
         assert r["shared"] <= 227 * 1024, r  # an H100 block's shared-memory limit
+    for r in rows:
+        if r["kernel"] == "gemv":
+            # The decode loop's budget (notes in backends/turboquant_triton/README.md): one
+            # shared-memory lookup and about 3.5 more instructions per weight. The lookup
+            # through L1 with 64-bit addresses it replaced cost 6.6 in all.
+            assert r["loop_lds_per_weight"] <= 1.05, r
+            assert r["loop_instructions_per_weight"] <= 4.8, r
+        if r["kernel"] == "mma":
+            assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
