@@ -39,8 +39,8 @@ G = configs.GemvConfig
 Mm = configs.MmaConfig
 #: Decode-kernel configurations tried at M = 1: (groups a program, programs, rows a step, warps).
 GEMV_VARIANTS = [G(8, 264, 16, 8), G(8, 132, 16, 8), G(8, 528, 16, 8), G(8, 264, 32, 8),
-                 G(8, 264, 16, 4), G(16, 264, 16, 8), G(4, 264, 16, 8), G(8, 396, 16, 8)]
-GEMV_VARIANTS_RES = [G(8, 264, 16, 8), G(8, 132, 16, 8), G(8, 132, 8, 8), G(4, 264, 16, 8), G(8, 264, 8, 4)]
+                 G(8, 264, 16, 4), G(16, 264, 16, 8), G(4, 264, 16, 8)]
+GEMV_VARIANTS_RES = [G(8, 264, 16, 8), G(8, 132, 16, 8), G(8, 132, 8, 8), G(4, 264, 16, 8)]
 MMA_VARIANTS = {
     16: [Mm(128, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 264), Mm(128, 16, 8, 4, 3, 528), Mm(128, 16, 2, 4, 3, 264),
          Mm(64, 16, 4, 4, 4, 528), Mm(128, 16, 4, 4, 2, 132)],
@@ -128,6 +128,8 @@ def probe(k: int, n: int, m: int, residual: bool, rounds: int, device: str = "cu
     bf16 = timings[names.index("cuBLAS bf16")].median_s
     for name, t in zip(names, timings, strict=True):
         fn, nsets, b, path, cfg, err = keep[name]
+        if path != "peer":  # after hundreds of replays (split-K tickets reset each launch)
+            err = max(err, _rel_error(fn(0), ref))
         rows.append({"K": k, "N": n, "M": m, "passes": 1 + residual, "variant": name, "path": path,
                      "config": dataclasses.asdict(cfg) if cfg is not None else None,
                      "us": t.median_s * 1e6, "spread": t.spread, "method": t.method,
