@@ -11,22 +11,23 @@ part=${1:-a}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-case $part in
-a)
-  timeout 130 python3 -m quantcore.benchmarks.turboquant_paths --part decode --json "$OUT/paths-decode.json" > "$OUT/paths-decode.log" 2>&1
-  grep -v "^  done" "$OUT/paths-decode.log" | tail -48
+probe() {  # probe PART SECONDS
+  timeout "$2" python3 -m quantcore.benchmarks.turboquant_paths --part "$1" --json "$OUT/paths-$1.json" > "$OUT/paths-$1.log" 2>&1
+  grep -v "^  done" "$OUT/paths-$1.log" | tail -"${3:-40}"
+}
+ncu_gemv() {
   timeout 45 ncu --clock-control none --set full -k regex:gemv_kernel -s 3 -c 1 \
     python3 -m quantcore.benchmarks.turboquant_ncu_target --path gemv > "$OUT/ncu-gemv.txt" 2>&1
-  grep -E "^\s+(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|No Eligible|Warp Cycles Per Issued)" "$OUT/ncu-gemv.txt" | head -14
-  timeout 95 python3 -m quantcore.benchmarks.turboquant_paths --part mid --json "$OUT/paths-mid.json" > "$OUT/paths-mid.log" 2>&1
-  grep -v "^  done" "$OUT/paths-mid.log" | tail -45
+  grep -E "^\s+(Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Executed Instructions  )" "$OUT/ncu-gemv.txt" | head -10
+}
+case $part in
+a)  # decode and M = 16
+  probe decode 110 45; ncu_gemv; probe mid16 110 40
   ;;
-b)
+b)  # M = 128 and 2048, offload, CUDA-only tests
+  probe mid128 80 25; probe prefill 90 25
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -3
-  timeout 120 python3 -m quantcore.benchmarks.turboquant_paths --part prefill --json "$OUT/paths-prefill.json" > "$OUT/paths-prefill.log" 2>&1
-  grep -v "^  done" "$OUT/paths-prefill.log" | tail -25
-  timeout 60 python3 -m quantcore.benchmarks.turboquant_offload_host > "$OUT/offload-host.txt" 2>&1; cat "$OUT/offload-host.txt"
-  timeout 60 python3 -m quantcore bench turboquant_offload --device cuda --out "$OUT" --rounds 3 2>&1 | tail -12
+  timeout 50 python3 -m quantcore.benchmarks.turboquant_offload_host > "$OUT/offload-host.txt" 2>&1; cat "$OUT/offload-host.txt"
   ;;
 c)
   timeout 200 python3 -m quantcore conformance --device cuda --profile full --group family --format turboquant \

@@ -38,12 +38,12 @@ SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 G = configs.GemvConfig
 Mm = configs.MmaConfig
 #: Decode-kernel configurations tried at M = 1: (groups a program, programs, rows a step, warps).
-GEMV_VARIANTS = [G(8, 264, 16, 8), G(8, 132, 16, 8), G(8, 528, 16, 8), G(8, 264, 32, 8),
-                 G(8, 264, 16, 4), G(16, 264, 16, 8), G(4, 264, 16, 8)]
-GEMV_VARIANTS_RES = [G(8, 264, 16, 8), G(8, 132, 16, 8), G(8, 132, 8, 8), G(4, 264, 16, 8)]
+GEMV_VARIANTS = [G(8, 396, 8, 8, 3), G(8, 264, 8, 8, 3), G(8, 528, 8, 8, 3), G(16, 396, 8, 8, 3),
+                 G(4, 396, 8, 8, 3), G(8, 396, 4, 4, 3), G(8, 264, 8, 8, 1)]
+GEMV_VARIANTS_RES = [G(8, 264, 8, 8, 1), G(8, 132, 8, 8, 1), G(16, 264, 8, 8, 1), G(8, 264, 8, 8, 2)]
 MMA_VARIANTS = {
-    16: [Mm(128, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 264), Mm(128, 16, 8, 4, 3, 528), Mm(128, 16, 2, 4, 3, 264),
-         Mm(64, 16, 4, 4, 4, 528), Mm(128, 16, 4, 4, 2, 132)],
+    16: [Mm(128, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 264), Mm(128, 16, 4, 4, 3, 528), Mm(64, 16, 4, 4, 4, 528),
+         Mm(128, 16, 8, 4, 3, 132)],
     128: [Mm(128, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264), Mm(64, 64, 4, 4, 3, 264), Mm(128, 128, 4, 8, 3, 264)],
     2048: [Mm(128, 64, 4, 8, 3, 132), Mm(128, 128, 4, 8, 3, 132)],
 }
@@ -139,7 +139,8 @@ def probe(k: int, n: int, m: int, residual: bool, rounds: int, device: str = "cu
 
 PARTS = {
     "decode": [(k, n, 1, res) for res in (False, True) for k, n in SHAPES],
-    "mid": [(k, n, m, res) for m in (16, 128) for k, n in SHAPES for res in (False,)] + [(4096, 14336, 16, True)],
+    "mid16": [(k, n, 16, False) for k, n in SHAPES] + [(4096, 14336, 16, True)],
+    "mid128": [(k, n, 128, False) for k, n in SHAPES],
     "prefill": [(k, n, 2048, False) for k, n in SHAPES] + [(4096, 14336, 2048, True)],
 }
 

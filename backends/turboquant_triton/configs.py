@@ -16,12 +16,14 @@ __all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "mma_config",
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Decode kernel: ``gpc`` groups per program, about ``ctas`` programs, ``br`` rows a step."""
+    """Decode kernel: ``gpc`` groups per program, about ``ctas`` programs, ``br`` rows a
+    step, the row loop unrolled ``unroll`` times (3 = the prefetch depth: no moves)."""
 
     gpc: int = 8
-    ctas: int = 264
-    br: int = 16
+    ctas: int = 396
+    br: int = 8  # rows × 128 words = 4 words (one 16-byte vector) per thread at 8 warps
     warps: int = 8
+    unroll: int = 3
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ def gemv_config(device: str, k: int, n: int, d: int, passes: int, dtype: object)
     groups = k // d
     # 128 index words (512 bytes) of a row per program and pass: 32 lanes × one 16-byte vector.
     gpc = max(1, min(16, 1024 // d, 1 << (groups.bit_length() - 1)))
+    if passes == 2:  # twice the registers: 2 programs an SM, no unrolling
+        return GemvConfig(gpc=gpc, ctas=264, unroll=1)
     return GemvConfig(gpc=gpc)
 
 

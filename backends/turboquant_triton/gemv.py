@@ -78,8 +78,12 @@ def _load_words(idx_ptr, rows, rmask, cols, stride_idx, g0, WPG: tl.constexpr,
 
 @triton.jit
 def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr,
-              BR: tl.constexpr, GPC: tl.constexpr, WPG: tl.constexpr, INTERPRET: tl.constexpr):
-    """Σ_groups scale · Σ_coords c[idx]·x_rot for the BR rows of a word tile: [BR]."""
+              BR: tl.constexpr, CW: tl.constexpr, INTERPRET: tl.constexpr):
+    """Σ_groups scale · Σ_coords c[idx]·x_rot for the BR rows of a word tile: [BR].
+
+    The word tile is laid out 4 words (one 16-byte vector) per thread, 32 threads along
+    a row; the 4 words of a thread lie in one group, so the thread's partial takes its
+    group's scale before the sum across the row's threads (``s`` is [BR, CW/4])."""
     v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
     acc = v0 * x0[None, :]
     acc += v1 * x1[None, :]
@@ -89,15 +93,40 @@ def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr,
     acc += v5 * x5[None, :]
     acc += v6 * x6[None, :]
     acc += v7 * x7[None, :]
-    per_group = tl.sum(tl.reshape(acc, [BR, GPC, WPG]), axis=2)
-    return tl.sum(per_group * s, axis=1)
+    per_vector = tl.sum(tl.reshape(acc, [BR, CW // 4, 4]), axis=2)
+    return tl.sum(per_vector * s, axis=1)
 
 
 @triton.jit
-def _load_scales(scale_ptr, rows, rmask, g0, N_GROUPS: tl.constexpr, GPC: tl.constexpr):
-    gcol = tl.arange(0, GPC)
-    mask = rmask[:, None] & ((g0 + gcol) < N_GROUPS)[None, :]
-    return tl.load(scale_ptr + rows[:, None].to(tl.int64) * N_GROUPS + g0 + gcol[None, :], mask=mask, other=0.0)
+def _load_scales(scale_ptr, rows, N, g0, N_GROUPS: tl.constexpr, CW: tl.constexpr, WPG: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """The scale of each 4-word vector's group: [BR, CW/4]. On the GPU a plain load
+    would get a layout of its own (its addresses repeat along the row) and cost a
+    shared-memory layout conversion per step; the PTX load takes the layout of its use.
+    Addresses are clamped into the tensor instead of masked: rows past N are never
+    stored, and groups past K multiply activations that are zero."""
+    vg = g0 + tl.arange(0, CW // 4) // (WPG // 4)
+    if INTERPRET:
+        mask = (rows < N)[:, None] & (vg < N_GROUPS)[None, :]
+        return tl.load(scale_ptr + rows[:, None].to(tl.int64) * N_GROUPS + vg[None, :], mask=mask, other=0.0)
+    safe_rows = tl.minimum(rows, N - 1).to(tl.int64)
+    safe_vg = tl.minimum(vg, N_GROUPS - 1)
+    return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l",
+                                     [scale_ptr + safe_rows[:, None] * N_GROUPS + safe_vg[None, :]],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _store_partial(ptrs, values, mask, INTERPRET: tl.constexpr):
+    """Store the step's row partials from the layout they were reduced in (every replica
+    of a row stores the same value to the same address: one coalesced write)."""
+    if INTERPRET:
+        tl.store(ptrs, values, mask=mask)
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $3, 0; @p st.global.f32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptrs.to(tl.int64), values.to(tl.int32, bitcast=True), mask.to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -113,8 +142,8 @@ def gemv_kernel(
     x_ptr, x2_ptr, idx_ptr, scale_ptr, rot_ptr, idx2_ptr, scale2_ptr, rot2_ptr,
     cb_ptr, out_ptr, partial_ptr, bias_ptr, ws_ptr, ticket_ptr,
     N, stride_idx, stride_idx2,
-    N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
-    ROWS_CTA: tl.constexpr, BR: tl.constexpr, TWO_PASSES: tl.constexpr,
+    N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+    ROWS_CTA: tl.constexpr, BR: tl.constexpr, TAIL: tl.constexpr, UNROLL: tl.constexpr, TWO_PASSES: tl.constexpr,
     X_ROTATED: tl.constexpr, HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -129,33 +158,38 @@ def gemv_kernel(
     cols = tl.arange(0, CW)
     br = tl.arange(0, BR)
 
-    # First index tiles in flight before the rotation's latency.
+    # Three steps of index words in flight before the rotation's latency; the loop keeps
+    # three ahead of the one it computes (one 16-byte vector per thread and step).
     rows = row0 + br
-    rmask = rows < N
-    w = _load_words(idx_ptr, rows, rmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
-    s = _load_scales(scale_ptr, rows, rmask, g0, N_GROUPS, GPC)
+    w = _load_words(idx_ptr, rows, rows < N, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
+    w1 = _load_words(idx_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx, g0, WPG, N_GROUPS, GPC)
+    w2 = _load_words(idx_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx, g0, WPG,
+                     N_GROUPS, GPC)
     if TWO_PASSES:
-        w2 = _load_words(idx2_ptr, rows, rmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
-        s2 = _load_scales(scale2_ptr, rows, rmask, g0, N_GROUPS, GPC)
+        v = _load_words(idx2_ptr, rows, rows < N, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
+        v1 = _load_words(idx2_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx2, g0, WPG,
+                         N_GROUPS, GPC)
+        v2 = _load_words(idx2_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx2, g0, WPG,
+                         N_GROUPS, GPC)
     codebook_table(cb_ptr, INTERPRET)
     a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
     if TWO_PASSES:
         b0, b1, b2, b3, b4, b5, b6, b7 = _planes(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
     tl.debug_barrier()  # the codebook table is filled
 
-    for step in range(0, STEPS):
-        nxt = row0 + (step + 1) * BR + br
-        nmask = (nxt < N) & (step + 1 < STEPS)
-        w_next = _load_words(idx_ptr, nxt, nmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
-        s_next = _load_scales(scale_ptr, nxt, nmask, g0, N_GROUPS, GPC)
-        res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, BR, GPC, WPG, INTERPRET)
-        if TWO_PASSES:
-            w2_next = _load_words(idx2_ptr, nxt, nmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
-            s2_next = _load_scales(scale2_ptr, nxt, nmask, g0, N_GROUPS, GPC)
-            res += _row_sums(w2, b0, b1, b2, b3, b4, b5, b6, b7, s2, cb_ptr, BR, GPC, WPG, INTERPRET)
-            w2 = w2_next
-            s2 = s2_next
+    # Unrolled by the prefetch depth, so the three tiles in flight rotate by renaming, not moves.
+    for step in tl.range(0, STEPS, loop_unroll_factor=UNROLL):
         rows = row0 + step * BR + br
+        nxt = rows + 3 * BR
+        nmask = (nxt < N) & (step + 3 < STEPS)
+        w3 = _load_words(idx_ptr, nxt, nmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
+        s = _load_scales(scale_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, BR, CW, INTERPRET)
+        if TWO_PASSES:
+            v3 = _load_words(idx2_ptr, nxt, nmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
+            s2 = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+            res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, s2, cb_ptr, BR, CW, INTERPRET)
+            v, v1, v2 = v1, v2, v3
         rmask = rows < N
         if SPLIT == 1:
             if HAS_PARTIAL:
@@ -164,24 +198,26 @@ def gemv_kernel(
                 res += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
             tl.store(out_ptr + rows, to_output(res, out_ptr), mask=rmask)
         else:
-            tl.store(ws_ptr + split * N + rows, res, mask=rmask)
-        w = w_next
-        s = s_next
+            _store_partial(ws_ptr + split * N + rows, res, rmask, INTERPRET)
+        w, w1, w2 = w1, w2, w3
 
     if SPLIT > 1:
         _release(INTERPRET)
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr + chunk, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:  # every split of this chunk has stored its partials
-            for step in range(0, STEPS):
-                rows = row0 + step * BR + br
-                rmask = rows < N
-                acc = tl.zeros([BR], dtype=tl.float32)
-                for sp in range(0, SPLIT):
-                    acc += tl.load(ws_ptr + sp * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            # All SPLIT partials of TAIL rows at once (one latency, not SPLIT), in split order.
+            sp = tl.arange(0, SPLIT_P2)
+            tr = tl.arange(0, TAIL)
+            for t in range(0, (ROWS_CTA + TAIL - 1) // TAIL):
+                trows = row0 + t * TAIL + tr
+                tmask = (trows < N) & (t * TAIL + tr < ROWS_CTA)
+                parts = tl.load(ws_ptr + sp[:, None] * N + trows[None, :],
+                                mask=(sp < SPLIT)[:, None] & tmask[None, :], other=0.0, cache_modifier=".cg")
+                acc = tl.sum(parts, axis=0)
                 if HAS_PARTIAL:
-                    acc += tl.load(partial_ptr + rows, mask=rmask, other=0.0)
+                    acc += tl.load(partial_ptr + trows, mask=tmask, other=0.0)
                 if HAS_BIAS:
-                    acc += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
-                tl.store(out_ptr + rows, to_output(acc, out_ptr), mask=rmask)
+                    acc += tl.load(bias_ptr + trows, mask=tmask, other=0.0)
+                tl.store(out_ptr + trows, to_output(acc, out_ptr), mask=tmask)
             tl.atomic_xchg(ticket_ptr + chunk, 0)

@@ -10,7 +10,11 @@ coordinate order (``split_halves=False``).
 Codebook lookup on the GPU. The 16 centroids live in a 64-byte table in shared memory
 that inline PTX declares and fills (``codebook_table``); a lookup is one ``LDS`` at
 ``table + 4·index`` — 16 words in 16 banks, so a warp's 32 random lookups are
-conflict-free. The byte offsets ``4·index`` of all eight nibbles of a word come from two
+conflict-free. The table is declared 1 KB long and 1 KB aligned although it uses 64
+bytes: static shared memory comes first in the block's window, and Triton's dynamic
+buffers after it must stay 1024-byte aligned, since wgmma's swizzled operand layouts
+are read by address bits (a 64-byte table shifted them and the tensor-core kernel
+returned garbage on the H100). The byte offsets ``4·index`` of all eight nibbles of a word come from two
 masks and one byte permute each::
 
     t = (w << 2) & 0x3C3C3C3C     byte j of t = 4 × low nibble of byte j  (k = 2j)
@@ -41,7 +45,7 @@ def codebook_table(cb_ptr, INTERPRET: tl.constexpr):
     the caller places a barrier before the first lookup. A no-op under the interpreter."""
     if not INTERPRET:
         tl.inline_asm_elementwise(
-            """.shared .align 16 .b32 qc_codebook[16];
+            """.shared .align 1024 .b8 qc_codebook[1024];
             { .reg .pred p; .reg .u32 t, s; .reg .u64 a; .reg .b32 v;
               mov.u32 t, %tid.x; setp.lt.u32 p, t, 16;
               mad.wide.u32 a, t, 4, $1;

@@ -100,21 +100,26 @@ def compile_report(*, everything: bool = False, sass_dir: str | None = None) -> 
     from . import configs, dequant, gemv, mma
 
     rows = []
-    gemv_cfgs = {configs.GemvConfig()} | {c for c in configs.SHIPPED.values() if isinstance(c, configs.GemvConfig)}
+    gemv_cfgs = {configs.GemvConfig(), configs.gemv_config("", 4096, 14336, 128, 2, "bfloat16")}
+    gemv_cfgs |= {c for c in configs.SHIPPED.values() if isinstance(c, configs.GemvConfig)}
     for cfg in sorted(gemv_cfgs, key=str):
         for two in ((False, True) if everything else (False,)):
-            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, ROWS_CTA=4 * cfg.br, BR=cfg.br,
+            if two and cfg.unroll > 1:
+                continue  # the two-pass kernels run unrolled once (registers): their own config
+            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
+                         ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
                          TWO_PASSES=two, X_ROTATED=False, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
                          INTERPRET=False)
             runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
             dump = f"{sass_dir}/gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{int(two)}.sass" if sass_dir else None
             res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump)
             loop = _loop_body(res.pop("sass"))
-            weights = cfg.br * cfg.gpc * 128 * (2 if two else 1) / (32 * cfg.warps)  # per thread per step
+            # weights a thread handles in one pass of the loop body (unrolled steps)
+            weights = cfg.unroll * cfg.br * cfg.gpc * 128 * (2 if two else 1) / (32 * cfg.warps)
             rows.append({"kernel": "gemv", "passes": 1 + two, **cfg.__dict__, **res,
                          "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
                          "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
-    mma_cfgs = {configs.MmaConfig(block_m=bm) for bm in (16, 32, 64)}
+    mma_cfgs = {configs.mma_config("", m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
     mma_cfgs |= {c for c in configs.SHIPPED.values() if isinstance(c, configs.MmaConfig)}
     for cfg in sorted(mma_cfgs, key=str):
         const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
