@@ -24,6 +24,9 @@ case $part in
 a)  # decode and M = 16
   probe decode 110 45; ncu_gemv; probe mid16 110 40
   ;;
+a2)  # decode, M = 16, 128, 2048 (one call)
+  probe decode 75 37; ncu_gemv; probe mid16 55 22; probe mid128 45 20; probe prefill 55 18
+  ;;
 b)  # M = 128 and 2048, offload, CUDA-only tests
   probe mid128 80 25; probe prefill 90 25
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -3

@@ -158,38 +158,45 @@ def gemv_kernel(
     cols = tl.arange(0, CW)
     br = tl.arange(0, BR)
 
-    # Three steps of index words in flight before the rotation's latency; the loop keeps
-    # three ahead of the one it computes (one 16-byte vector per thread and step).
+    # Three steps of index words and scales in flight before the rotation's latency; the
+    # loop keeps three ahead of the one it computes (one 16-byte vector per thread a step).
     rows = row0 + br
     w = _load_words(idx_ptr, rows, rows < N, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
     w1 = _load_words(idx_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx, g0, WPG, N_GROUPS, GPC)
     w2 = _load_words(idx_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx, g0, WPG,
                      N_GROUPS, GPC)
+    s = _load_scales(scale_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+    s1 = _load_scales(scale_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+    s2 = _load_scales(scale_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
     if TWO_PASSES:
         v = _load_words(idx2_ptr, rows, rows < N, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
         v1 = _load_words(idx2_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx2, g0, WPG,
                          N_GROUPS, GPC)
         v2 = _load_words(idx2_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx2, g0, WPG,
                          N_GROUPS, GPC)
+        u = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        u1 = _load_scales(scale2_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        u2 = _load_scales(scale2_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
     codebook_table(cb_ptr, INTERPRET)
     a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
     if TWO_PASSES:
         b0, b1, b2, b3, b4, b5, b6, b7 = _planes(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
     tl.debug_barrier()  # the codebook table is filled
 
-    # Unrolled by the prefetch depth, so the three tiles in flight rotate by renaming, not moves.
+    # Unrolled by the prefetch depth, so the tiles in flight rotate by renaming, not moves.
     for step in tl.range(0, STEPS, loop_unroll_factor=UNROLL):
         rows = row0 + step * BR + br
         nxt = rows + 3 * BR
         nmask = (nxt < N) & (step + 3 < STEPS)
         w3 = _load_words(idx_ptr, nxt, nmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
-        s = _load_scales(scale_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        s3 = _load_scales(scale_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
         res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, BR, CW, INTERPRET)
         if TWO_PASSES:
             v3 = _load_words(idx2_ptr, nxt, nmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
-            s2 = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-            res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, s2, cb_ptr, BR, CW, INTERPRET)
+            u3 = _load_scales(scale2_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+            res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, u, cb_ptr, BR, CW, INTERPRET)
             v, v1, v2 = v1, v2, v3
+            u, u1, u2 = u1, u2, u3
         rmask = rows < N
         if SPLIT == 1:
             if HAS_PARTIAL:
@@ -200,6 +207,7 @@ def gemv_kernel(
         else:
             _store_partial(ws_ptr + split * N + rows, res, rmask, INTERPRET)
         w, w1, w2 = w1, w2, w3
+        s, s1, s2 = s1, s2, s3
 
     if SPLIT > 1:
         _release(INTERPRET)
