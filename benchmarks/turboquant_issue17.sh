@@ -32,6 +32,29 @@ b)  # M = 128 and 2048, offload, CUDA-only tests
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -3
   timeout 50 python3 -m quantcore.benchmarks.turboquant_offload_host > "$OUT/offload-host.txt" 2>&1; cat "$OUT/offload-host.txt"
   ;;
+t1)  # cuTile wheels 1/3; tune the shipped configurations; the offload probe; CUDA-only tests
+  mkdir -p /tmp/persist && cp ../../.whl1/* /tmp/persist/
+  timeout 185 python3 -m quantcore.benchmarks.turboquant_tune --out "$OUT/tuned.json" > "$OUT/tune.log" 2>&1
+  grep -E "^  (gemv|mma|crossover)" "$OUT/tune.log"; tail -3 "$OUT/tune.log" | cut -c1-300
+  timeout 50 python3 -m quantcore.benchmarks.turboquant_offload_host > "$OUT/offload-host.txt" 2>&1; cat "$OUT/offload-host.txt"
+  timeout 40 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -3
+  ;;
+t2)  # cuTile wheels 2/3; conformance and kernel fuzz on CUDA; the offload suite
+  mkdir -p /tmp/persist && cp ../../.whl2/* /tmp/persist/
+  timeout 150 python3 -m quantcore conformance --device cuda --profile full --group family --format turboquant \
+    --json "$OUT/conformance-cuda-turboquant.json" > "$OUT/conformance.log" 2>&1; tail -22 "$OUT/conformance.log"
+  QUANTCORE_FUZZ_DEVICE=cuda timeout 70 python3 -m pytest -q -n 6 -p no:cacheprovider tests/hardening/test_fuzz_kernels.py \
+    --qc-device cuda > "$OUT/fuzz-cuda.log" 2>&1; tail -4 "$OUT/fuzz-cuda.log"
+  timeout 60 python3 -m quantcore bench turboquant_offload --device cuda --out "$OUT" --rounds 3 2>&1 | tail -8
+  ;;
+t3)  # cuTile wheels 3/3, installed; every kernel timed in the same run (cuTile against Triton)
+  cp ../../.whl3/* /tmp/persist/ && cd /tmp/persist && cat nvvm.part.a nvvm.part.b nvvm.part.c > "$(cat nvvm.name)" && cd - >/dev/null
+  python3 -m pip install -q --no-deps --target /tmp/site /tmp/persist/*.whl 2>&1 | tail -2
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/nvidia/cu13/bin:$PATH
+  python3 -m quantcore explain turboquant cuda -M 1 -K 4096 -N 14336 2>&1 | tail -6
+  timeout 255 python3 -m quantcore bench turboquant_linear --device cuda --graph --rounds 3 --out "$OUT" \
+    --plot "$OUT/cuda-turboquant_linear.png" > "$OUT/bench-linear.log" 2>&1; tail -45 "$OUT/bench-linear.log"
+  ;;
 c)
   timeout 200 python3 -m quantcore conformance --device cuda --profile full --group family --format turboquant \
     --json "$OUT/conformance-cuda-turboquant.json" > "$OUT/conformance.log" 2>&1; tail -30 "$OUT/conformance.log"

@@ -1,17 +1,32 @@
-"""Launch configurations of the TurboQuant Triton kernels: the shipped table (tuned on the
-named devices, so a first call needs no autotuning) and the rule used elsewhere.
+"""Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned on
+the named devices by ``benchmarks/turboquant_tune.py``, so a first call needs no
+autotuning) and the rule used where no table entry fits.
 
 A configuration is looked up by a key holding everything that changes the kernel's
-geometry — kernel, K, N, group size, number of passes, activation dtype, and for the
-tensor-core path the M bucket — so a config tuned for one layer is never applied to a
-layer whose groups or passes differ (a past bug: a group-64 config reused for group 32).
+geometry — kernel, device, K, N, group size, number of passes, activation dtype, and for
+the tensor-core kernel the M bucket — so a config tuned for one layer is never applied
+to a layer whose groups or passes differ (a past bug: a group-64 tile reused for group
+32 ran no step and returned zeros).
+
+Tables: every ``tuned-*.json`` beside this file, then the file named by the environment
+variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (entries there win). Each holds a list of
+entries ``{"device", "kernel": "gemv" | "mma" | "paths", "K", "N", "d", "passes",
+"dtype", ["m_bucket"], "config": {...}}``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
-__all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "mma_config", "path_for"]
+__all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
+           "table"]
+
+ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 
 
 @dataclass(frozen=True)
@@ -30,7 +45,7 @@ class GemvConfig:
 class MmaConfig:
     """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program."""
 
-    block_n: int = 128
+    block_n: int = 64
     block_m: int = 16
     gpc: int = 4
     warps: int = 4
@@ -47,18 +62,47 @@ class PathChoice:
     mma_max_m: int = 256
 
 
-#: Tuned on the device named by the first key element (``torch.cuda.get_device_name``).
-#: Keys: (device, "gemv", K, N, d, passes, dtype) and (device, "mma", K, N, d, passes, dtype, M bucket).
-SHIPPED: dict[tuple, GemvConfig | MmaConfig] = {}
-PATHS: dict[str, PathChoice] = {}
+_KINDS = {"gemv": GemvConfig, "mma": MmaConfig, "paths": PathChoice}
 
 
 def _dtype_name(dtype: object) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    kind = entry["kernel"]
+    if kind == "paths":
+        return (entry["device"], "paths")
+    key = (entry["device"], kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
+    return (*key, entry["m_bucket"]) if kind == "mma" else key
+
+
+def _load(path: Path) -> dict[tuple[Any, ...], Any]:
+    out: dict[tuple[Any, ...], Any] = {}
+    for entry in json.loads(path.read_text()):
+        cls = _KINDS[entry["kernel"]]
+        names = {f.name for f in fields(cls)}
+        out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
+    return out
+
+
+@lru_cache(maxsize=4)
+def _tables(extra: str | None) -> dict[tuple[Any, ...], Any]:
+    merged: dict[tuple[Any, ...], Any] = {}
+    for path in sorted(Path(__file__).parent.glob("tuned-*.json")):
+        merged.update(_load(path))
+    if extra:
+        merged.update(_load(Path(extra)))
+    return merged
+
+
+def table() -> dict[tuple[Any, ...], Any]:
+    """The shipped entries plus the environment's file."""
+    return _tables(os.environ.get(ENV) or None)
+
+
 def gemv_config(device: str, k: int, n: int, d: int, passes: int, dtype: object) -> GemvConfig:
-    hit = SHIPPED.get((device, "gemv", k, n, d, passes, _dtype_name(dtype)))
+    hit = table().get((device, "gemv", k, n, d, passes, _dtype_name(dtype)))
     if isinstance(hit, GemvConfig):
         return hit
     groups = k // d
@@ -75,12 +119,16 @@ def m_bucket(m: int) -> int:
 
 
 def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
-    hit = SHIPPED.get((device, "mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
+    hit = table().get((device, "mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
     if isinstance(hit, MmaConfig):
         return hit
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    return MmaConfig(block_m=bm, warps=4 if bm <= 32 else 8)  # 64-row tiles spill with 4 warps
+    if m <= 16:
+        return MmaConfig(block_n=64, block_m=16)
+    if m <= 32:
+        return MmaConfig(block_n=64, block_m=32)
+    return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
 
 
 def path_for(device: str) -> PathChoice:
-    return PATHS.get(device, PathChoice())
+    hit = table().get((device, "paths"))
+    return hit if isinstance(hit, PathChoice) else PathChoice()

@@ -1,13 +1,15 @@
 """The prefill path (large M): dequantize every pass, in the rotated basis, into one
-reused scratch ``W_cat [N, P·K]`` (pass p in columns p·K …), then one cuBLAS GEMM
-``[x_rot₁ | x_rot₂] · W_catᵀ``. The passes have different rotations, so they cannot be
-summed into one weight in the rotated basis; concatenating them along K keeps it a
-single matrix product of depth P·K.
+reused scratch ``W_cat [N, P·K]``, then one cuBLAS GEMM ``x_cat · W_catᵀ``. The passes
+have different rotations, so they cannot be summed into one weight in the rotated
+basis; stacking them along K keeps it a single matrix product of depth P·K.
 
-``W_cat[n, p·K + g·d + c] = scale_p[n, g] · codebook[idx_p[n, g·d + c]]`` in the
+Columns are interleaved per group — group g of pass p at ``(g·P + p)·d`` — so that
+``x_cat`` is one GEMM of each group of x with ``[P₁ | P₂]`` ([d, P·d]), written in place,
+no concatenation:
+
+``W_cat[n, (g·P + p)·d + c] = scale_p[n, g] · codebook[idx_p[n, g·d + c]]`` in the
 activation dtype: one read of the indices (½ byte per weight) and one write of the
-scratch (2 bytes per weight); cuBLAS then reads it at its own pace. At M = 2048 that is
-about a seventh of the GEMM's time.
+scratch (2 bytes per weight); cuBLAS then reads it at its own pace.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["dequant_kernel"]
 @triton.jit
 def dequant_kernel(idx_ptr, scale_ptr, cb_ptr, out_ptr, N, stride_idx, stride_out, col0,
                    N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, GPC: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   PASSES: tl.constexpr, INTERPRET: tl.constexpr):
     pid_n = tl.program_id(0)
     g0 = tl.program_id(1) * GPC
     WPG: tl.constexpr = D // 8
@@ -43,5 +45,7 @@ def dequant_kernel(idx_ptr, scale_ptr, cb_ptr, out_ptr, N, stride_idx, stride_ou
     odd = tl.reshape(tl.join(tl.join(v1 * s, v5 * s), tl.join(v3 * s, v7 * s)), [BLOCK_N, CW, 4])
     w_hat = tl.reshape(tl.join(even, odd), [BLOCK_N, CW * 8]).to(out_ptr.dtype.element_ty)
     ocols = tl.arange(0, CW * 8)
-    omask = rmask[:, None] & ((g0 + ocols // D) < N_GROUPS)[None, :]
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + col0 + g0 * D + ocols[None, :], w_hat, mask=omask)
+    g = g0 + ocols // D
+    omask = rmask[:, None] & (g < N_GROUPS)[None, :]
+    dst = col0 + (g * PASSES) * D + ocols % D  # group g of this pass (col0 = p·d)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + dst[None, :], w_hat, mask=omask)

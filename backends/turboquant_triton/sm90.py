@@ -101,7 +101,7 @@ def compile_report(*, everything: bool = False, sass_dir: str | None = None) -> 
 
     rows = []
     gemv_cfgs = {configs.GemvConfig(), configs.gemv_config("", 4096, 14336, 128, 2, "bfloat16")}
-    gemv_cfgs |= {c for c in configs.SHIPPED.values() if isinstance(c, configs.GemvConfig)}
+    gemv_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.GemvConfig)}
     for cfg in sorted(gemv_cfgs, key=str):
         for two in ((False, True) if everything else (False,)):
             if two and cfg.unroll > 1:
@@ -120,7 +120,7 @@ def compile_report(*, everything: bool = False, sass_dir: str | None = None) -> 
                          "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
                          "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
     mma_cfgs = {configs.mma_config("", m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
-    mma_cfgs |= {c for c in configs.SHIPPED.values() if isinstance(c, configs.MmaConfig)}
+    mma_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.MmaConfig)}
     for cfg in sorted(mma_cfgs, key=str):
         const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                      TWO_PASSES=everything, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
@@ -128,7 +128,7 @@ def compile_report(*, everything: bool = False, sass_dir: str | None = None) -> 
         res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages)
         hist = sass_histogram(res.pop("sass"))
         rows.append({"kernel": "mma", **cfg.__dict__, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"]})
-    const = dict(N_GROUPS=32, D=128, BLOCK_N=32, GPC=2, INTERPRET=False)
+    const = dict(N_GROUPS=32, D=128, BLOCK_N=32, GPC=2, PASSES=2, INTERPRET=False)
     runtime = {**_DEQ_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32", "col0": "i32"}
     res = _compile(dequant.dequant_kernel, runtime, const, 4, 1)
     res.pop("sass")

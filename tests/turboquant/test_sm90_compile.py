@@ -44,6 +44,8 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             # shared-memory lookup and about 3.5 more instructions per weight. The lookup
             # through L1 with 64-bit addresses it replaced cost 6.6 in all.
             assert r["loop_lds_per_weight"] <= 1.05, r
-            assert r["loop_instructions_per_weight"] <= 4.8, r
+            # Unrolled by the prefetch depth the loop has no register moves (4.77 measured);
+            # once through, the rotation of the three prefetched tiles adds about 0.6.
+            assert r["loop_instructions_per_weight"] <= (4.8 if r["unroll"] >= 3 else 5.5), r
         if r["kernel"] == "mma":
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
