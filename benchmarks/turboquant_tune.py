@@ -70,9 +70,6 @@ def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]]
         fns.append(run)
         kept.append((path, cfg))
     timings = time_interleaved(fns, DEVICE, rounds=rounds, graph=True, sets=[sets] * len(fns))
-    del prepared, weights
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
     return sorted((t.median_s, path, cfg) for t, (path, cfg) in zip(timings, kept, strict=True))
 
 
@@ -115,7 +112,7 @@ def main() -> int:
     for m in CROSSOVER_M:
         ranked = _time(4096, 14336, m, 1, [("mma", configs.mma_config("", m, 4096, 14336, 128, 1, DTYPE)),
                                            ("dequant", None)], args.rounds)
-        for t, path, cfg in ranked:
+        for t, path, _ in ranked:
             log.append({"kernel": "crossover", "K": 4096, "N": 14336, "M": m, "passes": 1, "path": path, "us": t * 1e6})
         if ranked and ranked[0][1] == "mma":
             mma_max = m

@@ -115,16 +115,11 @@ def _mma(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, 
     )
 
 
-_scratch: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-
-
 def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """The reused dequantization scratch of a device and dtype: grows, never shrinks."""
-    key = (str(device), dtype)
-    have = _scratch.get(key)
-    if have is None or have.numel() < numel:
-        have = _scratch[key] = torch.empty(numel, dtype=dtype, device=device)
-    return have
+    """The dequantization scratch: from torch's caching allocator at every call, which hands
+    the same block back call after call. (A module-level buffer grown in place broke CUDA
+    graphs: a graph captured before the growth kept writing to the freed block.)"""
+    return torch.empty(numel, dtype=dtype, device=device)
 
 
 def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: int, dtype: torch.dtype,
@@ -162,12 +157,11 @@ def rotate_interleaved(x2d: torch.Tensor, passes: Sequence[PassData], d: int) ->
 
 def _dequant_gemm(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                   partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    m, k = x2d.shape
+    k = x2d.shape[1]
     n = out.shape[1]
     cdt = passes[0].rotation.dtype
     width = len(passes) * k
-    scratch = _scratch_for(x2d.device, cdt, n * width)
-    w_cat = dequantize_rotated(passes, codebook, d, cdt, scratch[: n * width].view(n, width))
+    w_cat = dequantize_rotated(passes, codebook, d, cdt, _scratch_for(x2d.device, cdt, n * width).view(n, width))
     x_cat = rotate_interleaved(x2d, passes, d)
     if partial is None and out.dtype == cdt:
         # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its

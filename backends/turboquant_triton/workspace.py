@@ -17,6 +17,8 @@ __all__ = ["tickets"]
 
 _lock = threading.Lock()
 _tickets: dict[tuple[str, int], torch.Tensor] = {}
+#: Outgrown arrays stay allocated: a CUDA graph captured earlier may still use them.
+_retired: list[torch.Tensor] = []
 
 
 def tickets(device: torch.device, count: int) -> torch.Tensor:
@@ -26,6 +28,8 @@ def tickets(device: torch.device, count: int) -> torch.Tensor:
     with _lock:
         have = _tickets.get(key)
         if have is None or have.numel() < count:
+            if have is not None:
+                _retired.append(have)
             size = max(count, 1024, 0 if have is None else 2 * have.numel())
             have = _tickets[key] = torch.zeros(size, dtype=torch.int32, device=device)
         return have

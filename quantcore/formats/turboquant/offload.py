@@ -170,7 +170,7 @@ class Pass2OffloadPool:
         """Step 4: the compute stream waits for the copy into ``slot``; returns the views."""
         if slot.owner is not entry:
             raise RuntimeError(f"offload slot holds {getattr(slot.owner, 'name', None)!r}, not {entry.name!r}")
-        if slot.copying:
+        if slot.copying and slot.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(slot.ready)
         return slot.view(entry)[0]
 
@@ -192,11 +192,12 @@ class Pass2OffloadPool:
             dst.copy_(entry.flat)
             slot.copying = False
             return
-        if slot.fence is None:
+        if slot.fence is None or slot.ready is None:
             slot.fence, slot.ready = torch.cuda.Event(), torch.cuda.Event()
-        slot.fence.record(torch.cuda.current_stream(self.device))  # step 1
+        fence, ready = slot.fence, slot.ready
+        fence.record(torch.cuda.current_stream(self.device))  # step 1
         with torch.cuda.stream(self._copy_stream):
-            self._copy_stream.wait_event(slot.fence)
+            self._copy_stream.wait_event(fence)
             dst.copy_(entry.flat, non_blocking=True)  # step 2: one copy of the packed pass
-            slot.ready.record(self._copy_stream)
+            ready.record(self._copy_stream)
         slot.copying = True
