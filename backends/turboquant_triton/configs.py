@@ -124,8 +124,8 @@ def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: 
         return hit
     if m <= 16:
         return MmaConfig(block_n=64, block_m=16)
-    if m <= 32:
-        return MmaConfig(block_n=64, block_m=32)
+    if m <= 32:  # 3 stages would need exactly 48 KB: unlaunchable beside the 1 KB table (lookup.py)
+        return MmaConfig(block_n=64, block_m=32, stages=4)
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
 
 

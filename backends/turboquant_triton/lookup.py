@@ -14,7 +14,9 @@ conflict-free. The table is declared 1 KB long and 1 KB aligned although it uses
 bytes: static shared memory comes first in the block's window, and Triton's dynamic
 buffers after it must stay 1024-byte aligned, since wgmma's swizzled operand layouts
 are read by address bits (a 64-byte table shifted them and the tensor-core kernel
-returned garbage on the H100). The byte offsets ``4·index`` of all eight nibbles of a word come from two
+returned garbage on the H100). A kernel whose own dynamic shared memory is in
+(47 KB, 48 KB] cannot launch beside the table (Triton raises the opt-in limit only above
+48 KB); ``tests/turboquant/test_sm90_compile.py`` keeps the selectable configs out of it. The byte offsets ``4·index`` of all eight nibbles of a word come from two
 masks and one byte permute each::
 
     t = (w << 2) & 0x3C3C3C3C     byte j of t = 4 × low nibble of byte j  (k = 2j)
