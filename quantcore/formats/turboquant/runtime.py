@@ -234,8 +234,9 @@ class TurboQuantLinearKernel(LinearKernel):
 
 class FusedTurboQuantKernel(TurboQuantLinearKernel):
     """A kernel whose pass is the input rotation (a GEMM) then one fused launch
-    ``fused_pass(x_rot, indices, scales, codebook, ...)`` — the Triton and cuTile backends.
-    Their tiles take half a group per step, so d/2 must be a power of two, 16 or more."""
+    ``fused_pass(x_rot, indices, scales, codebook, ...)`` — the cuTile backend; the Triton
+    backend shares the group sizes and overrides the passes with its own launcher. Their
+    tiles take half a group per step, so d/2 must be a power of two, 16 or more."""
 
     split_halves: ClassVar[bool] = True
     FUSED_GROUP_SIZES: ClassVar[tuple[int, ...]] = (32, 64, 128, 256)
