@@ -1,300 +1,220 @@
-"""The fused TurboQuant kernels: unpack → codebook lookup → dot → rescale in one launch.
+"""``fused_linear``: one TurboQuant linear (every pass, or one pass with a running
+``partial``) on the path that suits M, chosen here:
 
-Inputs (one pass, see quantcore/transforms/turboquant_passes.py for the layout):
+* M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
+  passes in one launch;
+* M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel on the input rotated once per call
+  (one small GEMM per pass), split over K, all passes in one launch;
+* larger M — ``dequant.py``: dequantize every pass into a reused scratch, one cuBLAS GEMM.
 
-* ``x``       [M, K] the rotated activation, each group's even coordinates first, then
-              its odd ones (so both halves are contiguous), in the dot dtype;
-* ``idx``     [N, K/2] uint8, as stored: byte j of a group holds coordinates 2j, 2j+1;
-* ``scale``   [N, G] float32, norms / √d;
-* ``cb``      [2^bits] float32 codebook — 64 bytes that stay in L1 for every lookup;
-* ``partial`` [M, N] float32, earlier passes (optional); ``bias`` [N] float32 (optional).
-
-Two kernels share that contract:
-
-``_gemv`` (M = 1, decode): fp32 FMAs on CUDA cores; each step loads ``GROUPS`` groups of
-a ``BLOCK_N``-row stripe, reduces each group, applies its scale, accumulates.
-
-``_gemm`` (M > 1): the weight is the left operand (``acc[N, M] = Ŵ · x_rotᵀ``), so the
-dequantized tile goes from registers straight into the matrix unit, and small M needs
-no padding to the MMA's 64-row minimum. The per-row scale is folded into the weight
-tile before the dot (one multiply per weight element), which keeps one accumulator
-chain across the K loop. Under the interpreter (and for fp32 activations) the dot runs
-in fp32 with IEEE precision; on a GPU in the activation dtype with fp32 accumulation.
-
-Dequantized weights exist only in registers; nothing but the output is written.
-
-``N_GROUPS`` (K / d) is a compile-time constant: a layer's K never changes, and Triton
-3.6's interpreter cannot loop over a runtime scalar with numpy 2 (``range`` on a
-kernel argument raises "only 0-dimensional arrays can be converted to Python
-scalars"), so this keeps one source for the GPU and the interpreter.
-The autotuning configurations are listed below, beside the kernels.
+The thresholds come from ``configs.path_for`` (measured per device). Layouts: indices
+are read as int32 words (natural coordinate order, ``lookup.py``), scales are float32
+``norms / √d``, rotations ``P = Πᵀ`` in the compute dtype (``split_halves=False``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
-__all__ = ["GEMM_CONFIGS", "GEMV_CONFIGS", "INTERPRETER_GEMM", "INTERPRETER_GEMV", "fused_pass"]
+from quantcore.formats.turboquant.runtime import PassData, rotate_input
 
-# GEMV: (BLOCK_N, GROUPS per step, warps, stages, lookup through L1 instead of on-chip gather).
-# Measured on an H100 at M = 1 as CUDA-graph replays (benchmarks/turboquant_decode.py,
-# results/probes/turboquant_decode-nvidia-h100-80gb-hbm3.json): short row stripes with many
-# groups per step win, and the L1 lookup beats tl.gather in every tile; the gather tiles
-# of 8 groups also crash Triton 3.6's TritonGPUOptimizeThreadLocality at K = 14336.
-GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "GROUPS": gp, "L1_LOOKUP": l1}, num_warps=w, num_stages=s)
-    for bn, gp, w, s, l1 in (
-        (4, 8, 4, 3, True),
-        (8, 8, 8, 3, True),
-        (4, 4, 2, 3, True),
-        (8, 4, 4, 3, True),
-        (16, 4, 4, 3, True),
-        (8, 2, 2, 3, True),
-        (16, 2, 4, 3, True),
-        (16, 1, 4, 3, True),
-    )
-]
-# GEMM: (BLOCK_N weight rows, BLOCK_M activation rows, BLOCK_K bytes of a group per step,
-# warps, stages). Small BLOCK_M for decode-sized batches, 128-row tiles for prefill; all
-# of them compile for sm_90 without register spills (``sm90.py``; 256-wide tiles spill
-# once the partial-sum and bias epilogue is in).
-GEMM_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-    for bn, bm, bk, w, s in (
-        (32, 16, 32, 4, 4),
-        (64, 16, 32, 4, 4),
-        (128, 16, 32, 4, 4),
-        (64, 32, 32, 4, 4),
-        (128, 32, 32, 4, 4),
-        (128, 64, 32, 4, 4),
-        (128, 128, 32, 8, 3),
-        (128, 128, 32, 8, 4),
-    )
-]
-#: Fixed tiles under the interpreter: autotuning there would time numpy, slowly.
-INTERPRETER_GEMV = {"BLOCK_N": 32, "GROUPS": 2, "L1_LOOKUP": False}
-INTERPRETER_GEMM = {"BLOCK_N": 64, "BLOCK_M": 64, "BLOCK_K": 32}
+from . import configs
+from .dequant import dequant_kernel
+from .gemv import gemv_kernel
+from .lookup import to_output
+from .mma import mma_kernel
+from .workspace import tickets
+
+__all__ = ["fused_linear", "interpreting"]
+
+#: Re-exported for the NaN-rounding regression test.
+_to_output = to_output
 
 
-def _fit_block_k(config: triton.Config, half: int) -> triton.Config:
-    if config.kwargs["BLOCK_K"] <= half:
-        return config
-    kwargs = {**config.kwargs, "BLOCK_K": half}
-    return triton.Config(kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
-
-
-def _prune_gemm(configs, named_args, **kwargs):  # type: ignore[no-untyped-def]
-    """Tiles no taller than the batch needs (and no short ones for big batches), each
-    group's bytes split into whole BLOCK_K steps."""
-    m, half = kwargs["M_BUCKET"], kwargs["HALF"]
-    keep = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m) and (m < 512 or c.kwargs["BLOCK_M"] >= 64)]
-    unique = {}
-    for c in keep or configs[:1]:
-        c = _fit_block_k(c, half)
-        unique.setdefault(str(c), c)
-    return list(unique.values())
-
-
-def _prune_gemv(configs, named_args, **kwargs):  # type: ignore[no-untyped-def]
-    groups = kwargs["N_GROUPS"]
-    return [c for c in configs if c.kwargs["GROUPS"] <= groups] or configs[:1]
-
-
-@triton.jit
-def _to_output(acc, out_ptr):
-    """``acc`` (fp32) in the output dtype, rounded to nearest even. For bf16 the rounding
-    is done on the bits: the interpreter's own fp32 → bf16 conversion truncates, and the
-    explicit form is exact on the GPU as well (the result is then representable)."""
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        bits = acc.to(tl.uint32, bitcast=True)
-        rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        # A NaN keeps its own conversion: the GPU's NaN is 0x7FFFFFFF, whose rounding
-        # carry runs into the sign bit and would write -0.0 (found by the H100 fuzz).
-        acc = tl.where(acc != acc, acc, rounded)
-    return acc.to(out_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _lookup(codebook, packed, ROWS: tl.constexpr):
-    """Centroids of the low and the high nibbles of ``packed`` [ROWS, C] (int32), from the
-    codebook held on chip (registers / shared memory), not re-read from global memory."""
-    src = tl.broadcast_to(codebook[None, :], [ROWS, codebook.shape[0]])
-    return tl.gather(src, packed & 15, axis=1), tl.gather(src, packed >> 4, axis=1)
-
-
-@triton.jit
-def _lookup_l1(cb_ptr, packed):
-    """The same lookup as cached global loads, one per element (GPU only). Inline PTX
-    keeps Triton's pipeliner from staging these tiny gathers through shared memory."""
-    lo = tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [cb_ptr + (packed & 15)],
-                                   dtype=tl.float32, is_pure=True, pack=1)
-    hi = tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [cb_ptr + (packed >> 4)],
-                                   dtype=tl.float32, is_pure=True, pack=1)
-    return lo, hi
-
-
-@triton.jit
-def _gemv_body(x_ptr, idx_ptr, scale_ptr, cb_ptr, out_ptr, partial_ptr, bias_ptr,
-               N, K, stride_idx, N_GROUPS: tl.constexpr,
-               HALF: tl.constexpr, LEVELS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-               HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, L1_LOOKUP: tl.constexpr):
-    pid_n = tl.program_id(0)
-    row = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    offs_c = tl.arange(0, GROUPS * HALF)  # byte columns of one step
-    grp = offs_c // HALF
-    x_off = grp * (2 * HALF) + offs_c % HALF  # the low-nibble activation of each byte
-    offs_g = tl.arange(0, GROUPS)
-    # Row starts via a stride argument, not K // 2: Triton knows a stride argument's
-    # divisibility by 16, so the byte rows load as 16-byte vectors.
-    idx_rows = idx_ptr + offs_n[:, None].to(tl.int64) * stride_idx
-    scale_rows = scale_ptr + offs_n[:, None].to(tl.int64) * N_GROUPS
-    x_row = x_ptr + row.to(tl.int64) * K
-    codebook = tl.load(cb_ptr + tl.arange(0, LEVELS))
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for step in range(0, (N_GROUPS + GROUPS - 1) // GROUPS):
-        g0 = step * GROUPS
-        if N_GROUPS % GROUPS == 0:
-            # No column mask: a mask that varies along the row would split the loads.
-            c_mask = offs_c < GROUPS * HALF
-            packed = tl.load(idx_rows + (g0 * HALF + offs_c)[None, :], mask=n_mask[:, None], other=0,
-                             eviction_policy="evict_first").to(tl.int32)
-        else:
-            c_mask = (g0 + grp) < N_GROUPS
-            packed = tl.load(idx_rows + (g0 * HALF + offs_c)[None, :],
-                             mask=n_mask[:, None] & c_mask[None, :], other=0,
-                             eviction_policy="evict_first").to(tl.int32)
-        if L1_LOOKUP:
-            w_lo, w_hi = _lookup_l1(cb_ptr, packed)
-        else:
-            w_lo, w_hi = _lookup(codebook, packed, BLOCK_N)
-        x_lo = tl.load(x_row + g0 * 2 * HALF + x_off, mask=c_mask, other=0.0).to(tl.float32)
-        x_hi = tl.load(x_row + g0 * 2 * HALF + x_off + HALF, mask=c_mask, other=0.0).to(tl.float32)
-        prod = w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
-        per_group = tl.sum(tl.reshape(prod, [BLOCK_N, GROUPS, HALF]), axis=2)
-        g_mask = (g0 + offs_g) < N_GROUPS
-        s = tl.load(scale_rows + (g0 + offs_g)[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0.0)
-        acc += tl.sum(per_group * s, axis=1)
-    out_offs = row.to(tl.int64) * N + offs_n
-    if HAS_PARTIAL:
-        acc += tl.load(partial_ptr + out_offs, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
-    tl.store(out_ptr + out_offs, _to_output(acc, out_ptr), mask=n_mask)
-
-
-@triton.jit
-def _gemm_body(x_ptr, idx_ptr, scale_ptr, cb_ptr, out_ptr, partial_ptr, bias_ptr,
-               M, N, K, stride_idx, N_GROUPS: tl.constexpr, M_BUCKET,
-               HALF: tl.constexpr, LEVELS: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-               HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr):
-    pid = tl.program_id(0)
-    # Consecutive programs share a weight stripe (pid_n) across M blocks: the weight,
-    # the larger operand, is read from DRAM once and served from L2 to the rest.
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_n = pid // num_m
-    pid_m = pid % num_m
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_j = tl.arange(0, BLOCK_K)  # BLOCK_K bytes of a group's row: 2·BLOCK_K coordinates
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    idx_rows = idx_ptr + offs_n[:, None].to(tl.int64) * stride_idx  # see _gemv_body
-    scale_rows = scale_ptr + offs_n.to(tl.int64) * N_GROUPS
-    x_cols = x_ptr + offs_m[None, :].to(tl.int64) * K  # [1, BLOCK_M] row starts of x
-    codebook = tl.load(cb_ptr + tl.arange(0, LEVELS))
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    CHUNKS: tl.constexpr = HALF // BLOCK_K  # steps per group
-    for c in range(0, N_GROUPS * CHUNKS):
-        g = c // CHUNKS
-        j0 = (c % CHUNKS) * BLOCK_K
-        packed = tl.load(idx_rows + (g * HALF + j0 + offs_j)[None, :], mask=n_mask[:, None], other=0,
-                         eviction_policy="evict_first").to(tl.int32)
-        s = tl.load(scale_rows + g, mask=n_mask, other=0.0)
-        w_lo, w_hi = _lookup(codebook, packed, BLOCK_N)
-        w_lo = w_lo * s[:, None]
-        w_hi = w_hi * s[:, None]
-        x_lo = x_cols + (g * 2 * HALF + j0 + offs_j)[:, None]
-        xt_lo = tl.load(x_lo, mask=m_mask[None, :], other=0.0)
-        xt_hi = tl.load(x_lo + HALF, mask=m_mask[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(w_lo, xt_lo.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(w_hi, xt_hi.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w_lo.to(xt_lo.dtype), xt_lo, acc)
-            acc = tl.dot(w_hi.to(xt_hi.dtype), xt_hi, acc)
-    out_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-    mask = n_mask[:, None] & m_mask[None, :]
-    if HAS_PARTIAL:
-        acc += tl.load(partial_ptr + out_offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
-    tl.store(out_ptr + out_offs, _to_output(acc, out_ptr), mask=mask)
-
-
-# The group geometry is in the keys: a config pruned for one group size is wrong for
-# another of the same N and K (a BLOCK_K above HALF runs no step at all and writes zeros).
-_gemv_tuned = triton.autotune(
-    configs=GEMV_CONFIGS, key=["N", "K", "N_GROUPS"], prune_configs_by={"early_config_prune": _prune_gemv}
-)(_gemv_body)
-_gemm_tuned = triton.autotune(
-    configs=GEMM_CONFIGS, key=["M_BUCKET", "N", "K", "HALF"], prune_configs_by={"early_config_prune": _prune_gemm}
-)(_gemm_body)
-
-
-def _interpreting() -> bool:
+def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def m_bucket(m: int) -> int:
-    """Autotuning key for M: the next power of two, capped, so serving with varying batch
-    sizes tunes a handful of times, not once per size."""
-    return min(1 << max(m - 1, 0).bit_length(), 4096)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def fused_pass(
-    x_rot: torch.Tensor,
-    idx: torch.Tensor,
-    scale: torch.Tensor,
+def _words(indices: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous)."""
+    if not indices.is_contiguous():
+        indices = indices.contiguous()
+    return indices.view(torch.int32)
+
+
+def _dot_fp32(x: torch.Tensor) -> bool:
+    return interpreting() or x.dtype == torch.float32
+
+
+def _gemv(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+          partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
+          config: configs.GemvConfig | None = None) -> None:
+    k = x2d.shape[1]
+    n = out.shape[1]
+    groups = k // d
+    device = x2d.device
+    cfg = config or configs.gemv_config(_device_name(device), k, n, d, len(passes), x2d.dtype)
+    gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
+    split = triton.cdiv(groups, gpc)
+    chunks = max(1, min(triton.cdiv(n, cfg.br), round(cfg.ctas / split)))
+    rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
+    chunks = triton.cdiv(n, rows_cta)
+    shared = passes[0].rotation.shape[0] == 1
+    xs = [x2d if shared else rotate_input(x2d, p.rotation) for p in passes]
+    ws = torch.empty(split, n, dtype=torch.float32, device=device) if split > 1 else out
+    tk = tickets(device, chunks) if split > 1 else codebook
+    p1, p2 = passes[0], passes[-1]
+    grid = (chunks, split)
+    gemv_kernel[grid](
+        xs[0], xs[-1], _words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
+        codebook, out, partial if partial is not None else out, bias if bias is not None else codebook, ws, tk,
+        n, k // 8, k // 8,
+        N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), ROWS_CTA=rows_cta,
+        BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
+        TWO_PASSES=len(passes) == 2, X_ROTATED=not shared, HAS_PARTIAL=partial is not None,
+        HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(xs[0]), INTERPRET=interpreting(),
+        num_warps=cfg.warps, num_stages=1,
+    )
+
+
+def _mma(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+         partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
+         config: configs.MmaConfig | None = None) -> None:
+    m, k = x2d.shape
+    n = out.shape[1]
+    groups = k // d
+    device = x2d.device
+    cfg = config or configs.mma_config(_device_name(device), m, k, n, d, len(passes), x2d.dtype)
+    tiles_n = triton.cdiv(n, cfg.block_n)
+    tiles_m = triton.cdiv(m, cfg.block_m)
+    # Split K only as far as needed to fill the GPU (each split costs a partial tile).
+    split = max(1, min(triton.cdiv(groups, cfg.gpc), triton.cdiv(cfg.ctas, tiles_n * tiles_m)))
+    gpc = triton.cdiv(groups, split)
+    split = triton.cdiv(groups, gpc)
+    xs = [rotate_input(x2d, p.rotation).contiguous() for p in passes]
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=device) if split > 1 else out
+    tk = tickets(device, tiles_n * tiles_m) if split > 1 else codebook
+    p1, p2 = passes[0], passes[-1]
+    mma_kernel[(tiles_n, split, tiles_m)](
+        xs[0], xs[-1], _words(p1.indices), p1.scales, _words(p2.indices), p2.scales,
+        codebook, out, partial if partial is not None else out, bias if bias is not None else codebook, ws, tk,
+        m, n, k // 8, k // 8,
+        N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+        TWO_PASSES=len(passes) == 2, HAS_PARTIAL=partial is not None, HAS_BIAS=bias is not None,
+        DOT_FP32=_dot_fp32(xs[0]), INTERPRET=interpreting(),
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+
+
+def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The dequantization scratch: from torch's caching allocator at every call, which hands
+    the same block back call after call. (A module-level buffer grown in place broke CUDA
+    graphs: a graph captured before the growth kept writing to the freed block.)"""
+    return torch.empty(numel, dtype=dtype, device=device)
+
+
+def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: int, dtype: torch.dtype,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """``W_cat [N, P·K]``: every pass's scaled centroids in the rotated basis, group g of
+    pass p in columns ``(g·P + p)·d …`` (``dequant.py``)."""
+    n, half = passes[0].indices.shape
+    k = 2 * half
+    groups = k // d
+    w_cat = out if out is not None else torch.empty(n, len(passes) * k, dtype=dtype, device=codebook.device)
+    block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
+    gpc = min(gpc, 1 << (groups - 1).bit_length())
+    for p, data in enumerate(passes):
+        dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(groups, gpc))](
+            _words(data.indices), data.scales, codebook, w_cat, n, k // 8, w_cat.stride(0), p * d,
+            N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=len(passes), INTERPRET=interpreting(),
+            num_warps=4,
+        )
+    return w_cat
+
+
+def rotate_interleaved(x2d: torch.Tensor, passes: Sequence[PassData], d: int) -> torch.Tensor:
+    """``x_cat [M, P·K]`` matching ``dequantize_rotated``'s columns: each group of x times
+    ``[P₁ | P₂]`` in one GEMM (shared rotations), else one rotation per pass, interleaved."""
+    m, k = x2d.shape
+    if len(passes) == 1:
+        return rotate_input(x2d, passes[0].rotation)
+    if all(p.rotation.shape[0] == 1 for p in passes):
+        both = torch.cat([p.rotation[0] for p in passes], dim=1)  # [d, P·d]: tiny, next to the GEMM
+        x = x2d.to(both.dtype).reshape(m * (k // d), d)
+        return (x @ both).reshape(m, len(passes) * k)
+    parts = [rotate_input(x2d, p.rotation).view(m, k // d, 1, d) for p in passes]
+    return torch.cat(parts, dim=2).reshape(m, len(passes) * k)
+
+
+def _dequant_gemm(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+                  partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    k = x2d.shape[1]
+    n = out.shape[1]
+    cdt = passes[0].rotation.dtype
+    width = len(passes) * k
+    w_cat = dequantize_rotated(passes, codebook, d, cdt, _scratch_for(x2d.device, cdt, n * width).view(n, width))
+    x_cat = rotate_interleaved(x2d, passes, d)
+    if partial is None and out.dtype == cdt:
+        # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
+        # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
+        if bias is not None:
+            torch.addmm(bias.to(cdt), x_cat, w_cat.T, out=out)
+        else:
+            torch.mm(x_cat, w_cat.T, out=out)
+        return
+    if x2d.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
+        y = torch.mm(x_cat, w_cat.T, out_dtype=torch.float32)  # the partial is fp32: one rounding
+    else:
+        y = torch.mm(x_cat.to(torch.float32), w_cat.T.to(torch.float32))
+    if partial is not None:
+        y += partial
+    if bias is not None:
+        y += bias
+    out.copy_(y)
+
+
+def fused_linear(
+    x2d: torch.Tensor,
+    passes: Sequence[PassData],
     codebook: torch.Tensor,
     *,
     group_size: int,
     partial: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    path: str | None = None,
+    config: Any = None,
 ) -> torch.Tensor:
-    m, k = x_rot.shape
-    n = idx.shape[0]
-    out = torch.empty(m, n, dtype=out_dtype, device=x_rot.device)
+    """``partial + Σ_passes x Ŵ_pᵀ (+ bias)`` as [M, N] in ``out_dtype``. ``path``
+    ("gemv", "mma", "dequant") and ``config`` override the choice (benchmarks, tests)."""
+    if not 1 <= len(passes) <= 2:
+        raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
+    x2d = x2d.contiguous()
+    m = x2d.shape[0]
+    n = passes[0].indices.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=x2d.device)
     if m == 0:
         return out
-    common = dict(
-        N=n, K=k, stride_idx=idx.stride(0), N_GROUPS=k // group_size, HALF=group_size // 2,
-        LEVELS=codebook.shape[0],
-        HAS_PARTIAL=partial is not None, HAS_BIAS=bias is not None,
-    )
-    args = (x_rot, idx, scale, codebook, out, partial if partial is not None else out,
-            bias if bias is not None else scale)
-    if m == 1:
-        if _interpreting():
-            cfg = INTERPRETER_GEMV
-            _gemv_body[(triton.cdiv(n, cfg["BLOCK_N"]), m)](*args, **common, **cfg)
-        else:
-            _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **common)
-        return out
-    dot_fp32 = x_rot.dtype == torch.float32
-    if _interpreting():
-        cfg = {**INTERPRETER_GEMM, "BLOCK_K": min(INTERPRETER_GEMM["BLOCK_K"], group_size // 2)}
-        grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-        _gemm_body[grid](*args, M=m, M_BUCKET=m_bucket(m), **common, DOT_FP32=dot_fp32, **cfg)
+    if path is None:
+        choice = configs.path_for(_device_name(x2d.device))
+        path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
+    if path == "gemv":
+        if m != 1:
+            raise ValueError(f"the decode kernel takes M = 1, got M = {m}")
+        _gemv(x2d, passes, codebook, group_size, partial, bias, out, config)
+    elif path == "mma":
+        _mma(x2d, passes, codebook, group_size, partial, bias, out, config)
+    elif path == "dequant":
+        _dequant_gemm(x2d, passes, codebook, group_size, partial, bias, out)
     else:
-        _gemm_tuned[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
-            *args, M=m, M_BUCKET=m_bucket(m), **common, DOT_FP32=dot_fp32
-        )
+        raise ValueError(f"path: expected 'gemv', 'mma' or 'dequant', got {path!r}")
     return out

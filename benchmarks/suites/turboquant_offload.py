@@ -63,11 +63,10 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
         flops = 2 * 2 * m * k * n * layers
         case.variants.append(Variant("offload", "kernel", _run(offloaded, xs), nbytes, flops))
         case.variants.append(Variant("resident", "peer", _run(resident, xs), nbytes, flops))
-        hosts = [e.host for e in pool.chain]
-        dst = [h.map(lambda t: torch.empty_like(t, device=dev)) for h in hosts]
-        case.variants.append(Variant("h2d_copies", "peer", _copies(hosts, dst),
-                                     sum(sum(t.numel() * t.element_size() for t in h.tensors().values()) for h in hosts),
-                                     0, note="pass-2 data of all layers, pinned → device"))
+        hosts = [e.flat for e in pool.chain]
+        dst = [torch.empty_like(h, device=dev) for h in hosts]
+        case.variants.append(Variant("h2d_copies", "peer", _copies(hosts, dst), sum(h.numel() for h in hosts),
+                                     0, note="pass-2 data of all layers (packed), pinned → device"))
         yield case
 
 
@@ -79,11 +78,10 @@ def _run(model: nn.Module, xs: list[torch.Tensor]) -> Any:
     return call
 
 
-def _copies(hosts: list[Any], dst: list[Any]) -> Any:
+def _copies(hosts: list[torch.Tensor], dst: list[torch.Tensor]) -> Any:
     def call(i: int) -> None:
         for h, d in zip(hosts, dst, strict=True):
-            for name, t in h.tensors().items():
-                getattr(d, name).copy_(t, non_blocking=True)
+            d.copy_(h, non_blocking=True)
 
     return call
 

@@ -171,11 +171,19 @@ def test_zero_folding_refuses_uneven_act_order_groups() -> None:
 
 
 def test_turboquant_kernels_refuse_the_other_rotation_layout() -> None:
+    # turboquant_cutile prepares the split-halves order; turboquant_triton reads index
+    # words in the natural order since issue 17, like turboquant_torch.
+    from quantcore.backends.turboquant_cutile import TurboQuantCuTile
+
     fmt = TurboQuant(bits=2, residual=True)
     t = _turboquant(fmt)
-    split = TurboQuantTriton(fmt, "cpu").prepare(t)
-    with pytest.raises(KernelInputError, match="prepared: its rotations are in the split_halves=True layout"):
-        TurboQuantTorch(fmt, "cpu")(torch.randn(1, 256), split)
+    split = TurboQuantCuTile(fmt, "cpu").prepare(t)
+    for other in (TurboQuantTorch, TurboQuantTriton):
+        with pytest.raises(KernelInputError, match="prepared: its rotations are in the split_halves=True layout"):
+            other(fmt, "cpu")(torch.randn(1, 256), split)
+    natural = TurboQuantTriton(fmt, "cpu").prepare(t)
+    with pytest.raises(KernelInputError, match="prepared: its rotations are in the split_halves=False layout"):
+        TurboQuantCuTile(fmt, "cpu")(torch.randn(1, 256), natural)
 
 
 def test_prepare_moves_stored_tensors_to_the_kernel_device() -> None:

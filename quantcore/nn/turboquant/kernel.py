@@ -19,7 +19,7 @@ fp32. Each pass accumulates in fp32; the output is rounded to the activation dty
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -169,6 +169,26 @@ class TurboQuantLinearKernel(LinearKernel):
         for a pass whose result another pass will extend."""
         raise NotImplementedError
 
+    def run_passes(
+        self,
+        x2d: torch.Tensor,
+        passes: Sequence[PassData],
+        prepared: TurboQuantPrepared,
+        *,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """``x (Σ_passes Ŵ_p)ᵀ (+ bias)``: the passes one after another through
+        :meth:`run_pass`; a kernel that fuses them into one launch overrides this."""
+        out: torch.Tensor | None = None
+        last = len(passes) - 1
+        for i, data in enumerate(passes):
+            final = i == last
+            out = self.run_pass(x2d, data, prepared, partial=out, bias=bias if final else None,
+                                out_dtype=out_dtype if final else torch.float32)
+        assert out is not None
+        return out
+
     def check_input(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> None:
         if type(prepared) is not TurboQuantPrepared:
             raise KernelInputError(
@@ -187,15 +207,5 @@ class TurboQuantLinearKernel(LinearKernel):
     def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
         self.check_input(x, prepared)
         x2d = x.reshape(-1, prepared.in_features)
-        out: torch.Tensor | None = None
-        last = len(prepared.passes) - 1
-        for i, data in enumerate(prepared.passes):
-            final = i == last
-            out = self.run_pass(
-                x2d, data, prepared,
-                partial=out,
-                bias=prepared.bias if final else None,
-                out_dtype=x.dtype if final else torch.float32,
-            )
-        assert out is not None
+        out = self.run_passes(x2d, prepared.passes, prepared, bias=prepared.bias, out_dtype=x.dtype)
         return out.view(*x.shape[:-1], prepared.out_features)

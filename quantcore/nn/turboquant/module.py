@@ -155,9 +155,9 @@ class TurboQuantLinear(nn.Module):
         pass1 = bound.kernel
         if not isinstance(pass1, TurboQuantLinearKernel):
             return None
-        host = pass1.prepare_pass(
+        host = pass1.prepare_pass(  # packed into one pinned buffer by OffloadedPass
             pass_tensors(self.tensors(), RESIDUAL_PREFIX), dtype=pass1.compute_dtype(x.dtype)
-        ).map(pin)
+        )
         assert self._pool is not None
         entry = OffloadedPass(host, name=f"{type(self).__name__}@{id(self):x}")
         self._pool.register(entry, x.device)
@@ -178,11 +178,8 @@ class TurboQuantLinear(nn.Module):
         kernel.check_input(x, prepared)
         x2d = x.reshape(-1, self.in_features)
         slot = self._pool.begin(entry)  # fence + prefetch of the next layer
-        partial = kernel.run_pass(
-            x2d, prepared.passes[0], prepared, partial=None, bias=None, out_dtype=torch.float32
-        )
-        data = self._pool.wait(slot, entry)
-        y = kernel.run_pass(x2d, data, prepared, partial=partial, bias=prepared.bias, out_dtype=x.dtype)
+        data = self._pool.wait(slot, entry)  # this layer's copy, issued one layer earlier
+        y = kernel.run_passes(x2d, (prepared.passes[0], data), prepared, bias=prepared.bias, out_dtype=x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -7,16 +7,22 @@ layer, the seed's prefetch chain (seeds/turboquant-inference-pipeline.md):
 
 1. fence: record an event on the compute stream; the copy stream waits for it, so a
    slot is never overwritten while a kernel queued earlier may still read it;
-2. async H2D of the *next* layer's pass-2 data into the other slot, on the copy stream;
-3. pass 1 of this layer on the compute stream, overlapping that copy;
-4. the compute stream waits for this layer's copy (issued by the previous layer);
-5. pass 2 from the slot.
+2. async H2D of the *next* layer's pass-2 data into the other slot, on the copy stream:
+   one copy, since a layer's pass-2 tensors are packed into one pinned buffer;
+3. the compute stream waits for this layer's copy (issued by the previous layer, so it
+   overlapped that layer's compute);
+4. both passes, pass 1 resident and pass 2 from the slot, in one kernel call
+   (``run_passes``: one launch where the kernel fuses passes).
+
+Per layer that is two event records, one stream wait and one copy: the views that read
+a slot and the events are made once and reused (the earlier chain built them per call,
+about 100 µs of host time per layer on an H100 host).
 
 The chain is the order in which offloaded layers first run (their execution order);
 the last layer prefetches the first, so a decode loop stays pipelined across steps.
 A layer whose data is not in a slot when it runs (the first forward, or calls out of
 chain order) loads it itself: slower, never wrong. Data in a slot are the same bytes
-as the resident copy, and kernels read them through the same ``run_pass``, so outputs
+as the resident copy, and kernels read them through the same ``run_passes``, so outputs
 are identical to the resident path.
 
 On a CPU device the same logic runs with synchronous copies and no streams (tests).
@@ -41,25 +47,71 @@ def pin(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+#: Byte alignment of each tensor inside a packed pass (the kernels load 16-byte vectors).
+_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _pack(host: PassData) -> tuple[torch.Tensor, tuple[_Field, ...]]:
+    """Every tensor of ``host`` in one pinned byte buffer: one H2D copy per layer, not three."""
+    fields, offset = [], 0
+    for name, t in host.tensors().items():
+        nbytes = t.numel() * t.element_size()
+        fields.append(_Field(name, t.dtype, tuple(t.shape), offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    flat = pin(torch.empty(offset, dtype=torch.uint8))
+    for f, t in zip(fields, host.tensors().values(), strict=True):
+        flat[f.offset:f.offset + f.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
+    return flat, tuple(fields)
+
+
+def _views(buffer: torch.Tensor, fields: tuple[_Field, ...]) -> PassData:
+    return PassData(**{f.name: buffer[f.offset:f.offset + f.nbytes].view(f.dtype).view(f.shape) for f in fields})
+
+
 @dataclass(eq=False)
 class OffloadedPass:
-    """One layer's pass 2 in host memory, in its kernel's layout."""
+    """One layer's pass 2 in host memory, in its kernel's layout, packed into one pinned
+    buffer (``flat``); ``host`` views it field by field."""
 
     host: PassData
     name: str = ""
     position: int = -1  # in the pool's chain
+    flat: torch.Tensor = field(init=False, repr=False)
+    fields: tuple[_Field, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.flat, self.fields = _pack(self.host)
+        self.host = _views(self.flat, self.fields)
 
 
 @dataclass(eq=False)
 class _Slot:
-    buffers: dict[tuple[str, torch.dtype], torch.Tensor] = field(default_factory=dict)
-    owner: OffloadedPass | None = None
-    ready: torch.cuda.Event | None = None  # the copy into this slot has finished
+    """A GPU scratch buffer, the entry whose bytes it holds, and — cached per entry, so a
+    layer's step costs a few calls — the views that read it and the destination of the
+    copy. The two events are recorded again at every load (a wait uses the latest record)."""
 
-    def view(self, entry: OffloadedPass) -> PassData:
-        return entry.host.map_named(
-            lambda name, t: self.buffers[(name, t.dtype)][: t.numel()].view(t.shape)
-        )
+    buffer: torch.Tensor | None = None
+    owner: OffloadedPass | None = None
+    views: dict[OffloadedPass, tuple[PassData, torch.Tensor]] = field(default_factory=dict)
+    fence: torch.cuda.Event | None = None  # compute stream reached the load: the slot is free
+    ready: torch.cuda.Event | None = None  # the copy into this slot has finished
+    copying: bool = False
+
+    def view(self, entry: OffloadedPass) -> tuple[PassData, torch.Tensor]:
+        hit = self.views.get(entry)
+        if hit is None:
+            assert self.buffer is not None
+            hit = self.views[entry] = (_views(self.buffer, entry.fields), self.buffer[: entry.flat.numel()])
+        return hit
 
 
 class Pass2OffloadPool:
@@ -90,21 +142,15 @@ class Pass2OffloadPool:
         self._reserve(entry)
 
     def _reserve(self, entry: OffloadedPass) -> None:
-        grow = any(
-            (key := (name, t.dtype)) not in slot.buffers or slot.buffers[key].numel() < t.numel()
-            for slot in self._slots
-            for name, t in entry.host.tensors().items()
-        )
-        if not grow:
+        need = entry.flat.numel()
+        if all(slot.buffer is not None and slot.buffer.numel() >= need for slot in self._slots):
             return
         self.synchronize()  # nothing may still be copying into the buffers we replace
         for slot in self._slots:
-            for name, t in entry.host.tensors().items():
-                key = (name, t.dtype)
-                old = slot.buffers.get(key)
-                if old is None or old.numel() < t.numel():
-                    slot.buffers[key] = torch.empty(t.numel(), dtype=t.dtype, device=self.device)
+            if slot.buffer is None or slot.buffer.numel() < need:
+                slot.buffer = torch.empty(need, dtype=torch.uint8, device=self.device)
             slot.owner = None  # contents no longer trusted after a resize
+            slot.views.clear()
 
     # --- the prefetch chain ----------------------------------------------------------------
 
@@ -124,9 +170,9 @@ class Pass2OffloadPool:
         """Step 4: the compute stream waits for the copy into ``slot``; returns the views."""
         if slot.owner is not entry:
             raise RuntimeError(f"offload slot holds {getattr(slot.owner, 'name', None)!r}, not {entry.name!r}")
-        if slot.ready is not None:
+        if slot.copying and slot.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(slot.ready)
-        return slot.view(entry)
+        return slot.view(entry)[0]
 
     def synchronize(self) -> None:
         if self._copy_stream is not None:
@@ -141,18 +187,17 @@ class Pass2OffloadPool:
     def _load(self, entry: OffloadedPass, slot: _Slot) -> None:
         slot.owner = entry
         self.copies += 1
-        views = slot.view(entry).tensors()
+        dst = slot.view(entry)[1]
         if self._copy_stream is None:
-            for name, src in entry.host.tensors().items():
-                views[name].copy_(src)
-            slot.ready = None
+            dst.copy_(entry.flat)
+            slot.copying = False
             return
-        compute = torch.cuda.current_stream(self.device)
-        fence = torch.cuda.Event()
-        fence.record(compute)  # step 1
+        if slot.fence is None or slot.ready is None:
+            slot.fence, slot.ready = torch.cuda.Event(), torch.cuda.Event()
+        fence, ready = slot.fence, slot.ready
+        fence.record(torch.cuda.current_stream(self.device))  # step 1
         with torch.cuda.stream(self._copy_stream):
             self._copy_stream.wait_event(fence)
-            for name, src in entry.host.tensors().items():  # step 2
-                views[name].copy_(src, non_blocking=True)
-            slot.ready = torch.cuda.Event()
-            slot.ready.record(self._copy_stream)
+            dst.copy_(entry.flat, non_blocking=True)  # step 2: one copy of the packed pass
+            ready.record(self._copy_stream)
+        slot.copying = True

@@ -1,0 +1,116 @@
+"""The tensor-core kernel (small and middle M): unpack, lookup, ``tl.dot`` and rescale of
+every pass in one launch, split over K.
+
+Grid ``(N / BLOCK_N, SPLIT, M / BLOCK_M)``. Program (j, s, i) accumulates the output tile
+``acc[BLOCK_N, BLOCK_M]`` of weight rows j·BLOCK_N… and activation rows i·BLOCK_M… over
+the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
+
+* the group's index words [BLOCK_N, d/8] are looked up in the shared-memory codebook
+  (``lookup.nibble_values``) and the eight planes interleaved back to the natural
+  coordinate order, [BLOCK_N, d], in the dot dtype;
+* ``tl.dot(Ŵ_g, x_rot_gᵀ)`` with the weight as the left operand, so a decode-sized batch
+  needs no padding to the matrix unit's row count;
+* the (row, group) scale multiplies that group's [BLOCK_N, BLOCK_M] result — once per
+  output element and group, not once per weight element.
+
+``x_rot`` ([M, K] per pass) is the input rotated once per call (a small GEMM outside).
+With SPLIT > 1 the split partials meet as in the decode kernel (``gemv.py``): a float32
+workspace and a ticket per output tile; the last program adds them in split order.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .gemv import _release
+from .lookup import codebook_table, nibble_values, to_output
+
+__all__ = ["mma_kernel"]
+
+
+@triton.jit
+def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexpr, D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """Ŵ_g without its scale: [BLOCK_N, D] fp32 centroids in natural coordinate order
+    (rows outside ``rmask`` read index 0; their scale is 0)."""
+    wcols = tl.arange(0, WPG)
+    w = tl.load(idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g * WPG + wcols[None, :],
+                mask=rmask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
+    even = tl.reshape(tl.join(tl.join(v0, v4), tl.join(v2, v6)), [BLOCK_N, WPG, 4])  # k = 0, 2, 4, 6
+    odd = tl.reshape(tl.join(tl.join(v1, v5), tl.join(v3, v7)), [BLOCK_N, WPG, 4])   # k = 1, 3, 5, 7
+    return tl.reshape(tl.join(even, odd), [BLOCK_N, D])
+
+
+@triton.jit
+def _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask, offs_m, m_mask, g, stride_idx, cb_ptr,
+                   M, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32."""
+    WPG: tl.constexpr = D // 8
+    w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG, D, BLOCK_N, INTERPRET)
+    dd = tl.arange(0, D)
+    xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * K + g * D + dd[:, None], mask=m_mask[None, :], other=0.0)
+    if DOT_FP32:
+        part = tl.dot(w_hat, xt.to(tl.float32), input_precision="ieee")
+    else:
+        part = tl.dot(w_hat.to(xt.dtype), xt)
+    s = tl.load(scale_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)
+    return part * s[:, None]
+
+
+@triton.jit
+def mma_kernel(
+    x_ptr, x2_ptr, idx_ptr, scale_ptr, idx2_ptr, scale2_ptr,
+    cb_ptr, out_ptr, partial_ptr, bias_ptr, ws_ptr, ticket_ptr,
+    M, N, stride_idx, stride_idx2,
+    N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr,
+    HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    K: tl.constexpr = N_GROUPS * D
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    codebook_table(cb_ptr, INTERPRET)
+    tl.debug_barrier()
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for i in range(0, GPC):
+        # No branch on the last split's missing groups (it would stop the pipeliner):
+        # their loads are masked, so their scale and activations are zero.
+        g = split * GPC + i
+        g_ok = g < N_GROUPS
+        acc += _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask & g_ok, offs_m, m_mask & g_ok, g, stride_idx,
+                              cb_ptr, M, K, N_GROUPS, D, BLOCK_N, DOT_FP32, INTERPRET)
+        if TWO_PASSES:
+            acc += _group_product(idx2_ptr, scale2_ptr, x2_ptr, rows, rmask & g_ok, offs_m, m_mask & g_ok, g,
+                                  stride_idx2, cb_ptr, M, K, N_GROUPS, D, BLOCK_N, DOT_FP32, INTERPRET)
+    out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]
+    mask = rmask[:, None] & m_mask[None, :]
+    if SPLIT == 1:
+        if HAS_PARTIAL:
+            acc += tl.load(partial_ptr + out_offs, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows, mask=rmask, other=0.0)[:, None]
+        tl.store(out_ptr + out_offs, to_output(acc, out_ptr), mask=mask)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        tl.store(ws_ptr + split * M * N + out_offs, acc, mask=mask)
+        _release(INTERPRET)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for sp in range(0, SPLIT):
+                total += tl.load(ws_ptr + sp * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_PARTIAL:
+                total += tl.load(partial_ptr + out_offs, mask=mask, other=0.0)
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + rows, mask=rmask, other=0.0)[:, None]
+            tl.store(out_ptr + out_offs, to_output(total, out_ptr), mask=mask)
+            tl.atomic_xchg(ticket_ptr + tile, 0)

@@ -1,0 +1,156 @@
+"""Every path of ``turboquant_triton`` under the interpreter, forced where the wrapper's
+M rule would not pick it: the decode kernel split over K (the ticket that elects the
+program adding the splits, reset for the next launch), the tensor-core kernel split over
+K, dequantize + GEMM with interleaved passes; a running ``partial`` and the bias; and the
+config tables keyed by the full geometry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantcore.conformance.interpreter import enable_interpreter_for
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.ops.linear import linear_reference
+
+INTERPRETER = enable_interpreter_for("cpu")
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+
+
+def _layer(fmt: TurboQuant, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], object]:
+    from quantcore.backends.turboquant_triton import TurboQuantTriton
+
+    gen = torch.Generator().manual_seed(seed)
+    t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
+    t["bias"] = torch.randn(n, generator=gen)
+    kernel = TurboQuantTriton(fmt, "cpu")
+    return t, kernel.prepare(t, dtype=torch.bfloat16)
+
+
+def _check(fmt: TurboQuant, n: int, k: int, m: int, path: str, config: object = None, *,
+           with_partial: bool = False, seed: int = 0, calls: int = 1) -> None:
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    t, prep = _layer(fmt, n, k, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    partial = torch.randn(m, n, generator=gen) if with_partial else None
+    ref = linear_reference(x, fmt.dequantize(t), t["bias"])
+    if partial is not None:
+        ref = ref + partial.double()
+    for call in range(calls):  # a second launch must find the split-K tickets reset
+        y = fused_linear(x, prep.passes, prep.codebook, group_size=fmt.group_size, partial=partial,
+                         bias=prep.bias, out_dtype=torch.bfloat16, path=path, config=config)
+        result = compare(y, ref, tolerance_for(torch.bfloat16))
+        assert result.ok, f"call {call}: {result.problem}"
+
+
+def test_decode_kernel_split_over_k_with_both_passes() -> None:
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+
+    # 16 groups, 4 a program: 4 splits, 2 row chunks; the loop unrolled by 3 over 3 steps.
+    _check(TurboQuant(group_size=32, residual=True), 70, 512, 1, "gemv", GemvConfig(gpc=4, ctas=8, br=4, warps=4),
+           calls=2)
+
+
+def test_decode_kernel_ragged_last_split_with_partial() -> None:
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+
+    # 10 groups, 4 a program: the last split holds 2 (masked groups, clamped scales).
+    _check(TurboQuant(group_size=64), 70, 640, 1, "gemv", GemvConfig(gpc=4, ctas=9, br=16, warps=4, unroll=1),
+           with_partial=True)
+
+
+def test_decode_kernel_with_a_rotation_per_group() -> None:
+    _check(TurboQuant(group_size=64, rotation_per_group=True, residual=True), 48, 256, 1, "gemv")
+
+
+def test_tensor_core_kernel_split_over_k_with_partial() -> None:
+    from quantcore.backends.turboquant_triton.configs import MmaConfig
+
+    _check(TurboQuant(group_size=64), 70, 640, 20, "mma", MmaConfig(block_n=32, block_m=16, gpc=2, ctas=100),
+           with_partial=True, calls=2)
+
+
+def test_tensor_core_kernel_two_passes_at_m1() -> None:
+    from quantcore.backends.turboquant_triton.configs import MmaConfig
+
+    _check(TurboQuant(group_size=32, residual=True), 40, 256, 1, "mma", MmaConfig(block_n=32, block_m=16, gpc=3, ctas=40))
+
+
+@pytest.mark.parametrize("fmt", [TurboQuant(group_size=64, residual=True),
+                                 TurboQuant(group_size=64, rotation_per_group=True, residual=True)],
+                         ids=lambda f: f.slug)
+def test_dequantize_then_gemm_with_interleaved_passes(fmt: TurboQuant) -> None:
+    _check(fmt, 72, 256, 5, "dequant", with_partial=True)
+
+
+def test_interleaved_scratch_layout() -> None:
+    """Group g of pass p sits at columns (g·P + p)·d: the scratch equals each pass's
+    dequantization in the rotated basis, interleaved per group."""
+    from quantcore.backends.turboquant_triton.fused import dequantize_rotated
+
+    fmt = TurboQuant(group_size=32, residual=True)
+    t, prep = _layer(fmt, 24, 128, 3)
+    w_cat = dequantize_rotated(prep.passes, prep.codebook, 32, torch.float32)
+    from quantcore.formats.turboquant.format import unpack_indices
+
+    for p, prefix in enumerate(fmt.passes):
+        idx = unpack_indices(t[prefix + "indices"])
+        want = t["codebook"][idx] * (t[prefix + "norms"].float() / 32 ** 0.5).repeat_interleave(32, dim=1)
+        got = w_cat.view(24, 4, 2, 32)[:, :, p, :].reshape(24, 128)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_wrong_path_and_pass_count_are_refused() -> None:
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    _, prep = _layer(TurboQuant(group_size=64), 16, 128, 0)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="M = 1"):
+        fused_linear(x, prep.passes, prep.codebook, group_size=64, partial=None, bias=None,
+                     out_dtype=torch.bfloat16, path="gemv")
+    with pytest.raises(ValueError, match="path"):
+        fused_linear(x, prep.passes, prep.codebook, group_size=64, partial=None, bias=None,
+                     out_dtype=torch.bfloat16, path="fast")
+    with pytest.raises(ValueError, match="two passes"):
+        fused_linear(x, prep.passes * 3, prep.codebook, group_size=64, partial=None, bias=None,
+                     out_dtype=torch.bfloat16)
+
+
+def test_config_tables_key_the_whole_geometry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.turboquant_triton import configs
+
+    entries = [
+        {"device": "dev", "kernel": "gemv", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
+         "config": {"gpc": 4, "ctas": 99, "br": 8, "warps": 8, "unroll": 1}},
+        {"device": "dev", "kernel": "mma", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
+         "m_bucket": 16, "config": {"block_n": 32, "block_m": 16, "gpc": 2, "warps": 4, "stages": 2, "ctas": 7}},
+        {"device": "dev", "kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": 64}},
+    ]
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(entries))
+    monkeypatch.setenv(configs.ENV, str(path))
+    assert configs.gemv_config("dev", 4096, 4096, 128, 1, torch.bfloat16).ctas == 99
+    # Another group size, pass count, dtype, shape or device: not this entry.
+    for args in (("dev", 4096, 4096, 64, 1, torch.bfloat16), ("dev", 4096, 4096, 128, 2, torch.bfloat16),
+                 ("dev", 4096, 4096, 128, 1, torch.float16), ("dev", 4096, 14336, 128, 1, torch.bfloat16),
+                 ("other", 4096, 4096, 128, 1, torch.bfloat16)):
+        assert configs.gemv_config(*args).ctas != 99, args
+    assert configs.mma_config("dev", 9, 4096, 4096, 128, 1, torch.bfloat16).ctas == 7
+    assert configs.mma_config("dev", 17, 4096, 4096, 128, 1, torch.bfloat16).ctas != 7  # M bucket 32
+    assert configs.path_for("dev").mma_max_m == 64
+    assert configs.path_for("other") == configs.PathChoice()
+
+
+def test_shipped_h100_table_loads() -> None:
+    from quantcore.backends.turboquant_triton import configs
+
+    shipped = [k for k in configs.table() if k[0] == "NVIDIA H100 80GB HBM3"]
+    kinds = {k[1] for k in shipped}
+    assert {"gemv", "mma", "paths"} <= kinds
+    assert all(k[4] == 128 for k in shipped if k[1] != "paths")  # tuned at d = 128 only
