@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.formats.turboquant.runtime import PassData, rotate_input
+from quantcore.nn.turboquant.kernel import PassData, rotate_input
 
 from . import configs
 from .dequant import dequant_kernel

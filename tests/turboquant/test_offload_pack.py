@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from quantcore.formats.turboquant.offload import OffloadedPass, Pass2OffloadPool
-from quantcore.formats.turboquant.runtime import PassData
+from quantcore.nn.turboquant.offload import OffloadedPass, Pass2OffloadPool
+from quantcore.transforms.turboquant_passes import PassData
 
 
 def _pass(seed: int, n: int = 24, k: int = 64) -> PassData:
