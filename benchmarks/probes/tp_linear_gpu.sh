@@ -37,7 +37,7 @@ say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch; pr
 check() {  # world backend device [--stage-host]
   say "tp_check world=$1 backend=$2 device=$3 ${4:-}"
   timeout 150 python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" --device "$3" \
-      --hidden 2048 --inter 5504 --m 16 ${4:-} 2>>"$LOG" | tee -a "$OUT/tp_check.jsonl"
+      --hidden 2048 --inter 5632 --m 16 ${4:-} 2>>"$LOG" | tee -a "$OUT/tp_check.jsonl"
   local rc=${PIPESTATUS[0]}
   say "tp_check rc=$rc"
   return "$rc"

@@ -38,7 +38,8 @@ SHAPES = {
     "default": [{"M": m, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2} for m in (1, 16, 128)],
     "decode": [{"M": 1, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2}],
     "small": [{"M": m, "K": 1024, "N": 2816, "W": 2} for m in (1, 16)],
-    "w4": [{"M": m, "K": _LLAMA[0], "N": _LLAMA[1], "W": 4} for m in (1, 16, 128)],
+    # Llama-2-13B's MLP: 13824 = 4 · 27 groups of 128 (7B's 11008 = 86 groups splits in 2, not 4).
+    "w4": [{"M": m, "K": 5120, "N": 13824, "W": 4} for m in (1, 16, 128)],
 }
 FMT = GPTQ(bits=4, group_size=128, sym=True)
 ROUNDS = 7
