@@ -29,7 +29,7 @@ from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry, default_registry
 
 from ..case import PROFILES, Case
-from ..harness import get_harness
+from quantcore.ops.harness import get_harness
 from ..runner import FAIL, PASS, SKIP, CellResult, _err
 from ..tolerance import compare, tolerance_for
 from .cases import WORLDS, tp_cases
