@@ -9,7 +9,14 @@ import os
 import pytest
 import torch
 
-from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan, Shape, default_plan, plan_for
+from quantcore.backends.triton_int4.configs import (
+    GemvConfig,
+    MmaConfig,
+    Plan,
+    Shape,
+    default_plan,
+    plan_for,
+)
 from quantcore.backends.triton_int4.kernel import TritonInt4AWQ, TritonInt4GPTQ
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import KernelInputError
