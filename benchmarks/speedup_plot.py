@@ -34,7 +34,7 @@ def plot_speedup(data: dict[str, Any], path: Path, *, peer: str = "dense_bf16", 
             ax.plot(*zip(*pts, strict=True), marker="o", label=variant)
         if goals and (k, n) in goal_panels:
             ms = sorted(goals)
-            ax.plot(ms, [goals[m] for m in ms], "k--", drawstyle="steps-mid", label="goal")
+            ax.plot(ms, [goals[m] for m in ms], "k--", drawstyle="steps-mid", marker="_", markersize=14, label="goal")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)

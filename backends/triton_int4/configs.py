@@ -15,7 +15,6 @@ from typing import Literal
 
 __all__ = [
     "DEQUANT_BLOCK_N",
-    "INTERPRETER_GEMV",
     "INTERPRETER_MMA",
     "GemvConfig",
     "MmaConfig",
@@ -68,7 +67,6 @@ class Shape:
 
 
 #: Fixed tiles under the interpreter: few, large programs (it pays per operation).
-INTERPRETER_GEMV = GemvConfig(block_n=64, block_b=2, num_warps=4, num_stages=1)
 INTERPRETER_MMA = MmaConfig(block_n=64, block_m=64, num_warps=4, num_stages=1, operand=0)
 DEQUANT_BLOCK_N = 64
 

@@ -55,7 +55,8 @@ def _gptq_supports(fmt: GPTQ, problem: Problem) -> Support:
 class TritonInt4GPTQ(LinearKernel):
     name: ClassVar[str] = "triton_int4"
     format: ClassVar[str] = "gptq"
-    #: Above aten_cuda (100) on CUDA: faster at every M measured on the H100 (README.md).
+    #: Above aten_cuda (100) on CUDA: on the H100 2–20× faster from M = 16 on, at most 27%
+    #: slower at M ≤ 4 (README.md); shape-aware choice between the two is issue 15's.
     priority: ClassVar[int] = 110
     description: ClassVar[str] = "GPTQ 4/8-bit in Triton: tensor-core dequant-in-registers GEMM, split-K"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cuda", "cpu"}), packages=("triton",))
@@ -72,8 +73,9 @@ class TritonInt4GPTQ(LinearKernel):
 
     @classmethod
     def priority_on(cls, caps: Capabilities) -> int:
-        # On CPU this is Triton's interpreter: a correctness tool, far slower than torch.
-        return 10 if caps.device_type == "cpu" else cls.priority
+        # On CPU this is Triton's interpreter: a correctness tool, far slower than torch,
+        # so below even torch_fallback (0): asked for by name only.
+        return -10 if caps.device_type == "cpu" else cls.priority
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:

@@ -291,15 +291,15 @@ def _asm_call(w16, zin, sin, IDX: tl.constexpr, ZR: tl.constexpr, SR: tl.constex
 
 
 @triton.jit
-def _slice_operand(w16, I: tl.constexpr, BITS: tl.constexpr, z, s, act: tl.constexpr,
+def _slice_operand(w16, SL: tl.constexpr, BITS: tl.constexpr, z, s, act: tl.constexpr,
                    HAS_ZEROS: tl.constexpr, OPERAND: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Slice ``I`` of a block as the dot's left operand [BLOCK_N, 32]. ``w16`` is the
+    """Slice ``SL`` of a block as the dot's left operand [BLOCK_N, 32]. ``w16`` is the
     block's words viewed as int16 [BLOCK_N, 32]: element e holds input e of every slice
     (slice i in its field i), so the operand is elementwise in ``w16`` and each word
     yields an (input e, e + 1) pair — the register a tensor-core operand wants."""
     if OPERAND != 0 and ASM:
         WIDE: tl.constexpr = BITS == 8 and act == tl.bfloat16  # through fp32 (see _pair_asm_text)
-        IDX: tl.constexpr = (((BITS == 8) * 2 + (act == tl.float16)) * 2 + (OPERAND == 2)) * 8 + HAS_ZEROS * 4 + I
+        IDX: tl.constexpr = (((BITS == 8) * 2 + (act == tl.float16)) * 2 + (OPERAND == 2)) * 8 + HAS_ZEROS * 4 + SL
         ZR: tl.constexpr = (2 if WIDE else 1) if HAS_ZEROS else 0
         SR: tl.constexpr = (2 if WIDE else 1) if OPERAND == 2 else 0
         if WIDE:
@@ -310,7 +310,7 @@ def _slice_operand(w16, I: tl.constexpr, BITS: tl.constexpr, z, s, act: tl.const
             zin = tl.broadcast_to((-(base + z)).to(act).to(tl.int16, bitcast=True)[:, None], [BLOCK_N, 32])
             sin = tl.broadcast_to(s.to(act)[:, None], [BLOCK_N, 32])
         return _asm_pair(w16, zin, sin, IDX, ZR, SR, act)
-    q = ((w16 >> (BITS * I)) & ((1 << BITS) - 1)).to(tl.int32)
+    q = ((w16 >> (BITS * SL)) & ((1 << BITS) - 1)).to(tl.int32)
     v = (q | TWO23_F32).to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]  # q − z, exact
     if OPERAND == 2:
         v = v * s[:, None]
@@ -380,9 +380,8 @@ def mma_kernel(
                     accg = tl.dot(wi, xi, accg)
                 else:
                     acc = tl.dot(wi, xi, acc)
-                if OPERAND != 2:
-                    if (i + 1) % CLOSE == 0:
-                        acc += s[:, None] * accg
+                if OPERAND != 2 and (i + 1) % CLOSE == 0:
+                    acc += s[:, None] * accg
     _finish(tl.trans(acc), offs_m, offs_n, m_mask, n_mask, y_ptr, stride_ym, b_ptr, ws_ptr, cnt_ptr,
             pid, pid_k, M, N, HAS_BIAS, SPLIT_K)
 

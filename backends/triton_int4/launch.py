@@ -4,13 +4,14 @@ only when a call runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import torch
 import triton
 
-from .configs import DEQUANT_BLOCK_N, INTERPRETER_GEMV, INTERPRETER_MMA, Plan, Shape, plan_for
+from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_for
 from .kernels import dequant_kernel, gemv_kernel, mma_kernel
 from .layout import SLICE, TritonIntWeights, block_k, pairs
 
@@ -40,10 +41,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
     m = x2.shape[0]
     if interpreting():
-        if m == 1:
-            return Plan("gemv", gemv=INTERPRETER_GEMV)
+        # The path the GPU runs at every M (the GEMV only when a plan names it), with fp32
+        # operands and few, large programs.
         block_m = max(16, min(64, 1 << (m - 1).bit_length()))
-        return Plan("mma", mma=INTERPRETER_MMA.__class__(**{**INTERPRETER_MMA.__dict__, "block_m": block_m}))
+        return Plan("mma", mma=dataclasses.replace(INTERPRETER_MMA, block_m=block_m))
     shape = Shape(m, w.in_features, w.out_features, w.bits, close_slices(w), _dtype_name(x2.dtype))
     props = torch.cuda.get_device_properties(x2.device)
     return plan_for(shape, props.name, props.multi_processor_count)

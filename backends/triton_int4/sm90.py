@@ -28,6 +28,10 @@ __all__ = ["compile_kernel", "loop_profile"]
 _DT = {"bf16": "*bf16", "fp16": "*fp16"}
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _tool(name: str) -> Path:
     import triton
 
@@ -78,14 +82,14 @@ def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: 
                              "EVEN_K": True, "EVEN_N": True, "ASM": asm}
     if isinstance(cfg, GemvConfig):
         fn = kernels.gemv_kernel
-        steps = -(-(-(-blocks // cfg.split_k)) // cfg.block_b)
+        steps = _cdiv(_cdiv(blocks, cfg.split_k), cfg.block_b)
         const |= {"BLOCK_N": cfg.block_n, "BLOCK_B": cfg.block_b, "STEPS": steps}
         weights_per_iteration = cfg.block_n * cfg.block_b * 32 * pairs
     else:
         fn = kernels.mma_kernel
         runtime["w_ptr"] = "*i16"
         const |= {"BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_B": cfg.block_b,
-                  "STEPS": -(-(-(-blocks // cfg.split_k)) // cfg.block_b), "OPERAND": cfg.operand}
+                  "STEPS": _cdiv(_cdiv(blocks, cfg.split_k), cfg.block_b), "OPERAND": cfg.operand}
         weights_per_iteration = cfg.block_n * 32 * pairs * cfg.block_b
     names = list(fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in runtime if a not in ("M", "NUM_GROUPS", "NUM_SUB")}

@@ -33,7 +33,7 @@ import torch
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 
-from .configs import GemvConfig, MmaConfig, Plan, Shape, default_plan, m_bucket
+from .configs import GemvConfig, MmaConfig, Plan
 from .layout import GPTQToTritonInt, TritonIntWeights, block_k
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
@@ -219,7 +219,7 @@ def precompile(quick: bool, workers: int) -> None:
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for done in pool.map(_compile_job, [(*j, quick) for j in _jobs(quick)]):
+        for _ in pool.map(_compile_job, [(*j, quick) for j in _jobs(quick)]):
             pass
     print(f"precompiled in {time.perf_counter() - t0:.0f}s", flush=True)
 
@@ -265,15 +265,15 @@ def time_all(device: str, quick: bool, log: Path | None = None) -> list[dict[str
             y = linear(xs[0], ws[0], plan)
             errs.append(((y.float() - ref).norm() / ref.norm()).item())
             names.append(_plan_str(plan))
-            fns.append(lambda i, plan=plan: linear(xs[i % len(xs)], ws[i % len(ws)], plan))
+            fns.append(lambda i, plan=plan, xs=xs, ws=ws: linear(xs[i % len(xs)], ws[i % len(ws)], plan))
             sets.append(len(ws))
         names.append("cublas_bf16")
-        fns.append(lambda i: torch.nn.functional.linear(xs[i % len(xs)], dense[i % len(dense)]))
+        fns.append(lambda i, xs=xs, dense=dense: torch.nn.functional.linear(xs[i % len(xs)], dense[i % len(dense)]))
         sets.append(len(dense))
         errs.append(0.0)
         if aten_ws is not None:
             names.append("aten_cuda")
-            fns.append(lambda i: aten(xs[i % len(xs)], aten_ws[0]))
+            fns.append(lambda i, xs=xs, prepared=aten_ws[0]: aten(xs[i % len(xs)], prepared))
             sets.append(1)
             errs.append(((aten(xs[0], aten_ws[0]).float() - ref).norm() / ref.norm()).item())
         timings = time_interleaved(fns, device, rounds=5 if m < 512 else 3, graph=True, sets=sets)

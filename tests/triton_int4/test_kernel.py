@@ -9,7 +9,14 @@ import os
 import pytest
 import torch
 
-from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan, Shape, default_plan, plan_for
+from quantcore.backends.triton_int4.configs import (
+    GemvConfig,
+    MmaConfig,
+    Plan,
+    Shape,
+    default_plan,
+    plan_for,
+)
 from quantcore.backends.triton_int4.kernel import TritonInt4AWQ, TritonInt4GPTQ
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import KernelInputError
@@ -135,8 +142,9 @@ def test_supports_awq_and_interpreter_limit(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_ranks_below_torch_on_cpu_and_above_tinygemm_on_cuda() -> None:
     from quantcore.backends.aten_cuda.kernel import AtenCudaGPTQ
+    from quantcore.backends.torch_fallback.kernel import DequantLinear
 
-    assert TritonInt4GPTQ.priority_on(probe("cpu")) < 50
+    assert TritonInt4GPTQ.priority_on(probe("cpu")) < DequantLinear.priority_on(probe("cpu"))
     assert TritonInt4GPTQ.priority > AtenCudaGPTQ.priority
 
 
