@@ -31,7 +31,7 @@ def table(rows: Sequence[dict[str, Any]], fmt: str = "simple") -> str:
             out.append([r["case"], r["variant"], "skipped", "", "", "", "", *[""] * len(peers), r["note"]])
             continue
         out.append([
-            r["case"], r["variant"], r["role"],
+            r["case"], r["variant"] + (" ★" if r.get("chosen") else ""), r["role"],
             f"{r['time_s'] * 1e6:.1f}" + (f" ±{r['spread'] * 50:.0f}%" if r["spread"] > 0.1 else ""),
             f"{r['bytes_per_s'] / 1e9:.1f}" if r["bytes"] else "",
             f"{100 * r['copy_share']:.0f}%" if r["bytes"] else "",
@@ -66,7 +66,9 @@ def markdown_page(device_dir: Path) -> str:
             f"run: copy {c['copy_bytes_per_s'] / 1e9:.1f} GB/s (read + write), {c['matmul_what']} "
             f"{c['matmul_flops_per_s'] / 1e12:.2f} TFLOP/s. Timing: {data.get('timing', 'eager')}, median of "
             f"{data['rounds']} interleaved rounds; "
-            "'vs X' is X's time over this row's (above 1 = faster than X).\n"
+            "'vs X' is X's time over this row's (above 1 = faster than X)."
+            + (" ★ marks the kernel `get_kernel` chooses by default for the case." if any(
+                r.get("chosen") for r in data["rows"]) else "") + "\n"
         )
         parts.append(table(data["rows"], fmt="github") + "\n")
         for note in data.get("notes", []):

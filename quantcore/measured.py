@@ -263,5 +263,15 @@ def store(problem: Problem, device_name: str, measurement: Measurement) -> None:
 
 
 def export(path: Path, device_name: str, entries: Mapping[str, Measurement]) -> None:
-    """Write (or merge into) a table to ship: ``quantcore tune … --export PATH``."""
-    _update(Path(path), device_name, entries)
+    """Write (or merge into) a table to ship: ``quantcore tune … --export PATH``. Refuses to
+    merge into another device's table."""
+    path = Path(path)
+    try:
+        other = json.loads(path.read_text()).get("device_name")
+    except (OSError, ValueError, AttributeError):
+        other = None
+    if isinstance(other, str) and other != device_name:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"--export {path}: a table for {other!r}, not for this device ({device_name!r})")
+    _update(path, device_name, entries)

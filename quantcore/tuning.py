@@ -55,13 +55,15 @@ class TuneResult:
 
 
 def tuned(
-    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False
+    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False,
+    fresh: bool = False,
 ) -> TuneResult:
     """The cached or freshly measured times of ``candidates`` (usable kernel names); the
-    winner is the fastest of all of them (selection applies the memory rule)."""
+    winner is the fastest of all of them (selection applies the memory rule). ``fresh``
+    measures even when the cache has them."""
     name = probe(device).name or device
     with _lock:
-        hit = measured.lookup_cached(problem, name)
+        hit = None if fresh else measured.lookup_cached(problem, name)
         if hit is not None and hit.covers(candidates) and (not graph or hit.timing == "cuda-graph"):
             seconds = {k: v for k, v in hit.seconds.items() if k in candidates}
             refused = {k: v for k, v in hit.refused.items() if k in candidates}

@@ -38,6 +38,7 @@ from quantcore.ops.act_quant_lora import act_quant_lora_problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 
+from ..choice import default_choice
 from ..memory import rotation_sets
 from ..spec import BenchCase, Role, Variant
 
@@ -60,6 +61,15 @@ def op_bytes(fmt: SVDQuantAct, m: int, n: int, r: int, smooth: bool = True) -> i
     scale_bytes = 1 if fmt.fp4 else 2
     return (2 * m * n + 2 * n * r + (4 * n if smooth else 0)
             + m_pad * n // 2 + m_pad * (n // fmt.block) * scale_bytes + 4 * m_pad * r)
+
+
+def problems(shapes: list[dict[str, int]]) -> list[Any]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    out = []
+    for dims in shapes:
+        for fp4 in ((bool(dims["fp4"]),) if "fp4" in dims else (True, False)):
+            out.append(act_quant_lora_problem(SVDQuantAct(fp4=fp4), M=dims["M"], N=dims["N"], R=dims["R"], dtype=DTYPE))
+    return out
 
 
 def _layer(n: int, r: int, dev: torch.device, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -86,6 +96,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             case = BenchCase("svdquant_prequant", f"{tag}-M{m}-N{n}-R{r}", {"M": m, "N": n, "R": r, "fp4": int(fp4)})
             nbytes = op_bytes(fmt, m, n, r)
             problem = act_quant_lora_problem(fmt, M=m, N=n, R=r, dtype=DTYPE)
+            chosen = default_choice(fmt, device, problem)
             for cand in explain(fmt, device, problem=problem).candidates:
                 if cand.status not in ("selected", "usable"):
                     if cand.status != "broken":
@@ -97,7 +108,9 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 role: Role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
                 mm = "cuBLAS" if dev.type == "cuda" else "torch"
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
-                case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
+                case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note,
+                                             candidate=fmt.slug, keeps_dense=cand.keeps_dense,
+                                             chosen=cand.kernel == chosen))
                 if role == "kernel" and dev.type == "cuda" and os.environ.get(ENV_TUNE) != "0":
                     try:
                         case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))
