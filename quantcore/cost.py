@@ -113,7 +113,7 @@ class Cost:
     def __post_init__(self) -> None:
         for name in ("bandwidth", "compute"):
             share = getattr(self, name)
-            if not (isinstance(share, (int, float)) and 0 < share and math.isfinite(share)):
+            if not (isinstance(share, (int, float)) and share > 0 and math.isfinite(share)):
                 raise ValueError(f"Cost.{name}: expected a share > 0, got {share!r}")
         if self.bytes < 0 or self.flops < 0 or self.launches < 0:
             raise ValueError(f"Cost: bytes, flops and launches must be >= 0, got {self.bytes}, {self.flops}, {self.launches}")

@@ -257,7 +257,7 @@ def store(problem: Problem, device_name: str, measurement: Measurement) -> None:
     _generation += 1
     try:
         _update(cache_file(device_name), device_name, {entry_key(problem): measurement})
-    except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
+    except Exception as exc:  # the cache is an optimisation: never fail the caller
         log.warning("could not write the kernel-times cache %s: %s: %s", cache_file(device_name),
                     type(exc).__name__, exc)
 

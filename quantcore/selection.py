@@ -142,13 +142,14 @@ class Explanation:
             return f"{head}: no kernel is registered for this format"
         estimated = any(c.estimated_s is not None for c in self.candidates)
         timed = any(c.measured_s is not None for c in self.candidates)
-        dense = any(c.keeps_dense for c in self.candidates)
+        dense = any(c.keeps_dense and c.status in (SELECTED, USABLE) for c in self.candidates)
         headers = ["kernel", "plugin", "priority", "status", *(["est. µs"] if estimated else []),
                    *(["measured µs"] if timed else []), *(["weight"] if dense else []), "reason"]
         rows = [
             [c.kernel, c.plugin, c.priority, c.status,
              *([_us(c.estimated_s)] if estimated else []), *([_us(c.measured_s)] if timed else []),
-             *([("dense copy" if c.keeps_dense else "compressed") if c.kernel != "-" else ""] if dense else []),
+             *([("dense copy" if c.keeps_dense else "compressed") if c.status in (SELECTED, USABLE) else ""]
+               if dense else []),
              c.reason]
             for c in self.candidates
         ]
@@ -170,16 +171,13 @@ def _us(seconds: float | None) -> str:
 
 def _ranges(by_batch: Sequence[tuple[int, str | None]], dim: str) -> str:
     """``M=1–4 aten_cuda · M=8–4096 triton_int4``."""
-    parts: list[str] = []
-    start = prev = by_batch[0][0]
-    current = by_batch[0][1]
-    for b, k in [*by_batch[1:], (None, object())]:  # type: ignore[list-item]
-        if k != current:
-            span = f"{dim}={start}" if start == prev else f"{dim}={start}–{prev}"
-            parts.append(f"{span} {current or 'none'}")
-            start, current = b, k
-        prev = b if b is not None else prev
-    return " · ".join(parts)
+    runs: list[tuple[int, int, str | None]] = []
+    for b, k in by_batch:
+        if runs and runs[-1][2] == k:
+            runs[-1] = (runs[-1][0], b, k)
+        else:
+            runs.append((b, b, k))
+    return " · ".join(f"{dim}={lo}" + (f"–{hi}" if hi != lo else "") + f" {k or 'none'}" for lo, hi, k in runs)
 
 
 def _env_names(var: str) -> tuple[str, ...]:
@@ -356,7 +354,8 @@ def _explain(
             others.append(Candidate(*names, priority, REFUSED, f"{ENV_FORCE}={','.join(forced)}", keeps_dense=dense))
             continue
         failed = state.failure(fmt.name, op, cls.name, device)
-        reason, estimated, bound = "", {}, ""
+        reason, bound = "", ""
+        estimated: dict[int, float] = {}
         if not failed:
             reason, raised = _refusal(cls, caps, problem)
             broke = broke or raised

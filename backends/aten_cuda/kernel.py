@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
-from quantcore.cost import Cost
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem

@@ -16,14 +16,14 @@ import torch
 from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
 from quantcore.cost import Cost
 from quantcore.kernel import Requirements
-from quantcore.probe import Capabilities
-from quantcore.problem import Problem
 from quantcore.nn.turboquant.kernel import (
     PassData,
     TurboQuantLinearKernel,
     TurboQuantPrepared,
     rotate_input,
 )
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
 
 __all__ = ["TurboQuantTorch", "byte_pair_table"]
 

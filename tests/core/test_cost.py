@@ -38,7 +38,7 @@ def test_seconds_is_the_roofline_plus_launches() -> None:
 
 @pytest.mark.parametrize("share", [0, -0.5, float("nan"), float("inf")])
 def test_a_share_must_be_positive_and_finite(share: float) -> None:
-    with pytest.raises(ValueError, match="Cost.bandwidth: expected a share > 0"):
+    with pytest.raises(ValueError, match=r"Cost\.bandwidth: expected a share > 0"):
         Cost(1.0, 1.0, bandwidth=share, compute=1.0)
 
 
