@@ -86,15 +86,18 @@ def run(args: argparse.Namespace) -> int:
     reg = default_registry()
     entries: dict[str, measured.Measurement] = {}
     report = []
+    weights: dict[str, Any] = {}
     for i, problem in enumerate(problems, 1):
         expl = explain(problem.format, device, problem=problem, registry=reg)
         names = [c.kernel for c in expl.candidates if c.status in ("selected", "usable")]
         if not names:
             print(f"[{i}/{len(problems)}] {problem.describe()}: no kernel can run it here", file=sys.stderr)
             continue
-        result = tuned(problem, device, names, reg, graph=args.graph, fresh=args.fresh)
-        entries[measured.entry_key(problem)] = measured.Measurement(
-            result.seconds, result.refused, result.timing, measured.versions())
+        result = tuned(problem, device, names, reg, graph=args.graph, fresh=args.fresh, weights=weights)
+        entry = measured.Measurement(result.seconds, result.refused, result.timing, measured.versions())
+        entries[measured.entry_key(problem)] = entry
+        if args.export:  # as it goes: a run cut short keeps what it measured
+            measured.export(Path(args.export), caps.name, {measured.entry_key(problem): entry})
         after = explain(problem.format, device, problem=problem, registry=reg)
         times = "  ".join(f"{k} {v * 1e6:.1f}" for k, v in sorted(result.seconds.items(), key=lambda kv: kv[1]))
         chosen = after.selected.kernel if after.selected else None
@@ -103,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
         report.append({"problem": problem.describe(), "seconds": result.seconds, "refused": result.refused,
                        "timing": result.timing, "default": chosen})
     if args.export:
-        measured.export(Path(args.export), caps.name, entries)
         print(f"wrote {len(entries)} entries for {caps.name} to {args.export}", file=sys.stderr)
     emit_json({"device": device, "device_name": caps.name, "entries": report}, args.json)
     return 0

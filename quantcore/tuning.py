@@ -22,11 +22,12 @@ import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import measured
-from .cost import shape_class
+from .cost import batch_dim, shape_class
 from .ops.case import Case
 from .ops.harness import get_harness
 from .probe import probe
@@ -56,11 +57,13 @@ class TuneResult:
 
 def tuned(
     problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False,
-    fresh: bool = False,
+    fresh: bool = False, weights: dict[str, Any] | None = None,
 ) -> TuneResult:
     """The cached or freshly measured times of ``candidates`` (usable kernel names); the
     winner is the fastest of all of them (selection applies the memory rule). ``fresh``
-    measures even when the cache has them."""
+    measures even when the cache has them. ``weights``, a dict the caller keeps between
+    calls, reuses the golden weights of the last (format, K, N) (``quantcore tune`` walks M
+    within a shape; a one-off ``tune=True`` keeps nothing alive)."""
     name = probe(device).name or device
     with _lock:
         hit = None if fresh else measured.lookup_cached(problem, name)
@@ -68,7 +71,7 @@ def tuned(
             seconds = {k: v for k, v in hit.seconds.items() if k in candidates}
             refused = {k: v for k, v in hit.refused.items() if k in candidates}
             return TuneResult(min(seconds, key=seconds.__getitem__) if seconds else None, seconds, refused, hit.timing)
-        result = _measure(problem, device, candidates, registry, graph=graph)
+        result = _measure(problem, device, candidates, registry, graph=graph, weights_cache=weights)
         measured.store(problem, name, measured.Measurement(
             result.seconds, result.refused, result.timing, measured.versions()))
         return result
@@ -120,11 +123,20 @@ def _cache_bytes(device: str) -> int:
 
 
 def _measure(
-    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False
+    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False,
+    weights_cache: dict[str, Any] | None = None,
 ) -> TuneResult:
     harness = get_harness(problem.op)
-    case = Case(problem.format, problem.dims, problem.act_dtype, seed=0x7E57)
-    weights = harness.weights(case)
+    batch = batch_dim(problem)
+    case = Case(problem.format, problem.dims, problem.act_dtype, seed=0x7E57,
+                weight_dims=tuple(d for d, _ in problem.dims if d != batch))
+    if weights_cache is not None and case.weight_key in weights_cache:
+        weights = weights_cache[case.weight_key]
+    else:
+        weights = harness.weights(case)
+        if weights_cache is not None:
+            weights_cache.clear()  # one shape's weights at a time: they can be gigabytes
+            weights_cache[case.weight_key] = weights
     inputs = _on_device(harness.inputs(case, weights), device)
     sets = _sets(weights, device)
     result = TuneResult(None)
