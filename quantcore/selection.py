@@ -42,7 +42,7 @@ import torch
 from tabulate import tabulate
 
 from . import measured
-from .cost import BATCH_SIZES, DeviceRates, batch_dim, device_rates, shape_class, with_batch
+from .cost import BATCH_SIZES, Cost, DeviceRates, batch_dim, device_rates, shape_class, with_batch
 from .errors import InvalidArgumentError, NoKernelError, PluginError, UnknownFormatError
 from .formats.base import Format
 from .kernel import Kernel
@@ -414,6 +414,8 @@ def _estimates(cls: type[Kernel], caps: Capabilities, rates: DeviceRates, proble
             return {}, "", f"cost raised {type(exc).__name__}: {exc}"
         if cost is None:
             return {}, "", ""
+        if not isinstance(cost, Cost):
+            return {}, "", f"cost returned {type(cost).__name__}, not a quantcore.cost.Cost"
         out[b] = cost.seconds(rates)
         bound = bound or cost.bound(rates) + "-bound" + (f", {cost.note}" if cost.note else "")
     return out, bound, ""

@@ -128,10 +128,13 @@ def test_a_cost_that_raises_is_a_broken_kernel(registry: Registry) -> None:
     from quantcore.cost import Cost
 
     bad_share.cost = classmethod(lambda cls, caps, problem: Cost(1.0, 1.0, bandwidth=0.0, compute=1.0))  # type: ignore[method-assign]
-    registry.register(Plugin(boom, bad_share), name="p")
+    not_a_cost = costed_kernel("not_a_cost", bandwidth=1.0, compute=1.0, priority=900)
+    not_a_cost.cost = classmethod(lambda cls, caps, problem: 1e-6)  # type: ignore[method-assign]
+    registry.register(Plugin(boom, bad_share, not_a_cost), name="p")
     rows = {c.kernel: c for c in explain(FMT, "cpu", problem=problem(1), registry=registry).candidates}
     assert rows["boom"].status == "refused" and "cost raised ZeroDivisionError" in rows["boom"].reason
     assert rows["bad_share"].status == "refused" and "Cost.bandwidth" in rows["bad_share"].reason
+    assert rows["not_a_cost"].status == "refused" and "cost returned float" in rows["not_a_cost"].reason
     assert get_kernel(FMT, "cpu", problem=problem(1), registry=registry).name == "aten_cpu"
     assert ("gptq", "linear", "boom", "cpu") in selection_state(registry).failures
 
