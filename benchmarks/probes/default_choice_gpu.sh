@@ -32,7 +32,7 @@ for suite in ${suites//,/ }; do
   timeout "${BENCH_S:-200}" python3 -m quantcore bench "$suite" --device cuda --graph --shapes "$shapes" --rounds 5 \
     --plot "benchmarks/results/plots/cuda-$suite.png" > "$OUT/bench-$suite.log" 2>&1 || echo "bench $suite exited $?"
   cp "benchmarks/results/$device/$suite.json" "$OUT/results/" 2>/dev/null
-  cp "benchmarks/results/plots/cuda-$suite.png" "$OUT/results/" 2>/dev/null
+  cp "benchmarks/results/plots/cuda-$suite.png" "$OUT/results/" 2>/dev/null  # svdquant_prequant: one M, a plot of dots
   grep -E "default .*fastest compressed|not timed|nothing that keeps" "$OUT/bench-$suite.log" | sed "s/^ */$suite: /"
 done
 cp "benchmarks/results/$device.md" "$OUT/results/" 2>/dev/null
