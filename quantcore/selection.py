@@ -404,6 +404,8 @@ def _estimates(cls: type[Kernel], caps: Capabilities, rates: DeviceRates, proble
     declaring no cost, or whose cost needs a dim the problem lacks, has no estimates."""
     out: dict[int, float] = {}
     bound = ""
+    if any(v < 0 for _, v in problem.dims):
+        return {}, "", ""  # a malformed problem is the caller's, not a reason to blame a kernel
     for b in sizes:
         p = problem if problem.get(batch_dim(problem)) == b else with_batch(problem, b)
         try:

@@ -126,6 +126,6 @@ def int4pack_cost(
     k = problem["K"]
     gs = getattr(fmt, "group_size", -1)
     gs = k if gs in (-1, None) else gs
-    op_group = max((g for g in group_sizes if gs % g == 0), default=group_sizes[0])
+    op_group = max((g for g in group_sizes if g > 0 and gs % g == 0), default=max(group_sizes[0], 1))
     weight = grouped_weight_bytes(k, problem["N"], 4, op_group, scale_bytes=2 * problem.act_dtype.itemsize)
     return linear_cost(problem, weight, bandwidth=bandwidth, compute=compute, note=note)

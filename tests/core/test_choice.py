@@ -144,6 +144,9 @@ def test_a_cost_needing_a_missing_dim_is_no_estimate(registry: Registry) -> None
     expl = explain(FMT, "cpu", problem=Problem.linear(FMT, M=1), registry=registry)
     assert expl.selected.kernel == "aten_cpu" and expl.selected.reason.startswith("highest priority")
     assert not any(c.status == "refused" and "cost" in c.reason for c in expl.candidates)
+    # A negative dim is the caller's mistake: no estimate, and no kernel blamed for it.
+    explain(FMT, "cpu", problem=Problem.linear(FMT, M=-3, K=4096, N=4096), registry=registry)
+    assert not selection_state(registry).failures
 
 
 def test_choice_is_logged_once_per_shape_class(registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
