@@ -20,7 +20,8 @@ HELP = "time kernels against their peers and the device's measured ceilings"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("suite", nargs="?", help="suite name, or all; omit to list the suites")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--shapes", default="default", help="a named shape set of the suite (default, decode, prefill…)")
+    parser.add_argument("--shapes", default="default",
+                        help="named shape sets of the suite, comma-separated (default, decode, prefill, sweep…)")
     parser.add_argument("--shape", action="append", metavar="M=1,K=4096,N=4096", help="explicit shape (repeatable)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
     parser.add_argument("--graph", action="store_true",
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import report
     from .ceilings import ceilings
+    from .choice import check
     from .runner import run_cases
     from .suites import available, get_suite
 
@@ -84,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
     if args.shape:
         shapes = [parse_shape(s, *suite_dims(suite)) for s in args.shape]
     else:
-        if args.shapes not in suite.SHAPES:
-            raise InvalidArgumentError(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {args.shapes!r}")
-        shapes = suite.SHAPES[args.shapes]
+        shapes = []
+        for name in args.shapes.split(","):
+            if name not in suite.SHAPES:
+                raise InvalidArgumentError(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {name!r}")
+            shapes += [s for s in suite.SHAPES[name] if s not in shapes]
     check_device(args.device)
     caps = probe(args.device)
     ceil = ceilings(args.device, remeasure=args.remeasure)
@@ -95,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph,
                      total=len(shapes))
     notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
+    choice_notes, default_check = check(rows)
+    notes += choice_notes
     meta = {
         "suite": args.suite,
         "device": args.device,
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         "timing": "cuda-graph replay" if graph else "eager",
         "ceilings": ceil.__dict__,
         "notes": notes,
+        **({"default_check": default_check} if default_check else {}),
     }
     if args.json != "-":
         print(f"\n{args.suite} on {caps.name} — copy {ceil.copy_bytes_per_s / 1e9:.1f} GB/s, "

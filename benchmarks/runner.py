@@ -54,6 +54,7 @@ def run_cases(
                 "matmul_share": v.flops / t.median_s / ceil.matmul_flops_per_s,
                 "speedup_vs": {p: pt / t.median_s for p, pt in peer_times.items() if p != v.name},
                 "note": "; ".join(n for n in (v.note, t.note) if n),
+                **({"candidate": v.candidate, "keeps_dense": v.keeps_dense, "chosen": v.chosen} if v.candidate else {}),
             })
         for name, reason in case.skipped.items():
             rows.append({"suite": case.suite, "case": case.label, "dims": case.dims, "variant": name,

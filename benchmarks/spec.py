@@ -30,6 +30,13 @@ class Variant:
     #: Already timed elsewhere (in the ranks of a tensor-parallel group): the runner
     #: reports it as is and does not call ``fn``.
     measured: Timing | None = None
+    #: Set on a registered kernel called as a ``get_kernel`` caller calls it: the format
+    #: (slug) it competes for. Those are the variants the default choice is judged among.
+    candidate: str = ""
+    #: The kernel keeps a dense copy of the weight (``Kernel.keeps_dense_weight``).
+    keeps_dense: bool = False
+    #: ``get_kernel`` chooses this kernel by default for the case.
+    chosen: bool = False
 
 
 @dataclass

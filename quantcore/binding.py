@@ -14,12 +14,17 @@ makes that survivable where it is safe:
   refused, with the error), and the next candidate is prepared from the same source tensors. A failed
   call produced no output, so retrying it on another kernel is safe.
 
+Every such fallback is logged at WARNING on the ``quantcore`` logger with the error (the
+way vLLM reports a kernel it gave up on), and the kernel finally bound at INFO, once per
+format, device and shape class.
+
 Binding is thread-safe and idempotent: threads that bind the same tensors (same
 objects, same format, device, dtype and problem) share one ``prepare``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -39,10 +44,12 @@ from .kernel import Kernel
 from .probe import normalize_device
 from .problem import Problem
 from .registry import Registry, default_registry
-from .selection import explain, rank
+from .selection import explain, log_choice, rank
 from .selection_state import selection_state
 
 __all__ = ["BoundKernel", "bind"]
+
+log = logging.getLogger(__name__)
 
 _CALLERS_FAULT = (TensorFormatError, KernelInputError)
 
@@ -60,19 +67,22 @@ class BoundKernel:
         dtype: torch.dtype | None,
         registry: Registry,
         prefer: tuple[str, ...] = (),
+        allow_dense: bool | None = None,
     ) -> None:
         self.fmt, self.device, self.problem, self.dtype = fmt, normalize_device(device), problem, dtype
-        self.prefer = prefer
+        self.prefer, self.allow_dense = prefer, allow_dense
         self._source = dict(tensors)
         self._registry = registry
         self._lock = threading.Lock()
         #: (kernel, reason) for every candidate passed over while binding this weight.
         self.passed_over: list[tuple[str, str]] = []
+        self._reasons: dict[str, str] = {}
         self.kernel, self.prepared = self._first_that_prepares()
 
     def _candidates(self) -> list[str]:
         expl = rank(self.fmt, self.device, problem=self.problem, prefer=self.prefer or None,
-                    registry=self._registry)
+                    registry=self._registry, allow_dense=self.allow_dense)
+        self._reasons = {c.kernel: c.reason for c in expl.candidates}
         return [c.kernel for c in expl.candidates if c.status in ("selected", "usable")]
 
     def _first_that_prepares(self, skip: frozenset[str] = frozenset()) -> tuple[Kernel, Any]:
@@ -86,16 +96,23 @@ class BoundKernel:
                 continue
             kernel = entry.cls(self.fmt, torch.device(self.device))
             try:
-                return kernel, kernel.prepare(self._source, dtype=self.dtype)
+                prepared = kernel.prepare(self._source, dtype=self.dtype)
             except _CALLERS_FAULT:
                 raise
             except UnsupportedProblemError as exc:
-                self.passed_over.append((name, f"cannot take this weight: {exc}"))
+                self._fell_back(name, f"cannot take this weight: {exc}")
             except Exception as exc:
                 selection_state(self._registry).record_failure(
                     self.fmt.name, op, name, self.device, f"prepare raised {_short(exc)}")
-                self.passed_over.append((name, f"prepare raised {_short(exc)}"))
+                self._fell_back(name, f"prepare raised {_short(exc)}")
+            else:
+                why = self._reasons.get(name, "")
+                if self.passed_over:
+                    why = f"after {', '.join(n for n, _ in self.passed_over)} failed" + (f"; {why}" if why else "")
+                log_choice(self._registry, self.fmt, self.device, self.problem, name, why, how="bound")
+                return kernel, prepared
         tried = "; ".join(f"{n}: {why}" for n, why in self.passed_over) or "none usable"
+        log.warning("no kernel could prepare a %s weight on %s (%s)", self.fmt.slug, self.device, tried)
         raise NoKernelError(
             f"no kernel could prepare this {self.fmt.slug} weight on {self.device} ({tried})\n"
             + explain(self.fmt, self.device, problem=self.problem, registry=self._registry).table()
@@ -116,9 +133,14 @@ class BoundKernel:
                     op = self.problem.op if self.problem is not None else self.fmt.op
                     reason = f"call raised {_short(exc)}"
                     selection_state(self._registry).record_failure(self.fmt.name, op, kernel.name, self.device, reason)
-                    self.passed_over.append((kernel.name, reason))
+                    self._fell_back(kernel.name, reason)
                     self.kernel, self.prepared = self._first_that_prepares()
             return self(*inputs, **options)
+
+    def _fell_back(self, name: str, reason: str) -> None:
+        """A run-time fallback: remembered, and logged at WARNING with the error."""
+        self.passed_over.append((name, reason))
+        log.warning("%s on %s: %s %s; falling back to the next kernel", self.fmt.slug, self.device, name, reason)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.name} {self.fmt.slug} on {self.device}>"
@@ -158,9 +180,11 @@ def bind(
     problem: Problem | None = None,
     dtype: torch.dtype | None = None,
     prefer: str | Sequence[str] | None = None,
+    allow_dense: bool | None = None,
     registry: Registry | None = None,
 ) -> BoundKernel:
     """The best kernel for ``format`` on ``device``, prepared for ``tensors`` — once.
+    ``allow_dense`` as for :func:`~quantcore.get_kernel`.
 
     The same tensor objects bound again (from any thread) with the same format, device,
     dtype and problem return the same :class:`BoundKernel` for as long as anyone holds it.
@@ -169,7 +193,8 @@ def bind(
     prefs = (prefer,) if isinstance(prefer, str) else tuple(prefer or ())
     if not tensors:
         raise TensorFormatError(f"{format.slug}: tensors: expected the stored tensors, got none")
-    key = (id(reg), format, normalize_device(device), dtype, problem, prefs, tuple((n, id(t)) for n, t in tensors.items()))
+    key = (id(reg), format, normalize_device(device), dtype, problem, prefs, allow_dense,
+           tuple((n, id(t)) for n, t in tensors.items()))
     with _guard:
         hit = _lookup(key)
         if hit is not None:
@@ -180,7 +205,8 @@ def bind(
             hit = _lookup(key)
         if hit is not None:
             return hit
-        made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs)
+        made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs,
+                           allow_dense=allow_dense)
         with _guard:
             _bound[key] = weakref.ref(made)
             weakref.finalize(made, _evict, key)

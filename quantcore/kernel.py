@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from .cost import Cost
 from .formats.base import Format
 from .probe import Capabilities
 from .problem import Problem
@@ -90,8 +91,13 @@ class Kernel(ABC):
     #: Format name this kernel runs (``Format.name``).
     format: ClassVar[str]
     op: ClassVar[str] = "linear"
-    #: Higher wins among kernels that can run a problem.
+    #: Higher wins among kernels that declare no :meth:`cost`; the kernels that declare one
+    #: are compared by it, together at the highest priority among them (see ``selection``).
     priority: ClassVar[int] = 0
+    #: True when the prepared state holds the weight dense (or wider): as much memory as the
+    #: unquantized weight or more. Such a kernel is chosen by default only when nothing that
+    #: keeps the weight compressed can run, or when the caller allows it (``allow_dense``).
+    keeps_dense_weight: ClassVar[bool] = False
     requires: ClassVar[Requirements]
     #: One line for ``quantcore list``.
     description: ClassVar[str] = ""
@@ -110,6 +116,14 @@ class Kernel(ABC):
         """Rank on this device; override when it depends on the device (a Triton kernel
         runs on CPU only under the interpreter, and should rank below plain torch there)."""
         return cls.priority
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost | None:
+        """The estimated cost of one call of ``problem`` on this device (:mod:`quantcore.cost`),
+        or None to declare none (the kernel then ranks by priority). Selection calls it with
+        every dim of the problem set, after ``check_device`` and ``supports`` accepted it;
+        it must not touch a device. Measured times replace it wherever they exist."""
+        return None
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:

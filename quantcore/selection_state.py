@@ -31,6 +31,7 @@ class SelectionState:
         self._failures: dict[FailureKey, str] = {}
         self._generation = registry.generation
         self._version = 0
+        self._said: set[tuple[Any, ...]] = set()
 
     # --- failures ---------------------------------------------------------------------------
 
@@ -55,6 +56,16 @@ class SelectionState:
         with self._lock:
             self._failures.clear()
             self._forget_choices()
+
+    # --- what was logged -----------------------------------------------------------------------
+
+    def first_time(self, key: tuple[Any, ...]) -> bool:
+        """True the first time ``key`` is asked about (log a choice once, not per call)."""
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
 
     # --- cached choices ---------------------------------------------------------------------
 

@@ -1,18 +1,24 @@
-"""Measured kernel choice: ``get_kernel(..., tune=True)``.
+"""Measured kernel choice: ``get_kernel(..., tune=True)`` and ``quantcore tune``.
 
-Static priorities pick well on average; the fastest kernel for one device and shape can
-differ. Tuning runs each usable candidate once on random weights of the problem's
-shape, keeps only those whose output passes the conformance check against the golden
-reference (the op's harness, :mod:`quantcore.ops.harness`) (a fast wrong kernel must never win), times them, and caches the winner on
-disk keyed by device name, torch / triton / quantcore versions, format, op, dtype and
-shape class (exact K and N; M rounded up to a power of two).
+Declared costs pick well where they are right; the fastest kernel for one device and shape
+can still differ. Tuning runs each usable candidate once on random weights of the
+problem's shape, keeps only those whose output passes the conformance check against the
+golden reference (the op's harness, :mod:`quantcore.ops.harness`; a fast wrong kernel
+must never win), times them, and stores the times in this machine's cache
+(:mod:`quantcore.measured`) per device name, format, op, dtype and shape class (exact K
+and N; the batch dim rounded up to a power of two), with the torch / triton / quantcore
+versions they were measured with. ``quantcore tune … --export`` writes them as a table
+to ship inside the package.
+
+Each candidate is timed on several prepared copies of the weight, together larger than
+twice the last-level cache, called in turn, so the weight is read from memory as it is in
+a model; with ``graph=True`` (CUDA) the calls are timed as CUDA-graph replays, as decode
+runs in serving engines.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
-import os
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +26,8 @@ from typing import Any
 
 import torch
 
-from .dtypes import dtype_name
+from . import measured
+from .cost import batch_dim, shape_class
 from .ops.case import Case
 from .ops.harness import get_harness
 from .probe import probe
@@ -31,11 +38,13 @@ from .timing import time_interleaved
 __all__ = ["TuneResult", "cache_path", "shape_class", "tuned"]
 
 _lock = threading.Lock()
+#: Prepared copies per candidate, at most.
+MAX_SETS = 8
 
 
-def cache_path() -> Path:
-    root = Path(os.environ.get("QUANTCORE_CACHE", Path.home() / ".cache" / "quantcore"))
-    return root / "tuning.json"
+def cache_path(device: str = "cpu") -> Path:
+    """This machine's kernel-times cache for ``device``."""
+    return measured.cache_file(probe(device).name or device)
 
 
 @dataclass
@@ -43,81 +52,114 @@ class TuneResult:
     winner: str | None
     seconds: dict[str, float] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    timing: str = ""
 
 
-def shape_class(problem: Problem) -> str:
-    dims = dict(problem.dims)
-    if "M" in dims:
-        dims["M"] = 1 << max(0, (dims["M"] - 1).bit_length())
-    return "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
-
-
-def _versions() -> str:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "-"
-
-    return f"torch {torch.__version__}|triton {version('triton')}|quantcore {version('quantcore')}"
-
-
-def _key(problem: Problem, device: str) -> str:
-    return "|".join((
-        probe(device).name or device, _versions(), problem.format.slug, problem.op,
-        dtype_name(problem.act_dtype), shape_class(problem),
-    ))
-
-
-def _load() -> dict[str, Any]:
-    path = cache_path()
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError:
-            return {}
-    return {}
-
-
-def tuned(problem: Problem, device: str, candidates: list[str], registry: Registry) -> TuneResult:
-    """The cached or freshly measured choice among ``candidates`` (usable kernel names)."""
-    key = _key(problem, device)
+def tuned(
+    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False,
+    fresh: bool = False, weights: dict[str, Any] | None = None,
+) -> TuneResult:
+    """The cached or freshly measured times of ``candidates`` (usable kernel names); the
+    winner is the fastest of all of them (selection applies the memory rule). ``fresh``
+    measures even when the cache has them. ``weights``, a dict the caller keeps between
+    calls, reuses the golden weights of the last (format, K, N) (``quantcore tune`` walks M
+    within a shape; a one-off ``tune=True`` keeps nothing alive)."""
+    name = probe(device).name or device
     with _lock:
-        hit = _load().get(key)
-        if hit is not None and set(hit["candidates"]) == set(candidates):
-            return TuneResult(hit["winner"], hit["seconds"], hit["refused"])
-        result = _measure(problem, device, candidates, registry)
-        cache = _load()
-        cache[key] = {"candidates": candidates, "winner": result.winner,
-                      "seconds": result.seconds, "refused": result.refused}
-        cache_path().parent.mkdir(parents=True, exist_ok=True)
-        cache_path().write_text(json.dumps(cache, indent=1))
+        hit = None if fresh else measured.lookup_cached(problem, name)
+        if hit is not None and hit.covers(candidates) and (not graph or hit.timing == "cuda-graph"):
+            seconds = {k: v for k, v in hit.seconds.items() if k in candidates}
+            refused = {k: v for k, v in hit.refused.items() if k in candidates}
+            return TuneResult(min(seconds, key=seconds.__getitem__) if seconds else None, seconds, refused, hit.timing)
+        result = _measure(problem, device, candidates, registry, graph=graph, weights_cache=weights)
+        measured.store(problem, name, measured.Measurement(
+            result.seconds, result.refused, result.timing, measured.versions()))
         return result
 
 
-def _measure(problem: Problem, device: str, candidates: list[str], registry: Registry) -> TuneResult:
+def _sets(weights: object, device: str) -> int:
+    """Prepared copies enough to exceed twice the last-level cache (stored bytes as the
+    measure of one copy: a kernel's own layout is about as large, or larger)."""
+    per_set = _stored_bytes(weights)
+    return max(1, min(MAX_SETS, -(-2 * _cache_bytes(device) // max(per_set, 1))))
+
+
+def _stored_bytes(obj: object, depth: int = 0) -> int:
+    """Bytes of the stored tensors a harness's weights hold (their ``tensors`` dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if depth > 3:
+        return 0
+    if isinstance(obj, dict):
+        return sum(_stored_bytes(v, depth + 1) for v in obj.values())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(_stored_bytes(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj)
+                   if not f.name.startswith(("_", "dense", "golden")))
+    return 0
+
+
+def _on_device(inputs: object, device: str) -> object:
+    """The harness's inputs with the activations on ``device`` once, not copied per call
+    (the golden output stays where the judge wants it)."""
+    if not dataclasses.is_dataclass(inputs) or isinstance(inputs, type):
+        return inputs
+    moved = {f.name: getattr(inputs, f.name).to(device) for f in dataclasses.fields(inputs)
+             if not f.name.startswith("golden") and isinstance(getattr(inputs, f.name), torch.Tensor)}
+    return dataclasses.replace(inputs, **moved)
+
+
+def _cache_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return int(getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 50 << 20))
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def _measure(
+    problem: Problem, device: str, candidates: list[str], registry: Registry, *, graph: bool = False,
+    weights_cache: dict[str, Any] | None = None,
+) -> TuneResult:
     harness = get_harness(problem.op)
-    case = Case(problem.format, problem.dims, problem.act_dtype, seed=0x7E57)
-    weights = harness.weights(case)
-    inputs = harness.inputs(case, weights)
+    batch = batch_dim(problem)
+    case = Case(problem.format, problem.dims, problem.act_dtype, seed=0x7E57,
+                weight_dims=tuple(d for d, _ in problem.dims if d != batch))
+    if weights_cache is not None and case.weight_key in weights_cache:
+        weights = weights_cache[case.weight_key]
+    else:
+        weights = harness.weights(case)
+        if weights_cache is not None:
+            weights_cache.clear()  # one shape's weights at a time: they can be gigabytes
+            weights_cache[case.weight_key] = weights
+    inputs = _on_device(harness.inputs(case, weights), device)
+    sets = _sets(weights, device)
     result = TuneResult(None)
     runners, names = [], []
     for name in candidates:
         cls = registry.kernel(problem.format.name, problem.op, name).cls
         kernel = cls(problem.format, torch.device(device))
         try:
-            prepared = harness.prepare(kernel, case, weights)
-            verdict = harness.judge(harness.run(kernel, prepared, case, inputs), case, inputs)
+            prepared = [harness.prepare(kernel, case, weights) for _ in range(sets)]
+            verdict = harness.judge(harness.run(kernel, prepared[0], case, inputs), case, inputs)
         except Exception as exc:
             result.refused[name] = f"raised {type(exc).__name__}: {exc}"
             continue
         if not verdict.ok:
             result.refused[name] = f"failed the conformance check: {verdict.problem}"
             continue
-        runners.append(lambda i, k=kernel, p=prepared: harness.run(k, p, case, inputs))
+        runners.append(lambda i, k=kernel, p=prepared: harness.run(k, p[i % len(p)], case, inputs))
         names.append(name)
     if runners:
-        timings = time_interleaved(runners, device, rounds=5)
+        use_graph = graph and device.startswith("cuda")
+        timings = time_interleaved(runners, device, rounds=5, graph=use_graph, sets=[sets] * len(runners))
         result.seconds = {n: t.median_s for n, t in zip(names, timings, strict=True)}
         result.winner = min(result.seconds, key=result.seconds.__getitem__)
+        methods = {t.method for t in timings}
+        result.timing = methods.pop() if len(methods) == 1 else "mixed: " + ", ".join(sorted(methods))
     return result

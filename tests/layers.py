@@ -7,10 +7,10 @@ below; a group marked independent may not import its own siblings either)::
     backends                       the built-in plugins
     cli                            the quantcore command (and the package's lazy facade)
     checkpoint, nn                 torch modules, checkpoint loading
-    selection, binding, tuning, api
+    selection, binding, tuning, measured, api
     registry
     transforms, ops                shared transforms; ops with their golden references and judge
-    formats, problem, kernel, transform
+    formats, problem, kernel, transform, cost
     probe, tensors, dtypes, errors, timing
 
 Every import counts: at module level, inside functions, under ``TYPE_CHECKING``, and
@@ -38,11 +38,12 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.backends",), False),
     (("quantcore.cli", "quantcore.__main__", "quantcore"), False),
     (("quantcore.checkpoint", "quantcore.nn"), False),
-    (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.api"),
+    (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.measured",
+      "quantcore.api"),
      False),
     (("quantcore.registry",), False),
     (("quantcore.transforms", "quantcore.ops"), False),
-    (("quantcore.formats", "quantcore.problem", "quantcore.kernel", "quantcore.transform"), False),
+    (("quantcore.formats", "quantcore.problem", "quantcore.kernel", "quantcore.transform", "quantcore.cost"), False),
     (("quantcore.probe", "quantcore.tensors", "quantcore.dtypes", "quantcore.errors", "quantcore.timing"), False),
 )
 

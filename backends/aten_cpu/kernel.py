@@ -7,10 +7,12 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.tensors import stored_on
-from quantcore.transforms.packed import expect_prepared, int4pack_supports
+from quantcore.transforms.packed import expect_prepared, int4pack_cost, int4pack_supports
 
 from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToInt4PackCPU, Int4PackCPU
 
@@ -35,6 +37,15 @@ class AtenCpuGPTQ(LinearKernel):
             problem, op="the op", act_dtypes=ACT_DTYPES, n_align=N_ALIGN, k_align=OP_GROUP_SIZES[0],
             group_sizes=OP_GROUP_SIZES,
         )
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # benchmarks/results/amd-epyc/gptq_linear.json: memory-bound at M = 1 near 40 % of
+        # the copy bandwidth; from M ≈ 16 compute-bound at about 40 % of the dense bf16
+        # matmul rate (the op unpacks each int4 tile again for every row block), so a
+        # dense matmul is faster there — but keeps 4× the memory.
+        return int4pack_cost(problem, group_sizes=OP_GROUP_SIZES, bandwidth=0.4, compute=0.4,
+                             note="fit to benchmarks/results/amd-epyc")
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

@@ -7,13 +7,15 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
-from quantcore.transforms.packed import expect_prepared, int4pack_supports
+from quantcore.transforms.packed import expect_prepared, int4pack_cost, int4pack_supports
 
 from .transform import N_ALIGN, OP_GROUP_SIZES, GPTQToTinygemm, Int4PackCUDA
 
@@ -39,6 +41,15 @@ class AtenCudaGPTQ(LinearKernel):
         return int4pack_supports(
             problem, op="tinygemm", act_dtypes=ACT_DTYPES, n_align=N_ALIGN, k_align=32, group_sizes=OP_GROUP_SIZES
         )
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,awq}_linear.json (CUDA graphs): about
+        # 60 % of the copy bandwidth at M = 1, then compute-bound from M ≈ 8 at about 4 % of
+        # the bf16 matmul rate (tinygemm's mma tiles are sized for a GEMV): 0.65× cuBLAS at
+        # M = 8, 0.37× at M = 32.
+        return int4pack_cost(problem, group_sizes=OP_GROUP_SIZES, bandwidth=0.6, compute=0.04,
+                             note="fit to benchmarks/results/nvidia-h100-80gb-hbm3")
 
     def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
         return self.fmt, tensors  # type: ignore[return-value]

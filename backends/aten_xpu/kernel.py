@@ -7,11 +7,13 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.tensors import stored_on
-from quantcore.transforms.packed import expect_prepared
+from quantcore.transforms.packed import expect_prepared, int4pack_cost
 
 from .transform import GPTQToInt4PackXPU, Int4PackXPU
 
@@ -48,6 +50,15 @@ class AtenXpuGPTQ(LinearKernel):
         if k is not None and k % 8:
             return Support.no(f"K={k}: the op packs 8 inputs per int32 lane")
         return Support.yes()
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # Nothing measured on an XPU yet: the shares of the CUDA tinygemm op this one ports
+        # (a GEMV-shaped int4 mm), so that with allow_dense a dense matmul takes over from
+        # the same M. A measured table for the device replaces this.
+        return int4pack_cost(problem, group_sizes=(problem.format.group_size if problem.format.group_size > 0  # type: ignore[attr-defined]
+                                                   else problem["K"],), bandwidth=0.6, compute=0.04,
+                             note="nominal: unmeasured on an XPU")
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> Int4PackXPU:
         tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")

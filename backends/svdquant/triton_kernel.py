@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.errors import KernelInputError
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernel import Requirements, Support
@@ -190,6 +191,18 @@ class TritonActQuantLora(SVDQuantKernel):
 
     max_rank: ClassVar[int | None] = MAX_RANK
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cuda", "cpu"}), packages=("triton",))
+
+    #: Share of the copy bandwidth on CUDA (benchmarks/results/nvidia-h100-80gb-hbm3/
+    #: svdquant_prequant.json, CUDA graphs): NVFP4 ~30 %, INT4 ~43 %.
+    cuda_bandwidth: ClassVar[float] = 0.3
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        from .cost import op_bytes, op_flops
+
+        if caps.device_type == "cpu":
+            return Cost(op_bytes(problem), op_flops(problem), 2e-4, 2e-4, 1, "Triton interpreter")
+        return Cost(op_bytes(problem), op_flops(problem), cls.cuda_bandwidth, 0.3, 1, "fit to nvidia-h100 results")
 
     @classmethod
     def check_cuda(cls, caps: Capabilities) -> str | None:

@@ -22,10 +22,14 @@ from typing import ClassVar
 import torch
 
 from quantcore.backends.svdquant.base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
+from quantcore.backends.svdquant.cost import op_bytes, op_flops
+from quantcore.cost import Cost
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.formats.svdquant.numerics import FP8_NAN_BITS, FP16_NAN_BITS, INT4_SCALE_FLOOR, fdiv
 from quantcore.kernel import Requirements
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
 
 __all__ = ["TorchActQuantLora", "lora_down_fp32"]
 
@@ -67,6 +71,16 @@ class TorchActQuantLora(SVDQuantKernel):
     priority: ClassVar[int] = 10
     description: ClassVar[str] = "plain PyTorch: element-wise quantize passes, then a separate fp32-output matmul"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu", "cuda", "xpu", "npu"}))
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # A dozen element-wise passes over x and its float32 copies: ~30× the fused kernel's
+        # bytes for NVFP4, ~16× for INT4, at ~30 % of the copy bandwidth, and the fp32
+        # LoRA-down matmul (benchmarks/results/nvidia-h100-80gb-hbm3/svdquant_prequant.json).
+        fmt = problem.format
+        passes = 30 if getattr(fmt, "fp4", True) else 16
+        return Cost(passes * op_bytes(problem), op_flops(problem), 0.3, 0.06, 2 * passes,
+                    "fit to benchmarks/results")
 
     def __call__(self, x: torch.Tensor, prepared: SVDQuantWeights) -> ActQuantLoraOutput:
         self.check_call(x, prepared)

@@ -39,6 +39,7 @@ class TritonAscendInt4(TritonActQuantLora):
     requires: ClassVar[Requirements] = Requirements(
         device_types=frozenset({"npu", "cuda", "cpu"}), packages=("triton",)
     )
+    cuda_bandwidth: ClassVar[float] = 0.43
 
     @classmethod
     def check_device(cls, caps: Capabilities) -> str | None:

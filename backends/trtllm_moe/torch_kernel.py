@@ -13,10 +13,14 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.kernel import Requirements
 from quantcore.ops.moe import check_routing
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
+from .cost import moe_bytes, moe_flops, touched_experts
 from .weights import ACT_DTYPES, ExpertWeights, load_expert_weights
 
 __all__ = ["TorchMoE"]
@@ -42,6 +46,14 @@ class TorchMoE(TRTLLMMoEKernel):
     priority: ClassVar[int] = 10
     description: ClassVar[str] = "plain PyTorch: sort by expert, dequantize each touched expert, fp32 matmul"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu", "cuda", "xpu", "npu"}))
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # Each touched expert is dequantized to float32 per call (the codes read, the scale
+        # rows and the float32 weight written and read: ~17 bytes a weight), then an fp32
+        # matmul (~6 % of the bf16 tensor-core rate on the H100: trtllm_moe.json).
+        return Cost(moe_bytes(problem, per_weight=17.0), moe_flops(problem), 0.5, 0.06,
+                    3 * touched_experts(problem), "fit to benchmarks/results")
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost
 from quantcore.errors import KernelInputError
 from quantcore.kernel import Requirements, Support
 from quantcore.ops.moe import check_routing
@@ -33,6 +34,7 @@ from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
 from .prepared_shard import shard_prepared_moe
+from .cost import moe_bytes, moe_flops
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
 from .weights import ACT_DTYPES, load_expert_weights
@@ -185,6 +187,17 @@ class TritonMoE(TRTLLMMoEKernel):
     def priority_on(cls, caps: Capabilities) -> int:
         # On a CPU it runs under the interpreter: a check, not a fast path.
         return cls.priority if caps.device_type == "cuda" else 1
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # benchmarks/results/nvidia-h100-80gb-hbm3/trtllm_moe.json (CUDA graphs): 72-81 % of
+        # the copy bandwidth for T <= 64; compute-bound beyond, at ~32 % of the bf16 matmul
+        # rate at T = 512 and ~57 % at T = 4096 (bigger tiles fill). On a CPU: the interpreter.
+        if caps.device_type == "cpu":
+            return Cost(moe_bytes(problem), moe_flops(problem), 2e-4, 2e-4, 3, "Triton interpreter")
+        routes = problem["T"] * problem["topk"]
+        return Cost(moe_bytes(problem), moe_flops(problem), 0.75, 0.55 if routes >= 8192 else 0.32, 3,
+                    "fit to nvidia-h100 results")
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:

@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from quantcore.backends.turboquant_fused import FusedTurboQuantKernel
+from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
+from quantcore.cost import Cost, linear_cost
 from quantcore.kernel import Requirements
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
 
 __all__ = ["TurboQuantCuTile"]
 
@@ -23,6 +27,18 @@ class TurboQuantCuTile(FusedTurboQuantKernel):
     requires: ClassVar[Requirements] = Requirements(
         device_types=frozenset({"cuda"}), min_capability=(8, 0), packages=("cuda.tile",)
     )
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # Measured eagerly only (benchmarks/results/turboquant-nvidia-h100-80gb-hbm3.md, issue 4):
+        # at M <= 16 on 4096-wide shapes about Triton's time, beyond 1.6-6.6x slower (its mma
+        # tiles run at ~5 % of the matmul rate). Not yet timed under CUDA graphs: a measured
+        # table for the device replaces this.
+        n_pass = passes(problem)
+        flops_scale = n_pass + rotation_flops(problem) / max(1, 2 * problem["M"] * problem["K"] * problem["N"])
+        base = linear_cost(problem, weight_bytes(problem), bandwidth=0.25, compute=0.05, launches=2 * n_pass,
+                           note="eager issue-4 run only")
+        return Cost(base.bytes, base.flops * flops_scale, base.bandwidth, base.compute, base.launches, base.note)
 
     def fused_pass(self) -> Any:
         from .tiles import fused_pass

@@ -13,6 +13,8 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
+from quantcore.cost import Cost
 from quantcore.kernel import Requirements
 from quantcore.nn.turboquant.kernel import (
     PassData,
@@ -20,6 +22,8 @@ from quantcore.nn.turboquant.kernel import (
     TurboQuantPrepared,
     rotate_input,
 )
+from quantcore.probe import Capabilities
+from quantcore.problem import Problem
 
 __all__ = ["TurboQuantTorch", "byte_pair_table"]
 
@@ -37,6 +41,20 @@ class TurboQuantTorch(TurboQuantLinearKernel):
     priority: ClassVar[int] = 50
     description: ClassVar[str] = "TurboQuant per-group rotate → lookup → matmul → rescale in plain PyTorch"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu", "cuda", "xpu", "npu"}))
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # Per group of d inputs and per pass: gather the [N, d] slice (int32 codes, then the
+        # slice in the compute dtype, each written and read), a small matmul, and a
+        # read-modify-write of the [M, N] float32 accumulator; ~5 ops a group. Fit to
+        # benchmarks/results (H100: 0.5-2 ms a call; the AMD EPYC: see turboquant_linear).
+        m, k, n = problem["M"], problem["K"], problem["N"]
+        d = getattr(problem.format, "group_size", 128)
+        n_pass, groups = passes(problem), max(1, k // d)
+        moved = weight_bytes(problem) + n_pass * (8 * k * n + groups * 12 * m * n) + 2 * (m * k + m * n)
+        flops = n_pass * 2 * m * k * n + rotation_flops(problem)
+        return Cost(moved, flops, bandwidth=0.3, compute=0.3, launches=5 * groups * n_pass,
+                    note="fit to benchmarks/results")
 
     def run_pass(
         self,

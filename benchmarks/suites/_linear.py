@@ -1,7 +1,8 @@
 """One benchmark case of a quantized linear, whatever the format: every kernel that can
 run it here (as ``explain`` ranks them) on rotating prepared weights, against dense bf16
-and fp32 ``F.linear`` on the same shape. Suites give the format, the weights and the
-byte count; a suite may add peers of its own per kernel (``extra``)."""
+and fp32 ``F.linear`` on the same shape, the one ``get_kernel`` chooses by default marked.
+Suites give the format, the weights and the byte count; a suite may add peers of its own
+per kernel (``extra``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from quantcore.problem import Problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 
+from ..choice import default_choice
 from ..memory import rotation_sets
 from ..spec import BenchCase, Variant
 
@@ -46,6 +48,7 @@ def linear_case(
     sets = rotation_sets(k * n // 2, device)
     stored = weights(k, n, sets)
     xs = [torch.randn(m, k, device=dev, dtype=dtype) for _ in range(sets)]
+    chosen = default_choice(fmt, device, problem)
     for cand in explain(fmt, device, problem=problem).candidates:
         if cand.status not in ("selected", "usable"):
             if cand.status != "broken":
@@ -54,7 +57,8 @@ def linear_case(
         kernel = default_registry().kernel(fmt.name, "linear", cand.kernel).cls(fmt, dev)
         prepared = [kernel.prepare({a: t.to(dev) for a, t in w.items()}, dtype=dtype) for w in stored]
         nbytes = quant_bytes if cand.kernel != "torch_fallback" else 2 * (k * n + m * k + m * n)
-        case.variants.append(Variant(cand.kernel, "kernel", call(kernel, prepared, xs), nbytes, flops, sets))
+        case.variants.append(Variant(cand.kernel, "kernel", call(kernel, prepared, xs), nbytes, flops, sets,
+                                     candidate=fmt.slug, keeps_dense=cand.keeps_dense, chosen=cand.kernel == chosen))
         if extra is not None:
             case.variants += extra(cand.kernel, prepared, xs, nbytes, flops, sets)
     for peer_dtype, name in ((torch.bfloat16, "dense_bf16"), (torch.float32, "dense_fp32")):

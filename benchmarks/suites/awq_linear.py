@@ -14,12 +14,13 @@ from collections.abc import Iterator
 import torch
 
 from quantcore.formats.awq import AWQ
+from quantcore.problem import Problem
 
 from ..spec import BenchCase
 from ._linear import linear_case
 from .gptq_linear import GOALS, SHAPES, goal_notes
 
-__all__ = ["DESCRIPTION", "SHAPES", "cases"]
+__all__ = ["DESCRIPTION", "SHAPES", "cases", "problems"]
 
 DESCRIPTION = "AWQ int4 g128 linear (zero points): registered kernels vs dense bf16/fp32"
 FMT = AWQ(bits=4, group_size=128, zero_point=True)
@@ -46,6 +47,11 @@ def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.T
 def _awq_bytes(m: int, k: int, n: int) -> int:
     groups = k // FMT.group_size
     return k * n // 2 + groups * n * 2 + groups * n // 2 + 2 * m * k + 2 * m * n
+
+
+def problems(shapes: list[dict[str, int]]) -> list[Problem]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=DTYPE) for s in shapes]
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:

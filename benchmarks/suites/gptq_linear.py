@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from quantcore.formats.gptq import GPTQ
+from quantcore.problem import Problem
 
 from ..spec import BenchCase, Variant
 from ._linear import linear_case
@@ -29,6 +30,8 @@ SHAPES = {
     "decode": [{"M": 1, "K": k, "N": n} for k, n in _KN],
     "prefill": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (128, 2048))],
     "h100": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(H100_KN, H100_M)],
+    # M = 1 … 2048 on one shape: where the default choice has to move (issue 15).
+    "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
 }
 FMT = GPTQ(bits=4, group_size=128, sym=True)
 DTYPE = torch.bfloat16
@@ -56,6 +59,11 @@ def weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Te
 def int4_bytes(m: int, k: int, n: int) -> int:
     groups = k // FMT.group_size
     return k * n // 2 + groups * n * 2 * 2 + 2 * m * k + 2 * m * n
+
+
+def problems(shapes: list[dict[str, int]]) -> list[Problem]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=DTYPE) for s in shapes]
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:

@@ -41,6 +41,7 @@ from quantcore.ops.act_quant_lora import act_quant_lora_problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 
+from ..choice import default_choice
 from ..memory import rotation_sets
 from ..spec import BenchCase, Role, Variant
 
@@ -69,6 +70,15 @@ def op_bytes(fmt: SVDQuantAct, m: int, n: int, r: int, smooth: bool = True) -> i
             + m_pad * n // 2 + m_pad * (n // fmt.block) * scale_bytes + 4 * m_pad * r)
 
 
+def problems(shapes: list[dict[str, int]]) -> list[Any]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    out = []
+    for dims in shapes:
+        for fp4 in ((bool(dims["fp4"]),) if "fp4" in dims else (True, False)):
+            out.append(act_quant_lora_problem(SVDQuantAct(fp4=fp4), M=dims["M"], N=dims["N"], R=dims["R"], dtype=DTYPE))
+    return out
+
+
 def _layer(n: int, r: int, dev: torch.device, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {
         "lora_down": (torch.randn(n, r, generator=gen) * 0.05).to(dev, DTYPE),
@@ -93,6 +103,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             case = BenchCase("svdquant_prequant", f"{tag}-M{m}-N{n}-R{r}", {"M": m, "N": n, "R": r, "fp4": int(fp4)})
             nbytes = op_bytes(fmt, m, n, r)
             problem = act_quant_lora_problem(fmt, M=m, N=n, R=r, dtype=DTYPE)
+            chosen = default_choice(fmt, device, problem)
             for cand in explain(fmt, device, problem=problem).candidates:
                 if cand.kernel == TORCH_KERNEL and not dims.get("unfused") and dev.type == "cuda":
                     case.skipped[cand.kernel] = "the unfused peer runs with --shapes unfused"
@@ -107,7 +118,9 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 role: Role = "peer" if cand.kernel == TORCH_KERNEL else "kernel"
                 mm = "cuBLAS" if dev.type == "cuda" else "torch"
                 note = f"unfused: torch quantize + {mm} LoRA-down" if role == "peer" else ""
-                case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note))
+                case.variants.append(Variant(cand.kernel, role, _call(call, xs, prepared), nbytes, flops, sets, note,
+                                             candidate=fmt.slug, keeps_dense=cand.keeps_dense,
+                                             chosen=cand.kernel == chosen))
                 if role == "kernel" and dev.type == "cuda" and os.environ.get(ENV_TUNE) != "0":
                     try:
                         case.variants.append(_tuned_variant(kernel, xs, prepared, nbytes, flops, sets))

@@ -21,6 +21,7 @@ from quantcore.ops.moe import moe_problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 
+from ..choice import default_choice
 from ..memory import rotation_sets
 from ..spec import BenchCase, Variant
 
@@ -31,9 +32,16 @@ SHAPES = {
     "decode": [{"T": t, **_SEED} for t in (1, 16)],
     "prefill": [{"T": t, **_SEED} for t in (512, 4096)],
     "small": [{"T": t, "E": 8, "topk": 2, "K": 256, "N": 512} for t in (1, 16)],
+    # Sized for a CPU: the seed's expert count and routing, a tenth of its K and N.
+    "cpu": [{"T": t, "E": 8, "topk": 2, "K": 512, "N": 2048} for t in (1, 16, 64, 512, 2048)],
 }
 FMT = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
 DTYPE = torch.bfloat16
+
+
+def problems(shapes: list[dict[str, int]]) -> list[Any]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    return [moe_problem(FMT, **{d: s[d] for d in ("T", "E", "topk", "K", "N")}, dtype=DTYPE) for s in shapes]
 
 
 def _routing(t: int, e: int, topk: int, dev: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -59,6 +67,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             "scales": (torch.rand(e, k // FMT.group_size, n, **on) * 2e-4 + 1e-4).to(DTYPE),
         } for _ in range(sets)]
         problem = moe_problem(FMT, T=t, E=e, topk=topk, K=k, N=n, dtype=DTYPE)
+        chosen = default_choice(FMT, device, problem)
         for cand in explain(FMT, device, problem=problem).candidates:
             if cand.status not in ("selected", "usable"):
                 if cand.status != "broken":
@@ -68,7 +77,9 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             prepared = [kernel.prepare(w, dtype=DTYPE) for w in weights]
             call = getattr(kernel, "forward", kernel)
             nbytes = touched * (k * n + 2 * n * k // FMT.group_size) + act_bytes
-            case.variants.append(Variant(cand.kernel, "kernel", _call(call, xs, ids, prepared), nbytes, flops, sets))
+            case.variants.append(Variant(cand.kernel, "kernel", _call(call, xs, ids, prepared), nbytes, flops, sets,
+                                         candidate=FMT.slug, keeps_dense=cand.keeps_dense,
+                                         chosen=cand.kernel == chosen))
         del weights
         dense = [torch.randn(e, n, k, **on).to(DTYPE) for _ in range(rotation_sets(2 * touched * k * n, device))]
         case.variants.append(Variant(

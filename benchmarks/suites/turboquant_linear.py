@@ -22,6 +22,7 @@ from quantcore.problem import Problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 
+from ..choice import default_choice
 from ..memory import rotation_sets
 from ..spec import BenchCase, Variant
 
@@ -31,6 +32,9 @@ SHAPES = {
     "default": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (1, 16, 128, 2048))],
     "decode": [{"M": 1, "K": k, "N": n} for k, n in _KN],
     "prefill": [{"M": 2048, "K": k, "N": n} for k, n in _KN],
+    "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
+    # Sized for a CPU (turboquant_torch's per-group loop is slow there).
+    "cpu": [{"M": m, "K": 1024, "N": 1024} for m in (1, 16, 128, 2048)],
 }
 FMT = TurboQuant(bits=4, group_size=128)
 DTYPE = torch.bfloat16
@@ -68,6 +72,12 @@ def weight_sets(fmt: TurboQuant, k: int, n: int, device: str) -> list[dict[str, 
     return _cache[key]
 
 
+def problems(shapes: list[dict[str, int]]) -> list[Problem]:
+    """The problems the suite's cases time (``quantcore tune --suite``)."""
+    return [Problem.linear(fmt, M=s["M"], K=s["K"], N=s["N"], dtype=DTYPE)
+            for s in shapes for fmt in (FMT, dataclasses.replace(FMT, residual=True))]
+
+
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     dev = torch.device(device)
     for dims in shapes:
@@ -78,6 +88,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
         for fmt, tag in ((FMT, ""), (dataclasses.replace(FMT, residual=True), "+res")):
             weights = weight_sets(fmt, k, n, device)
             problem = Problem.linear(fmt, M=m, K=k, N=n, dtype=DTYPE)
+            chosen = default_choice(fmt, device, problem)
             for cand in explain(fmt, device, problem=problem).candidates:
                 if cand.kernel in SKIP or cand.status not in ("selected", "usable"):
                     if cand.status not in ("broken",) and not tag:
@@ -89,6 +100,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                     cand.kernel + tag, "kernel",
                     lambda i, kernel=kernel, prepared=prepared, xs=xs: kernel(xs[i % len(xs)], prepared[i % len(prepared)]),
                     format_bytes(fmt, m, k, n), flops * len(fmt.passes), len(prepared),
+                    candidate=fmt.slug, keeps_dense=cand.keeps_dense, chosen=cand.kernel == chosen,
                 ))
         sets = rotation_sets(2 * k * n, device)
         ws = [torch.randn(n, k, device=dev, dtype=DTYPE) for _ in range(sets)]

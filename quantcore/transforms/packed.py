@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..cost import Cost, grouped_weight_bytes, linear_cost
 from ..dtypes import dtype_name
 from ..errors import KernelInputError
 from ..formats.gptq import GPTQ
@@ -21,7 +22,7 @@ from ..kernel import Support
 from ..problem import Problem
 from ..tensors import check_activation
 
-__all__ = ["PackedLinear", "expect_prepared", "int4pack_supports"]
+__all__ = ["PackedLinear", "expect_prepared", "int4pack_cost", "int4pack_supports"]
 
 
 @dataclass(kw_only=True)
@@ -108,3 +109,23 @@ def int4pack_supports(
     if k is not None and k % k_align:
         return Support.no(f"K={k}: {op} needs K % {k_align} == 0")
     return Support.yes()
+
+
+def int4pack_cost(
+    problem: Problem,
+    *,
+    group_sizes: tuple[int, ...],
+    bandwidth: float,
+    compute: float,
+    note: str = "",
+) -> Cost:
+    """The cost of one call of a torch int4pack op (:mod:`quantcore.cost`): the int4 codes,
+    one scale and one zero per (op group, column) in the activation dtype — the op's group
+    being the largest of ``group_sizes`` dividing the checkpoint's — x read, y written."""
+    fmt = problem.format
+    k = problem["K"]
+    gs = getattr(fmt, "group_size", -1)
+    gs = k if gs in (-1, None) else gs
+    op_group = max((g for g in group_sizes if g > 0 and gs % g == 0), default=max(group_sizes[0], 1))
+    weight = grouped_weight_bytes(k, problem["N"], 4, op_group, scale_bytes=2 * problem.act_dtype.itemsize)
+    return linear_cost(problem, weight, bandwidth=bandwidth, compute=compute, note=note)

@@ -59,3 +59,22 @@ def refusing_kernel(name: str, reason: str, *, priority: int = 90) -> type[Linea
 
     k.supports = supports  # type: ignore[method-assign]
     return k
+
+
+def costed_kernel(name: str, *, bandwidth: float, compute: float, priority: int = 50, dense: bool = False,
+                  launches: int = 1) -> type[LinearKernel]:
+    """A correct GPTQ kernel that declares a roofline cost: ``bandwidth`` and ``compute``
+    shares, moving the 4-bit weight (or a bf16 one when ``dense``)."""
+    from quantcore.cost import linear_cost
+
+    k = dense_kernel(name, priority=priority)
+
+    @classmethod  # type: ignore[misc]
+    def cost(cls: Any, caps: Any, problem: Problem) -> Any:
+        bits = 16 if dense else 4
+        weight = problem["K"] * problem["N"] * bits / 8
+        return linear_cost(problem, weight, bandwidth=bandwidth, compute=compute, launches=launches)
+
+    k.cost = cost  # type: ignore[method-assign]
+    k.keeps_dense_weight = dense  # type: ignore[misc]
+    return k

@@ -31,6 +31,14 @@ def test_smoke_run_writes_json_page_and_plot(tmp_path: Path) -> None:
     row = next(r for r in data["rows"] if r["variant"] == "aten_cpu")
     assert row["time_s"] > 0 and set(row["speedup_vs"]) >= {"aten_op_raw", "dense_bf16", "dense_fp32"}
     assert "| M1-K256-N512" in page.read_text()
+    # The default choice is marked, in the JSON and on the page, and checked against the goal.
+    chosen = [r for r in data["rows"] if r.get("chosen")]
+    assert [(r["case"], r["variant"]) for r in chosen] == [("M1-K256-N512", "aten_cpu"), ("M4-K256-N512", "aten_cpu")]
+    assert all(r["candidate"] == "gptq4-g128-sym" for r in chosen)
+    assert next(r for r in data["rows"] if r["variant"] == "torch_fallback")["keeps_dense"] is True
+    assert "aten_cpu ★" in page.read_text() and "★ marks the kernel `get_kernel` chooses" in page.read_text()
+    assert [c["met"] for c in data["default_check"]] == [True, True]
+    assert any("default aten_cpu 1.00× the fastest compressed kernel (aten_cpu)" in n for n in data["notes"])
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,30 @@ def test_doctor_says_what_is_true_of_triton_on_a_cpu() -> None:
     out = subprocess.run([sys.executable, "-m", "quantcore", "doctor", "--device", "cpu"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert f"package triton      {version} (through the interpreter, TRITON_INTERPRET=1)" in out.stdout
+def test_explain_shows_why_the_shape_moved_the_choice(tmp_path: Path) -> None:
+    env = {**os.environ, "QUANTCORE_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "quantcore", "explain", "gptq", "cpu", "-M", "64", "-K", "4096",
+                          "-N", "4096", "--allow-dense"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    for word in ("est. µs", "dense copy", "compressed", "ranked by declared costs", "chosen by M",
+                 "M=1", "aten_cpu", "torch_fallback"):
+        assert word in out.stdout, word
+
+
+def test_tune_exports_a_table_and_explain_tune_shows_times(tmp_path: Path) -> None:
+    env = {**os.environ, "QUANTCORE_CACHE": str(tmp_path / "cache")}
+    table = tmp_path / "table.json"
+    out = subprocess.run([sys.executable, "-m", "quantcore", "tune", "gptq", "-p", "group_size=32", "-K", "256",
+                          "-N", "512", "-M", "1,64", "--export", str(table)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(table.read_text())
+    assert data["schema"] == "quantcore.kernel-times/1"
+    assert set(data["entries"]) == {"gptq4-g32-sym|linear|bf16|K256-M1-N512", "gptq4-g32-sym|linear|bf16|K256-M64-N512"}
+    assert all({"aten_cpu", "torch_fallback"} <= set(e["seconds"]) for e in data["entries"].values())
+    out = subprocess.run([sys.executable, "-m", "quantcore", "explain", "gptq", "cpu", "-p", "group_size=32",
+                          "-M", "64", "-K", "256", "-N", "512", "--tune"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "measured µs" in out.stdout and "times measured on this device" in out.stdout
+    assert out.stderr == ""  # answered from the cache `tune` filled; nothing printed beyond the table

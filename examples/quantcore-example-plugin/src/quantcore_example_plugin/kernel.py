@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 
 from quantcore import (
+    Capabilities,
     KernelInputError,
     LinearKernel,
     Problem,
@@ -20,6 +21,7 @@ from quantcore import (
     Support,
     UnsupportedProblemError,
 )
+from quantcore.cost import Cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.tensors import check_activation, stored_on
 
@@ -41,6 +43,20 @@ class ZeroFoldingGPTQ(LinearKernel):
     priority: ClassVar[int] = 10
     description: ClassVar[str] = "example third-party plugin: per-group integer matmul with folded zeros"
     requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cpu"}))
+    # The codes are kept as float32 (4 bytes a weight, twice a bf16 copy): for memory this
+    # is a dense kernel, chosen by default only where nothing compressed can run.
+    keeps_dense_weight: ClassVar[bool] = True
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # What it moves: the float32 codes, and the [M, groups, N] float32 partial sums it
+        # writes and reads back; its einsum runs at about 7 % of the bf16 matmul rate and
+        # streams at about 15 % of the copy bandwidth (benchmarks/results/amd-epyc/gptq_linear.json).
+        m, k, n = problem["M"], problem["K"], problem["N"]
+        fmt = problem.format
+        groups = k // fmt.group_size if isinstance(fmt, GPTQ) and fmt.group_size > 0 else 1
+        moved = 4 * k * n + 2 * 4 * m * groups * n + 4 * (m * k + m * n)
+        return Cost(moved, 2 * m * k * n, bandwidth=0.15, compute=0.07, note="fit to benchmarks/results/amd-epyc")
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
