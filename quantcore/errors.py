@@ -12,6 +12,7 @@ __all__ = [
     "NoKernelError",
     "PluginError",
     "QuantCoreError",
+    "QuantCoreWarning",
     "TensorFormatError",
     "UnknownFormatError",
     "UnsupportedProblemError",
@@ -20,6 +21,11 @@ __all__ = [
 
 class QuantCoreError(Exception):
     """Root of every error quantcore raises on purpose."""
+
+
+class QuantCoreWarning(UserWarning):
+    """Something quantcore did that the user should know about: a layer left dense, a
+    checkpoint read under an assumption."""
 
 
 class TensorFormatError(QuantCoreError, ValueError):
