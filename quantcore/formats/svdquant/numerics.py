@@ -19,8 +19,8 @@ from ...tensors import describe
 from ...tensors import ieee_div as fdiv
 
 __all__ = [
-    "E2M1_GRID",
     "CONVENTIONS",
+    "E2M1_GRID",
     "E4M3_MAX",
     "E4M3_MIN_NORMAL",
     "E4M3_MIN_SUBNORMAL",
