@@ -76,7 +76,7 @@ class QuantModule(nn.Module):
         self._prepared: Any = None
         self._bound: BoundKernel | None = None
         self._prefer: tuple[str, ...] = ()
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = _concrete(device if device is not None else "cpu")
         #: Why the kernel cannot run where the module now is (set by a move), else None.
         self._unusable: str | None = None
 
@@ -235,6 +235,7 @@ class QuantModule(nn.Module):
 
     def _moved_to(self, device: torch.device) -> None:
         self._prepared = None
+        device = _concrete(device)
         if device == self._device:
             return
         self._device = device
@@ -260,3 +261,12 @@ class QuantModule(nn.Module):
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         kernel = self.kernel.name if self.kernel is not None else None
         return f"{dims}, format={self.format.slug}, kernel={kernel}"
+
+
+def _concrete(device: str | torch.device) -> torch.device:
+    """``cuda`` as the ``cuda:N`` it means now, so that a move to where the module is
+    already is recognised as none."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return d

@@ -89,8 +89,9 @@ def _quantized(
 ) -> nn.Module:
     if isinstance(fmt, TurboQuant):
         return TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=dtype, keep_source=keep_source)
-    if isinstance(fmt, SVDQuantAct):
-        return SVDQuantLinear.from_linear(linear, fmt, dtype=dtype, prefer=prefer)
+    if isinstance(fmt, SVDQuantAct):  # the pre-GEMM takes 16-bit activations; the module casts
+        act_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        return SVDQuantLinear.from_linear(linear, fmt, dtype=act_dtype, prefer=prefer)
     weight = linear.weight.detach()
     tensors = dict(fmt.quantize(weight.float(), generator=gen))
     if linear.bias is not None:

@@ -96,11 +96,15 @@ class SVDQuantLinear(nn.Module):
     ) -> SVDQuantLinear:
         """SVDQuant without calibration (no smoothing): the top-``rank`` SVD of W is the
         LoRA branch, the rest is quantized to 4-bit codes like an activation."""
-        w = linear.weight.detach().float()
-        u, s, vh = torch.linalg.svd(w, full_matrices=False)
-        rank = min(rank, s.numel())
-        lora_up = (u[:, :rank] * s[:rank]).to(dtype)  # [O, R]
-        lora_down = vh[:rank].T.contiguous().to(dtype)  # [K, R]
+        w = linear.weight.detach().double()
+        # The top right-singular vectors from WᵀW's eigenvectors ([K, K]: cheaper than an SVD
+        # of W, and deterministic): lora_down = V_R, lora_up = W V_R = U_R S_R.
+        _, vecs = torch.linalg.eigh(w.T @ w)
+        rank = min(rank, w.shape[1])
+        v = vecs[:, -rank:].flip(-1) if rank else vecs[:, :0]
+        lora_down = v.contiguous().to(dtype)  # [K, R]
+        lora_up = (w @ v).to(dtype)  # [O, R]
+        w = w.float()
         residual = (w - lora_up.float() @ lora_down.float().T).to(dtype)
         codes = fmt.quantize(residual)
         act = SVDQuantActQuant(fmt, {"lora_down": lora_down}, dtype=dtype, prefer=prefer)

@@ -199,3 +199,17 @@ def test_meta_inputs_give_shapes_without_running_a_kernel() -> None:
     assert y.device.type == "meta" and y.shape == (7, 3, 64) and y.dtype == torch.bfloat16
     with pytest.raises(KernelInputError, match=r"no weight yet"):
         QuantLinear(FMT, in_features=256, out_features=64)(torch.randn(1, 256))
+
+
+def test_a_move_the_kernel_cannot_follow_is_reported_at_the_next_call() -> None:
+    """What ``.to("xpu")`` of a CPU-prepared layer leaves behind (the move itself needs the
+    device; the CUDA test makes the real move): a call that names the kernel and the way out."""
+    layer = QuantLinear(FMT, _tensors())
+    x = torch.randn(2, 256).bfloat16()
+    y = layer(x)
+    layer._moved_to(torch.device("xpu"))
+    with pytest.raises(KernelInputError, match=r"aten_cpu prepared this gptq4-g32-asym-act weight .* cannot run it on "
+                                               r"xpu; build the module on xpu \(or with keep_source=True"):
+        layer(x)
+    layer._moved_to(torch.device("cpu"))
+    assert torch.equal(layer(x), y)
