@@ -96,7 +96,7 @@ def flatten(obj: Any, *, where: str = "prepared") -> FlattenedState:
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             _SEEN[class_path(type(value))] = type(value)
             return {"nt": class_path(type(value)),
-                    "f": [walk(v, (*path, f)) for f, v in zip(value._fields, value, strict=True)]}
+                    "f": [walk(v, (*path, f)) for f, v in zip(value._fields, value, strict=True)]}  # type: ignore[attr-defined]
         if isinstance(value, (tuple, list)):
             items = [walk(v, (*path, str(i))) for i, v in enumerate(value)]
             return {"t": items} if isinstance(value, tuple) else {"l": items}
@@ -147,7 +147,7 @@ def unflatten(tree: str | Tree, tensors: Iterable[torch.Tensor], *, allowed: Ite
             return resolve_class(n["nt"], allow)(*(build(v) for v in n["f"]))
         if "dc" in n:
             cls = resolve_class(n["dc"], allow)
-            obj = object.__new__(cls)
+            obj: Any = object.__new__(cls)
             for name, v in n["f"].items():
                 object.__setattr__(obj, name, build(v))
             return obj

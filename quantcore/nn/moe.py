@@ -40,7 +40,7 @@ class QuantExperts(QuantModule):
             dims = fmt.validate(tensors)
             if device is None:
                 device = next(iter(tensors.values())).device
-        elif None in (num_experts, in_features, out_features):
+        elif num_experts is None or in_features is None or out_features is None:
             raise InvalidArgumentError("QuantExperts: give the tensors, or num_experts, in_features and out_features")
         else:
             dims = {"E": num_experts, "K": in_features, "N": out_features}

@@ -84,6 +84,10 @@ class SVDQuantLinear(nn.Module):
         self.act = act
         self.out_features = lora_up.shape[0]
         self.in_features = k
+        self.wqout: torch.Tensor
+        self.wscales: torch.Tensor
+        self.lora_up: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("wqout", wqout)
         self.register_buffer("wscales", wscales)
         self.register_buffer("lora_up", lora_up)

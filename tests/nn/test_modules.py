@@ -213,3 +213,18 @@ def test_a_move_the_kernel_cannot_follow_is_reported_at_the_next_call() -> None:
         layer(x)
     layer._moved_to(torch.device("cpu"))
     assert torch.equal(layer(x), y)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_turboquant_holds_its_prepared_passes_and_rebuilds_the_format_from_them(keep: bool) -> None:
+    fmt = TurboQuant(group_size=64, residual=True)
+    gen = torch.Generator().manual_seed(8)
+    layer = TurboQuantLinear.from_linear(nn.Linear(128, 64), fmt, generator=gen, keep_source=keep)
+    prepared = _unique_bytes(flatten(layer.prepared).tensors)
+    held = _unique_bytes(b for _, b in layer.named_buffers())
+    assert (held <= 1.05 * prepared) is not keep
+    tensors = layer.tensors()  # the inverse on the CPU's float32 passes, or the kept source
+    again = TurboQuantLinear(128, 64, fmt)
+    again.load_tensors(tensors)
+    x = torch.randn(3, 128)
+    assert torch.equal(again(x), layer(x))
