@@ -252,7 +252,9 @@ def _build(folder: Path, dtype: torch.dtype) -> nn.Module:
         raise ImportError("building a model from a folder needs transformers; or pass the model itself") from None
     config = transformers.AutoConfig.from_pretrained(str(folder))
     with _params_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+        # transformers 5 renamed torch_dtype to dtype (4.x only knows the old name).
+        key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+        model = transformers.AutoModelForCausalLM.from_config(config, **{key: dtype})
     return model.eval()
 
 
