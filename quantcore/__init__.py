@@ -7,6 +7,9 @@ kernels that run them, chosen per device.
     y = k(x, prepared)
     print(quantcore.explain("gptq", "xpu"))
 
+    quantcore.quantize_(model, GPTQ(bits=4, group_size=128))          # nn.Linear → QuantLinear
+    model = quantcore.load_quantized("Llama-3.1-8B-GPTQ", device="cuda")  # a checkpoint folder
+
 ``import quantcore`` is cheap: torch, the registry and every backend load on first use
 (PEP 562 lazy attributes), and triton or cuda.tile only when a kernel that needs them
 runs.
@@ -32,6 +35,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "default_registry": ("quantcore.registry", "default_registry"),
     "hookimpl": ("quantcore.registry", "hookimpl"),
     "get_format": ("quantcore.api", "get_format"),
+    "quantize_": ("quantcore.nn.quantize", "quantize_"),
+    "load_quantized": ("quantcore.checkpoint.load", "load_quantized"),
+    "QuantLinear": ("quantcore.nn.linear", "QuantLinear"),
+    "KernelOp": ("quantcore.custom_ops", "KernelOp"),
     "list_plugins": ("quantcore.api", "list_plugins"),
     "Problem": ("quantcore.problem", "Problem"),
     "Format": ("quantcore.formats.base", "Format"),
@@ -41,6 +48,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Support": ("quantcore.kernel", "Support"),
     "Transform": ("quantcore.transform", "Transform"),
     "QuantCoreError": ("quantcore.errors", "QuantCoreError"),
+    "QuantCoreWarning": ("quantcore.errors", "QuantCoreWarning"),
     "NoKernelError": ("quantcore.errors", "NoKernelError"),
     "TensorFormatError": ("quantcore.errors", "TensorFormatError"),
     "KernelInputError": ("quantcore.errors", "KernelInputError"),
@@ -70,18 +78,23 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .api import get_format, list_plugins
     from .binding import BoundKernel, bind
+    from .checkpoint.load import load_quantized
+    from .custom_ops import KernelOp
     from .errors import (
         InvalidArgumentError,
         KernelInputError,
         NoKernelError,
         QuantCoreError,
         ShardError,
+        QuantCoreWarning,
         TensorFormatError,
         UnknownFormatError,
         UnsupportedProblemError,
     )
     from .formats.base import Format
     from .kernel import Kernel, LinearKernel, Requirements, Support
+    from .nn.linear import QuantLinear
+    from .nn.quantize import quantize_
     from .probe import Capabilities, probe
     from .problem import Problem
     from .registry import default_registry, hookimpl, register, unregister

@@ -13,6 +13,7 @@ __all__ = [
     "PluginError",
     "QuantCoreError",
     "ShardError",
+    "QuantCoreWarning",
     "TensorFormatError",
     "UnknownFormatError",
     "UnsupportedProblemError",
@@ -21,6 +22,11 @@ __all__ = [
 
 class QuantCoreError(Exception):
     """Root of every error quantcore raises on purpose."""
+
+
+class QuantCoreWarning(UserWarning):
+    """Something quantcore did that the user should know about: a layer left dense, a
+    checkpoint read under an assumption."""
 
 
 class TensorFormatError(QuantCoreError, ValueError):

@@ -7,7 +7,7 @@ below; a group marked independent may not import its own siblings either)::
     backends                       the built-in plugins
     cli                            the quantcore command (and the package's lazy facade)
     checkpoint, nn                 torch modules, checkpoint loading
-    selection, binding, tuning, measured, api
+    selection, binding, tuning, measured, api, custom_ops
     registry
     transforms, ops                shared transforms; ops with their golden references and judge
     formats, problem, kernel, transform, cost
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.cli", "quantcore.__main__", "quantcore"), False),
     (("quantcore.checkpoint", "quantcore.nn"), False),
     (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.measured",
-      "quantcore.api"),
+      "quantcore.api", "quantcore.custom_ops"),
      False),
     (("quantcore.registry",), False),
     (("quantcore.transforms", "quantcore.ops"), False),

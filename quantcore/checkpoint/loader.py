@@ -4,6 +4,9 @@ Every quantized linear is found by its ``<prefix>.qweight`` and gathers the form
 other tensors under the same prefix; everything else (embeddings, norms, unquantized
 heads) is returned untouched in ``others``. Each linear is checked against the config
 before it is validated, so a file that disagrees with its config says so in those terms.
+GPTQ v1 zero points are read as the config's producer wrote them (:mod:`.producer`).
+:func:`load_checkpoint` reads every shard at once; :func:`quantcore.load_quantized`
+(:mod:`.load`) is the lazy, per-layer path into a model.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ..formats.awq import AWQ
 from ..formats.base import Format
 from ..formats.gptq import GPTQ
 from .config import format_from_config, read_quant_config
+from .producer import V1Reader, detect_producer
 
 __all__ = ["Checkpoint", "load_checkpoint"]
 
@@ -124,11 +128,15 @@ def load_checkpoint(folder: str | Path, *, format: Format | None = None) -> Chec
     linears, others = _split(_read_shards(folder))
     if not linears:
         raise TensorFormatError(f"{folder}: no quantized linear (no tensor named '<prefix>.qweight')")
+    reader = V1Reader(format, detect_producer(config), source=str(folder))
+    read_as = format
     for prefix, tensors in sorted(linears.items()):
         _check_against_config(format, prefix, tensors)
         try:
             format.validate(tensors)
         except TensorFormatError as exc:
             raise TensorFormatError(f"{prefix}: {exc}") from None
-    return Checkpoint(format, linears, others, config, source)
+        read_as, linears[prefix] = reader.read(prefix, tensors)
+    reader.warn()
+    return Checkpoint(read_as, linears, others, config, source)
 

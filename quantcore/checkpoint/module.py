@@ -1,64 +1,21 @@
-"""``QuantLinear``: a quantized linear as a torch module, run by whatever kernel
-``get_kernel`` picks for its device; and helpers to quantize a model's linears with a
-format's golden quantizer and to swap a model's linears for a checkpoint's."""
+"""Helpers over :class:`~quantcore.nn.linear.QuantLinear` (re-exported here): quantize a
+model's linears with a format's golden quantizer, and swap a model's linears for a
+checkpoint's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..binding import bind
 from ..errors import TensorFormatError
 from ..formats.base import Format
-from ..kernel import Kernel
-from ..problem import Problem
+from ..nn.linear import QuantLinear
 from .loader import Checkpoint
 
 __all__ = ["QuantLinear", "quantize_linears", "replace_linears"]
-
-
-class QuantLinear(nn.Module):
-    """``y = x Wᵀ + b`` with W in ``fmt``; the kernel is chosen once, for ``device``
-    and activation ``dtype``, through :func:`quantcore.bind`: one prepare per weight
-    however many threads build the module, and a kernel that fails at run time is
-    replaced by the next candidate."""
-
-    def __init__(
-        self,
-        fmt: Format,
-        tensors: Mapping[str, torch.Tensor],
-        *,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype = torch.bfloat16,
-        prefer: str | Sequence[str] | None = None,
-    ) -> None:
-        super().__init__()
-        dims = fmt.validate(tensors)
-        self.format = fmt
-        self.in_features, self.out_features = dims["K"], dims["N"]
-        self.dtype = dtype
-        device = torch.device(device) if device is not None else next(iter(tensors.values())).device
-        problem = Problem.linear(fmt, K=self.in_features, N=self.out_features, dtype=dtype)
-        source = {k: v.to(device) for k, v in tensors.items()}
-        self.bound = bind(fmt, device, source, problem=problem, dtype=dtype, prefer=prefer)
-
-    @property
-    def kernel(self) -> Kernel:
-        return self.bound.kernel
-
-    @property
-    def prepared(self) -> Any:
-        return self.bound.prepared
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bound(x)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"format={self.format.slug}, kernel={self.kernel.name}")
 
 
 def _linears(model: nn.Module, names: Iterable[str] | None) -> dict[str, nn.Linear]:

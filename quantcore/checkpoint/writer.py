@@ -4,6 +4,7 @@ quantization config in ``config.json`` or ``quantize_config.json``."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,13 @@ from ..formats.gptq import GPTQ
 __all__ = ["config_for", "save_checkpoint"]
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("quantcore")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+        return "0"
+
+
 def config_for(fmt: Format) -> dict[str, Any]:
     """The quantization config a tool would write for ``fmt``."""
     if isinstance(fmt, GPTQ):
@@ -30,6 +38,8 @@ def config_for(fmt: Format) -> dict[str, Any]:
             "sym": fmt.sym,
             "checkpoint_format": "gptq" if fmt.checkpoint_format == "v1" else "gptq_v2",
             "pack_dtype": str(fmt.pack_dtype).removeprefix("torch."),
+            # Who wrote the zero points: readers pick the v1 rule by it (checkpoint/producer.py).
+            "meta": {"quantizer": [f"quantcore:{_version()}"]},
         }
     if isinstance(fmt, AWQ):
         return {"quant_method": "awq", "bits": fmt.bits, "group_size": fmt.group_size,

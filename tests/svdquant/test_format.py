@@ -9,6 +9,7 @@ import torch
 
 from quantcore.errors import TensorFormatError
 from quantcore.formats.svdquant import SVDQuantAct, e2m1_values, pack_nibbles, unpack_nibbles
+from quantcore.formats.svdquant.numerics import e2m1_codes
 from quantcore.ops.act_quant_lora import act_quant_lora_reference
 
 NVFP4, INT4 = SVDQuantAct(fp4=True), SVDQuantAct(fp4=False)
@@ -87,6 +88,41 @@ def test_all_zero_block_has_the_smallest_scale_and_zero_codes() -> None:
     assert scale == 0x01 and codes == [0] * 16
     deq = NVFP4.dequantize(NVFP4.quantize(torch.zeros(1, 16, dtype=torch.float16)))
     assert torch.isfinite(deq).all() and not deq.any()
+
+
+def _torchao_block(values: list[float]) -> tuple[list[int], int]:
+    out = NVFP4.quantize(torch.tensor([values], dtype=torch.float16), convention="torchao")
+    return unpack_nibbles(out["qout"][0]).tolist(), int(out["oscales"].view(torch.uint8)[0, 0])
+
+
+def test_torchao_convention_floors_every_scale_at_the_smallest_normal() -> None:
+    # All zero: torchao stores 2⁻⁶ (0x08), this format 2⁻⁹ (0x01); codes 0 either way.
+    assert _torchao_block([0.0] * 16) == ([0] * 16, 0x08)
+    # amax 0.006: s = 0.001 is below 2⁻⁶. This format keeps the subnormal 2⁻⁹ (0.006 / 2⁻⁹
+    # = 3.07 → code 5, value 3); torchao takes 2⁻⁶ (0.006 · 64 = 0.384 → code 1, value 0.5).
+    tiny = [0.006] + [0.0] * 15
+    assert nvfp4_block(tiny, torch.float16) == ([5] + [0] * 15, 0x01)
+    assert _torchao_block(tiny) == ([1] + [0] * 15, 0x08)
+
+
+def test_torchao_convention_multiplies_by_the_reciprocal() -> None:
+    """A tie ``t · s8`` divided by s8 is the tie itself (→ even code); multiplied by the
+    float32 reciprocal of s8 it can land off the tie. Some e4m3 mantissa must show it."""
+    ties = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+    differ = 0
+    for mantissa in range(8):
+        s8 = 1 + mantissa / 8
+        for t in ties:
+            block = [6 * s8, t * s8] + [0.0] * 14  # amax = 6·s8: the scale is s8 exactly
+            ours, scale = nvfp4_block(block, torch.float16)
+            theirs, scale_t = _torchao_block(block)
+            assert scale == scale_t
+            y = torch.tensor(t * s8, dtype=torch.float32) * (1 / torch.tensor(s8, dtype=torch.float32))
+            assert theirs[1] == int(e2m1_codes(y))
+            differ += ours[1] != theirs[1]
+    assert differ > 0
+    with pytest.raises(TensorFormatError, match="convention"):
+        INT4.quantize(torch.zeros(1, 64, dtype=torch.float16), convention="torchao")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

@@ -58,8 +58,9 @@ def test_quantized_model_tracks_the_float_model() -> None:
 def test_rotations_differ_across_layers_and_repeat_across_runs() -> None:
     a = quantize_model(_model(), TurboQuantConfig(group_size=64, seed=7))
     b = quantize_model(_model(), TurboQuantConfig(group_size=64, seed=7))
-    assert torch.equal(a.up.rotation, b.up.rotation)
-    assert not torch.equal(a.up.rotation, a.down.rotation[:, :64, :64])
+    rot = {name: getattr(m, name).tensors()["rotation"] for m, name in ((a, "up"), (a, "down"))}
+    assert torch.equal(rot["up"], b.up.tensors()["rotation"])
+    assert not torch.equal(rot["up"], rot["down"][:, :64, :64])
 
 
 @pytest.mark.parametrize("offload", [False, True])
@@ -88,8 +89,9 @@ def test_offload_on_cpu_gives_the_resident_outputs_and_prefetches_one_layer_ahea
             assert torch.equal(model(x), resident(x))
             if step:  # two layers, two slots: after the first forward nothing moves
                 assert pool.copies - before == 0
-    assert [e.name for e in pool.chain] == [model.up._runners[("cpu", torch.float32)].offloaded.name,
-                                             model.down._runners[("cpu", torch.float32)].offloaded.name]
+    assert [e.name for e in pool.chain] == [model.up._offloaded.name, model.down._offloaded.name]
+    # Pass 2 is in host memory and stays there when the model moves; pass 1 moves.
+    assert model.up._pass2_names and all(n.startswith("passes_1_") for n in model.up._pass2_names)
 
 
 def test_offload_chain_of_three_prefetches_each_layer_once_per_step() -> None:
@@ -131,6 +133,10 @@ def test_module_checks_its_inputs() -> None:
     with pytest.raises(KernelInputError, match="multiple of group_size"):
         TurboQuantLinear(100, 64, TurboQuant())
     layer = TurboQuantLinear.from_linear(nn.Linear(128, 32), TurboQuant(group_size=64))
+    with pytest.raises(TensorFormatError, match="N=64 \\(module: 32\\)"):
+        layer.load_tensors(TurboQuant(group_size=64).quantize(torch.randn(64, 128)) | {"bias": torch.zeros(64)})
+    with pytest.raises(KernelInputError, match="carry no bias"):
+        layer.load_tensors(TurboQuant(group_size=64).quantize(torch.randn(32, 128)))
     with pytest.raises(KernelInputError, match=r"expected \[\.\.\., 128\]"):
         layer(torch.randn(2, 64))
     with pytest.raises(KernelInputError, match="no residual pass"):
@@ -168,11 +174,10 @@ def test_the_module_runs_behind_bind_and_falls_back_past_a_failing_kernel() -> N
     name = quantcore.register(Plugin(), name="tq_broken_vendor_plugin")
     try:
         fresh = TurboQuantLinear(128, 32, fmt)
-        fresh.load_state_dict(layer.state_dict())
+        fresh.load_tensors(layer.tensors())
         with torch.no_grad():
             assert torch.equal(fresh(x), expected)
-        bound = fresh._runners[("cpu", torch.float32)].bound
-        assert bound.kernel.name != "tq_broken_vendor"
-        assert ("tq_broken_vendor", "prepare raised RuntimeError: vendor library not initialised") in bound.passed_over
+        assert fresh.kernel is not None and fresh.kernel.name != "tq_broken_vendor"
+        assert ("tq_broken_vendor", "prepare raised RuntimeError: vendor library not initialised") in fresh.passed_over
     finally:
         quantcore.unregister(name)

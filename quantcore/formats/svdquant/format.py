@@ -41,9 +41,15 @@ NVFP4 (``fp4=True``): E2M1 codes, block 16, fp8 e4m3 scales
 - ``s = amax / 6``; stored scale ``s8 = e4m3(min(s, 448))``, round to nearest even (as
   torch's ``float8_e4m3fn`` conversion). Scales beyond 448 saturate (satfinite).
 - A block whose scale rounds to zero (``s ≤ 2⁻¹⁰``, an all-zero block included) stores
-  the smallest subnormal ``2⁻⁹`` instead (torchao's clamp), so every block divides by a
-  non-zero scale and tiny blocks keep their codes. An all-zero block is scale 0x01 with
-  codes 0.
+  the smallest subnormal ``2⁻⁹`` instead, so every block divides by a non-zero scale and
+  tiny blocks keep their codes. An all-zero block is scale 0x01 with codes 0. This floor
+  is the project's choice (the seed leaves the zero block open); it is not torchao's.
+  torchao 0.18's single-level ``nvfp4_quantize`` clamps *every* block scale to at least
+  ``2⁻⁶`` (fp8 e4m3's smallest normal, ``torch.finfo(torch.float8_e4m3fn).tiny``), so
+  any block with ``s < 2⁻⁶`` gets that scale, and it multiplies by the reciprocal of the
+  stored scale instead of dividing. The golden quantizer offers that convention for
+  comparing with torchao's output — ``quantize(x, convention="torchao")`` — and the
+  kernels write this format's.
 - Elements are **divided by the stored scale**: ``y = v / float(s8)`` (IEEE division,
   not a reciprocal), so ``code × s8`` is the best this code set can do for ``x``. The
   code is E2M1 of ``y``: nearest of {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to even (0.25 → 0,
@@ -206,9 +212,12 @@ class SVDQuantAct(Format):
         *,
         smooth: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        convention: str = "quantcore",
     ) -> dict[str, torch.Tensor]:
         """Golden quantizer of an activation ``x [M, N]`` (fp16/bf16): ``qout`` and
-        ``oscales`` padded to ``pad_size`` rows. ``generator`` is unused (deterministic)."""
+        ``oscales`` padded to ``pad_size`` rows. ``generator`` is unused (deterministic).
+        ``convention="torchao"`` (NVFP4 only) applies torchao 0.18's scale rule instead
+        of this format's (see the module docstring): a reference, not the format."""
         where = f"{self.slug} quantize"
         x = require_tensor("x", x, dtypes=FLOAT_DTYPES, where=where)
         if x.dim() != 2 or x.device.type == "meta":
@@ -218,7 +227,12 @@ class SVDQuantAct(Format):
             if isinstance(smooth, torch.Tensor) and smooth.device != x.device:  # before reading its values
                 raise TensorFormatError(f"{where}: smooth on {smooth.device}, x on {x.device}: expected one device")
             smooth = self.check_smooth(smooth, x.shape[1], where)
-        return numerics.quantize_activation(x, smooth, fp4=self.fp4, block=self.block, pad_size=self.pad_size)
+        if convention not in numerics.CONVENTIONS or (convention != "quantcore" and not self.fp4):
+            raise TensorFormatError(
+                f"{where}: convention: expected one of {numerics.CONVENTIONS} (torchao: NVFP4 only), got {convention!r}"
+            )
+        return numerics.quantize_activation(x, smooth, fp4=self.fp4, block=self.block, pad_size=self.pad_size,
+                                            convention=convention)
 
     def dequantize(
         self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float64

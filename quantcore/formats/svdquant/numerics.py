@@ -19,8 +19,10 @@ from ...tensors import describe
 from ...tensors import ieee_div as fdiv
 
 __all__ = [
+    "CONVENTIONS",
     "E2M1_GRID",
     "E4M3_MAX",
+    "E4M3_MIN_NORMAL",
     "E4M3_MIN_SUBNORMAL",
     "FP8_NAN_BITS",
     "FP16_NAN_BITS",
@@ -40,6 +42,10 @@ __all__ = [
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E4M3_MAX = 448.0
 E4M3_MIN_SUBNORMAL = 2.0**-9
+#: fp8 e4m3's smallest normal, ``torch.finfo(torch.float8_e4m3fn).tiny``: torchao's scale floor.
+E4M3_MIN_NORMAL = 2.0**-6
+#: The NVFP4 scale rules the golden quantizer knows: this format's, and torchao 0.18's.
+CONVENTIONS = ("quantcore", "torchao")
 #: float8_e4m3fn has one NaN per sign; a block with a non-finite element stores +NaN.
 FP8_NAN_BITS = 0x7F
 #: float16 quiet NaN as torch writes it (``torch.tensor(nan).half()``).
@@ -102,10 +108,12 @@ def _smoothed(x: torch.Tensor, smooth: torch.Tensor | None) -> torch.Tensor:
 
 
 def quantize_activation(
-    x: torch.Tensor, smooth: torch.Tensor | None, *, fp4: bool, block: int, pad_size: int
+    x: torch.Tensor, smooth: torch.Tensor | None, *, fp4: bool, block: int, pad_size: int,
+    convention: str = "quantcore",
 ) -> dict[str, torch.Tensor]:
     """The golden quantizer: ``{"qout": [M_pad, N/2] uint8, "oscales": [N/block, M_pad]}``
-    (float8_e4m3fn for NVFP4, float16 for INT4). See :mod:`.format` for every rule."""
+    (float8_e4m3fn for NVFP4, float16 for INT4). See :mod:`.format` for every rule;
+    ``convention="torchao"`` swaps in torchao 0.18's NVFP4 scale floor and reciprocal."""
     if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16):
         raise TensorFormatError(f"x: expected a 2-D float16/bfloat16 [M, N] tensor, got {describe(x)}")
     m, n = x.shape
@@ -115,10 +123,14 @@ def quantize_activation(
     amax = v.abs().amax(dim=-1)  # NaN if the block has a NaN, inf if it has an inf
     bad = ~torch.isfinite(amax)
     if fp4:
-        s8 = e4m3_round(fdiv(amax, 6.0).clamp(max=E4M3_MAX))
-        tiny = torch.tensor(E4M3_MIN_SUBNORMAL, device=x.device).to(torch.float8_e4m3fn)
-        s8 = torch.where(s8.float() == 0, tiny, s8)
-        codes = e2m1_codes(v / s8.float().unsqueeze(-1))
+        if convention == "torchao":  # every scale clamped to [2⁻⁶, 448], then x · (1 / s8)
+            s8 = e4m3_round(fdiv(amax, 6.0).clamp(min=E4M3_MIN_NORMAL, max=E4M3_MAX))
+            codes = e2m1_codes(v * fdiv(1.0, s8.float()).unsqueeze(-1))
+        else:
+            s8 = e4m3_round(fdiv(amax, 6.0).clamp(max=E4M3_MAX))
+            tiny = torch.tensor(E4M3_MIN_SUBNORMAL, device=x.device).to(torch.float8_e4m3fn)
+            s8 = torch.where(s8.float() == 0, tiny, s8)
+            codes = e2m1_codes(v / s8.float().unsqueeze(-1))
         scale_bits = s8.view(torch.uint8).to(torch.int64)
         scale_bits = torch.where(bad, FP8_NAN_BITS, scale_bits)
         keep = ~bad

@@ -26,6 +26,7 @@ from torch import nn
 
 from ...errors import TensorFormatError
 from ...formats.turboquant.format import TurboQuant
+from .kernel import ACT_DTYPES
 from .module import TurboQuantLinear
 from .offload import Pass2OffloadPool
 
@@ -87,13 +88,24 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def quantize_model(model: nn.Module, config: TurboQuantConfig) -> nn.Module:
+def quantize_model(
+    model: nn.Module,
+    config: TurboQuantConfig,
+    *,
+    dtype: torch.dtype | None = None,
+    keep_source: bool = False,
+) -> nn.Module:
     """Replace every eligible ``nn.Linear`` (in-features a multiple of the group size, not
-    in ``config.skip``) by a :class:`TurboQuantLinear`, quantizing on the layer's device."""
+    in ``config.skip``) by a :class:`TurboQuantLinear`, quantizing on the layer's device and
+    preparing for activations of ``dtype`` (default: each layer's weight dtype).
+    ``keep_source`` keeps the format's tensors beside the prepared ones (run-time
+    fallback; :func:`save_quantized` from a GPU, where rotations are prepared in 16 bits)."""
     fmt = config.format()
     for name, linear in list(_linears(model, config)):
         gen = torch.Generator().manual_seed((config.seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
-        _replace(model, name, TurboQuantLinear.from_linear(linear, fmt, generator=gen))
+        layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in ACT_DTYPES else None)
+        _replace(model, name, TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=layer_dtype,
+                                                           keep_source=keep_source))
     model.quantcore_config = config  # type: ignore[assignment]
     if config.cpu_offload_pass2:
         enable_pass2_offload(model)
@@ -135,12 +147,21 @@ def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> None:
         "version": TurboQuant.version,
         "config": config.to_json(),
         "modules": {
-            name: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}
+            name: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.has_bias}
             for name, m in modules.items()
         },
     }
-    # Clone so tied or sliced tensors do not share storage (safetensors refuses that).
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    # The format's tensors of every quantized layer (not its kernel's prepared layout, which
+    # depends on the device), and the state dict of everything else. Cloned so tied or
+    # sliced tensors do not share storage (safetensors refuses that).
+    state: dict[str, torch.Tensor] = {}
+    for name, m in modules.items():
+        state.update({f"{name}.{k}": v for k, v in m.tensors().items()})
+    for key, value in model.state_dict().items():
+        owner = key.rpartition(".")[0]
+        if not any(owner == n or owner.startswith(n + ".") for n in modules):
+            state[key] = value
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     safetensors.save_file(state, os.fspath(path), metadata={METADATA_KEY: json.dumps(meta)})
 
 
@@ -151,6 +172,7 @@ def load_quantized(
     device: torch.device | str | None = None,
     cpu_offload_pass2: bool | None = None,
     strict: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Turn ``model`` (the unquantized architecture, possibly on ``meta``) into the saved
     quantized model: the listed Linears become TurboQuantLinears, then every tensor is
@@ -165,6 +187,8 @@ def load_quantized(
         raise TensorFormatError(f"{path}: format {meta.get('format')!r}, expected {TurboQuant.name!r}")
     config = TurboQuantConfig.from_json(meta["config"])
     fmt = config.format()
+    target = torch.device(device) if device is not None else None
+    layers: dict[str, TurboQuantLinear] = {}
     for name, spec in meta["modules"].items():
         try:
             old = model.get_submodule(name)
@@ -175,11 +199,25 @@ def load_quantized(
                 f"{path}: module {name!r} is saved as a {spec['in_features']} → {spec['out_features']} "
                 f"linear, the model has {old!r}"
             )
-        _replace(model, name, TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"]))
+        here = target or (old.weight.device if old.weight.device.type != "meta" else torch.device("cpu"))
+        layer_dtype = dtype or (old.weight.dtype if old.weight.dtype in ACT_DTYPES else None)
+        layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
+                                        device=here, dtype=layer_dtype)
     state = safetensors.load_file(os.fspath(path), device="cpu")
-    model.load_state_dict(state, strict=strict, assign=True)
-    if device is not None:
-        model.to(device)
+    for name, layer in layers.items():
+        prefix = name + "."
+        layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    rest = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
+    for name, layer in layers.items():
+        _replace(model, name, layer)
+    model.load_state_dict(rest, strict=False, assign=True)
+    if strict:
+        left = [k for k, v in model.state_dict().items()
+                if isinstance(v, torch.Tensor) and v.device.type == "meta"]
+        if left:
+            raise TensorFormatError(f"{path}: no tensor for {', '.join(left[:5])}{' …' if len(left) > 5 else ''}")
+    if target is not None:
+        model.to(target)
     model.quantcore_config = config  # type: ignore[assignment]
     offload = config.cpu_offload_pass2 if cpu_offload_pass2 is None else cpu_offload_pass2
     if offload:

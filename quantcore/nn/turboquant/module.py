@@ -1,41 +1,41 @@
-"""``TurboQuantLinear``: an ``nn.Linear`` replacement that stores TurboQuant tensors and
-runs them through whichever kernel :func:`quantcore.bind` picks for the device — with
-``bind``'s fallback to the next candidate when a kernel fails on the weight or in a call.
+"""``TurboQuantLinear``: an ``nn.Linear`` replacement for TurboQuant weights, a
+:class:`~quantcore.nn.quant_module.QuantModule` like :class:`~quantcore.nn.linear.QuantLinear`:
+bound once through :func:`quantcore.bind` (with its fallback past a kernel that fails on
+the weight), its prepared state in buffers, its calls a ``quantcore::linear`` op when
+traced.
 
-The module holds the format's tensors as buffers (so ``state_dict`` is the checkpoint)
-and, per (device, activation dtype), the bound kernel and its prepared state, rebuilt
-whenever the module moves. With ``cpu_offload_pass2`` the residual pass's buffers stay
-in (pinned) host memory and reach the GPU through a :class:`Pass2OffloadPool`.
+The format's tensors (``indices``, ``norms``, ``rotation`` per pass, ``codebook``,
+``bias``) come back from the prepared state with :meth:`TurboQuantLinear.tensors`
+(the pass transform's inverse; exact where the rotations were prepared in float32 — on
+the CPU — and from the kept source otherwise). With ``cpu_offload_pass2`` the residual
+pass's buffers stay in (pinned) host memory and reach the GPU through a
+:class:`Pass2OffloadPool`; that path runs eagerly (side streams, events).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ...binding import BoundKernel, bind
-from ...errors import KernelInputError
-from ...formats.turboquant.format import PASS_TENSORS, RESIDUAL_PREFIX, TurboQuant
-from ...problem import Problem
+from ...custom_ops import traced
+from ...errors import KernelInputError, TensorFormatError
+from ...formats.turboquant.format import TurboQuant
 from ...tensors import describe
-from .kernel import TurboQuantLinearKernel, TurboQuantPrepared, pass_tensors
-from .offload import OffloadedPass, Pass2OffloadPool, pin
+from ...transforms.turboquant_passes import TurboQuantPassTransform
+from ..quant_module import SOURCE, QuantModule
+from .kernel import TurboQuantLinearKernel, TurboQuantPrepared
+from .offload import OffloadedPass, Pass2OffloadPool
 
 __all__ = ["TurboQuantLinear"]
 
 
-@dataclasses.dataclass
-class _Runner:
-    bound: BoundKernel
-    #: Pass 2 streamed from host memory; the bound kernel then runs pass 1 only.
-    offloaded: OffloadedPass | None = None
+class TurboQuantLinear(QuantModule):
+    """``y = x Ŵᵀ + b`` with Ŵ stored in a :class:`TurboQuant` format. ``dtype`` is the
+    activation dtype the kernel is prepared for (None: float32, every kernel's CPU choice)."""
 
-
-class TurboQuantLinear(nn.Module):
-    """``y = x Ŵᵀ + b`` with Ŵ stored in a :class:`TurboQuant` format."""
+    op_kind = "linear"
 
     def __init__(
         self,
@@ -45,63 +45,90 @@ class TurboQuantLinear(nn.Module):
         *,
         bias: bool = True,
         device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        keep_source: bool = False,
     ) -> None:
-        super().__init__()
         if in_features % fmt.group_size:
             raise KernelInputError(
                 f"in_features={in_features} is not a multiple of group_size={fmt.group_size}"
             )
-        self.in_features = in_features
-        self.out_features = out_features
-        self.fmt = fmt
-        groups = in_features // fmt.group_size
-        d = fmt.group_size
-        for prefix in fmt.passes:
-            self.register_buffer(prefix + "indices", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
-            self.register_buffer(prefix + "norms", torch.zeros(out_features, groups, dtype=fmt.norm_dtype, device=device))
-            rotation = torch.eye(d, device=device).expand(fmt.num_rotations(in_features), d, d).contiguous()
-            self.register_buffer(prefix + "rotation", rotation)
-        self.register_buffer("codebook", torch.zeros(fmt.levels, dtype=torch.float32, device=device))
-        self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None)
+        super().__init__(fmt, {"K": in_features, "N": out_features}, device=device, dtype=dtype,
+                         keep_source=keep_source)
+        self.has_bias = bias
         self.cpu_offload_pass2 = False
         self._pool: Pass2OffloadPool | None = None
-        self._runners: dict[tuple[str, torch.dtype], _Runner] = {}
+        self._pass2_names: tuple[str, ...] = ()
+        self._offloaded: OffloadedPass | None = None
+
+    @property
+    def fmt(self) -> TurboQuant:
+        return self.format  # type: ignore[return-value]
+
+    @property
+    def in_features(self) -> int:
+        return self.dims["K"]
+
+    @property
+    def out_features(self) -> int:
+        return self.dims["N"]
 
     # --- construction -----------------------------------------------------------------------
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, fmt: TurboQuant, *, generator: torch.Generator | None = None
+        cls,
+        linear: nn.Linear,
+        fmt: TurboQuant,
+        *,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype | None = None,
+        keep_source: bool = False,
     ) -> TurboQuantLinear:
+        """Quantize ``linear`` with the golden quantizer, on the linear's device."""
         weight = linear.weight.detach()
-        module = cls(linear.in_features, linear.out_features, fmt, bias=linear.bias is not None, device=weight.device)
+        module = cls(linear.in_features, linear.out_features, fmt, bias=linear.bias is not None,
+                     device=weight.device, dtype=dtype, keep_source=keep_source)
         tensors = fmt.quantize(weight, generator=generator)
         if linear.bias is not None:
             tensors["bias"] = linear.bias.detach().to(torch.float32)
         module.load_tensors(tensors)
         return module
 
-    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Take a checkpoint's tensors (validated against the format)."""
-        dims = self.fmt.validate(tensors)
-        if (dims["K"], dims["N"]) != (self.in_features, self.out_features):
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Take a checkpoint's tensors (validated against the format) and prepare them."""
+        if ("bias" in tensors) != self.has_bias:
             raise KernelInputError(
-                f"tensors describe a {dims['K']} → {dims['N']} linear, the module is "
-                f"{self.in_features} → {self.out_features}"
+                "tensors carry a bias; the module was built with bias=False" if self.has_bias is False
+                else "tensors carry no bias; the module was built with bias=True"
             )
-        for name, t in tensors.items():
-            if name == "bias" and self.bias is None:
-                raise KernelInputError("tensors carry a bias; the module was built with bias=False")
-            current = getattr(self, name)
-            setattr(self, name, t.detach().to(current.device, current.dtype if name == "bias" else t.dtype).clone())
-        self._runners.clear()
+        self.bind_tensors(tensors)
+        if self.cpu_offload_pass2:
+            self._offload_buffers()
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The format's tensors (and bias) as stored in this module."""
-        names = [p + t for p in self.fmt.passes for t in PASS_TENSORS] + ["codebook"]
-        out = {name: getattr(self, name) for name in names}
-        if self.bias is not None:
-            out["bias"] = self.bias
+        """The format's tensors (and bias): the kept source, or the prepared passes inverted."""
+        source = {n[len(SOURCE):]: t for n, t in self._buffers.items() if n.startswith(SOURCE) and t is not None}
+        if source:
+            return source
+        prepared = self.prepared
+        if not isinstance(prepared, TurboQuantPrepared):
+            raise TensorFormatError(
+                f"{self.fmt.slug}: {getattr(self.kernel, 'name', None)} holds a dequantized weight; the format's "
+                "tensors are gone (build the module with keep_source=True to keep them)"
+            )
+        out: dict[str, torch.Tensor] = {}
+        inverse = TurboQuantPassTransform(self.fmt, split_halves=prepared.split_halves)
+        for prefix, data in zip(self.fmt.passes, prepared.passes, strict=True):
+            if data.rotation.dtype != torch.float32:
+                raise TensorFormatError(
+                    f"{self.fmt.slug}: the rotations were prepared in {data.rotation.dtype} for the kernel, so the "
+                    "stored float32 ones cannot be rebuilt exactly; quantize or load with keep_source=True to save "
+                    "from this module (or save from one prepared on the CPU)"
+                )
+            out.update({prefix + name: t for name, t in inverse.invert(data).items()})
+        out["codebook"] = prepared.codebook[: self.fmt.levels].clone()
+        if prepared.bias is not None:
+            out["bias"] = prepared.bias
         return out
 
     # --- offload ---------------------------------------------------------------------------
@@ -112,70 +139,58 @@ class TurboQuantLinear(nn.Module):
             raise KernelInputError(f"{self.fmt.slug} has no residual pass to offload")
         self.cpu_offload_pass2 = True
         self._pool = pool
-        for name in self._pass2_names():
-            self._buffers[name] = pin(self._buffers[name])  # type: ignore[arg-type]
-        self._runners.clear()
+        if self.has_weight:
+            self._offload_buffers()
 
-    def _pass2_names(self) -> list[str]:
-        return [RESIDUAL_PREFIX + t for t in PASS_TENSORS]
+    def _offload_buffers(self) -> None:
+        prepared = self.prepared
+        if not isinstance(prepared, TurboQuantPrepared) or not isinstance(self.kernel, TurboQuantLinearKernel):
+            self._pass2_names = ()  # a kernel outside the pass contract runs the whole weight resident
+            return
+        ids = {id(t) for t in prepared.passes[1].tensors().values()}
+        self._pass2_names = tuple(n for n, t in zip(self._names, self.state_tensors(), strict=True) if id(t) in ids)
+        for name in self._pass2_names:
+            # Host memory only: OffloadedPass packs the pass into one pinned buffer (one copy a layer).
+            self._buffers[name] = self._buffers[name].detach().to("cpu")  # type: ignore[union-attr]
+        self._prepared = None
+        self._offloaded = None
 
-    def _apply(self, fn: Any, recurse: bool = True) -> TurboQuantLinear:
-        held = {}
-        if self.cpu_offload_pass2:
-            held = {name: self._buffers.pop(name) for name in self._pass2_names()}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            self._buffers.update(held)
-        self._runners.clear()
-        return self
+    def _stays(self, name: str) -> bool:
+        return name in self._pass2_names
+
+    def _moved_to(self, device: torch.device) -> None:
+        super()._moved_to(device)
+        self._offloaded = None
+
+    def _offloaded_pass(self, device: torch.device) -> OffloadedPass:
+        if self._offloaded is None:
+            assert self._pool is not None
+            self._offloaded = OffloadedPass(self.prepared.passes[1], name=f"{type(self).__name__}@{id(self):x}")
+            self._pool.register(self._offloaded, device)
+        return self._offloaded
 
     # --- forward ---------------------------------------------------------------------------
-
-    def _runner(self, x: torch.Tensor) -> _Runner:
-        key = (str(x.device), x.dtype)
-        runner = self._runners.get(key)
-        if runner is not None:
-            return runner
-        runner = self._offloaded_runner(x) if self.cpu_offload_pass2 else None
-        if runner is None:
-            problem = Problem.linear(self.fmt, K=self.in_features, N=self.out_features, dtype=x.dtype)
-            runner = _Runner(bind(self.fmt, x.device, self.tensors(), problem=problem, dtype=x.dtype))
-        self._runners[key] = runner
-        return runner
-
-    def _offloaded_runner(self, x: torch.Tensor) -> _Runner | None:
-        """Pass 1 bound as a format of its own, pass 2 prepared on the host for the same
-        kernel; None when the chosen kernel is outside the pass-level contract (the
-        dequantizing fallback), which then runs the whole weight."""
-        pass1_fmt = dataclasses.replace(self.fmt, residual=False)
-        resident = {k: v for k, v in self.tensors().items() if not k.startswith(RESIDUAL_PREFIX)}
-        problem = Problem.linear(pass1_fmt, K=self.in_features, N=self.out_features, dtype=x.dtype)
-        bound = bind(pass1_fmt, x.device, resident, problem=problem, dtype=x.dtype)
-        pass1 = bound.kernel
-        if not isinstance(pass1, TurboQuantLinearKernel):
-            return None
-        host = pass1.prepare_pass(  # packed into one pinned buffer by OffloadedPass
-            pass_tensors(self.tensors(), RESIDUAL_PREFIX), dtype=pass1.compute_dtype(x.dtype)
-        )
-        assert self._pool is not None
-        entry = OffloadedPass(host, name=f"{type(self).__name__}@{id(self):x}")
-        self._pool.register(entry, x.device)
-        return _Runner(bound, entry)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise KernelInputError(f"x: expected [..., {self.in_features}], got {describe(x)}")
-        runner = self._runner(x)
-        if runner.offloaded is None:
-            return runner.bound(x)  # type: ignore[no-any-return]
-        return self._forward_offloaded(x, runner)
+        if not self._pass2_names:
+            return self.run_kernel(x)  # type: ignore[no-any-return]
+        if traced(x):
+            raise KernelInputError(
+                "cpu_offload_pass2 streams pass 2 on a side stream and runs eagerly; compile or export the model "
+                "without it"
+            )
+        return self._forward_offloaded(x)
 
-    def _forward_offloaded(self, x: torch.Tensor, runner: _Runner) -> torch.Tensor:
-        kernel, prepared, entry = runner.bound.kernel, runner.bound.prepared, runner.offloaded
+    def _forward_offloaded(self, x: torch.Tensor) -> torch.Tensor:
+        kernel, prepared = self.kernel, self.prepared
         assert isinstance(kernel, TurboQuantLinearKernel) and isinstance(prepared, TurboQuantPrepared)
-        assert self._pool is not None and entry is not None
+        assert self._pool is not None
+        if self._unusable is not None:
+            raise KernelInputError(self._unusable)
         kernel.check_input(x, prepared)
+        entry = self._offloaded_pass(x.device)
         x2d = x.reshape(-1, self.in_features)
         slot = self._pool.begin(entry)  # fence + prefetch of the next layer
         data = self._pool.wait(slot, entry)  # this layer's copy, issued one layer earlier
@@ -185,3 +200,4 @@ class TurboQuantLinear(nn.Module):
     def extra_repr(self) -> str:
         offload = ", cpu_offload_pass2=True" if self.cpu_offload_pass2 else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.slug}{offload}"
+

@@ -1,0 +1,277 @@
+"""``quantcore.load_quantized``: a quantized checkpoint folder into a model, in one call.
+
+    model = quantcore.load_quantized("path/to/Llama-3.1-8B-GPTQ", device="cuda")
+    model = quantcore.load_quantized(skeleton, "path/to/checkpoint", device="cuda")
+
+The folder is what the quantizing tools write: ``config.json`` with a
+``quantization_config`` (or ``quantize_config.json`` / ``quant_config.json``) and
+safetensors shards, with ``model.safetensors.index.json`` when there are several.
+Shards are opened with ``safetensors.safe_open`` and read one layer at a time: a
+quantized linear's tensors are read, checked, prepared on ``device`` for the kernel
+``bind`` picks and dropped, so the checkpoint is never all in memory at once.
+
+Nothing is half-loaded. Everything is checked before the model is touched: the index
+against the shards (a shard it names that is missing, a tensor it maps to a shard that
+does not hold it, a tensor a shard holds that it does not list), every quantized
+linear's tensors against the config and the format (the error names the file, the layer
+and the tensor), every other tensor against the model's shape, and every weight of the
+model has a tensor. Only then are the new modules swapped in and the rest assigned.
+
+A model given as a folder is built from its ``config.json`` with transformers'
+``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary
+frequencies are computed as usual). A single ``.safetensors`` file written by TurboQuant's
+``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import InvalidArgumentError, QuantCoreError, TensorFormatError
+from ..formats.base import Format
+from ..nn.linear import QuantLinear
+from .config import format_from_config, read_quant_config
+from .loader import LINEAR_TENSORS, _check_against_config
+from .producer import V1Reader, detect_producer
+
+__all__ = ["load_quantized"]
+
+INDEX = "model.safetensors.index.json"
+
+
+def load_quantized(
+    model_or_dir: nn.Module | str | Path,
+    checkpoint_dir: str | Path | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    prefer: str | Sequence[str] | None = None,
+    keep_source: bool = False,
+) -> nn.Module:
+    """Load a quantized checkpoint into ``model_or_dir`` (a module, possibly on ``meta``,
+    or a model folder to build one from); ``checkpoint_dir`` defaults to that folder.
+    Quantized linears become :class:`~quantcore.nn.linear.QuantLinear` modules prepared
+    on ``device`` for activations of ``dtype``; other floating-point tensors take the
+    model's dtype (``dtype`` for a model built here)."""
+    if checkpoint_dir is None:
+        if isinstance(model_or_dir, nn.Module):
+            raise InvalidArgumentError("checkpoint_dir: required when the model is given as a module")
+        checkpoint_dir = model_or_dir
+    path = Path(checkpoint_dir)
+    if path.is_file() and path.suffix == ".safetensors":
+        from ..nn.turboquant.model import load_quantized as load_turboquant
+
+        model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
+        return load_turboquant(model, path, device=device, dtype=dtype)
+    if not path.is_dir():
+        raise TensorFormatError(f"{path}: not a checkpoint folder")
+    model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
+    config, source = read_quant_config(path)
+    fmt = format_from_config(config, source)
+    target = torch.device(device)
+    with _open_shards(path) as shards:
+        plan = _plan(model, shards, path)
+        reader = V1Reader(fmt, detect_producer(config), source=str(path / source))
+        layers = {name: _quant_linear(name, linear, fmt, reader, shards, target, dtype, prefer, keep_source)
+                  for name, linear in plan.linears.items()}
+        dense = {key: _dense(key, like, shards) for key, like in plan.dense.items()}
+    reader.warn()
+    for name, layer in layers.items():
+        _replace(model, name, layer)
+    model.load_state_dict(dense, strict=False, assign=True)
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    return model.to(target)
+
+
+# --- shards ------------------------------------------------------------------------------------
+
+
+class _Shards:
+    """Every shard of a folder open at once; ``where[name]`` is the file holding a tensor."""
+
+    def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
+        try:
+            from safetensors import safe_open
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ImportError("loading checkpoints needs safetensors: pip install 'quantcore[io]'") from None
+        index_path = folder / INDEX
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise TensorFormatError(f"{index_path}: expected JSON with a 'weight_map' ({exc})") from None
+            files = sorted(set(weight_map.values()))
+        else:
+            weight_map = None
+            files = sorted(p.name for p in folder.glob("*.safetensors"))
+            if not files:
+                raise TensorFormatError(f"{folder}: no *.safetensors files")
+        self.files: dict[str, Any] = {}
+        self.where: dict[str, str] = {}
+        for file in files:
+            if not (folder / file).is_file():
+                raise TensorFormatError(f"{index_path}: names shard {file}, which is not in {folder}")
+            handle = stack.enter_context(safe_open(str(folder / file), framework="pt", device="cpu"))
+            self.files[file] = handle
+            for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                if name in self.where:
+                    raise TensorFormatError(f"{folder}: tensor {name} is in {self.where[name]} and again in {file}")
+                self.where[name] = file
+        if weight_map is not None:
+            for name, file in weight_map.items():
+                if self.where.get(name) != file:
+                    held = f"it is in {self.where[name]}" if name in self.where else "no shard holds it"
+                    raise TensorFormatError(f"{index_path}: maps {name} to {file}, but {held}")
+            extra = sorted(set(self.where) - set(weight_map))
+            if extra:
+                raise TensorFormatError(f"{folder / self.where[extra[0]]}: holds {extra[0]}, which {INDEX} does not list")
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.files[self.where[name]].get_tensor(name)  # type: ignore[no-any-return]
+
+    def file_of(self, name: str) -> str:
+        return self.where.get(name, "?")
+
+
+@contextlib.contextmanager
+def _open_shards(folder: Path) -> Iterator[_Shards]:
+    with contextlib.ExitStack() as stack:
+        yield _Shards(folder, stack)
+
+
+# --- planning: every check before the model is touched -----------------------------------------
+
+
+class _Plan:
+    def __init__(self) -> None:
+        self.linears: dict[str, nn.Linear] = {}
+        #: state-dict key → the model's tensor it replaces (for shape and dtype)
+        self.dense: dict[str, torch.Tensor] = {}
+
+
+def _plan(model: nn.Module, shards: _Shards, folder: Path) -> _Plan:
+    plan = _Plan()
+    modules = dict(model.named_modules())
+    prefixes = sorted(n[: -len(".qweight")] for n in shards.where if n.endswith(".qweight"))
+    if not prefixes:
+        raise TensorFormatError(f"{folder}: no quantized linear (no tensor named '<prefix>.qweight')")
+    for prefix in prefixes:
+        target = modules.get(prefix)
+        if not isinstance(target, nn.Linear):
+            found = type(target).__name__ if target is not None else "nothing"
+            raise TensorFormatError(
+                f"{folder / shards.file_of(prefix + '.qweight')}: {prefix}: the model has {found} there, not an nn.Linear"
+            )
+        plan.linears[prefix] = target
+    quantized = {f"{p}.{leaf}" for p in prefixes for leaf in ("weight", "bias")}
+    missing = []
+    for key, tensor in _weights(model):
+        if key in quantized:
+            continue
+        if key in shards.where:
+            plan.dense[key] = tensor
+        elif tensor.device.type == "meta":
+            missing.append(key)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise TensorFormatError(f"{folder}: no tensor for the model's {', '.join(missing[:3])}{more}")
+    return plan
+
+
+def _weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter and buffer once (a tied weight under its first name), with the
+    state-dict key it loads from; non-persistent buffers only when they are still meta."""
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        for leaf, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if leaf in module._non_persistent_buffers_set and t.device.type != "meta":
+                continue
+            yield prefix + leaf, t
+
+
+# --- building -----------------------------------------------------------------------------------
+
+
+def _quant_linear(
+    name: str, linear: nn.Linear, fmt: Format, reader: V1Reader, shards: _Shards, device: torch.device,
+    dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
+) -> QuantLinear:
+    file = shards.file_of(f"{name}.qweight")
+    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in LINEAR_TENSORS if f"{name}.{leaf}" in shards.where}
+    try:
+        _check_against_config(fmt, name, tensors)
+        dims = fmt.validate(tensors)
+        if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
+            raise TensorFormatError(
+                f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
+                f"{linear.in_features} → {linear.out_features}"
+            )
+        read_as, tensors = reader.read(name, tensors)
+        return QuantLinear(read_as, tensors, device=device, dtype=dtype, prefer=prefer, keep_source=keep_source)
+    except QuantCoreError as exc:
+        message = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"
+        raise type(exc)(f"{file}: {message}") from None
+
+
+def _dense(key: str, like: torch.Tensor, shards: _Shards) -> torch.Tensor:
+    t = shards.get(key)
+    if t.shape != like.shape:
+        raise TensorFormatError(
+            f"{shards.file_of(key)}: {key}: expected shape {tuple(like.shape)} (the model's), got {tuple(t.shape)}"
+        )
+    if t.is_floating_point() and like.is_floating_point():
+        t = t.to(like.dtype)
+    elif t.dtype != like.dtype:
+        raise TensorFormatError(f"{shards.file_of(key)}: {key}: expected {like.dtype} (the model's), got {t.dtype}")
+    return t
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+def _build(folder: Path, dtype: torch.dtype) -> nn.Module:
+    """The model a folder's config.json describes, parameters on meta (buffers real)."""
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("building a model from a folder needs transformers; or pass the model itself") from None
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    with _params_on_meta():
+        # transformers 5 renamed torch_dtype to dtype (4.x only knows the old name).
+        key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+        model = transformers.AutoModelForCausalLM.from_config(config, **{key: dtype})
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _params_on_meta() -> Iterator[None]:
+    """Parameters created on ``meta`` (no memory, no init), buffers as usual: rotary
+    frequencies and masks are computed at init and rarely saved."""
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+

@@ -1,0 +1,214 @@
+"""A kernel's prepared state as a list of tensors plus a static description of the rest.
+
+``prepare`` returns whatever object a kernel likes; to hand it to a ``torch.library``
+op (whose arguments are tensors and plain values), to register its tensors as a
+module's buffers, and to rebuild it after they moved, it is split in two:
+
+* the **tensors**, in a fixed order, each object once (a tensor reached twice becomes one
+  entry, referenced twice);
+* the **tree**: a JSON-able description of everything else, with each tensor replaced by
+  its index.
+
+What flattens without any code in the kernel: tensors; ``None``, bools, ints, floats and
+strings; ``torch.dtype``; tuples, lists and named tuples; dicts whose keys are plain
+values or dtypes (a per-dtype cache); and dataclass instances made of those, Formats
+included (a Format is a frozen dataclass of its parameters). A prepared class that is
+none of these implements the protocol: ``obj.__quantcore_flatten__()`` returns something
+that flattens (a dict of tensors and plain values, say), and the classmethod
+``cls.__quantcore_unflatten__(value)`` builds the object back from it.
+
+Rebuilding restores dataclass fields as they were (``__init__`` and ``__post_init__`` are
+not re-run: the values already passed them once), so a frozen dataclass, a derived field
+or a cache filled at prepare time comes back as it was flattened.
+
+Classes are named ``module:qualname`` in the tree. :func:`unflatten` imports a module
+only inside the packages ``allowed`` names (the kernel's own and quantcore), so a tree
+read back from a file cannot make it import anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ..errors import PluginError
+
+__all__ = ["FlattenedState", "class_path", "flatten", "resolve_class", "unflatten"]
+
+#: What a tree node may be: JSON values, with tensors as {"T": index}.
+Tree = Any
+
+_PLAIN = (bool, int, float, str, type(None))
+#: Classes met while flattening, by path: unflatten finds them without importing anything.
+_SEEN: dict[str, type] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlattenedState:
+    tensors: tuple[torch.Tensor, ...]
+    #: The tree, encoded (stable: keys sorted), so it can be a hashable op argument.
+    tree: str
+    #: A readable name per tensor (its path in the object: ``passes_1_indices``).
+    names: tuple[str, ...]
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def flatten(obj: Any, *, where: str = "prepared") -> FlattenedState:
+    """Split ``obj`` into tensors and a tree; raises :class:`PluginError` naming the field
+    that cannot be flattened."""
+    tensors: list[torch.Tensor] = []
+    names: list[str] = []
+    index: dict[int, int] = {}
+
+    def walk(value: Any, path: tuple[str, ...]) -> Tree:
+        if isinstance(value, torch.Tensor):
+            if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+                raise PluginError(f"{_dotted(where, path)}: a {type(value).__name__} tensor subclass cannot be "
+                                  "a kernel's prepared state; store plain tensors")
+            i = index.get(id(value))
+            if i is None:
+                i = index[id(value)] = len(tensors)
+                tensors.append(value.data if isinstance(value, torch.nn.Parameter) else value)
+                names.append("_".join(path) or "tensor")
+            return {"T": i}
+        if isinstance(value, float):
+            return {"f": repr(value)}  # JSON has no inf/nan; repr round-trips every float
+        if isinstance(value, _PLAIN):
+            return value
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).removeprefix("torch.")}
+        flatten_hook = getattr(type(value), "__quantcore_flatten__", None)
+        if flatten_hook is not None:
+            _SEEN[class_path(type(value))] = type(value)
+            return {"obj": class_path(type(value)), "v": walk(flatten_hook(value), path)}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _SEEN[class_path(type(value))] = type(value)
+            fields = {f.name: walk(getattr(value, f.name), (*path, f.name)) for f in dataclasses.fields(value)}
+            return {"dc": class_path(type(value)), "f": fields}
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            _SEEN[class_path(type(value))] = type(value)
+            return {"nt": class_path(type(value)),
+                    "f": [walk(v, (*path, f)) for f, v in zip(value._fields, value, strict=True)]}  # type: ignore[attr-defined]
+        if isinstance(value, (tuple, list)):
+            items = [walk(v, (*path, str(i))) for i, v in enumerate(value)]
+            return {"t": items} if isinstance(value, tuple) else {"l": items}
+        if isinstance(value, dict):
+            pairs = []
+            for k, v in value.items():
+                key = walk(k, path)
+                if isinstance(key, dict) and "T" in key:
+                    raise PluginError(f"{_dotted(where, path)}: a dict keyed by tensors cannot be flattened")
+                pairs.append([key, walk(v, (*path, _key_name(k)))])
+            return {"D": pairs}
+        raise PluginError(
+            f"{_dotted(where, path)}: a {type(value).__module__}.{type(value).__qualname__} cannot be flattened "
+            "into op arguments; make the prepared state a dataclass of tensors and plain values, or give "
+            "its class __quantcore_flatten__ / __quantcore_unflatten__"
+        )
+
+    tree = walk(obj, ())
+    return FlattenedState(tuple(tensors), json.dumps(tree, sort_keys=True, separators=(",", ":")),
+                          _unique(names))
+
+
+def unflatten(tree: str | Tree, tensors: Iterable[torch.Tensor], *, allowed: Iterable[str] = ("quantcore",)) -> Any:
+    """The object :func:`flatten` described, with ``tensors`` in place of its own."""
+    node = json.loads(tree) if isinstance(tree, str) else tree
+    ts = list(tensors)
+    allow = tuple(allowed)
+
+    def build(n: Tree) -> Any:
+        if not isinstance(n, dict):
+            return n
+        if "T" in n:
+            return ts[n["T"]]
+        if "f" in n and len(n) == 1:
+            return float(n["f"])
+        if "dtype" in n:
+            return _dtype(n["dtype"])
+        if "t" in n:
+            return tuple(build(v) for v in n["t"])
+        if "l" in n:
+            return [build(v) for v in n["l"]]
+        if "D" in n:
+            return {_hashable(build(k)): build(v) for k, v in n["D"]}
+        if "obj" in n:
+            cls = resolve_class(n["obj"], allow)
+            return cls.__quantcore_unflatten__(build(n["v"]))  # type: ignore[attr-defined]
+        if "nt" in n:
+            return resolve_class(n["nt"], allow)(*(build(v) for v in n["f"]))
+        if "dc" in n:
+            cls = resolve_class(n["dc"], allow)
+            obj: Any = object.__new__(cls)
+            for name, v in n["f"].items():
+                object.__setattr__(obj, name, build(v))
+            return obj
+        raise PluginError(f"prepared-state tree: unknown node {n!r:.80}")
+
+    return build(node)
+
+
+def resolve_class(path: str, allowed: tuple[str, ...] = ("quantcore",)) -> type:
+    """The class at ``module:qualname``: one met while flattening, or one imported from a
+    module inside the ``allowed`` top-level packages."""
+    seen = _SEEN.get(path)
+    if seen is not None:
+        return seen
+    module, _, qualname = path.partition(":")
+    if module.split(".")[0] not in allowed:
+        raise PluginError(f"prepared-state class {path}: expected one of the packages {list(allowed)}")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(f"prepared-state class {path}: cannot be found ({exc})") from None
+    if not isinstance(obj, type):
+        raise PluginError(f"prepared-state class {path}: not a class")
+    _SEEN[path] = obj
+    return obj
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PluginError(f"prepared-state tree: unknown dtype {name!r}")
+    return dtype
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def _key_name(key: Any) -> str:
+    if isinstance(key, torch.dtype):
+        return str(key).removeprefix("torch.")
+    if isinstance(key, tuple):
+        return "_".join(_key_name(k) for k in key)
+    return str(key)
+
+
+def _dotted(where: str, path: tuple[str, ...]) -> str:
+    return ".".join((where, *path))
+
+
+def _unique(names: list[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    taken: set[str] = set()
+    for name in names:
+        clean = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+        candidate, n = clean, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{clean}_{n}"
+        taken.add(candidate)
+        out.append(candidate)
+    return tuple(out)

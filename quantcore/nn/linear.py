@@ -1,0 +1,73 @@
+"""``QuantLinear``: ``y = x Wᵀ + b`` with W in any linear format, as an ordinary module
+(its prepared weight in buffers, its calls a ``quantcore::linear`` op when traced; see
+:mod:`.quant_module`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ..errors import InvalidArgumentError, KernelInputError
+from ..formats.base import Format
+from ..tensors import describe
+from .quant_module import QuantModule
+
+__all__ = ["QuantLinear"]
+
+
+class QuantLinear(QuantModule):
+    """A quantized ``nn.Linear``. Built from a checkpoint's tensors, it binds the kernel
+    for ``device`` (default: where the tensors are) and activation ``dtype`` at once::
+
+        layer = QuantLinear(GPTQ(bits=4, group_size=128), tensors, device="cuda")
+
+    Built from shapes only, it is a skeleton for ``load_state_dict`` (``assign=True``
+    on ``meta``) or for :meth:`load_tensors`::
+
+        layer = QuantLinear(fmt, in_features=4096, out_features=4096, device="meta")
+    """
+
+    op_kind = "linear"
+
+    def __init__(
+        self,
+        fmt: Format,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        *,
+        in_features: int | None = None,
+        out_features: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        prefer: str | Sequence[str] | None = None,
+        keep_source: bool = False,
+    ) -> None:
+        if tensors is not None:
+            dims = fmt.validate(tensors)
+            k, n = dims["K"], dims["N"]
+            if device is None:
+                device = next(iter(tensors.values())).device
+        elif in_features is None or out_features is None:
+            raise InvalidArgumentError("QuantLinear: give the checkpoint's tensors, or in_features and out_features")
+        else:
+            k, n = in_features, out_features
+        super().__init__(fmt, {"K": k, "N": n}, device=device, dtype=dtype, keep_source=keep_source)
+        if tensors is not None:
+            self.bind_tensors(tensors, prefer=prefer)
+
+    @property
+    def in_features(self) -> int:
+        return self.dims["K"]
+
+    @property
+    def out_features(self) -> int:
+        return self.dims["N"]
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], *, prefer: str | Sequence[str] | None = None) -> None:
+        """Bind a checkpoint's tensors for this layer (validated against the format)."""
+        self.bind_tensors(tensors, prefer=prefer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise KernelInputError(f"x: expected [..., {self.in_features}], got {describe(x)}")
+        return self.run_kernel(x)  # type: ignore[no-any-return]
