@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from .timing import Timing
+    from quantcore.timing import Timing
 
 __all__ = ["BenchCase", "Variant"]
 

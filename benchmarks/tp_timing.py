@@ -3,7 +3,7 @@
 (:func:`quantcore.checkpoint.launch.launch`).
 
 A collective makes ranks wait for each other, so they must issue the same calls in the
-same order; :func:`~quantcore.benchmarks.timing.time_interleaved` calibrates each
+same order; :func:`~quantcore.timing.time_interleaved` calibrates each
 process on its own and would not. Here rank 0 calibrates, the group agrees on the call
 count (an all-reduce of it), and every round starts at a barrier; a round's time is the
 slowest rank's (what the block costs the group), the result the median of the rounds.

@@ -6,7 +6,9 @@ How the candidates that can run are ordered (the first is chosen):
 2. Memory: a kernel that keeps a dense copy of the weight (``Kernel.keeps_dense_weight``,
    e.g. ``torch_fallback``) comes after every kernel that keeps it compressed, unless the
    caller allows dense copies (``allow_dense=True`` or ``QUANTCORE_ALLOW_DENSE=1``), names it
-   in ``prefer``, or nothing compressed can run.
+   in ``prefer``, or nothing compressed can run. A kernel with a negative priority on the
+   device (Triton's interpreter on a CPU: a correctness tool, run when asked for by name)
+   does not count as something compressed that can run.
 3. Time for the shape. A measured entry for this device and shape class that covers every
    candidate (this machine's cache, then the tables shipped in the package;
    :mod:`quantcore.measured`) ranks by measured time. Otherwise the kernels that declare a
@@ -277,7 +279,7 @@ def _tuned(expl: Explanation, problem: Problem | None, reg: Registry, allow_dens
         return expl
     result = tuned(problem, expl.device, [c.kernel for c in usable], reg)
     fine = [c for c in usable if c.kernel not in result.refused]
-    compressed = any(not c.keeps_dense for c in fine)
+    compressed = any(not c.keeps_dense and c.priority >= 0 for c in fine)
 
     def held_back(c: Candidate) -> bool:
         return c.keeps_dense and compressed and not allow_dense
@@ -426,7 +428,7 @@ def _estimates(cls: type[Kernel], caps: Capabilities, rates: DeviceRates, proble
 def _order(usable: list[_Usable], caps: Capabilities, rates: DeviceRates, problem: Problem | None,
            sizes: tuple[int, ...], n_prefer: int, allow_dense: bool, reg: Registry) -> str:
     """Sort ``usable`` in place (the first is chosen) and return what ranked it."""
-    compressed = any(not u.cls.keeps_dense_weight for u in usable)
+    compressed = any(not u.cls.keeps_dense_weight and u.priority >= 0 for u in usable)
     for u in usable:
         u.held_back = u.cls.keeps_dense_weight and compressed and not allow_dense and u.prefer_rank == n_prefer
     basis = "priority (no kernel declares a cost)"
@@ -515,7 +517,7 @@ def _candidate(u: _Usable, first: bool, prefer: tuple[str, ...], usable: list[_U
             why = "fastest measured"
         else:
             why = f"fastest estimated ({u.bound})"
-        if dense and any(not v.cls.keeps_dense_weight for v in usable):
+        if dense and any(not v.cls.keeps_dense_weight and v.priority >= 0 for v in usable):
             why += "; a dense copy, allowed"
         elif dense:
             why += "; keeps a dense copy of the weight: nothing that keeps it compressed can run"

@@ -1,6 +1,6 @@
 """Tiles measured on a GPU, shipped so a first call does not tune.
 
-``SHIPPED[device name][key]`` is a :class:`.triton_kernel.Tile`; the key holds
+``SHIPPED[device name][key]`` is a :class:`.tile.Tile`; the key holds
 everything that changes the compiled kernel or its geometry: format, N, R, the M
 bucket (M_pad rounded up to a power of two, so a batch of 4352 rows and one of 4096
 share a tile but 256 rows have their own), activation dtype, smooth on/off. A shape
@@ -16,7 +16,7 @@ import torch
 from quantcore.dtypes import dtype_name
 from quantcore.formats.svdquant import SVDQuantAct
 
-from .triton_kernel import Tile
+from .tile import Tile
 
 __all__ = ["SHIPPED", "config_key", "shipped_tile"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -33,6 +32,8 @@ from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
+from .configs import shipped_tile
+from .tile import DEFAULT_TREE, Tile
 
 __all__ = [
     "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "gpu_math", "interpreted", "launch_geometry",
@@ -41,26 +42,6 @@ __all__ = [
 
 MAX_RANK = 256
 ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
-#: The E2M1 tree the compiled NVFP4 kernel uses unless a tile says otherwise (see
-#: :func:`.triton_source.e2m1_code`).
-DEFAULT_TREE = 1
-
-
-@dataclass(frozen=True)
-class Tile:
-    bm: int
-    bn: int
-    num_warps: int = 4
-    num_stages: int = 3
-    #: programs launched (stream-K); 0: ``per_sm`` per SM on a GPU, one per row tile otherwise
-    grid: int = 0
-    #: the E2M1 comparison tree (NVFP4, compiled): 0 predicates, 1 float fmas
-    tree: int = DEFAULT_TREE
-    #: a register cap per thread (CUDA; None: the compiler's choice): 168 lets three
-    #: 4-warp programs share an SM, 128 four, at the price of a few spilled bytes
-    maxnreg: int | None = None
-    #: programs per SM when ``grid`` is 0
-    per_sm: int = 2
 
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
@@ -262,7 +243,6 @@ class TritonActQuantLora(SVDQuantKernel):
                     _tuned[key] = tune_tile(self, x, prepared)[0][0]
                     print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
-            from .configs import shipped_tile
 
             shipped = shipped_tile(torch.cuda.get_device_name(x.device), fmt, m_pad, n, r, x.dtype, smooth)
             if shipped is not None:

@@ -4,14 +4,15 @@ A plan is chosen per call from the problem alone (no autotuning at run time, so 
 first call costs one compile, not a search): ``plan_for(shape, device, sms)``. The key
 holds everything that changes a kernel's geometry: bits, the close-run of the groups
 (``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
-(``sweep.py``; numbers in README.md); other devices, and shapes missing from it, take
+(``benchmarks/probes/triton_int4_sweep.py``; numbers in README.md); other devices, and shapes missing from it, take
 :func:`default_plan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+from .plans import GemvConfig, MmaConfig, Plan
 
 __all__ = [
     "DEQUANT_BLOCK_N",
@@ -23,35 +24,6 @@ __all__ = [
     "default_plan",
     "plan_for",
 ]
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    block_n: int
-    block_b: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 2
-
-
-@dataclass(frozen=True)
-class MmaConfig:
-    block_n: int
-    block_m: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    #: 1: exact integer operand, scale on the accumulator; 2: scaled operand (kernels.py).
-    operand: int = 1
-    #: Blocks per loop iteration (unrolled): fewer loop overheads per code.
-    block_b: int = 1
-
-
-@dataclass(frozen=True)
-class Plan:
-    path: Literal["gemv", "mma", "dequant"]
-    gemv: GemvConfig | None = None
-    mma: MmaConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 
+from quantcore.cost import Cost, grouped_weight_bytes, linear_cost
 from quantcore.dtypes import dtype_name
 from quantcore.errors import KernelInputError
 from quantcore.formats.awq import AWQ
@@ -76,6 +77,24 @@ class TritonInt4GPTQ(LinearKernel):
         # On CPU this is Triton's interpreter: a correctness tool, far slower than torch,
         # so below even torch_fallback (0): asked for by name only.
         return -10 if caps.device_type == "cpu" else cls.priority
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        # benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json (CUDA graphs): the weight
+        # streams at ~60 % of the copy bandwidth up to M ≈ 32 (split-K MMA tiles), after ~4 µs
+        # of fixed cost (the split-K reduction);
+        # the multiply reaches ~30 % of the bf16 matmul rate at M = 64, ~40 % at 128-256,
+        # ~70 % at 512-1024 (128×128 fused tiles) and ~85 % above (dequantize + cuBLAS).
+        # On a CPU this is Triton's interpreter: thousands of times slower than torch.
+        fmt = problem.format
+        bits, gs = (fmt.bits, fmt.group_size) if isinstance(fmt, GPTQ) else (4, getattr(fmt, "group_size", -1))
+        k, n, m = problem["K"], problem["N"], problem["M"]
+        weight = grouped_weight_bytes(k, n, bits, gs if gs > 0 else k, scale_bytes=2, zero_bits=8)
+        if caps.device_type == "cpu":
+            return linear_cost(problem, weight, bandwidth=2e-4, compute=2e-4, note="Triton interpreter")
+        compute = 0.3 if m <= 64 else 0.4 if m <= 256 else 0.7 if m <= 1024 else 0.85
+        return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2,
+                           note="fit to benchmarks/results/nvidia-h100-80gb-hbm3")
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:

@@ -202,7 +202,7 @@ class GPTQToTritonInt(Transform[Mapping[str, torch.Tensor], TritonIntWeights]):
             in_features=rows.in_features,
             out_features=rows.out_features,
             ret_idx=rows.ret_idx,
-            bias=rows.bias,
+            bias=None if rows.bias is None else rows.bias.contiguous(),  # the kernel reads it with unit stride
         )
 
     def invert(self, dst: TritonIntWeights) -> dict[str, torch.Tensor]:

@@ -3,16 +3,15 @@ place (:mod:`.preprocess.shard`), never undone, with the scales and zeros cut as
 format cuts them. What an engine does with weights it holds only preprocessed (a
 TensorRT-LLM engine's, or preprocessed once on one rank and sent out).
 
-The prepared state's own module (``triton_kernel``) calls this with its layout and its
-row-order rule, so neither module imports the other's internals."""
+The prepared state's own module (``triton_kernel``) calls this with its layout, so neither
+module imports the other's internals. The kernel reads the layout's rows in their
+stored order (a closed form within each 64-row chunk), so a cut on chunk boundaries
+needs no row map."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, TypeVar
-
-import torch
 
 from quantcore.formats.sharding import check_request, even_split, narrow
 
@@ -27,14 +26,13 @@ P = TypeVar("P")
 def shard_prepared_moe(
     prepared: P,
     layout: CutlassMixedGemmLayout,
-    row_order: Callable[[int, torch.device], torch.Tensor],
     *,
     dim: str,
     rank: int,
     world: int,
 ) -> P:
     """Rank ``rank``'s part of ``prepared`` (a dataclass with ``layout``, ``scales``,
-    ``zeros``, ``k_order`` and ``group_size``) cut along ``dim`` ("K", "N" or "E"): equal
+    ``zeros`` and ``group_size``) cut along ``dim`` ("K", "N" or "E"): equal
     to what ``prepare`` makes of the format's shard of the stored tensors."""
     where = "trtllm_moe_triton prepared"
     check_request(where, dim, rank, world, ("K", "N", "E"))
@@ -52,11 +50,10 @@ def shard_prepared_moe(
                                     group_size=gs if dim == "K" else 1)
     if dim == "N":
         size = cut_layout.shape[2]
-        cut, k_order = (2, rank * size, size), p.k_order
+        cut = (2, rank * size, size)
     else:
         size = cut_layout.shape[1]
-        cut, k_order = (1, rank * size // gs, -(-size // gs)), row_order(size, p.k_order.device)
+        cut = (1, rank * size // gs, -(-size // gs))
     return dataclasses.replace(  # type: ignore[type-var]
-        p, layout=cut_layout, scales=narrow(p.scales, *cut),
-        zeros=None if zeros is None else narrow(zeros, *cut), k_order=k_order,
+        p, layout=cut_layout, scales=narrow(p.scales, *cut), zeros=None if zeros is None else narrow(zeros, *cut),
     )

@@ -33,8 +33,8 @@ from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
 from .base import TRTLLMMoEKernel
-from .prepared_shard import shard_prepared_moe
 from .cost import moe_bytes, moe_flops
+from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
 from .weights import ACT_DTYPES, load_expert_weights
@@ -231,7 +231,7 @@ class TritonMoE(TRTLLMMoEKernel):
         """Rank ``rank``'s part of prepared weights, the preprocessed layout cut in place
         (:mod:`.prepared_shard`); equal to ``prepare`` of the format's shard."""
         self.require_prepared(prepared)
-        return shard_prepared_moe(prepared, MOE_LAYOUT, stored_row_order, dim=dim, rank=rank, world=world)
+        return shard_prepared_moe(prepared, MOE_LAYOUT, dim=dim, rank=rank, world=world)
 
     def __call__(
         self,

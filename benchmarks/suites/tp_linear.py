@@ -26,9 +26,9 @@ import torch
 
 from quantcore.checkpoint.launch import launch
 from quantcore.formats.gptq import GPTQ
+from quantcore.timing import Timing
 
 from ..spec import BenchCase, Variant
-from ..timing import Timing
 from ..tp_timing import ENTRY
 
 DESCRIPTION = "tensor-parallel GPTQ MLP block (column- then row-parallel, all-reduce between) over W processes"

@@ -24,12 +24,12 @@ import torch
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.sharding import Shard
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput
+from quantcore.ops.harness import get_harness
 from quantcore.probe import normalize_device, probe
 from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry, default_registry
 
 from ..case import PROFILES, Case
-from quantcore.ops.harness import get_harness
 from ..runner import FAIL, PASS, SKIP, CellResult, _err
 from ..tolerance import compare, tolerance_for
 from .cases import WORLDS, tp_cases

@@ -9,9 +9,9 @@ import quantcore.conformance.tp.runner as tp_runner
 from quantcore.benchmarks.ceilings import Ceilings
 from quantcore.benchmarks.runner import run_cases
 from quantcore.benchmarks.spec import BenchCase, Variant
-from quantcore.benchmarks.timing import Timing
 from quantcore.conformance.runner import FAIL, PASS, SKIP
 from quantcore.conformance.tp import collect_tp_cells, run_tp_cell
+from quantcore.timing import Timing
 
 
 def _cell(fmt_slug: str, kernel: str, dim: str, world: int):

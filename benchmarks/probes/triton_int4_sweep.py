@@ -8,7 +8,7 @@
    every timed plan's output is checked too. The kernels compile first, in parallel
    processes that fill Triton's cache.
 
-    python -m quantcore.backends.triton_int4.sweep --out DIR [--only check|time] [--quick]
+    python -m quantcore.benchmarks.probes.triton_int4_sweep --out DIR [--only check|time] [--quick]
 
 Writes ``DIR/sweep.json`` (everything) and prints a compact table last.
 """
@@ -30,11 +30,10 @@ from typing import Any
 
 import torch
 
+from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan
+from quantcore.backends.triton_int4.layout import GPTQToTritonInt, TritonIntWeights, block_k
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
-
-from .configs import GemvConfig, MmaConfig, Plan
-from .layout import GPTQToTritonInt, TritonIntWeights, block_k
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 MS = [1, 4, 16, 32, 64, 128, 512, 2048]
@@ -134,11 +133,10 @@ def check_shape(fmt: Any) -> tuple[int, int]:
 def check_format(index: int, device: str = "cuda", ms: tuple[int, ...] = (1, 5, 33, 200),
                  plans: list[Plan | None] | None = None) -> list[dict[str, Any]]:
     """Every plan of CHECK_PLANS on one format of CHECK_FORMATS, bf16 and fp16."""
-    from quantcore.conformance.tolerance import compare, tolerance_for
+    from quantcore.backends.triton_int4.kernel import TritonInt4AWQ, TritonInt4GPTQ
+    from quantcore.backends.triton_int4.launch import linear
     from quantcore.ops.linear import linear_reference
-
-    from .kernel import TritonInt4AWQ, TritonInt4GPTQ
-    from .launch import linear
+    from quantcore.ops.tolerance import compare, tolerance_for
 
     fmt = CHECK_FORMATS[index]
     gen = torch.Generator().manual_seed(index)
@@ -205,7 +203,7 @@ def _jobs(quick: bool) -> list[tuple[int, int, int, int]]:
 def _compile_job(args: tuple[int, int, int, int, bool]) -> str:
     """In a child process: run every candidate once (fills Triton's cache)."""
     k, n, m, bits, quick = args
-    from .launch import linear
+    from quantcore.backends.triton_int4.launch import linear
 
     w = random_weights(k, n, bits, 1, "cuda")[0]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -225,11 +223,10 @@ def precompile(quick: bool, workers: int) -> None:
 
 
 def time_all(device: str, quick: bool, log: Path | None = None) -> list[dict[str, Any]]:
+    from quantcore.backends.triton_int4.launch import linear
     from quantcore.benchmarks.memory import rotation_sets
-    from quantcore.benchmarks.timing import time_interleaved
     from quantcore.formats.gptq import GPTQ as _G
-
-    from .launch import linear
+    from quantcore.timing import time_interleaved
 
     rows = []
     aten = None

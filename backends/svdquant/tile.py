@@ -1,0 +1,30 @@
+"""A tile of the fused SVDQuant pre-GEMM kernel: everything that changes its compiled
+code or its grid. Shared by the kernel (triton_kernel.py) and the shipped table
+(configs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_TREE", "Tile"]
+
+#: The E2M1 tree the compiled NVFP4 kernel uses unless a tile says otherwise (see
+#: :func:`.triton_source.e2m1_code`).
+DEFAULT_TREE = 1
+
+
+@dataclass(frozen=True)
+class Tile:
+    bm: int
+    bn: int
+    num_warps: int = 4
+    num_stages: int = 3
+    #: programs launched (stream-K); 0: ``per_sm`` per SM on a GPU, one per row tile otherwise
+    grid: int = 0
+    #: the E2M1 comparison tree (NVFP4, compiled): 0 predicates, 1 float fmas
+    tree: int = DEFAULT_TREE
+    #: a register cap per thread (CUDA; None: the compiler's choice): 168 lets three
+    #: 4-warp programs share an SM, 128 four, at the price of a few spilled bytes
+    maxnreg: int | None = None
+    #: programs per SM when ``grid`` is 0
+    per_sm: int = 2
