@@ -13,6 +13,7 @@ from types import ModuleType
 from quantcore.cli.arguments import check_device
 from quantcore.cli.output import emit_json
 from quantcore.errors import InvalidArgumentError
+from quantcore.timing import GRAPH_CALLS
 
 HELP = "time kernels against their peers and the device's measured ceilings"
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     # Suites that time subprocesses or side streams opt out of graph capture.
     graph = bool(getattr(args, "graph", False)) and args.device.startswith("cuda") and getattr(suite, "GRAPH_SAFE", True)
     rows = run_cases(suite.cases(args.device, shapes), args.device, ceil, rounds=args.rounds, graph=graph,
+                     graph_calls=getattr(suite, "GRAPH_CALLS", GRAPH_CALLS),
                      total=len(shapes))
     notes = suite.summarize(rows) if hasattr(suite, "summarize") else []
     choice_notes, default_check = check(rows)

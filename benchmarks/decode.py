@@ -4,8 +4,8 @@
 Used by the ``model_decode`` suite. The model is built from a config (random weights:
 decode speed does not depend on their values); a :class:`Decoder` prefills a random
 prompt eagerly, then each :meth:`Decoder.step` runs one token for the whole batch through
-``torch.compile(fullgraph=True)`` — on CUDA with ``mode="reduce-overhead"``, so a step is
-a CUDA-graph replay — and feeds the greedy token back. ``generate`` is ``new_tokens`` steps.
+``torch.compile(fullgraph=True)`` and feeds the greedy token back. ``generate`` is
+``new_tokens`` steps; on CUDA the bench captures a whole generation as one CUDA graph.
 """
 
 from __future__ import annotations
@@ -73,11 +73,13 @@ def model_bytes(model: nn.Module) -> int:
 
 
 def compile_options(device: str) -> dict[str, Any]:
-    """CUDA: inductor with CUDA graphs. CPU: ``QUANTCORE_DECODE_BACKEND`` (default
-    ``aot_eager``: the full graph and every fake implementation, without inductor's C++
-    build, which CI cannot afford on two cores)."""
+    """CUDA: inductor, one graph per step; the CUDA graph is the bench's (``--graph``: a
+    whole generation captured once), not cudagraph trees', which refuse the tensors
+    transformers' static cache keeps between steps. CPU: ``QUANTCORE_DECODE_BACKEND``
+    (default ``aot_eager``: the full graph and every fake implementation, without
+    inductor's C++ build, which CI cannot afford on two cores)."""
     if device.startswith("cuda"):
-        return {"mode": "reduce-overhead", "fullgraph": True}
+        return {"fullgraph": True}
     return {"backend": os.environ.get("QUANTCORE_DECODE_BACKEND", "aot_eager"), "fullgraph": True}
 
 

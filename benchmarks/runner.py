@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from quantcore.cli.progress import Progress
-from quantcore.timing import time_interleaved
+from quantcore.timing import GRAPH_CALLS, time_interleaved
 
 from .ceilings import Ceilings
 from .spec import BenchCase
@@ -25,6 +25,7 @@ def run_cases(
     *,
     rounds: int = 7,
     graph: bool = False,
+    graph_calls: int = GRAPH_CALLS,
     progress: bool = True,
     total: int | None = None,
 ) -> list[dict[str, Any]]:
@@ -34,7 +35,7 @@ def run_cases(
     for case in cases:
         # Variants measured elsewhere (by the ranks of a multi-process suite) bring their timing.
         live = [v for v in case.variants if v.measured is None]
-        timed = iter(time_interleaved([v.fn for v in live], device, rounds=rounds, graph=graph,
+        timed = iter(time_interleaved([v.fn for v in live], device, rounds=rounds, graph=graph, graph_calls=graph_calls,
                                       sets=[v.sets for v in live]) if live else [])
         timings = [v.measured if v.measured is not None else next(timed) for v in case.variants]
         peer_times = {v.name: t.median_s for v, t in zip(case.variants, timings, strict=True) if v.role == "peer"}

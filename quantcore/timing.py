@@ -89,7 +89,7 @@ GRAPH_CALLS = 32
 class _GraphReplay:
     """``fn(0) … fn(n−1)`` captured in one CUDA graph, ``n`` a multiple of ``sets``."""
 
-    def __init__(self, fn: Callable[[int], object], sets: int) -> None:
+    def __init__(self, fn: Callable[[int], object], sets: int, calls: int = GRAPH_CALLS) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -97,7 +97,7 @@ class _GraphReplay:
                 fn(i)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        self.calls = sets * -(-GRAPH_CALLS // sets)
+        self.calls = sets * -(-calls // sets)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             for i in range(self.calls):
@@ -124,9 +124,12 @@ def time_interleaved(
     *,
     graph: bool = False,
     sets: Sequence[int] | None = None,
+    graph_calls: int = GRAPH_CALLS,
 ) -> list[Timing]:
     """Median time per call of each ``fn``, measured round-robin. ``graph`` (CUDA only)
-    times CUDA-graph replays; ``sets[j]`` is how many input sets ``fns[j]`` rotates over."""
+    times CUDA-graph replays of at least ``graph_calls`` calls each (fewer for a call that
+    is itself long, such as a whole generation); ``sets[j]`` is how many input sets
+    ``fns[j]`` rotates over."""
     samples: list[list[float]] = [[] for _ in fns]
     methods = ["perf_counter"] * len(fns)
     notes = [""] * len(fns)
@@ -135,7 +138,7 @@ def time_interleaved(
         if graph:
             for j, (fn, n) in enumerate(zip(fns, sets or [1] * len(fns), strict=True)):
                 try:
-                    replays[j] = _GraphReplay(fn, n)
+                    replays[j] = _GraphReplay(fn, n, graph_calls)
                 except Exception as exc:  # not capturable (host sync, side streams): time it eagerly
                     torch.cuda.synchronize()
                     notes[j] = f"eager: graph capture failed ({type(exc).__name__})"

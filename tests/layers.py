@@ -44,7 +44,8 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.registry",), False),
     (("quantcore.transforms", "quantcore.ops"), False),
     (("quantcore.formats", "quantcore.problem", "quantcore.kernel", "quantcore.transform", "quantcore.cost"), False),
-    (("quantcore.probe", "quantcore.tensors", "quantcore.dtypes", "quantcore.errors", "quantcore.timing"), False),
+    (("quantcore.probe", "quantcore.tensors", "quantcore.workspace", "quantcore.dtypes", "quantcore.errors",
+      "quantcore.timing"), False),
 )
 
 

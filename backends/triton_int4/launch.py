@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import triton
 
+from quantcore.workspace import capturing, kept_buffer
+
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_for
 from .kernels import dequant_kernel, gemv_kernel, mma_kernel
 from .layout import SLICE, TritonIntWeights, block_k, pairs
@@ -56,11 +58,17 @@ def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Te
     key = ("counters", device)
     have = w.runtime.get(key)
     if have is None or have.numel() < tiles:
-        have = w.runtime[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        if capturing(device):  # this graph's own, not kept (quantcore.workspace)
+            return torch.zeros(tiles, dtype=torch.int32, device=device)
+        if have is not None:
+            _retired.append(have)
+        have = w.runtime[key] = kept_buffer(max(tiles, 1024), torch.int32, device, zero=True)
     return have
 
 
 _scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+#: Outgrown buffers stay allocated: a CUDA graph captured earlier may still use them.
+_retired: list[torch.Tensor] = []
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -68,7 +76,11 @@ def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.
     the largest: the dense weight exists only while one call runs."""
     have = _scratch.get((device, dtype))
     if have is None or have.numel() < numel:
-        have = _scratch[(device, dtype)] = torch.empty(numel, dtype=dtype, device=device)
+        if capturing(device):  # this graph's own, not kept (quantcore.workspace)
+            return torch.empty(numel, dtype=dtype, device=device)
+        if have is not None:
+            _retired.append(have)
+        have = _scratch[(device, dtype)] = kept_buffer(numel, dtype, device, zero=False)
     return have[:numel]
 
 

@@ -14,11 +14,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 if [[ $part == tests || $part == all ]]; then
   xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
-  timeout "${TESTS_S:-240}" python3 -m pytest -q -rA $xdist -p no:cacheprovider tests/cuda/test_compile_cuda.py \
+  timeout "${TESTS_S:-240}" python3 -m pytest -q -rA $xdist -p no:cacheprovider --qc-device cuda tests/cuda/test_compile_cuda.py \
     > "$OUT/compile_cuda.log" 2>&1
   grep -E "^(PASSED|FAILED|XFAIL|XPASS|ERROR|SKIPPED)|passed|failed" "$OUT/compile_cuda.log" | cut -c1-220 | tail -80
 fi
 if [[ $part == decode || $part == all ]]; then
-  timeout "${DECODE_S:-560}" python3 -m quantcore bench model_decode --device cuda --shapes "${SHAPES:-default}" \
+  timeout "${DECODE_S:-560}" python3 -m quantcore bench model_decode --device cuda --shapes "${SHAPES:-default}" --graph \
     --rounds "${ROUNDS:-3}" --out "$OUT/results" 2>&1 | tee "$OUT/model_decode.log" | tail -30
 fi

@@ -2,8 +2,9 @@
 4096, intermediate 14336, 32 heads, 8 KV heads, vocabulary 128256; random weights),
 dense bf16 beside the same model quantized to GPTQ 4-bit g128 and to TurboQuant 4-bit
 g128 with ``quantcore.quantize_``, each generating ``T`` tokens greedily for a batch of
-``B`` after a ``P``-token prompt, one ``torch.compile`` step per token (CUDA graphs via
-``mode="reduce-overhead"`` on CUDA; see :mod:`quantcore.benchmarks.decode`).
+``B`` after a ``P``-token prompt, one ``torch.compile`` step per token (inductor; see
+:mod:`quantcore.benchmarks.decode`). With ``--graph`` a whole generation is captured as one
+CUDA graph and replayed, as an engine replays its decode graphs.
 
 A variant's time is one whole generation of T tokens; tokens/s = B·T / time. Its bytes
 are every weight and buffer of the model once per step (the floor a decode step must
@@ -33,8 +34,8 @@ from quantcore.nn.quant_module import QuantModule
 from ..decode import LLAMA_3_1_8B, Decoder, model_bytes, quantized_copy, random_llama
 from ..spec import BenchCase, Variant
 
-#: The compiled steps record their own CUDA graphs; the runner must not capture them again.
-GRAPH_SAFE = False
+#: ``--graph`` captures one whole generation (T compiled steps) per replay.
+GRAPH_CALLS = 1
 DESCRIPTION = "Llama-3.1-8B-shaped decode, bf16 vs GPTQ-4 g128 vs TurboQuant-4: tokens/s with torch.compile + CUDA graphs"
 
 _8B = {**LLAMA_3_1_8B, "P": 16, "T": 128}
