@@ -58,10 +58,13 @@ class Requirements:
         if not caps.available:
             return f"{caps.device}: {caps.reason}"
         cc = caps.compute_capability
-        if self.min_capability and (cc is None or cc < self.min_capability):
+        # Compute capabilities are CUDA's: a kernel that also runs elsewhere (Triton's
+        # interpreter on a CPU) states its CUDA floor here and is not held to it there.
+        cuda = caps.device_type == "cuda"
+        if cuda and self.min_capability and (cc is None or cc < self.min_capability):
             need = ".".join(map(str, self.min_capability))
             return f"needs compute capability >= {need}, device has {_cc(cc)}"
-        if self.max_capability and cc is not None and cc > self.max_capability:
+        if cuda and self.max_capability and cc is not None and cc > self.max_capability:
             top = ".".join(map(str, self.max_capability))
             return f"needs compute capability <= {top}, device has {_cc(cc)}"
         for pkg in self.packages:

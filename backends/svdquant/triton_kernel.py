@@ -171,7 +171,10 @@ class TritonActQuantLora(SVDQuantKernel):
     """One Triton source for both formats; subclasses pick the format and devices."""
 
     max_rank: ClassVar[int | None] = MAX_RANK
-    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cuda", "cpu"}), packages=("triton",))
+    #: bf16 tl.dot on CUDA; the CPU runs it under Triton's interpreter.
+    requires: ClassVar[Requirements] = Requirements(
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+    )
 
     #: Share of the copy bandwidth on CUDA (benchmarks/results/nvidia-h100-80gb-hbm3/
     #: svdquant_prequant.json, CUDA graphs): NVFP4 ~30 %, INT4 ~43 %.
@@ -184,20 +187,6 @@ class TritonActQuantLora(SVDQuantKernel):
         if caps.device_type == "cpu":
             return Cost(op_bytes(problem), op_flops(problem), 2e-4, 2e-4, 1, "Triton interpreter")
         return Cost(op_bytes(problem), op_flops(problem), cls.cuda_bandwidth, 0.3, 1, "fit to nvidia-h100 results")
-
-    @classmethod
-    def check_cuda(cls, caps: Capabilities) -> str | None:
-        cc = caps.compute_capability
-        if cc is None or cc < (8, 0):
-            return f"needs compute capability >= 8.0 (bf16 tl.dot), device has {cc}"
-        return None
-
-    @classmethod
-    def check_device(cls, caps: Capabilities) -> str | None:
-        reason = cls.requires.check(caps)
-        if reason or caps.device_type != "cuda":
-            return reason
-        return cls.check_cuda(caps)
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:

@@ -60,17 +60,10 @@ class TritonInt4GPTQ(LinearKernel):
     #: slower at M ≤ 4 (README.md); shape-aware choice between the two is issue 15's.
     priority: ClassVar[int] = 110
     description: ClassVar[str] = "GPTQ 4/8-bit in Triton: tensor-core dequant-in-registers GEMM, split-K"
-    requires: ClassVar[Requirements] = Requirements(device_types=frozenset({"cuda", "cpu"}), packages=("triton",))
-
-    @classmethod
-    def check_device(cls, caps: Capabilities) -> str | None:
-        reason = cls.requires.check(caps)
-        if reason or caps.device_type != "cuda":
-            return reason
-        cc = caps.compute_capability
-        if cc is None or cc < (8, 0):
-            return f"needs compute capability >= 8.0 (bf16 tensor cores), device has {cc}"
-        return None
+    #: bf16 tensor cores on CUDA; the CPU runs it under Triton's interpreter.
+    requires: ClassVar[Requirements] = Requirements(
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+    )
 
     @classmethod
     def priority_on(cls, caps: Capabilities) -> int:

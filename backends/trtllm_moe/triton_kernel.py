@@ -169,19 +169,10 @@ class TritonMoE(TRTLLMMoEKernel):
     description: ClassVar[str] = (
         "Triton grouped W8A16 GEMM on TensorRT-LLM's preprocessed MoE layout, dequantization fused"
     )
+    #: bf16 tensor cores on CUDA; the CPU runs it under Triton's interpreter.
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda", "cpu"}), packages=("triton",)
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
     )
-
-    @classmethod
-    def check_device(cls, caps: Capabilities) -> str | None:
-        reason = cls.requires.check(caps)
-        if reason or caps.device_type != "cuda":
-            return reason
-        cc = caps.compute_capability
-        if cc is None or cc < (8, 0):
-            return f"needs compute capability >= 8.0 (bf16 tensor cores), device has {cc}"
-        return None
 
     @classmethod
     def priority_on(cls, caps: Capabilities) -> int:
