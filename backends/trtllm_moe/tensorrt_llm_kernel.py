@@ -29,10 +29,10 @@ import torch
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.kernel import Requirements, Support
+from quantcore.kernels.trtllm_moe import TRTLLMMoEKernel
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
-from .base import TRTLLMMoEKernel
 from .preprocess import CutlassMixedGemmLayout, QuantType, as_plugin_tensor
 from .weights import load_expert_weights
 

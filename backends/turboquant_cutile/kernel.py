@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from quantcore.backends.turboquant_fused import FusedTurboQuantKernel
-from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
 from quantcore.cost import Cost, linear_cost
 from quantcore.kernel import Requirements
+from quantcore.kernels.turboquant import FusedTurboQuantKernel
+from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 

@@ -13,15 +13,15 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
 from quantcore.cost import Cost
 from quantcore.kernel import Requirements
-from quantcore.nn.turboquant.kernel import (
+from quantcore.kernels.turboquant.base import (
     PassData,
     TurboQuantLinearKernel,
     TurboQuantPrepared,
     rotate_input,
 )
+from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 

@@ -24,12 +24,12 @@ triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
-from quantcore.backends.svdquant.triton_kernel import CONFIGS, Tile, pick_tile, smem_bytes  # noqa: E402
-from quantcore.backends.svdquant.triton_source import div6_rn, div7_rn, e4m3_scale_bits  # noqa: E402
 from quantcore.backends.svdquant_torch import TorchActQuantLora  # noqa: E402
 from quantcore.backends.triton_ascend_int4 import TritonAscendInt4  # noqa: E402
 from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.formats.svdquant import SVDQuantAct  # noqa: E402
+from quantcore.kernels.svdquant.triton_kernel import CONFIGS, Tile, pick_tile, smem_bytes  # noqa: E402
+from quantcore.kernels.svdquant.triton_source import div6_rn, div7_rn, e4m3_scale_bits  # noqa: E402
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference  # noqa: E402
 from quantcore.tensors import ieee_div  # noqa: E402
 

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from quantcore.formats.turboquant import TurboQuant
-from quantcore.problem import Problem
+from ...formats.turboquant import TurboQuant
+from ...problem import Problem
 
 __all__ = ["passes", "rotation_flops", "weight_bytes"]
 

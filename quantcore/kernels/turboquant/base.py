@@ -1,16 +1,16 @@
-"""The runtime contract of TurboQuant kernels: one pass at a time, as the seed runs it.
+"""The runtime contract of TurboQuant kernels: one pass at a time (docs/formats/turboquant.md).
 
-The seed's forward is ``_forward_pass(x, pass1) + _forward_pass(x, pass2) + bias``.
+The forward of a two-pass weight is ``pass(x, pass 1) + pass(x, pass 2) + bias``.
 Kernels expose exactly that step, :meth:`TurboQuantLinearKernel.run_pass`, on a
 :class:`PassData` — a pass's tensors in the kernel's layout, made by
 :mod:`quantcore.transforms.turboquant_passes` — so that the CPU-offload path
-(``offload.py``) can hand pass 2 to the kernel from a GPU scratch slot instead of from
-resident memory, with no kernel knowing the difference. :class:`TurboQuantLinear`
-(``module.py``) relies on that contract, which is why it lives here, beside the module;
-the fused backends' shared base is ``quantcore.backends.turboquant_fused``.
+(:mod:`quantcore.nn.turboquant.offload`) can hand pass 2 to the kernel from a GPU scratch
+slot instead of from resident memory, with no kernel knowing the difference.
+:class:`quantcore.nn.turboquant.TurboQuantLinear` relies on that contract; every
+TurboQuant backend implements it, and the fused ones through :mod:`.fused`.
 
 Numerics policy (``compute_dtype``): on CPU every step runs in float32 (the Triton
-interpreter's ``tl.dot`` is only right in fp32, notes/triton-interpreter.md); on a GPU
+interpreter's ``tl.dot`` is only right in fp32, docs/triton-interpreter.md); on a GPU
 the input rotation is a GEMM in the activation dtype (tensor cores, fp32 accumulation)
 and the weight side is fed to the matrix units in the activation dtype, accumulating in
 fp32. Each pass accumulates in fp32; the output is rounded to the activation dtype once.

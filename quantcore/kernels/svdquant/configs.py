@@ -5,17 +5,16 @@ everything that changes the compiled kernel or its geometry: format, N, R, the M
 bucket (M_pad rounded up to a power of two, so a batch of 4352 rows and one of 4096
 share a tile but 256 rows have their own), activation dtype, smooth on/off. A shape
 without an entry falls back to :func:`.triton_kernel.pick_tile`. The entries come from
-``python -m quantcore.benchmarks.suites.svdquant_prequant`` (the sweep) on that GPU;
-README.md here has the times.
+the tile probe (``python -m tools.probes.act_quant_lora_tiles``) on that GPU; README.md
+here has the times.
 """
 
 from __future__ import annotations
 
 import torch
 
-from quantcore.dtypes import dtype_name
-from quantcore.formats.svdquant import SVDQuantAct
-
+from ...dtypes import dtype_name
+from ...formats.svdquant import SVDQuantAct
 from .tile import Tile
 
 __all__ = ["SHIPPED", "config_key", "shipped_tile"]

@@ -23,14 +23,14 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.cost import Cost
-from quantcore.errors import KernelInputError
-from quantcore.formats.svdquant import SVDQuantAct
-from quantcore.kernel import Requirements, Support
-from quantcore.ops.act_quant_lora import ActQuantLoraOutput
-from quantcore.probe import Capabilities
-from quantcore.problem import Problem
-
+from ...cost import Cost
+from ...errors import KernelInputError
+from ...formats.svdquant import SVDQuantAct
+from ...kernel import Requirements, Support
+from ...ops.act_quant_lora import ActQuantLoraOutput
+from ...probe import Capabilities
+from ...problem import Problem
+from ...triton.buffers import KeptBuffers, stream_key
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 from .configs import shipped_tile
 from .tile import DEFAULT_TREE, Tile
@@ -45,7 +45,7 @@ ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
 
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
-#: at R ≤ 128 (``python -m quantcore.backends.svdquant.sm90``); those whose pipelined tiles
+#: at R ≤ 128 (``python -m tools.compile_report act_quant_lora``); those whose pipelined tiles
 #: exceed shared memory for a rank are skipped.
 CONFIGS = tuple(
     Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
@@ -153,18 +153,13 @@ def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int,
 _tuned: dict[tuple[object, ...], Tile] = {}
 #: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
 #: one buffer per device and stream, so concurrent streams never share tickets.
-_tickets: dict[tuple[object, ...], torch.Tensor] = {}
+_TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024)
 
 
 def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
     if device.type != "cuda":
         return torch.zeros(size, dtype=torch.int32, device=device)
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _tickets.get(key)
-    if buf is None or buf.numel() < size:
-        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
-        _tickets[key] = buf
-    return buf
+    return _TICKETS.get(stream_key(device), size, device)
 
 
 class TritonActQuantLora(SVDQuantKernel):

@@ -4,8 +4,8 @@ the codes, scales and float32 LoRA output written (M padded)."""
 
 from __future__ import annotations
 
-from quantcore.formats.svdquant import SVDQuantAct
-from quantcore.problem import Problem
+from ...formats.svdquant import SVDQuantAct
+from ...problem import Problem
 
 __all__ = ["op_bytes", "op_flops"]
 

@@ -1,4 +1,5 @@
-"""GPTQ → the layout of ``aten._weight_int4pack_mm_for_cpu`` (the seed's ``transform_cpu``).
+"""GPTQ → the layout of ``aten._weight_int4pack_mm_for_cpu`` (docs/aten-int4pack.md),
+shared by the kernels on that op (:mod:`quantcore.kernels.int4pack_cpu`).
 
 Beyond the seed: asymmetric checkpoints keep their zero points. The op computes
 ``w = (q − 8) · s + offset`` per (group, output) (specs/aten-int4pack.md, measured), so
@@ -18,11 +19,11 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.errors import UnsupportedProblemError
-from quantcore.formats.gptq import GPTQ
-from quantcore.transform import Transform
-from quantcore.transforms.gptq_rows import GPTQToRows, scales_and_offsets
-from quantcore.transforms.packed import PackedLinear
+from ..errors import UnsupportedProblemError
+from ..formats.gptq import GPTQ
+from ..transform import Transform
+from ..transforms.gptq_rows import GPTQToRows, scales_and_offsets
+from ..transforms.packed import PackedLinear
 
 __all__ = ["OP_GROUP_SIZES", "GPTQToInt4PackCPU", "Int4PackCPU"]
 

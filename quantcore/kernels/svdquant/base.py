@@ -9,13 +9,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.errors import KernelInputError, UnsupportedProblemError
-from quantcore.formats.svdquant import SVDQuantAct
-from quantcore.formats.svdquant.numerics import fdiv
-from quantcore.kernel import Support
-from quantcore.ops.act_quant_lora import ACT_DTYPES, ActQuantLoraKernel, check_activation
-from quantcore.problem import Problem
-from quantcore.tensors import stored_on
+from ...errors import KernelInputError, UnsupportedProblemError
+from ...formats.svdquant import SVDQuantAct
+from ...formats.svdquant.numerics import fdiv
+from ...kernel import Support
+from ...ops.act_quant_lora import ACT_DTYPES, ActQuantLoraKernel, check_activation
+from ...problem import Problem
+from ...tensors import stored_on
 
 __all__ = ["SVDQuantKernel", "SVDQuantWeights", "allocate_outputs"]
 

@@ -1,6 +1,6 @@
 """The fused TurboQuant kernels' base: per pass, the input rotation (a small GEMM), then
 one fused launch that unpacks, looks up, multiplies and rescales. The pass contract it
-implements is :class:`quantcore.nn.turboquant.TurboQuantLinearKernel`'s."""
+implements is :class:`.base.TurboQuantLinearKernel`'s."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.kernel import Support
-from quantcore.nn.turboquant.kernel import (
-    PassData,
-    TurboQuantLinearKernel,
-    TurboQuantPrepared,
-    rotate_input,
-)
-from quantcore.problem import Problem
+from ...kernel import Support
+from ...problem import Problem
+from .base import PassData, TurboQuantLinearKernel, TurboQuantPrepared, rotate_input
 
 __all__ = ["FusedTurboQuantKernel"]
 

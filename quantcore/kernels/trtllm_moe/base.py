@@ -1,19 +1,22 @@
-"""What the trtllm_moe kernels share: the format check, the activation dtypes and the
+"""What every trtllm_moe kernel shares: the format check, the activation dtypes and the
 check that a call got the prepared state its own ``prepare`` made."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from quantcore.errors import KernelInputError
-from quantcore.formats.trtllm_moe import TRTLLMMoE
-from quantcore.kernel import Support
-from quantcore.ops.moe import MoEKernel
-from quantcore.problem import Problem
+import torch
 
-from .weights import ACT_DTYPES
+from ...errors import KernelInputError
+from ...formats.trtllm_moe import TRTLLMMoE
+from ...kernel import Support
+from ...ops.moe import MoEKernel
+from ...problem import Problem
 
-__all__ = ["TRTLLMMoEKernel"]
+__all__ = ["ACT_DTYPES", "TRTLLMMoEKernel"]
+
+#: Activation dtypes the format is used with (its scales are stored in one of them).
+ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class TRTLLMMoEKernel(MoEKernel):

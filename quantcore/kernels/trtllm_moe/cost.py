@@ -4,7 +4,7 @@ column), the activation of every route read and the output of every route writte
 
 from __future__ import annotations
 
-from quantcore.problem import Problem
+from ...problem import Problem
 
 __all__ = ["moe_bytes", "moe_flops", "touched_experts"]
 
