@@ -83,7 +83,7 @@ def cuda(session: nox.Session) -> None:
     if part in ("all", "bench"):
         for suite in rest or ["all"]:
             session.run(
-                "python", "-m", "quantcore", "bench", suite, "--device", "cuda", "--graph",
+                "python", "-m", "quantcore", "bench", suite, "--device", "cuda", "--graph", "--save",
                 "--plot", f"benchmarks/results/plots/cuda-{suite}.png", external=True,
             )
 

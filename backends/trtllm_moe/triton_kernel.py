@@ -6,7 +6,7 @@ this module prepares weights, picks tiles and launches.
 
 On CUDA (SM >= 8.0) it compiles; on CPU it runs under Triton's interpreter
 (``TRITON_INTERPRET=1``), where dots are done in float32 because the interpreter's
-bf16 dot is wrong (notes/triton-interpreter.md), and the output is rounded by torch
+bf16 dot is wrong (docs/triton-interpreter.md), and the output is rounded by torch
 because the interpreter's fp32 → bf16 conversion truncates (measured: 517 of 1024
 random values off by one ulp, all equal to truncation).
 

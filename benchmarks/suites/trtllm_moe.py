@@ -5,7 +5,7 @@ expert (tokens pre-sorted by expert, the sort not timed).
 Kernels are timed through ``forward`` where they have one (the call without validating
 the expert ids, which would wait for the GPU), else through ``__call__``. The
 Triton kernel's tile sweep (each tile checked against a reference, then timed) is
-``python -m quantcore.backends.trtllm_moe.gpu_sweep``; its H100 results are in
+``python -m tools.probes.trtllm_moe_tiles`` (from the repository root); its H100 results are in
 ``benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md``.
 """
 
@@ -115,7 +115,7 @@ def _per_expert_peer(xs: list[torch.Tensor], ids: torch.Tensor, dense: list[torc
     return run
 
 
-#: Issue 18's targets: minimum speed-up over bf16 per-expert cuBLAS per T (same run), and
+#: The targets: minimum speed-up over bf16 per-expert cuBLAS per T (same run), and
 #: the share of copy bandwidth decode must reach on the touched experts' bytes.
 TARGETS = {1: 1.8, 16: 1.8, 64: 1.7, 512: 1.0, 4096: 0.9}
 DECODE_COPY_SHARE = 0.8

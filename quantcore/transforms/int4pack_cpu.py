@@ -2,7 +2,7 @@
 shared by the kernels on that op (:mod:`quantcore.kernels.int4pack_cpu`).
 
 Beyond the seed: asymmetric checkpoints keep their zero points. The op computes
-``w = (q − 8) · s + offset`` per (group, output) (specs/aten-int4pack.md, measured), so
+``w = (q − 8) · s + offset`` per (group, output) (docs/aten-int4pack.md, measured), so
 an integer zero point z becomes the float offset ``(8 − z) · s``; symmetric
 checkpoints (z = 8) get 0, as the seed's zeroed tensor does.
 

@@ -1,3 +1,3 @@
-"""One-off measurements that answered a question once (see README.md here); the suites
-(``quantcore bench``) are what is rerun. Run a probe with ``python -m
-quantcore.benchmarks.probes.NAME`` on the device it names."""
+"""One-off measurements, each named by the question it answers (see README.md here); the
+suites (``quantcore bench``) are what is rerun. Run a probe from the repository root with
+``python -m tools.probes.NAME`` on the device it names."""

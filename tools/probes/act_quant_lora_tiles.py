@@ -2,12 +2,12 @@
 for bit against ``svdquant_torch`` (its own arithmetic, held to the golden bytes by the
 matrix), beside cuBLAS's LoRA-down alone and the measured copy bandwidth::
 
-    python -m quantcore.backends.svdquant.sweep [--out DIR] [--quick]
+    python -m tools.probes.act_quant_lora_tiles [--out DIR] [--quick]
 
 Every candidate is compiled first by a pool of processes (Triton's on-disk cache is
 shared), then timed as CUDA-graph replays over rotating inputs larger than L2. Prints a
 table per shape (fastest first) and writes ``sweep.json``. The fastest exact candidate of
-each shape is what :mod:`.configs` ships.
+each shape is what :mod:`quantcore.kernels.svdquant.configs` ships.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .triton_kernel import Tile, smem_bytes
+from quantcore.kernels.svdquant.triton_kernel import Tile, smem_bytes
 
 __all__ = ["CANDIDATES", "SHAPES", "main"]
 
@@ -208,7 +207,7 @@ def main(out: Path, *, quick: bool = False, big_only: bool = False, procs: int =
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--quick", action="store_true", help="two shapes only")
     parser.add_argument("--big-only", action="store_true", help="M = 4352 only")
     args = parser.parse_args()

@@ -1,8 +1,8 @@
 """Measure tinygemm's contract on the GPU at hand: which nibble order
 ``_convert_weight_to_int4pack`` wants and which dequantization ``_weight_int4pack_mm``
 applies, plus the shapes and dtypes it accepts. Run: ``python -m
-quantcore.backends.aten_cuda.contract_probe``. It prints what it saw; the kernel's
-transform encodes the answer (see transform.py)."""
+tools.probes.tinygemm_contract``. It prints what it saw; ``backends/aten_cuda/transform.py``
+encodes the answer (and docs/aten-int4pack.md states it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tensor-parallel quantized linears on GPUs (issue 20): one script for a one- or two-GPU machine.
+# Do tensor-parallel quantized linears hold, and what do they cost, on GPUs: one script for a
+# one- or two-GPU machine.
 #
 #   every machine  world=1 on GPU 0; then two processes sharing GPU 0 through gloo (NCCL
 #                  refuses two ranks on one GPU; gloo all-reduces CUDA tensors — if it does
@@ -12,21 +13,20 @@
 # all-reduce alone, the unsharded block and dense bf16; Llama-7B MLP, M = 1, 16, 128). Once:
 # the tensor-parallel conformance matrix on cuda (world 2 and 4, every kernel).
 #
-# Run it (the coordinator):
-#   /work/tools/devsync issue-20
-#   device run, kind nvidia-h200-x2 (or nvidia-h100-x1 / nvidia-h200 for the one-GPU part),
-#   carry [".dev/issue-20"], timeout_s 600, command:
-#     cd .dev/issue-20 && bash benchmarks/probes/tp_linear_gpu.sh
+# Run it from the repository root on the GPU machine (it installs the checkout with
+# `pip install --no-deps -e .` first):
+#   bash tools/probes/tp_linear_gpu.sh [check] [bench] [conformance]
 # Parts (arguments, default all, in this order): check bench conformance. The conformance
 # matrix runs last with whatever is left of BUDGET_S (570 s); if it is cut off, a second
-# call with the argument `conformance` finishes it. Files under $OUT: the log,
+# call with the argument `conformance` finishes it. Files under $RESULTS (default
+# ./tp-linear-results): the log,
 # tp_check.jsonl, conformance-tp-cuda.log, and per transport <transport>/<device>/tp_linear.json
 # with <transport>/<device>.md.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT="${OUT:-$PWD/.tp-out}"
-mkdir -p "$OUT"
-LOG="$OUT/tp_linear_gpu.log"
+RESULTS="${RESULTS:-$PWD/tp-linear-results}"
+mkdir -p "$RESULTS"
+LOG="$RESULTS/tp_linear_gpu.log"
 say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || say "pip install -e . failed"
@@ -37,7 +37,7 @@ say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch; pr
 check() {  # world backend device [--stage-host]
   say "tp_check world=$1 backend=$2 device=$3 ${4:-}"
   timeout 150 python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" --device "$3" \
-      --hidden 2048 --inter 5632 --m 16 ${4:-} 2>>"$LOG" | tee -a "$OUT/tp_check.jsonl"
+      --hidden 2048 --inter 5632 --m 16 ${4:-} 2>>"$LOG" | tee -a "$RESULTS/tp_check.jsonl"
   local rc=${PIPESTATUS[0]}
   say "tp_check rc=$rc"
   return "$rc"
@@ -47,7 +47,7 @@ bench() {  # label, then VAR=value settings for the suite
   local label=$1
   shift
   say "bench tp_linear ($label)"
-  env "$@" timeout 150 python3 -m quantcore bench tp_linear --device cuda --out "$OUT/$label" \
+  env "$@" timeout 150 python3 -m quantcore bench tp_linear --device cuda --out "$RESULTS/$label" \
       --shape M=1,K=4096,N=11008,W=1 --shape M=16,K=4096,N=11008,W=1 --shape M=128,K=4096,N=11008,W=1 \
       --shape M=1,K=4096,N=11008,W=2 --shape M=16,K=4096,N=11008,W=2 --shape M=128,K=4096,N=11008,W=2 \
       2>&1 | tail -22 | tee -a "$LOG"
@@ -73,8 +73,8 @@ if [[ " $PARTS " == *" conformance "* ]]; then
   if [ "$LEFT" -gt 30 ]; then
     say "tensor-parallel conformance matrix on cuda (profile ci), ${LEFT}s left"
     timeout "$LEFT" python3 -m pytest conformance/test_tp.py --qc-device cuda -v -n 0 -p no:cacheprovider \
-        --tb=line -rfs >"$OUT/conformance-tp-cuda.log" 2>&1
-    say "conformance rc=$? — $(tail -1 "$OUT/conformance-tp-cuda.log")"
+        --tb=line -rfs >"$RESULTS/conformance-tp-cuda.log" 2>&1
+    say "conformance rc=$? — $(tail -1 "$RESULTS/conformance-tp-cuda.log")"
   else
     say "no time left for the conformance matrix: run this script again with the argument conformance"
   fi

@@ -2,7 +2,7 @@
 at M = 1, on K×N = 4096×14336 (GPTQ 4-bit g128, bf16), each once.
 
     ncu -k regex:"mma_kernel|tinygemm" -c 3 --section SpeedOfLight --section Occupancy \\
-        --section WarpStateStats python -m quantcore.backends.triton_int4.profile_run
+        --section WarpStateStats python -m tools.probes.triton_int4_ncu_target
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from quantcore.backends.aten_cuda.kernel import AtenCudaGPTQ
+from quantcore.backends.triton_int4.kernel import TritonInt4GPTQ
 from quantcore.formats.gptq import GPTQ
-
-from .kernel import TritonInt4GPTQ
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""One device call's worth of work for ``triton_int4`` (run on a CUDA GPU):
+"""Which ``triton_int4`` path, tile, split and operand order is fastest per shape (run on a CUDA GPU):
 
 1. ``check``: every path (GEMV, MMA with each operand form, split-K, dequant + cuBLAS)
    on 4/8-bit, sym/asym, groups 32/64/128/−1, act-order, v1, AWQ, bf16/fp16, bias, and
@@ -8,7 +8,7 @@
    every timed plan's output is checked too. The kernels compile first, in parallel
    processes that fill Triton's cache.
 
-    python -m quantcore.benchmarks.probes.triton_int4_sweep --out DIR [--only check|time] [--quick]
+    python -m tools.probes.triton_int4_tiles --out DIR [--only check|time] [--quick]
 
 Writes ``DIR/sweep.json`` (everything) and prints a compact table last.
 """
@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
@@ -313,7 +312,7 @@ def summary(rows: list[dict[str, Any]], copy_bw: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--out", default=".")
     p.add_argument("--only", choices=("check", "time"))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workers", type=int, default=14)

@@ -1,11 +1,11 @@
 """trtllm_moe on a GPU, in one call: check every candidate tile of the Triton kernel against
-a float32 reference and time it against bf16 per-expert cuBLAS, at the seed's shape
+a float32 reference and time it against bf16 per-expert cuBLAS, at the format's reference shape
 (E = 8, top-2, K = 4096, N = 28672, group 128, bf16) for T ∈ {1, 16, 64, 512, 4096}.
 
-    python -m quantcore.backends.trtllm_moe.gpu_sweep --out DIR [--jobs 12] [--only T,T]
-    python -m quantcore.backends.trtllm_moe.gpu_sweep --profile T     (one call, for ncu)
+    python -m tools.probes.trtllm_moe_tiles --out DIR [--jobs 12] [--only T,T]
+    python -m tools.probes.trtllm_moe_tiles --profile T     (one call, for ncu)
 
-Method (the device README's METHOD.md): the copy ceiling measured in the same run
+Method: the copy ceiling measured in the same run
 (device-to-device, bytes read + written); every time a median of CUDA-graph replays
 (``triton.testing.do_bench_cudagraph``); random data, each weight set far larger than
 L2. A tile whose output is off by more than bf16 rounding, or not fully written (the
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .tiles import MoETile, pick_tile
+from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
 
 E, TOPK, K, N, GROUP = 8, 2, 4096, 28672, 128
 TOKENS = (1, 16, 64, 512, 4096)
@@ -90,9 +90,8 @@ _WORKER: dict[Any, Any] = {}
 
 def _compile_task(task: tuple[int, MoETile, bool, bool, str, int]) -> str:
     """Run one (T, tile, gated, sym, dtype, group) call in a worker: fills the cache."""
+    from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, TritonMoEWeights
     from quantcore.formats.trtllm_moe import TRTLLMMoE
-
-    from .triton_kernel import TritonMoE, TritonMoEWeights
 
     t, tile, gated, sym, dname, group = task
     dtype = getattr(torch, dname)
@@ -189,10 +188,9 @@ def _check(kernel: Any, prepared: Any, x: torch.Tensor, ids: torch.Tensor, ref: 
 
 
 def sweep(out_dir: Path, only: tuple[int, ...], jobs: int, wait_pid: int | None) -> dict[str, Any]:
+    from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
     from quantcore.formats.trtllm_moe import TRTLLMMoE
     from quantcore.ops.moe import swiglu
-
-    from .triton_kernel import TritonMoE
 
     t_start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
@@ -339,9 +337,8 @@ def sweep(out_dir: Path, only: tuple[int, ...], jobs: int, wait_pid: int | None)
 
 def profile(t: int, tile_spec: str | None) -> None:
     """A few calls of the default (or given) tile at T, for ncu."""
+    from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
     from quantcore.formats.trtllm_moe import TRTLLMMoE
-
-    from .triton_kernel import TritonMoE
 
     fmt = TRTLLMMoE(group_size=GROUP, sym=True, scale_dtype=torch.bfloat16)
     kernel = TritonMoE(fmt, "cuda")
@@ -356,7 +353,7 @@ def profile(t: int, tile_spec: str | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--only", default=",".join(map(str, TOKENS)), help="comma-separated T values")
     ap.add_argument("--jobs", type=int, default=12, help="compile processes")
     ap.add_argument("--profile", type=int, default=None, help="just run T a few times (for ncu)")

@@ -3,7 +3,7 @@ run on a chosen path a few times, so ``ncu -k regex:KERNEL -s 2 -c 1`` profiles 
 launch of it.
 
     ncu --set full -k regex:gemv_kernel -s 2 -c 1 \\
-        python -m quantcore.benchmarks.probes.turboquant_ncu_target --k 4096 --n 14336 --m 1 --path gemv
+        python -m tools.probes.turboquant_ncu_target --k 4096 --n 14336 --m 1 --path gemv
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the host's issue time (the loop without a final sync) and the wall time (with it
 they are equal the forward is host-bound. Then one offloaded forward runs under torch's
 sync debug mode, which raises on any call that synchronizes the host with the GPU.
 
-    python -m quantcore.benchmarks.probes.turboquant_offload_host [--layers 8] [--reps 20]
+    python -m tools.probes.turboquant_offload_host [--layers 8] [--reps 20]
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import time
 
 import torch
 
+from quantcore.benchmarks.suites.turboquant_offload import stack
 from quantcore.nn.turboquant.model import enable_pass2_offload
-
-from ..suites.turboquant_offload import stack
 
 
 def issue_and_wall(model: torch.nn.Module, x: torch.Tensor, reps: int) -> tuple[float, float]:

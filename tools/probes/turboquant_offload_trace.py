@@ -5,7 +5,7 @@ bottleneck (large M) but not when the host is (small M). This traces one residen
 one offloaded forward of the suite's stack with ``torch.profiler`` and prints the host
 calls by self CPU time, so a call that blocks the host on a copy stands out.
 
-    python -m quantcore.benchmarks.probes.turboquant_offload_trace [--m 1] [--layers 8]
+    python -m tools.probes.turboquant_offload_trace [--m 1] [--layers 8]
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import copy
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from quantcore.benchmarks.suites.turboquant_offload import stack
 from quantcore.nn.turboquant.model import enable_pass2_offload
-
-from ..suites.turboquant_offload import stack
 
 
 def trace(model: torch.nn.Module, x: torch.Tensor, label: str, rows: int) -> None:

@@ -7,7 +7,7 @@ dequantize + cuBLAS, each checked against the float64 golden output and then tim
 CUDA-graph replays over weight sets that together exceed L2; cuBLAS bf16 on the same
 shape in the same rounds. Rows go to ``--json``; a table is printed last.
 
-    python -m quantcore.benchmarks.probes.turboquant_paths --part decode|mid|prefill|all [--json PATH]
+    python -m tools.probes.turboquant_paths --part decode|mid|prefill|all [--json PATH]
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from tabulate import tabulate
 from quantcore.backends.turboquant_triton import configs
 from quantcore.backends.turboquant_triton.fused import fused_linear
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+from quantcore.benchmarks.ceilings import ceilings
+from quantcore.benchmarks.memory import rotation_sets
+from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.timing import time_interleaved
-
-from ..ceilings import ceilings
-from ..memory import rotation_sets
-from ..suites.turboquant_linear import format_bytes
 
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))

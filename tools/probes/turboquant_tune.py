@@ -7,7 +7,7 @@ tensor-core kernel's at M = 16 and 128, each checked against the float64 golden 
 and timed as CUDA-graph replays; then the M where dequantize + cuBLAS overtakes the
 tensor-core kernel. Keys carry the geometry (K, N, d, passes, dtype, M bucket).
 
-    python -m quantcore.benchmarks.probes.turboquant_tune --out tuned.json
+    python -m tools.probes.turboquant_tune --out tuned.json
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 from quantcore.backends.turboquant_triton import configs
 from quantcore.backends.turboquant_triton.fused import fused_linear
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+from quantcore.benchmarks.memory import rotation_sets
+from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.timing import time_interleaved
 
-from ..memory import rotation_sets
-from ..suites.turboquant_linear import format_bytes
 from .turboquant_paths import _rel_error, _weights
 
 DTYPE = torch.bfloat16

@@ -1,5 +1,4 @@
-"""SVDQuant W4A4 activations: the pre-GEMM format (seeds/svdquant-w4a4-prequant-lora.md,
-specs/svdquant-w4a4-prequant.md).
+"""SVDQuant W4A4 activations: the pre-GEMM format (docs/formats/svdquant.md).
 
 The op ``act_quant_lora`` (:mod:`quantcore.ops.act_quant_lora`) turns the activation
 ``x [M, N]`` (fp16/bf16) of an SVDQuant linear into what its W4A4 GEMM consumes. This

@@ -28,7 +28,7 @@ output and resets the counter to 0 for the next call.
 Padding rows (M ≤ row < M_pad) are loaded as zeros and written as zero bytes.
 
 Switches (compile-time, set by the launcher). ``INTERPRETED``: Triton's interpreter
-runs the kernel (notes/triton-interpreter.md), whose ``range()`` cannot take bounds
+runs the kernel (docs/triton-interpreter.md), whose ``range()`` cannot take bounds
 computed from ``program_id``, so the loops are ``while`` loops there. ``GPU_MATH``: the
 dot on the loaded dtype and a NaN-propagating float block max (off under the
 interpreter: its bf16 dot is wrong, and its custom-combine reductions are slow, so
