@@ -1,4 +1,4 @@
-"""AWQ → the layout of ``aten._weight_int4pack_mm_for_cpu``: the seed's
+"""AWQ → the layout of ``aten._weight_int4pack_mm_for_cpu``: GPTQModel's
 ``transform_cpu_awq``, step by step.
 
 1. unpack AWQ's ``qweight`` / ``qzeros`` and undo the AWQ nibble order;
@@ -7,7 +7,7 @@
 4. the GPTQ CPU transform (:mod:`quantcore.transforms.int4pack_cpu`) turns those into the op's uint8 int4pack;
 5. the real AWQ scales and offsets are restored as ``scales_and_zeros``.
 
-The seed keeps the offsets in fp16; here they stay fp32 until the activation dtype is
+GPTQModel keeps the offsets in fp16; here they stay fp32 until the activation dtype is
 known (the op wants ``scales_and_zeros`` in that dtype), which is the same for fp16
 activations and exact for fp32 ones.
 """

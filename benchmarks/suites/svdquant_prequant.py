@@ -1,5 +1,5 @@
-"""svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the seed's
-shapes (ZImage Turbo at 1024², M = 4352; N — the seed's K — ∈ {3840, 10240}; R ∈ {32,
+"""svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the
+format's target shapes (docs/formats/svdquant.md: ZImage Turbo at 1024², M = 4352; N ∈ {3840, 10240}; R ∈ {32,
 128}) and the same at a small batch (M = 256), smooth on, bf16, NVFP4 and INT4.
 
 Variants, timed in the same run:

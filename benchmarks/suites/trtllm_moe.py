@@ -32,7 +32,7 @@ SHAPES = {
     "decode": [{"T": t, **_SEED} for t in (1, 16)],
     "prefill": [{"T": t, **_SEED} for t in (512, 4096)],
     "small": [{"T": t, "E": 8, "topk": 2, "K": 256, "N": 512} for t in (1, 16)],
-    # Sized for a CPU: the seed's expert count and routing, a tenth of its K and N.
+    # Sized for a CPU: the reference model's expert count and routing, a tenth of its K and N.
     "cpu": [{"T": t, "E": 8, "topk": 2, "K": 512, "N": 2048} for t in (1, 16, 64, 512, 2048)],
 }
 FMT = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
@@ -50,7 +50,7 @@ def _routing(t: int, e: int, topk: int, dev: torch.device, gen: torch.Generator)
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     dev = torch.device(device)
-    # Drawn on the device: the seed's 8 × 4096 × 28672 weights take seconds on a CPU.
+    # Drawn on the device: the reference 8 × 4096 × 28672 weights take seconds on a CPU.
     gen = torch.Generator(device=dev).manual_seed(0)
     on = {"generator": gen, "device": dev}
     for dims in shapes:

@@ -1,10 +1,10 @@
 """GPTQ → the layout of ``aten._weight_int4pack_mm_for_cpu`` (docs/aten-int4pack.md),
 shared by the kernels on that op (:mod:`quantcore.kernels.int4pack_cpu`).
 
-Beyond the seed: asymmetric checkpoints keep their zero points. The op computes
+Beyond GPTQModel's ``transform_cpu``: asymmetric checkpoints keep their zero points. The op computes
 ``w = (q − 8) · s + offset`` per (group, output) (docs/aten-int4pack.md, measured), so
 an integer zero point z becomes the float offset ``(8 − z) · s``; symmetric
-checkpoints (z = 8) get 0, as the seed's zeroed tensor does.
+checkpoints (z = 8) get 0, as GPTQModel's zeroed tensor does.
 
 Group sizes the op lacks (−1, 512, uneven act-order groups) run by repeating each
 group's scale and offset over the largest sub-group size the op takes that divides

@@ -1,6 +1,6 @@
 """What only a CUDA GPU can show: the compiled Triton kernels (``triton_nvfp4``,
 ``triton_ascend_int4``) and the torch backend against the golden reference bit for bit at
-the seed's shapes and for every tile candidate (both E2M1 trees, stream-K grids that
+the format's target shapes and for every tile candidate (both E2M1 trees, stream-K grids that
 split row tiles between programs), the integer fp8 rounding against
 torch's ``float8_e4m3fn`` cast over every float32 bit pattern in the scales' range
 [0, 448], and CUDA-graph capture.

@@ -1,5 +1,5 @@
 """The act_quant_lora kernel compiles for Hopper (sm_90) with the default tiles of the
-seed's shapes — no register spills, within an H100 block's shared memory, and with the
+shapes the format targets — no register spills, within an H100 block's shared memory, and with the
 quantizer's per-element instruction count where it was measured — checked on any
 machine: Triton compiles for an explicit target with its bundled ptxas."""
 
