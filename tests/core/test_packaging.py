@@ -52,6 +52,7 @@ def test_every_backend_folder_that_registers_kernels_has_an_entry_point() -> Non
         registers = "quantcore_kernels" in init.read_text()
         name = f"quantcore.backends.{init.parent.name}"
         assert registers == (name in modules), f"{name}: registers kernels={registers}, entry point={name in modules}"
+        assert registers, f"{name} registers no kernel: code backends share belongs in quantcore/kernels"
 
 
 def _readme_backend_rows() -> dict[str, tuple[set[str], bool]]:
