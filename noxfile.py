@@ -83,7 +83,7 @@ def cuda(session: nox.Session) -> None:
     if part in ("all", "bench"):
         for suite in rest or ["all"]:
             session.run(
-                "python", "-m", "quantcore", "bench", suite, "--device", "cuda", "--graph",
+                "python", "-m", "quantcore", "bench", suite, "--device", "cuda", "--graph", "--save",
                 "--plot", f"benchmarks/results/plots/cuda-{suite}.png", external=True,
             )
 
@@ -113,6 +113,6 @@ def lint(session: nox.Session) -> None:
     """ruff, mypy, and the layers contract (tests/layers.py: imports only point down, no
     import cycles); the contract and ruff also run in CI, as tests."""
     session.install(*CPU_REQUIREMENTS, "-e", ".[lint]")
-    session.run("ruff", "check", "quantcore", "backends", "conformance", "benchmarks", "tests")
+    session.run("ruff", "check", "quantcore", "backends", "conformance", "benchmarks", "tools", "tests")
     session.run("mypy")
     session.run("python", "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider", "tests/core/test_layers.py")

@@ -1,22 +1,25 @@
 """The device's ceilings, measured, not read off a datasheet: copy bandwidth (bytes read
 plus bytes written, one large device-to-device copy) and a large bf16 matmul. Measured
-once per device and software stack, cached in ``~/.cache/quantcore/ceilings.json``."""
+once per device and software stack, cached in ``ceilings.json`` of quantcore's cache
+folder (``$QUANTCORE_CACHE``, default ``~/.cache/quantcore``)."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from quantcore.measured import cache_dir
 from quantcore.probe import probe
 from quantcore.timing import time_interleaved
 
 __all__ = ["Ceilings", "ceilings"]
 
-CACHE = Path(os.environ.get("QUANTCORE_CACHE", Path.home() / ".cache" / "quantcore")) / "ceilings.json"
+
+def cache_file() -> Path:
+    return cache_dir() / "ceilings.json"
 
 
 @dataclass(frozen=True)
@@ -53,15 +56,16 @@ def measure(device: str) -> Ceilings:
 def ceilings(device: str, *, remeasure: bool = False) -> Ceilings:
     key = _key(device)
     cache: dict[str, dict[str, object]] = {}
-    if CACHE.exists():
+    path = cache_file()
+    if path.exists():
         try:
-            cache = json.loads(CACHE.read_text())
+            cache = json.loads(path.read_text())
         except json.JSONDecodeError:
             cache = {}
     if not remeasure and key in cache:
         return Ceilings(**cache[key])  # type: ignore[arg-type]
     result = measure(device)
     cache[key] = asdict(result)
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_text(json.dumps(cache, indent=1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cache, indent=1))
     return result

@@ -1,6 +1,6 @@
 """Which kernel ``get_kernel`` chooses by default for each benchmark case, and whether that
 choice met the goal: its time at most ``GOAL``× the fastest kernel that keeps the weight
-compressed, measured in the same run (issue 15).
+compressed, measured in the same run.
 
 A suite marks the variants that are registered kernels called as a caller of
 ``get_kernel`` would call them (``Variant.candidate``: the format they compete for), which of

@@ -1,5 +1,10 @@
 """``quantcore bench SUITE``: time kernels against their peers and the device's ceilings.
-Contributed to the ``quantcore`` command through the ``quantcore.commands`` entry point."""
+Contributed to the ``quantcore`` command through the ``quantcore.commands`` entry point.
+
+Results (the suite's JSON and the device's Markdown page) go to ``bench/`` in quantcore's
+cache folder unless ``--out DIR`` names another; ``--save`` writes them into the
+repository's committed ``benchmarks/results/`` (run from the repository root). A plain run
+never rewrites a tracked file."""
 
 from __future__ import annotations
 
@@ -16,6 +21,26 @@ from quantcore.errors import InvalidArgumentError
 from quantcore.timing import GRAPH_CALLS
 
 HELP = "time kernels against their peers and the device's measured ceilings"
+#: The committed results, relative to the repository root.
+COMMITTED = "benchmarks/results"
+
+
+def results_folder(args: argparse.Namespace) -> Path | None:
+    """Where this run writes its results: ``--out``, the committed folder with ``--save``,
+    else the user's cache; None with ``--no-save``."""
+    if args.no_save:
+        return None
+    if args.save:
+        folder = Path(COMMITTED)
+        if not folder.is_dir():
+            raise InvalidArgumentError(f"--save: expected the repository root as the current folder (with "
+                                       f"{COMMITTED}/), got {Path.cwd()}; or name a folder with --out DIR")
+        return folder
+    if args.out:
+        return Path(args.out)
+    from quantcore.measured import cache_dir
+
+    return cache_dir() / "bench"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; each variant keeps the median")
     parser.add_argument("--graph", action="store_true",
                         help="CUDA: time CUDA-graph replays (no host launch cost), as decode runs in serving")
-    parser.add_argument("--out", default="benchmarks/results", help="results folder (JSON and the device's .md page)")
-    parser.add_argument("--no-save", action="store_true", help="do not write results")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR",
+                       help="results folder (JSON and the device's .md page); default: bench/ in quantcore's cache "
+                            "folder ($QUANTCORE_CACHE, ~/.cache/quantcore)")
+    where.add_argument("--save", action="store_true",
+                       help=f"write the results into the repository's committed {COMMITTED}/ (from the repository root)")
+    where.add_argument("--no-save", action="store_true", help="do not write results")
     parser.add_argument("--plot", metavar="PNG", help="also plot time against M (needs matplotlib)")
     parser.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
 
@@ -84,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             codes.append(run(argparse.Namespace(**{**vars(args), "suite": name, "plot": plot})))
         return max(codes)
     suite = get_suite(args.suite)
+    out = results_folder(args)
     if args.shape:
         shapes = [parse_shape(s, *suite_dims(suite)) for s in args.shape]
     else:
@@ -122,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
         print(report.table(rows))
         for note in notes:
             print("  " + note)
-    if not args.no_save:
-        device_dir = Path(args.out) / report.device_slug(caps.name)
+    if out is not None:
+        device_dir = out / report.device_slug(caps.name)
         report.write_json(device_dir / f"{args.suite}.json", rows, meta)
         page = device_dir.with_suffix(".md")
         page.write_text(report.markdown_page(device_dir))

@@ -3,7 +3,7 @@
     python -m quantcore.benchmarks.speedup_plot RESULTS.json OUT.png [--peer dense_bf16] [--goals]
 
 Every kernel row of the JSON is a line (its ``speedup_vs[peer]``); ``--goals`` draws
-issue 14's goals (``suites/gptq_linear.GOALS``) on the panels that carry them.
+the ``triton_int4`` goals (``suites/gptq_linear.GOALS``) on the panels that carry them.
 """
 
 from __future__ import annotations

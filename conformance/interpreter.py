@@ -1,7 +1,7 @@
 """On a machine without a GPU, Triton kernels can run only under Triton's interpreter.
 
 The matrix turns the interpreter on for CPU runs so the same Triton source is checked
-in CI (notes/triton-interpreter.md); it must be set before triton is first imported.
+in CI (docs/triton-interpreter.md); it must be set before triton is first imported.
 A user who set ``TRITON_INTERPRET`` themselves keeps their choice.
 """
 

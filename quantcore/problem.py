@@ -17,7 +17,7 @@ __all__ = ["Problem"]
 class Problem:
     """Hashable description of one call site.
 
-    ``dims`` names the op's dimensions as the seeds do (a linear: ``M`` rows of the
+    ``dims`` names the op's dimensions as docs/ does (a linear: ``M`` rows of the
     activation, ``K`` in-features, ``N`` out-features). Kernels read them with
     ``problem["K"]``; a kernel that needs a dim the problem lacks treats it as unknown.
     """

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from quantcore.registry import ENTRY_POINT_GROUP, Registry
+from quantcore.registry import CASES_ENTRY_POINT_GROUP, ENTRY_POINT_GROUP, Registry
 
 # The fuzz suites' tally: counted on every xdist worker, reported by the controller.
 from .hardening.fuzz.tally import (  # noqa: F401
@@ -19,7 +19,8 @@ from .hardening.fuzz.tally import (  # noqa: F401
 def _third_party_plugins() -> set[str]:
     return {
         ep.name
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        for group in (ENTRY_POINT_GROUP, CASES_ENTRY_POINT_GROUP)
+        for ep in importlib.metadata.entry_points(group=group)
         if ep.dist is None or ep.dist.name != "quantcore"
     }
 

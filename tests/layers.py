@@ -4,14 +4,25 @@ The layers, top to bottom (modules of one layer may import each other, and any l
 below; a group marked independent may not import its own siblings either)::
 
     conformance | benchmarks       above the core: the matrix, the bench framework (independent)
-    backends                       the built-in plugins
+    backends.*                     the built-in plugins, each its own (independent: a backend
+                                   never imports another; what two share lives in kernels)
     cli                            the quantcore command (and the package's lazy facade)
     checkpoint, nn                 torch modules, checkpoint loading
     selection, binding, tuning, measured, api, custom_ops
     registry
+    kernels                        kernel bases, costs and kernels more than one backend uses
     transforms, ops                shared transforms; ops with their golden references and judge
     formats, problem, kernel, transform, cost
-    probe, tensors, dtypes, errors, timing
+    probe, tensors, dtypes, errors, timing, triton
+
+An entry in a layer ending in ``.*`` makes each package under that prefix a sibling of
+its own (``quantcore.backends.aten_cpu``, ``quantcore.backends.awq_cpu``, ...).
+
+Entry points count as imports too: the module that loads a group imports what the group
+names, at run time. :data:`ENTRY_POINT_GROUPS` says, for each group pyproject.toml
+declares, the highest layer its targets may sit in — the ``quantcore`` group is loaded by
+``get_kernel``'s registry, so it may name backends and the core, never the conformance
+matrix or the bench.
 
 Every import counts: at module level, inside functions, under ``TYPE_CHECKING``, and
 ``importlib.import_module("literal")``. import-linter was the first choice, but its graph
@@ -29,37 +40,60 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The developer tools' top-level package (tools/): not installed, so never imported by the package.
+TOOLS = "tools"
 
 #: Top to bottom. Each entry: (module prefixes, independent siblings).
 LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.conformance", "quantcore.benchmarks"), True),
-    (("quantcore.backends",), False),
+    (("quantcore.backends.*", "quantcore.backends"), True),
     (("quantcore.cli", "quantcore.__main__", "quantcore"), False),
     (("quantcore.checkpoint", "quantcore.nn"), False),
     (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.measured",
       "quantcore.api", "quantcore.custom_ops"),
      False),
     (("quantcore.registry",), False),
+    (("quantcore.kernels",), False),
     (("quantcore.transforms", "quantcore.ops"), False),
     (("quantcore.formats", "quantcore.problem", "quantcore.kernel", "quantcore.transform", "quantcore.cost"), False),
-    (("quantcore.probe", "quantcore.tensors", "quantcore.workspace", "quantcore.dtypes", "quantcore.errors",
+    (("quantcore.probe", "quantcore.tensors", "quantcore.triton", "quantcore.dtypes", "quantcore.errors",
       "quantcore.timing"), False),
 )
 
+#: Entry-point group -> the highest layer (a prefix of :data:`LAYERS`) its targets may sit in,
+#: given who loads the group.
+ENTRY_POINT_GROUPS: dict[str, str] = {
+    "quantcore": "quantcore.backends.*",  # the registry, on get_kernel's first call
+    "quantcore.conformance": "quantcore.conformance",  # the registry, when the matrix asks for cases
+    "quantcore.commands": "quantcore.conformance",  # the quantcore command, for its sub-commands
+    "pytest11": "quantcore.conformance",  # pytest, in a test run
+}
+
+
+
+def _pyproject(root: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib.loads((root / "pyproject.toml").read_text())
+    from setuptools.config.pyprojecttoml import load_file  # pragma: no cover
+
+    return dict(load_file(str(root / "pyproject.toml")))  # pragma: no cover
 
 
 def package_dirs(root: Path = ROOT) -> dict[str, str]:
     """pyproject's package-dir mapping: installed package -> the repository folder."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        from setuptools.config.pyprojecttoml import load_file
+    return dict(_pyproject(root)["tool"]["setuptools"]["package-dir"])
 
-        return dict(load_file(str(root / "pyproject.toml"))["tool"]["setuptools"]["package-dir"])
-    data = tomllib.loads((root / "pyproject.toml").read_text())
-    return dict(data["tool"]["setuptools"]["package-dir"])
+
+def entry_points(root: Path = ROOT) -> dict[str, dict[str, str]]:
+    """pyproject's entry points: group -> {name: target module}."""
+    groups = _pyproject(root)["project"].get("entry-points", {})
+    return {group: {name: value.split(":")[0].strip() for name, value in eps.items()}
+            for group, eps in groups.items()}
 
 
 @dataclass(frozen=True)
@@ -108,7 +142,7 @@ def imports(name: str, path: Path, known: Mapping[str, Path]) -> Iterator[Import
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             targets = [node.args[0].value]
         for target in targets:
-            if target == "quantcore" or target.startswith("quantcore."):
+            if target.split(".")[0] in ("quantcore", TOOLS):
                 yield Import(name, target, node.lineno, id(node) in typing_only)
 
 
@@ -134,24 +168,32 @@ def _absolute(name: str, is_package: bool, module: str | None, level: int) -> st
     return ".".join(parts + ([module] if module else []))
 
 
+def _matches(module: str, prefix: str) -> bool:
+    if prefix.endswith(".*"):
+        return module.startswith(prefix[:-1])
+    if prefix == "quantcore":
+        return module == prefix  # the root entry is the facade module itself, not everything
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def layer_of(module: str) -> int | None:
     """Index into LAYERS (0 = top) of the longest matching prefix."""
     best: tuple[int, int] | None = None
     for index, (prefixes, _) in enumerate(LAYERS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if prefix == "quantcore" and module != "quantcore":
-                    continue  # the root entry is the facade module itself, not everything
-                if best is None or len(prefix) > best[1]:
-                    best = (index, len(prefix))
+            if _matches(module, prefix) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
     return None if best is None else best[0]
 
 
 def sibling_of(module: str) -> str:
-    """The layer entry (prefix) ``module`` belongs to."""
+    """The sibling ``module`` belongs to: its layer entry (prefix), or for an entry ending
+    in ``.*`` the package under it (``quantcore.backends.aten_cpu``)."""
     for prefixes, _ in LAYERS:
         for prefix in sorted(prefixes, key=len, reverse=True):
-            if prefix != "quantcore" and (module == prefix or module.startswith(prefix + ".")):
+            if prefix != "quantcore" and _matches(module, prefix):
+                if prefix.endswith(".*"):
+                    return prefix[:-1] + module[len(prefix) - 1:].split(".")[0]
                 return prefix
     return module
 
@@ -168,13 +210,35 @@ def violations(roots: Mapping[str, Path]) -> list[str]:
             continue
         for imp in imports(name, path, known):
             there = layer_of(imp.imported)
-            if there is None:
+            if imp.imported.split(".")[0] == TOOLS:
+                problems.append(f"{imp}: tools/ is not installed; nothing in the package may import it")
+            elif there is None:
                 problems.append(f"{imp}: no such layer")
             elif there < here:
                 problems.append(f"{imp}: points up ({_layer_name(here)} -> {_layer_name(there)})")
             elif there == here and LAYERS[here][1] and sibling_of(name) != sibling_of(imp.imported):
                 problems.append(f"{imp}: {sibling_of(name)} and {sibling_of(imp.imported)} are independent")
     return list(dict.fromkeys(problems))  # one line per importing line and target
+
+
+def entry_point_violations(root: Path = ROOT) -> list[str]:
+    """Every entry point whose target sits above what its group's loader may import, and
+    every group no rule covers."""
+    highest = {group: layer_of(prefix.removesuffix(".*") + ".x" if prefix.endswith(".*") else prefix)
+               for group, prefix in ENTRY_POINT_GROUPS.items()}
+    problems = []
+    for group, targets in entry_points(root).items():
+        if group not in ENTRY_POINT_GROUPS:
+            problems.append(f"entry-point group {group!r} is in no rule: add it to ENTRY_POINT_GROUPS in tests/layers.py")
+            continue
+        for name, target in targets.items():
+            there, allowed = layer_of(target), highest[group]
+            if there is None:
+                problems.append(f"entry point {group}:{name} = {target}: no such layer")
+            elif allowed is not None and there < allowed:
+                problems.append(f"entry point {group}:{name} = {target}: points up (whoever loads {group!r} "
+                                f"may reach {_layer_name(allowed)}, not {_layer_name(there)})")
+    return problems
 
 
 def cycles(roots: Mapping[str, Path]) -> list[list[str]]:
@@ -225,7 +289,8 @@ def source_roots(root: Path = ROOT) -> dict[str, Path]:
 
 def main() -> int:
     roots = source_roots()
-    problems = violations(roots) + [f"import cycle: {' <-> '.join(c)}" for c in cycles(roots)]
+    problems = (violations(roots) + entry_point_violations()
+                + [f"import cycle: {' <-> '.join(c)}" for c in cycles(roots)])
     for p in problems:
         print(p)
     print(f"layers contract: {'broken, ' + str(len(problems)) + ' violation(s)' if problems else 'kept, no import cycles'}")

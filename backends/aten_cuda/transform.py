@@ -1,7 +1,7 @@
 """GPTQ → torch's CUDA tinygemm layout (``aten._convert_weight_to_int4pack``).
 
 The op's contract, as torchao's ``TensorCoreTiledLayout`` feeds it (torch ≥ 2.5) and as
-measured on an H100 (specs/aten-int4pack.md):
+measured on an H100 (docs/aten-int4pack.md):
 
 * convert input: uint8 ``[N, K/2]``, two codes per byte with the **even** input in the
   **high** nibble (``q[:, 0::2] << 4 | q[:, 1::2]``) — the opposite of the CPU and XPU
@@ -10,10 +10,10 @@ measured on an H100 (specs/aten-int4pack.md):
   ``g = k // groupSize``, ``scales_and_zeros [K/groupSize, N, 2]`` in x's dtype (bf16);
 * groupSize ∈ {32, 64, 128, 256}; innerKTiles ∈ {2, 4, 8} with K % (innerKTiles·16) == 0.
 
-Measured on an H100 (torch 2.11, ``contract_probe.py``; log in
-benchmarks/results/nvidia-h100-80gb-hbm3/issue3-gpu-run.log): with even-high bytes
-``(q − 8)·s + z`` matches to 2.4e-3 (bf16) for innerKTiles 2, 4 and 8, while even-low
-bytes — the CPU op's order, the lead's first guess — give errors ≈ 1.2 under every formula;
+Measured on an H100 (torch 2.11, ``python -m tools.probes.tinygemm_contract``; log in
+benchmarks/results/nvidia-h100-80gb-hbm3/tinygemm-contract-gpu-run.log): with even-high
+bytes ``(q − 8)·s + z`` matches to 2.4e-3 (bf16) for innerKTiles 2, 4 and 8, while
+even-low bytes — the CPU op's order — give errors ≈ 1.2 under every formula;
 fp16 and fp32 activations are refused (``A.dtype() == kBFloat16``), groups of 16 or 512
 are refused, N = 24 or 40 and K = 64 or 96 (with a fitting innerKTiles) are accepted.
 

@@ -1,9 +1,9 @@
-"""GPTQ → the operands of ``aten._weight_int4pack_mm_with_scales_and_zeros``: the seed's
+"""GPTQ → the operands of ``aten._weight_int4pack_mm_with_scales_and_zeros`` (docs/aten-int4pack.md): GPTQModel's
 ``TorchFusedQuantLinear.transform_xpu``, step for step.
 
 1. scales cast to the activation dtype;
 2. qzeros unpacked to integer zero points ``[G, O]`` (v2 values; a v1 checkpoint's −1
-   is undone first, which the seed's v2-only module gets from its loader);
+   is undone first, which GPTQModel's v2-only module gets from its loader);
 3. qweight unpacked, input rows reordered by ``ret_idx`` (argsort of g_idx, so every
    group is contiguous), transposed to ``[O, I]``;
 4. rows packed into int32 lanes ``[O, I/8]``: lane k of row o holds inputs

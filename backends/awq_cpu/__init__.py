@@ -1,4 +1,4 @@
-"""``awq_cpu``: AWQ int4 linear through torch's CPU int4pack kernels (the seed's
+"""``awq_cpu``: AWQ int4 linear through torch's CPU int4pack kernels (as GPTQModel's
 ``TorchFusedAwqQuantLinear``). Where those ops are missing, the registry picks the dense
 AWQ path (``torch_fallback``), and ``explain`` says why."""
 

@@ -1,7 +1,8 @@
 """The ``awq_cpu`` kernel: AWQ checkpoints on ``aten._weight_int4pack_mm_for_cpu``.
 
-After its transform the prepared state is aten_cpu's, so the call is aten_cpu's too;
-what differs is the format it accepts and the way there.
+After its transform the prepared state is the op's (the same as ``aten_cpu``'s), so the
+call is the shared one (:mod:`quantcore.kernels.int4pack_cpu`); what differs is the
+format it accepts and the way there.
 """
 
 from __future__ import annotations
@@ -11,20 +12,20 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.backends.aten_cpu.kernel import ACT_DTYPES, AtenCpuGPTQ
-from quantcore.backends.aten_cpu.transform import Int4PackCPU
 from quantcore.formats.awq import AWQ
 from quantcore.kernel import Support
+from quantcore.kernels.int4pack_cpu import ACT_DTYPES, Int4PackCpuKernel
 from quantcore.problem import Problem
 from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import gptq_format_for
+from quantcore.transforms.int4pack_cpu import Int4PackCPU
 
 from .transform import AWQToInt4PackCPU
 
 __all__ = ["AwqCpu"]
 
 
-class AwqCpu(AtenCpuGPTQ):
+class AwqCpu(Int4PackCpuKernel):
     name: ClassVar[str] = "awq_cpu"
     format: ClassVar[str] = "awq"
     description: ClassVar[str] = "AWQ 4-bit via GPTQ lanes and aten._weight_int4pack_mm_for_cpu"
@@ -35,7 +36,7 @@ class AwqCpu(AtenCpuGPTQ):
         if not isinstance(fmt, AWQ):
             return Support.no(f"format {fmt.slug} is not AWQ")
         # The same op after the same repack: GPTQ's limits are AWQ's.
-        return AtenCpuGPTQ.supports(Problem.of(gptq_format_for(fmt), dict(problem.dims), problem.act_dtype))
+        return super().supports(Problem.of(gptq_format_for(fmt), dict(problem.dims), problem.act_dtype))
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

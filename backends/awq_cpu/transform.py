@@ -1,13 +1,13 @@
-"""AWQ → the layout of ``aten._weight_int4pack_mm_for_cpu``: the seed's
+"""AWQ → the layout of ``aten._weight_int4pack_mm_for_cpu``: GPTQModel's
 ``transform_cpu_awq``, step by step.
 
 1. unpack AWQ's ``qweight`` / ``qzeros`` and undo the AWQ nibble order;
 2. zero offsets ``(2^(bits−1) − izeros) · scales`` (the op computes ``(q − 8)·s + offset``);
 3. repack the codes into GPTQ lanes along the input dim;
-4. the GPTQ CPU transform (aten_cpu's) turns those into the op's uint8 int4pack;
+4. the GPTQ CPU transform (:mod:`quantcore.transforms.int4pack_cpu`) turns those into the op's uint8 int4pack;
 5. the real AWQ scales and offsets are restored as ``scales_and_zeros``.
 
-The seed keeps the offsets in fp16; here they stay fp32 until the activation dtype is
+GPTQModel keeps the offsets in fp16; here they stay fp32 until the activation dtype is
 known (the op wants ``scales_and_zeros`` in that dtype), which is the same for fp16
 activations and exact for fp32 ones.
 """
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 
 import torch
 
-from quantcore.backends.aten_cpu.transform import GPTQToInt4PackCPU, Int4PackCPU
 from quantcore.formats.awq import AWQ
 from quantcore.transform import Transform
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
+from quantcore.transforms.int4pack_cpu import GPTQToInt4PackCPU, Int4PackCPU
 
 __all__ = ["AWQToInt4PackCPU", "awq_zero_offsets"]
 

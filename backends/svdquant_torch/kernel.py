@@ -21,12 +21,12 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.backends.svdquant.base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
-from quantcore.backends.svdquant.cost import op_bytes, op_flops
 from quantcore.cost import Cost
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.formats.svdquant.numerics import FP8_NAN_BITS, FP16_NAN_BITS, INT4_SCALE_FLOOR, fdiv
 from quantcore.kernel import Requirements
+from quantcore.kernels.svdquant.base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
+from quantcore.kernels.svdquant.cost import op_bytes, op_flops
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem

@@ -1,6 +1,6 @@
 """``triton_ascend_int4``: the SVDQuant pre-GEMM writing INT4 (signed codes, fp16 scales
 per 64) and the LoRA-down output, from the same Triton source as ``triton_nvfp4``
-(``quantcore.backends.svdquant``) with the format switched at compile time.
+(``quantcore.kernels.svdquant``) with the format switched at compile time.
 
 Its target is the Ascend NPU (cube units have INT4 MMA, no FP4): there it needs
 torch_npu and triton-ascend, probed, and the cell says SKIP with the reason where they
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from quantcore.backends.svdquant.triton_kernel import TritonActQuantLora
 from quantcore.kernel import Requirements
+from quantcore.kernels.svdquant.triton_kernel import TritonActQuantLora
 from quantcore.probe import Capabilities
 from quantcore.registry import hookimpl
 

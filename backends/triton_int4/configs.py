@@ -4,7 +4,7 @@ A plan is chosen per call from the problem alone (no autotuning at run time, so 
 first call costs one compile, not a search): ``plan_for(shape, device, sms)``. The key
 holds everything that changes a kernel's geometry: bits, the close-run of the groups
 (``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
-(``benchmarks/probes/triton_int4_sweep.py``; numbers in README.md); other devices, and shapes missing from it, take
+(``tools/probes/triton_int4_tiles.py``; numbers in README.md); other devices, and shapes missing from it, take
 :func:`default_plan`.
 """
 

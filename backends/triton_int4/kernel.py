@@ -57,7 +57,7 @@ class TritonInt4GPTQ(LinearKernel):
     name: ClassVar[str] = "triton_int4"
     format: ClassVar[str] = "gptq"
     #: Above aten_cuda (100) on CUDA: on the H100 2–20× faster from M = 16 on, at most 27%
-    #: slower at M ≤ 4 (README.md); shape-aware choice between the two is issue 15's.
+    #: slower at M ≤ 4 (README.md); the declared costs choose between the two per shape.
     priority: ClassVar[int] = 110
     description: ClassVar[str] = "GPTQ 4/8-bit in Triton: tensor-core dequant-in-registers GEMM, split-K"
     #: bf16 tensor cores on CUDA; the CPU runs it under Triton's interpreter.

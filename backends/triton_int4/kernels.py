@@ -24,7 +24,7 @@ a slice of codes becomes that operand:
 * 2 — scaled: ``(q − z)·s`` in fp32, rounded to the activation dtype; one accumulator
   chain across groups (what tinygemm does). More work per code, none per group.
 * 0 — the interpreter's: fp32 operands, an IEEE fp32 dot (its bf16 ``tl.dot`` is
-  wrong, notes/triton-interpreter.md). The codes and zero points are the same exact
+  wrong, docs/triton-interpreter.md). The codes and zero points are the same exact
   integers as in mode 1, so the two differ only in the accumulation.
 
 ``ASM`` (compiled only; the interpreter cannot run PTX) does the masked OR and the

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.workspace import capturing, kept_buffer
+from quantcore.triton.buffers import KeptBuffers, grown
 
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_for
 from .kernels import dequant_kernel, gemv_kernel, mma_kernel
@@ -55,33 +55,16 @@ def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
 def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Tensor:
     """The split-K arrival counters (int32, zero between launches: the last program of a
     tile resets its own), kept with the weight; grown on demand."""
-    key = ("counters", device)
-    have = w.runtime.get(key)
-    if have is None or have.numel() < tiles:
-        if capturing(device):  # this graph's own, not kept (quantcore.workspace)
-            return torch.zeros(tiles, dtype=torch.int32, device=device)
-        if have is not None:
-            _retired.append(have)
-        have = w.runtime[key] = kept_buffer(max(tiles, 1024), torch.int32, device, zero=True)
-    return have
+    return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
 
 
-_scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-#: Outgrown buffers stay allocated: a CUDA graph captured earlier may still use them.
-_retired: list[torch.Tensor] = []
+#: One dequantization scratch per (device, dtype), shared by every layer and grown to the
+#: largest: the dense weight exists only while one call runs.
+_SCRATCH = KeptBuffers(None, zero=False)
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """One dequantization scratch per (device, dtype), shared by every layer and grown to
-    the largest: the dense weight exists only while one call runs."""
-    have = _scratch.get((device, dtype))
-    if have is None or have.numel() < numel:
-        if capturing(device):  # this graph's own, not kept (quantcore.workspace)
-            return torch.empty(numel, dtype=dtype, device=device)
-        if have is not None:
-            _retired.append(have)
-        have = _scratch[(device, dtype)] = kept_buffer(numel, dtype, device, zero=False)
-    return have[:numel]
+    return _SCRATCH.get((device, dtype), numel, device, dtype)[:numel]
 
 
 def _common(w: TritonIntWeights) -> dict[str, Any]:

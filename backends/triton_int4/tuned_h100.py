@@ -1,4 +1,4 @@
-"""Plans measured on an NVIDIA H100 80GB HBM3 (the fastest of ``benchmarks/probes/triton_int4_sweep.py``'s candidates,
+"""Plans measured on an NVIDIA H100 80GB HBM3 (the fastest of ``tools/probes/triton_int4_tiles.py``'s candidates,
 CUDA-graph replays, bf16 activations, GPTQ g128: ``benchmarks/results/probes/
 triton_int4_sweep-nvidia-h100-80gb-hbm3.json``), keyed by ``(bits, close, K, N, M)``.
 ``close`` is the slices per scale group (``launch.close_slices``): 4 at 4 bits and 2 at

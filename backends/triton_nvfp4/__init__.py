@@ -1,5 +1,5 @@
 """``triton_nvfp4``: the SVDQuant pre-GEMM writing NVFP4 (E2M1 codes, fp8 e4m3 scales per
-16) and the LoRA-down output in one Triton kernel (``quantcore.backends.svdquant``).
+16) and the LoRA-down output in one Triton kernel (``quantcore.kernels.svdquant``).
 
 CUDA (SM >= 8.0: the fp8 scale is rounded with integer operations, so no fp8 hardware
 is needed to *produce* the format; its consumer is an SM100 scaled MMA), and Triton's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from quantcore.backends.svdquant.triton_kernel import TritonActQuantLora
+from quantcore.kernels.svdquant.triton_kernel import TritonActQuantLora
 from quantcore.probe import Capabilities
 from quantcore.registry import hookimpl
 

@@ -1,7 +1,7 @@
 """``tensorrt_llm``: TensorRT-LLM's own MoE fed the preprocessed weights, where it can be.
 
 ``prepare`` produces exactly what TensorRT-LLM's MoE plugin takes for INT8 group-wise
-weights (seed): the codes through TensorRT-LLM's preprocessor for this GPU with
+weights (docs/formats/trtllm_moe.md): the codes through TensorRT-LLM's preprocessor for this GPU with
 ``force_interleave`` (the MoE path: SM 90 gets the SM 80 layout), viewed as fp16, and
 the scales / zeros as stored. :func:`plugin_tensors` is that step alone, usable
 without TensorRT-LLM.
@@ -29,10 +29,10 @@ import torch
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.kernel import Requirements, Support
+from quantcore.kernels.trtllm_moe import TRTLLMMoEKernel
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
-from .base import TRTLLMMoEKernel
 from .preprocess import CutlassMixedGemmLayout, QuantType, as_plugin_tensor
 from .weights import load_expert_weights
 

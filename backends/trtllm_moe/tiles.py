@@ -102,7 +102,7 @@ _H100 = (
 )
 TABLES = {"NVIDIA H100 80GB HBM3": _H100}
 #: A JSON file ``{"table": [[limit, {MoETile fields}], ...]}`` that replaces the shipped
-#: table (what ``gpu_sweep`` writes for the device it ran on).
+#: table (what ``tools/probes/trtllm_moe_tiles.py`` writes for the device it ran on).
 ENV_TABLE = "QUANTCORE_TRTLLM_MOE_TILES"
 #: What the H100 computed wrong, on inputs the interpreter computes right (cause not
 #: established; the sweep JSON's ``wide_tile_matrix``): the persistent 256-row tile with

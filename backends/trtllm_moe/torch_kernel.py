@@ -15,13 +15,13 @@ import torch
 
 from quantcore.cost import Cost
 from quantcore.kernel import Requirements
+from quantcore.kernels.trtllm_moe import ACT_DTYPES, TRTLLMMoEKernel
+from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops, touched_experts
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
-from .base import TRTLLMMoEKernel
-from .cost import moe_bytes, moe_flops, touched_experts
-from .weights import ACT_DTYPES, ExpertWeights, load_expert_weights
+from .weights import ExpertWeights, load_expert_weights
 
 __all__ = ["TorchMoE"]
 

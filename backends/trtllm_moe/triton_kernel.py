@@ -6,7 +6,7 @@ this module prepares weights, picks tiles and launches.
 
 On CUDA (SM >= 8.0) it compiles; on CPU it runs under Triton's interpreter
 (``TRITON_INTERPRET=1``), where dots are done in float32 because the interpreter's
-bf16 dot is wrong (notes/triton-interpreter.md), and the output is rounded by torch
+bf16 dot is wrong (docs/triton-interpreter.md), and the output is rounded by torch
 because the interpreter's fp32 → bf16 conversion truncates (measured: 517 of 1024
 random values off by one ulp, all equal to truncation).
 
@@ -28,16 +28,16 @@ import torch
 from quantcore.cost import Cost
 from quantcore.errors import KernelInputError
 from quantcore.kernel import Requirements, Support
+from quantcore.kernels.trtllm_moe import ACT_DTYPES, TRTLLMMoEKernel
+from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 
-from .base import TRTLLMMoEKernel
-from .cost import moe_bytes, moe_flops
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
-from .weights import ACT_DTYPES, load_expert_weights
+from .weights import load_expert_weights
 
 __all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "launch", "stored_row_order"]
 

@@ -10,12 +10,10 @@ import torch
 
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.kernels.trtllm_moe import ACT_DTYPES
 from quantcore.tensors import stored_on
 
-__all__ = ["ACT_DTYPES", "ExpertWeights", "load_expert_weights"]
-
-#: Activation dtypes the format is used with (its scales are stored in one of them).
-ACT_DTYPES = (torch.float16, torch.bfloat16)
+__all__ = ["ExpertWeights", "load_expert_weights"]
 
 
 @dataclass(frozen=True)

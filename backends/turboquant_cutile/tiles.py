@@ -1,5 +1,6 @@
-"""The fused TurboQuant kernels in cuTile: the same contract and structure as
-``quantcore.backends.turboquant_triton.fused`` (read its docstring for the layout).
+"""The fused TurboQuant kernels in cuTile: the pass contract of
+:mod:`quantcore.kernels.turboquant.fused`, on the split-halves layout of
+:mod:`quantcore.transforms.turboquant_passes` (``split_halves=True``).
 
 cuTile works on tiles addressed by tile index: ``ct.load(X, (row, 2g), (1, HALF))`` is
 the low half of group g of one activation row, ``(row, 2g + 1)`` the high half. The

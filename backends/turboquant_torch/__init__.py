@@ -1,4 +1,4 @@
-"""``turboquant_torch``: the seed's TurboQuant forward pass in plain PyTorch, anywhere."""
+"""``turboquant_torch``: the TurboQuant forward pass (docs/formats/turboquant.md) in plain PyTorch, anywhere."""
 
 from quantcore.registry import hookimpl
 

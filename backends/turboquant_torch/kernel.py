@@ -1,10 +1,10 @@
-"""The seed's forward pass, step by step, one group of d input columns at a time.
+"""The TurboQuant forward pass (docs/formats/turboquant.md), step by step, one group of d input columns at a time.
 
 Rotate x per group (one batched GEMM for all groups), then per group: look the
 indices of that slice up in a 256-entry table of byte → (low, high) centroid pairs
 (unpack and lookup in one gather), multiply, rescale by the (row, group) scale and add.
-Only one ``[N, d]`` slice of the dequantized weight exists at any time — the seed's
-"W slice, per group, reused" — never the whole ``[N, K]`` weight.
+Only one ``[N, d]`` slice of the dequantized weight exists at any time (a slice
+per group, reused) — never the whole ``[N, K]`` weight.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import ClassVar
 
 import torch
 
-from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
 from quantcore.cost import Cost
 from quantcore.kernel import Requirements
-from quantcore.nn.turboquant.kernel import (
+from quantcore.kernels.turboquant.base import (
     PassData,
     TurboQuantLinearKernel,
     TurboQuantPrepared,
     rotate_input,
 )
+from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 

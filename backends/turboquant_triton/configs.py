@@ -1,5 +1,5 @@
 """Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned on
-the named devices by ``benchmarks/probes/turboquant_tune.py``, so a first call needs no
+the named devices by ``tools/probes/turboquant_tune.py``, so a first call needs no
 autotuning) and the rule used where no table entry fits.
 
 A configuration is looked up by a key holding everything that changes the kernel's

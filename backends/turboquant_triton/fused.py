@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.nn.turboquant.kernel import PassData, rotate_input
+from quantcore.kernels.turboquant.base import PassData, rotate_input
 
 from . import configs
 from .dequant import dequant_kernel

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.backends.turboquant_fused import FusedTurboQuantKernel
-from quantcore.backends.turboquant_fused.cost import passes, rotation_flops, weight_bytes
 from quantcore.cost import Cost, linear_cost
 from quantcore.kernel import Requirements
-from quantcore.nn.turboquant.kernel import PassData, TurboQuantPrepared
+from quantcore.kernels.turboquant import FusedTurboQuantKernel
+from quantcore.kernels.turboquant.base import PassData, TurboQuantPrepared
+from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 

@@ -3,38 +3,21 @@ with which the last program of a row chunk learns that every split has stored it
 
 Each launch leaves its tickets at zero again (the last program resets its chunk's), so
 one zeroed array serves every launch on a device in stream order; launches that run
-concurrently on two streams must not share it (``tickets(device, stream)``). The array
-is allocated once per (device, stream) and only grows, outside any CUDA-graph pool
-(:mod:`quantcore.workspace`).
+concurrently on two streams must not share it. The array is kept per (device, stream)
+and only grows, outside any CUDA-graph pool (:mod:`quantcore.triton.buffers`).
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from quantcore.workspace import capturing, kept_buffer
+from quantcore.triton.buffers import KeptBuffers, stream_key
 
 __all__ = ["tickets"]
 
-_lock = threading.Lock()
-_tickets: dict[tuple[str, int], torch.Tensor] = {}
-#: Outgrown arrays stay allocated: a CUDA graph captured earlier may still use them.
-_retired: list[torch.Tensor] = []
+_TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024, doubling=True)
 
 
 def tickets(device: torch.device, count: int) -> torch.Tensor:
     """A zeroed int32 array of at least ``count`` tickets for the current stream of ``device``."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    with _lock:
-        have = _tickets.get(key)
-        if have is None or have.numel() < count:
-            if capturing(device):  # this graph's own, not kept (quantcore.workspace)
-                return torch.zeros(count, dtype=torch.int32, device=device)
-            if have is not None:
-                _retired.append(have)
-            size = max(count, 1024, 0 if have is None else 2 * have.numel())
-            have = _tickets[key] = kept_buffer(size, torch.int32, device, zero=True)
-        return have
+    return _TICKETS.get(stream_key(device), count, device)

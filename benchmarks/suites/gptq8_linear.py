@@ -1,6 +1,6 @@
 """GPTQ 8-bit linear: every kernel that can run here vs dense bf16/fp32 ``F.linear``
 (``aten_cuda``'s tinygemm takes 4-bit codes only, so on CUDA the peers are cuBLAS and the
-dense fallback). Issue 14's goal: ``triton_int4`` ≥ 1.7× dense bf16 at M = 1."""
+dense fallback). The goal: ``triton_int4`` ≥ 1.7× dense bf16 at M = 1."""
 
 from __future__ import annotations
 

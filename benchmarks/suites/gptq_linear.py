@@ -22,7 +22,7 @@ from ._linear import linear_case
 
 DESCRIPTION = "GPTQ int4 g128 linear: registered kernels vs dense bf16/fp32 and torch's int4 op"
 _KN = ((4096, 4096), (4096, 11008))
-#: Issue 14's grid: Llama-3-8B's attention and MLP projections, decode to prefill.
+#: The H100 grid: Llama-3-8B's attention and MLP projections, decode to prefill.
 H100_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
 H100_M = (1, 4, 16, 32, 64, 128, 512, 2048)
 SHAPES = {
@@ -30,7 +30,7 @@ SHAPES = {
     "decode": [{"M": 1, "K": k, "N": n} for k, n in _KN],
     "prefill": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (128, 2048))],
     "h100": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(H100_KN, H100_M)],
-    # M = 1 … 2048 on one shape: where the default choice has to move (issue 15).
+    # M = 1 … 2048 on one shape: where the default choice has to move.
     "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
 }
 FMT = GPTQ(bits=4, group_size=128, sym=True)
@@ -89,7 +89,7 @@ def _raw_cpu(prepared: list[Any], xs: list[torch.Tensor]) -> Any:
     return run
 
 
-#: Issue 14's goals for 4-bit at K×N 4096×14336 and 14336×4096: cuBLAS bf16 time over the kernel's.
+#: ``triton_int4``'s goals for 4-bit at K×N 4096×14336 and 14336×4096: cuBLAS bf16 time over the kernel's.
 GOALS = {1: 3.0, 4: 3.0, 16: 3.0, 32: 2.5, 64: 2.0, 128: 1.5, 512: 1.0, 2048: 0.95}
 
 

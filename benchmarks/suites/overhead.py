@@ -1,6 +1,6 @@
 """What quantcore itself costs: the import, and get_kernel when its answer is cached.
 
-Targets (issue 2): ``import quantcore`` ≤ 0.5 s and no triton; cached ``get_kernel``
+Targets: ``import quantcore`` ≤ 0.5 s and no triton; cached ``get_kernel``
 ≤ 5 µs; ``aten_cpu`` through quantcore ≤ 3% over torch's raw op at M = 1. Import time is
 measured as a fresh interpreter importing quantcore, against one that imports nothing
 (the difference is quantcore's) and one importing torch. The call overhead is measured

@@ -1,5 +1,5 @@
-"""svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the seed's
-shapes (ZImage Turbo at 1024², M = 4352; N — the seed's K — ∈ {3840, 10240}; R ∈ {32,
+"""svdquant_prequant: the SVDQuant W4A4 pre-GEMM (op ``act_quant_lora``) at the
+format's target shapes (docs/formats/svdquant.md: ZImage Turbo at 1024², M = 4352; N ∈ {3840, 10240}; R ∈ {32,
 128}) and the same at a small batch (M = 256), smooth on, bf16, NVFP4 and INT4.
 
 Variants, timed in the same run:
@@ -17,13 +17,14 @@ Bytes are each variant's fewest: x read once, lora_down (and 1/smooth, float32) 
 codes, scales and the float32 LoRA output written (M padded to 256); the cuBLAS peer
 reads x and lora_down and writes a bf16 [M, R]. Inputs rotate over enough sets to be
 twice the L2 together, also at M = 256 (so the small batch reads x from HBM too).
-Targets (issue 19): the fused kernel at ≥ 80 % of the measured copy bandwidth at M =
+Targets: the fused kernel at ≥ 80 % of the measured copy bandwidth at M =
 4352 (≥ 1.0× cuBLAS LoRA-down alone) and ≥ 60 % at M = 256.
 
 On CUDA each Triton kernel is also timed as ``<name>+tuned`` with the fastest of its
 ``CONFIGS`` for the shape (timed first; ``QUANTCORE_SVDQUANT_TUNE=0`` skips it).
 ``QUANTCORE_SVDQUANT_TUNE=1`` makes the kernels themselves tune on each shape's first
-call; ``python -m quantcore.backends.svdquant.sweep`` times the whole candidate grid.
+call; ``python -m tools.probes.act_quant_lora_tiles`` (from the repository root) times the
+whole candidate grid.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -135,7 +135,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
 
 def _tuned_variant(kernel: Any, xs: list[torch.Tensor], prepared: Any, nbytes: int, flops: int, sets: int) -> Variant:
     """The same kernel with the fastest tile of ``CONFIGS`` for this shape, timed here."""
-    from quantcore.backends.svdquant.triton_kernel import tune_tile
+    from quantcore.kernels.svdquant.triton_kernel import tune_tile
 
     best, _ = tune_tile(kernel, xs[0], prepared)[0]
     note = f"tuned tile: bm {best.bm}, bn {best.bn}, split {best.split}, {best.num_warps} warps, {best.num_stages} stages"
@@ -152,7 +152,7 @@ def _call(call: Callable[..., Any], xs: list[torch.Tensor], prepared: Any) -> Ca
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 19's targets for each fused Triton row: ≥ 80 % of copy at M = 4352 (and ≥ 1.0×
+    """The targets for each fused Triton row: ≥ 80 % of copy at M = 4352 (and ≥ 1.0×
     cuBLAS LoRA-down alone), ≥ 60 % at a small batch."""
     notes = []
     for row in rows:
@@ -170,8 +170,3 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
                      f"(target {goal}): {'met' if ok else 'missed'}")
     return notes
 
-
-if __name__ == "__main__":  # pragma: no cover - GPU only: the tile sweep lives with the kernel
-    from quantcore.backends.svdquant.sweep import main as sweep
-
-    sweep(Path("."))

@@ -5,7 +5,7 @@ expert (tokens pre-sorted by expert, the sort not timed).
 Kernels are timed through ``forward`` where they have one (the call without validating
 the expert ids, which would wait for the GPU), else through ``__call__``. The
 Triton kernel's tile sweep (each tile checked against a reference, then timed) is
-``python -m quantcore.backends.trtllm_moe.gpu_sweep``; its H100 results are in
+``python -m tools.probes.trtllm_moe_tiles`` (from the repository root); its H100 results are in
 ``benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.md``.
 """
 
@@ -32,7 +32,7 @@ SHAPES = {
     "decode": [{"T": t, **_SEED} for t in (1, 16)],
     "prefill": [{"T": t, **_SEED} for t in (512, 4096)],
     "small": [{"T": t, "E": 8, "topk": 2, "K": 256, "N": 512} for t in (1, 16)],
-    # Sized for a CPU: the seed's expert count and routing, a tenth of its K and N.
+    # Sized for a CPU: the reference model's expert count and routing, a tenth of its K and N.
     "cpu": [{"T": t, "E": 8, "topk": 2, "K": 512, "N": 2048} for t in (1, 16, 64, 512, 2048)],
 }
 FMT = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
@@ -50,7 +50,7 @@ def _routing(t: int, e: int, topk: int, dev: torch.device, gen: torch.Generator)
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     dev = torch.device(device)
-    # Drawn on the device: the seed's 8 × 4096 × 28672 weights take seconds on a CPU.
+    # Drawn on the device: the reference 8 × 4096 × 28672 weights take seconds on a CPU.
     gen = torch.Generator(device=dev).manual_seed(0)
     on = {"generator": gen, "device": dev}
     for dims in shapes:
@@ -115,7 +115,7 @@ def _per_expert_peer(xs: list[torch.Tensor], ids: torch.Tensor, dense: list[torc
     return run
 
 
-#: Issue 18's targets: minimum speed-up over bf16 per-expert cuBLAS per T (same run), and
+#: The targets: minimum speed-up over bf16 per-expert cuBLAS per T (same run), and
 #: the share of copy bandwidth decode must reach on the touched experts' bytes.
 TARGETS = {1: 1.8, 16: 1.8, 64: 1.7, 512: 1.0, 4096: 0.9}
 DECODE_COPY_SHARE = 0.8

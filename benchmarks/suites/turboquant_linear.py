@@ -3,7 +3,7 @@ residual pass, against cuBLAS bf16 dense on the same shapes.
 
 Each call includes the input rotation (the small GEMM) and, for ``+res``, both passes.
 Bytes are the format's minimum: indices (K/2 per row), fp16 norms and the rotation of
-each pass, the activation read once and the output written once. Targets (issue 17):
+each pass, the activation read once and the output written once. Targets:
 at M = 1 on the largest shapes ≥ 3× dense bf16 and ≥ 80% of the copy bandwidth; M = 16
 ≥ 2×; M = 2048 ≥ 0.8×; the residual pair at M = 1 ≥ 1.7×; cuTile within 1.2× of Triton.
 """

@@ -1,6 +1,8 @@
 """The built-in conformance cases, contributed through the ``quantcore_conformance_cases``
-hook like a third party's. One module per format; the ``ci`` profile keeps CPU time
-bounded, ``full`` is what a device lane runs."""
+hook like a third party's, from their own entry-point group (``quantcore.conformance``):
+the registry loads them when the matrix asks for cases, so choosing a kernel never
+imports them. One module per format; the ``ci`` profile keeps CPU time bounded, ``full``
+is what a device lane runs."""
 
 from __future__ import annotations
 

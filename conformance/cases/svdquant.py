@@ -29,7 +29,7 @@ WEIGHT_DIMS = ("N", "R")
 def _in_ci(m: int, n: int, r: int, smooth: bool, dtype: torch.dtype) -> bool:
     if n == 64:  # every M and R once per (smooth, dtype) pair, rotated so all R appear
         return r == RS[(MS.index(m) + FLOATS.index(dtype) + 2 * smooth) % len(RS)]
-    if n == 3840:  # one row tile of the seed's smaller N, with and without LoRA
+    if n == 3840:  # one row tile of the format's smaller target N, with and without LoRA
         return m == 256 and r == (32 if smooth else 0) and dtype == torch.bfloat16
     return False
 

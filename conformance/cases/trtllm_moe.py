@@ -3,7 +3,7 @@
 ci: K × N = 128 × 256 over E ∈ {1, 8}, top-k ∈ {1, 2}, T ∈ {1, 7, 64, 512}, group
 64 / 128, sym / asym, fp16 / bf16 (scales stored in the activation dtype, as
 TensorRT-LLM requires), plus the weighted sum, per-route inputs and the FFN.
-full adds the seed's 4096 × 28672 with E = 8, top-2 (GPU lanes).
+full adds the reference 4096 × 28672 with E = 8, top-2 (GPU lanes; docs/formats/trtllm_moe.md).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def trtllm_moe_cases() -> list[Case]:
             cases.append(_case(fmt, _dims(7, 8, 2, 128, 256), option))
         for t in (1, 64):
             cases.append(_case(fmt, _dims(t, 8, 2, 128, 256), "ffn"))
-    # The seed's shape, on a device lane: every group size and mode once per dtype pair.
+    # The reference shape, on a device lane: every group size and mode once per dtype pair.
     large = [(64, True, torch.float16), (64, False, torch.float16),
              (128, True, torch.bfloat16), (128, False, torch.bfloat16)]
     for gs, sym, dtype in large:

@@ -14,7 +14,7 @@ set whose shards come from two checkpoints, which must be refused on every rank.
     python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
 
 prints one JSON line and exits 0 when every comparison passes, 1 otherwise. The gloo
-test (``tests/tp/test_gloo.py``) and ``benchmarks/probes/tp_linear_gpu.sh`` run it.
+test (``tests/tp/test_gloo.py``) and ``tools/probes/tp_linear_gpu.sh`` run it.
 """
 
 from __future__ import annotations

@@ -5,9 +5,18 @@ from __future__ import annotations
 import threading
 
 from .hookspecs import hookimpl, hookspec
-from .manager import ENTRY_POINT_GROUP, ENV_BLOCK, BrokenPlugin, KernelEntry, PluginInfo, Registry
+from .manager import (
+    CASES_ENTRY_POINT_GROUP,
+    ENTRY_POINT_GROUP,
+    ENV_BLOCK,
+    BrokenPlugin,
+    KernelEntry,
+    PluginInfo,
+    Registry,
+)
 
 __all__ = [
+    "CASES_ENTRY_POINT_GROUP",
     "ENTRY_POINT_GROUP",
     "ENV_BLOCK",
     "BrokenPlugin",

@@ -26,9 +26,12 @@ from ..kernel import Kernel
 from ..ops.case import Case
 from .hookspecs import PROJECT, QuantcoreSpecs
 
-__all__ = ["ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
+__all__ = ["CASES_ENTRY_POINT_GROUP", "ENTRY_POINT_GROUP", "BrokenPlugin", "KernelEntry", "PluginInfo", "Registry"]
 
 ENTRY_POINT_GROUP = "quantcore"
+#: Plugins that contribute conformance cases only. Loaded the first time cases are asked
+#: for (the matrix runs), never by ``get_kernel``: choosing a kernel imports no test code.
+CASES_ENTRY_POINT_GROUP = "quantcore.conformance"
 #: Comma-separated plugin (entry-point) names never to load, like pytest's ``-p no:NAME``.
 ENV_BLOCK = "QUANTCORE_BLOCK_PLUGINS"
 
@@ -77,6 +80,9 @@ class Registry:
         blocked: Iterable[str] | None = None,
     ) -> None:
         self._group = entry_point_group
+        # A registry without entry points (tests) has no case plugins either.
+        self._cases_group = CASES_ENTRY_POINT_GROUP if entry_point_group else None
+        self._cases_loaded = False
         if blocked is None:
             blocked = (n.strip() for n in os.environ.get(ENV_BLOCK, "").split(","))
         self.blocked = frozenset(n for n in blocked if n)
@@ -103,37 +109,48 @@ class Registry:
             if self._loaded:
                 return self
             if self._group:
-                for ep in sorted(_entry_points(self._group), key=lambda e: e.name):
-                    dist = getattr(ep, "dist", None)
-                    source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
-                    if ep.name in self.blocked:
-                        self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
-                        continue
-                    if ep.name in self._plugins:
-                        # Two distributions publish one plugin name: the first keeps it.
-                        clash = f"{ep.name} ({source})"
-                        info = PluginInfo(clash, source)
-                        info.broken.append(BrokenPlugin(
-                            clash, "register",
-                            f"plugin name {ep.name!r} is already registered by {self._plugins[ep.name].source}",
-                        ))
-                        self._plugins[clash] = info
-                        continue
-                    try:
-                        module = ep.load()
-                    except BaseException as exc:
-                        if isinstance(exc, KeyboardInterrupt):
-                            raise
-                        info = PluginInfo(ep.name, source)
-                        info.broken.append(
-                            BrokenPlugin(ep.name, "import", _short_error(exc), traceback.format_exc())
-                        )
-                        self._plugins[ep.name] = info
-                        continue
-                    self._register(module, ep.name, source)
+                self._load_group(self._group)
             self._changed()
             self._loaded = True  # last: a reader that sees it sees the final generation
         return self
+
+    def _load_cases(self) -> None:
+        """The case plugins' entry points, once (under the lock)."""
+        if self._cases_loaded:
+            return
+        self._cases_loaded = True
+        if self._cases_group:
+            self._load_group(self._cases_group)
+
+    def _load_group(self, group: str) -> None:
+        for ep in sorted(_entry_points(group), key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
+            if ep.name in self.blocked:
+                self._plugins[ep.name] = PluginInfo(ep.name, source, blocked=True)
+                continue
+            if ep.name in self._plugins:
+                # Two distributions publish one plugin name: the first keeps it.
+                clash = f"{ep.name} ({source})"
+                info = PluginInfo(clash, source)
+                info.broken.append(BrokenPlugin(
+                    clash, "register",
+                    f"plugin name {ep.name!r} is already registered by {self._plugins[ep.name].source}",
+                ))
+                self._plugins[clash] = info
+                continue
+            try:
+                module = ep.load()
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                info = PluginInfo(ep.name, source)
+                info.broken.append(
+                    BrokenPlugin(ep.name, "import", _short_error(exc), traceback.format_exc())
+                )
+                self._plugins[ep.name] = info
+                continue
+            self._register(module, ep.name, source)
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register a plugin object or module at run time (tests, notebooks)."""
@@ -278,9 +295,13 @@ class Registry:
             ) from None
 
     def conformance_cases(self) -> list[Any]:
-        """Every plugin's cases, gathered with the same isolation as formats and kernels."""
+        """Every plugin's cases, gathered with the same isolation as formats and kernels;
+        the first call also loads the case plugins (:data:`CASES_ENTRY_POINT_GROUP`)."""
         self.load()
         with self._lock:
+            if not self._cases_loaded:
+                self._load_cases()
+                self._changed()
             if self._cases is None:
                 cases: list[Any] = []
                 for name, info in self._plugins.items():

@@ -1,6 +1,6 @@
 """AWQ (GEMM layout) ↔ GPTQ v2 lanes, losslessly.
 
-The first half of the seed's ``TorchFusedAwqQuantLinear.transform_cpu_awq``: unpack
+The first half of GPTQModel's ``TorchFusedAwqQuantLinear.transform_cpu_awq``: unpack
 AWQ's output-packed lanes, undo the AWQ nibble order, and repack the codes along the
 *input* dim into GPTQ lanes, so any GPTQ kernel can run an AWQ checkpoint. Zero points
 move across unchanged (v2 stores them as they are); scales are the same tensor.

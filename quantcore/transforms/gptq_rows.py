@@ -1,6 +1,6 @@
 """GPTQ checkpoint → codes in rows ``[O, I]`` with inputs sorted by group.
 
-The first half of both of the seed's transforms (``transform_cpu`` and
+The first half of both of GPTQModel's ``TorchFusedQuantLinear`` transforms (``transform_cpu`` and
 ``transform_xpu``): unpack ``qweight``, reorder the input rows by ``ret_idx =
 argsort(g_idx)`` so every group is contiguous, transpose to one row per output. Kernels
 then permute activations with the same ``ret_idx``. Nothing is lost, so the inverse

@@ -1,4 +1,4 @@
-"""awq_cpu: the seed's steps, its output against the golden one, and the dense path
+"""awq_cpu: GPTQModel's steps, its output against the golden one, and the dense path
 when the fused op is missing."""
 
 from __future__ import annotations

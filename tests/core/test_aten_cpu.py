@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from quantcore.backends.aten_cpu.kernel import AtenCpuGPTQ
-from quantcore.backends.aten_cpu.transform import GPTQToInt4PackCPU
 from quantcore.errors import KernelInputError, UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.transforms.gptq_rows import GPTQToRows, largest_dividing_group
+from quantcore.transforms.int4pack_cpu import GPTQToInt4PackCPU
 
 
 def quantized(fmt: GPTQ, n: int = 64, k: int = 256, seed: int = 0) -> dict[str, torch.Tensor]:

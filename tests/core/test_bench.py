@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ import pytest
 
 from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.report import device_slug
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_run_writes_json_page_and_plot(tmp_path: Path) -> None:
@@ -40,6 +44,39 @@ def test_smoke_run_writes_json_page_and_plot(tmp_path: Path) -> None:
     assert [c["met"] for c in data["default_check"]] == [True, True]
     assert any("default aten_cpu 1.00× the fastest compressed kernel (aten_cpu)" in n for n in data["notes"])
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_a_plain_run_leaves_the_checkout_as_it_was(tmp_path: Path) -> None:
+    """A newcomer's first ``quantcore bench gptq_linear --shape ...`` from the repository root
+    once replaced the committed results; by default they go to the user's cache."""
+    before = _git_status()
+    out = subprocess.run(
+        [sys.executable, "-m", "quantcore", "bench", "gptq_linear", "--shape", "M=1,K=256,N=512", "--rounds", "2"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "QUANTCORE_CACHE": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert _git_status() == before
+    (written,) = (tmp_path / "bench").glob("*/gptq_linear.json")
+    assert json.loads(written.read_text())["rows"] and written.parent.with_suffix(".md").exists()
+    assert str(written) in out.stderr
+
+
+def test_save_writes_the_committed_results_only_from_the_repository_root(tmp_path: Path) -> None:
+    env = {**os.environ, "QUANTCORE_CACHE": str(tmp_path)}
+    args = [sys.executable, "-m", "quantcore", "bench", "gptq_linear", "--shape", "M=1,K=256,N=512"]
+    out = subprocess.run([*args, "--save"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode != 0
+    assert "--save: expected the repository root as the current folder (with benchmarks/results/)" in out.stderr
+    out = subprocess.run([*args, "--save", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "not allowed with argument" in out.stderr
+    assert not list(tmp_path.rglob("*.json"))
 
 
 def test_list_suites() -> None:

@@ -16,6 +16,6 @@ def test_ruff_is_clean() -> None:
     ruff = shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed (pip install -e '.[test]' brings it)")
-    out = subprocess.run([ruff, "check", "--no-cache", "quantcore", "backends", "conformance", "benchmarks", "tests"],
+    out = subprocess.run([ruff, "check", "--no-cache", "quantcore", "backends", "conformance", "benchmarks", "tools", "tests"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -9,7 +9,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from quantcore.registry import ENTRY_POINT_GROUP, Registry
+from quantcore.registry import CASES_ENTRY_POINT_GROUP, ENTRY_POINT_GROUP, Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_BACKENDS = {"formats", "conformance_cases"}  # built-in plugins that contribute no kernel
@@ -36,7 +36,8 @@ def test_every_package_folder_is_discovered_under_its_namespace() -> None:
 
 def test_every_builtin_entry_point_names_a_discovered_package() -> None:
     packages = set(_setup_module().discovered_packages())
-    ours = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    ours = [ep for group in (ENTRY_POINT_GROUP, CASES_ENTRY_POINT_GROUP)
+            for ep in importlib.metadata.entry_points(group=group)
             if ep.dist is not None and ep.dist.name == "quantcore"]
     assert len(ours) >= 14
     for ep in ours:
@@ -45,12 +46,13 @@ def test_every_builtin_entry_point_names_a_discovered_package() -> None:
 
 def test_every_backend_folder_that_registers_kernels_has_an_entry_point() -> None:
     """A backend folder whose hooks contribute kernels is a plugin only through its
-    entry-point line; a folder without hooks (backends/svdquant) is shared code."""
+    entry-point line; shared kernel code lives below the backends (quantcore/kernels)."""
     modules = {ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     for init in sorted((ROOT / "backends").glob("*/__init__.py")):
         registers = "quantcore_kernels" in init.read_text()
         name = f"quantcore.backends.{init.parent.name}"
         assert registers == (name in modules), f"{name}: registers kernels={registers}, entry point={name in modules}"
+        assert registers, f"{name} registers no kernel: code backends share belongs in quantcore/kernels"
 
 
 def _readme_backend_rows() -> dict[str, tuple[set[str], bool]]:

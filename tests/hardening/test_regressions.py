@@ -172,7 +172,7 @@ def test_zero_folding_refuses_uneven_act_order_groups() -> None:
 
 def test_turboquant_kernels_refuse_the_other_rotation_layout() -> None:
     # turboquant_cutile prepares the split-halves order; turboquant_triton reads index
-    # words in the natural order since issue 17, like turboquant_torch.
+    # words in the natural order, like turboquant_torch.
     from quantcore.backends.turboquant_cutile import TurboQuantCuTile
 
     fmt = TurboQuant(bits=2, residual=True)

@@ -1,6 +1,6 @@
 """What only a CUDA GPU can show: the compiled Triton kernels (``triton_nvfp4``,
 ``triton_ascend_int4``) and the torch backend against the golden reference bit for bit at
-the seed's shapes and for every tile candidate (both E2M1 trees, stream-K grids that
+the format's target shapes and for every tile candidate (both E2M1 trees, stream-K grids that
 split row tiles between programs), the integer fp8 rounding against
 torch's ``float8_e4m3fn`` cast over every float32 bit pattern in the scales' range
 [0, 448], and CUDA-graph capture.
@@ -24,12 +24,12 @@ triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
-from quantcore.backends.svdquant.triton_kernel import CONFIGS, Tile, pick_tile, smem_bytes  # noqa: E402
-from quantcore.backends.svdquant.triton_source import div6_rn, div7_rn, e4m3_scale_bits  # noqa: E402
 from quantcore.backends.svdquant_torch import TorchActQuantLora  # noqa: E402
 from quantcore.backends.triton_ascend_int4 import TritonAscendInt4  # noqa: E402
 from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.formats.svdquant import SVDQuantAct  # noqa: E402
+from quantcore.kernels.svdquant.triton_kernel import CONFIGS, Tile, pick_tile, smem_bytes  # noqa: E402
+from quantcore.kernels.svdquant.triton_source import div6_rn, div7_rn, e4m3_scale_bits  # noqa: E402
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference  # noqa: E402
 from quantcore.tensors import ieee_div  # noqa: E402
 

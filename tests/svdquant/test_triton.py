@@ -16,12 +16,12 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 
 import triton.language as tl  # noqa: E402
 
-from quantcore.backends.svdquant.triton_kernel import Tile, check_tile, pick_tile  # noqa: E402
-from quantcore.backends.svdquant.triton_source import e2m1_code, e4m3_scale_bits, e4m3_value  # noqa: E402
 from quantcore.backends.triton_ascend_int4 import TritonAscendInt4  # noqa: E402
 from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.errors import KernelInputError  # noqa: E402
 from quantcore.formats.svdquant import SVDQuantAct, e2m1_codes  # noqa: E402
+from quantcore.kernels.svdquant.triton_kernel import Tile, check_tile, pick_tile  # noqa: E402
+from quantcore.kernels.svdquant.triton_source import e2m1_code, e4m3_scale_bits, e4m3_value  # noqa: E402
 from quantcore.ops.act_quant_lora import act_quant_lora_reference  # noqa: E402
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -184,7 +184,7 @@ def test_compiled_code_path_under_the_interpreter(fp4: bool, monkeypatch: pytest
     both E2M1 trees) run by the interpreter: fp16, whose dot the interpreter computes
     correctly, with the hard rows. (The fp8 conversion and the fused Markstein fma need
     the GPU: tests/svdquant/test_cuda.py and test_div.py.)"""
-    from quantcore.backends.svdquant import triton_kernel
+    from quantcore.kernels.svdquant import triton_kernel
 
     monkeypatch.setattr(triton_kernel, "gpu_math", lambda: True)
     fmt = SVDQuantAct(fp4=fp4)

@@ -30,7 +30,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRETED and not torch.cuda.is_available():
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1 (set by the quantcore pytest plugin)", allow_module_level=True)
 DEVICE = "cpu" if INTERPRETED else "cuda"
-#: The interpreter's tl.dot is only right in fp32 (notes/triton-interpreter.md).
+#: The interpreter's tl.dot is only right in fp32 (docs/triton-interpreter.md).
 MMA_OPERAND = 0 if INTERPRETED else 1
 
 

@@ -13,24 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from quantcore.triton.compile_report import tools_available
 
-def _bundled_tools() -> bool:
-    import importlib.util
-
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    bin_dir = Path(spec.origin).parent / "backends" / "nvidia" / "bin"
-    return (bin_dir / "ptxas").exists() and (bin_dir / "cuobjdump").exists()
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_report_tiles_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "quantcore.backends.triton_int4.sm90"],
-                         capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "tools.compile_report", "triton_int4"],
+                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = json.loads(out.stdout)
     assert len(rows) == 10
     for r in rows:
         assert r["spill_stack"] == 0, r

@@ -1,5 +1,5 @@
 """The cuTile kernels compile for Hopper (sm_90) ahead of time, no GPU needed, wherever
-cuda.tile and its compiler are installed (notes/cutile-on-h100.md); skipped elsewhere."""
+cuda.tile and its compiler are installed (docs/cutile.md); skipped elsewhere."""
 
 from __future__ import annotations
 

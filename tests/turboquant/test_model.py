@@ -150,7 +150,7 @@ def test_the_module_runs_behind_bind_and_falls_back_past_a_failing_kernel() -> N
 
     import quantcore
     from quantcore.kernel import Requirements
-    from quantcore.nn.turboquant.kernel import TurboQuantLinearKernel
+    from quantcore.kernels.turboquant.base import TurboQuantLinearKernel
     from quantcore.registry import hookimpl
 
     class BrokenVendor(TurboQuantLinearKernel):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quantcore.formats.turboquant import TurboQuant
-from quantcore.nn.turboquant.kernel import pass_tensors, rotate_input
+from quantcore.kernels.turboquant.base import pass_tensors, rotate_input
 from quantcore.transforms.turboquant_passes import TurboQuantPassTransform, split_halves_order
 
 

@@ -1,4 +1,4 @@
-"""GPTQ storage format (seeds/gptq-storage-format.md)."""
+"""GPTQ storage format (docs/formats/gptq.md)."""
 
 from .convert import convert_checkpoint_format
 from .format import GPTQ

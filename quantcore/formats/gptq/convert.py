@@ -12,7 +12,7 @@ holds then depends on the writer:
   as ``(stored + 1) mod 2^b`` gives 0 back, so every zero in ``[0, 2^b)`` round-trips;
 * AutoGPTQ's packer casts ``−1`` to uint32 and ORs it in shifted, which sets every
   higher field of the lane to all ones as well: those neighbours are lost, no reader
-  can recover them (the "bug in common implementations" of seeds/gptq-storage-format.md);
+  can recover them (the "bug in common implementations" of docs/formats/gptq.md);
 * GPTQModel's v2 → v1 export subtracts ``0x11111111`` (4-bit) from the whole lane, so
   the −1 borrows from the next field up; its loader adds the constant back, which undoes
   the borrow. Read field by field, that neighbour comes out one too low;

@@ -1,7 +1,7 @@
 """GPTQ: b-bit integer codes with per-(group, output) scale and zero point.
 
 Stored tensors (a linear with I in-features, O out-features, G = I / group_size groups;
-see seeds/gptq-storage-format.md):
+see docs/formats/gptq.md):
 
 =========  ==============  ===============================================
 qweight    [I·b/W, O]      pack_dtype lanes of W bits along I: a bit stream,

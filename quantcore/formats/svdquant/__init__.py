@@ -1,5 +1,5 @@
 """SVDQuant W4A4 activations (NVFP4 or INT4) and the LoRA-down branch beside them
-(seeds/svdquant-w4a4-prequant-lora.md, specs/svdquant-w4a4-prequant.md)."""
+(docs/formats/svdquant.md)."""
 
 from .format import SVDQuantAct
 from .numerics import (

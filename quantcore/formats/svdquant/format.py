@@ -1,5 +1,4 @@
-"""SVDQuant W4A4 activations: the pre-GEMM format (seeds/svdquant-w4a4-prequant-lora.md,
-specs/svdquant-w4a4-prequant.md).
+"""SVDQuant W4A4 activations: the pre-GEMM format (docs/formats/svdquant.md).
 
 The op ``act_quant_lora`` (:mod:`quantcore.ops.act_quant_lora`) turns the activation
 ``x [M, N]`` (fp16/bf16) of an SVDQuant linear into what its W4A4 GEMM consumes. This
@@ -32,7 +31,7 @@ Padding rows (M ≤ row < M_pad) are all zero bytes: codes 0, scales 0, LoRA row
 The quantized value is ``v = x · (1 / smooth)`` (no smooth: ``v = x``): the reciprocal
 is taken once per column in float32, then multiplied, so each element costs one product
 instead of a division. ``lora_act_out`` reads the raw ``x``, not ``v``: the offline
-packer already absorbed diag(1/smooth) into ``lora_down`` (the seed's load-bearing
+packer already absorbed diag(1/smooth) into ``lora_down`` (docs/formats/svdquant.md: a load-bearing
 asymmetry). ``amax`` is ``max |v|`` over the block. Everything below is float32, each
 step one correctly rounded operation.
 
@@ -43,7 +42,7 @@ NVFP4 (``fp4=True``): E2M1 codes, block 16, fp8 e4m3 scales
 - A block whose scale rounds to zero (``s ≤ 2⁻¹⁰``, an all-zero block included) stores
   the smallest subnormal ``2⁻⁹`` instead, so every block divides by a non-zero scale and
   tiny blocks keep their codes. An all-zero block is scale 0x01 with codes 0. This floor
-  is the project's choice (the seed leaves the zero block open); it is not torchao's.
+  is the project's choice (the public sources leave the zero block open); it is not torchao's.
   torchao 0.18's single-level ``nvfp4_quantize`` clamps *every* block scale to at least
   ``2⁻⁶`` (fp8 e4m3's smallest normal, ``torch.finfo(torch.float8_e4m3fn).tiny``), so
   any block with ``s < 2⁻⁶`` gets that scale, and it multiplies by the reciprocal of the
@@ -64,7 +63,7 @@ INT4 (``fp4=False``): signed codes, block 64, fp16 scales (nunchaku's INT4 path)
   1e-10 floor is 0 once stored, so an all-zero block is scale 0 with codes 0; a block
   too small for ``7 / amax`` to be finite (amax < 2.1e-38) likewise has codes 0 (its
   stored scale is 0 anyway). Scales are float16 whatever the activation dtype (the
-  seed's format); a block with amax above 7 · 65504 stores +inf, which the consumer
+  format's definition); a block with amax above 7 · 65504 stores +inf, which the consumer
   sees as inf rather than as a silently wrong finite value.
 
 Non-finite values (NaN, ±Inf in ``v``, including those made by a zero smooth)

@@ -1,4 +1,4 @@
-"""TensorRT-LLM MoE INT8 group-wise format (seeds/trtllm-moe-int8-groupwise.md)."""
+"""TensorRT-LLM MoE INT8 group-wise format (docs/formats/trtllm_moe.md)."""
 
 from .format import TRTLLMMoE
 

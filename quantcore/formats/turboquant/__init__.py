@@ -1,4 +1,4 @@
-"""TurboQuant weights (seeds/turboquant-inference-pipeline.md, specs/turboquant.md).
+"""TurboQuant weights (docs/formats/turboquant.md).
 
 The format and its golden math live here; the runtime — the kernels' pass contract, the
 ``TurboQuantLinear`` module, the model-level API (``TurboQuantConfig``, ``quantize_model``,

@@ -2,7 +2,7 @@
 
 After a random rotation every coordinate of a unit vector in R^d follows a Beta law
 that tends to N(0, 1/d); TurboQuant scales the rotated coordinates by √d and rounds each
-to the nearest of 2^b centroids optimal for N(0, 1) (specs/turboquant.md, step 3).
+to the nearest of 2^b centroids optimal for N(0, 1) (docs/formats/turboquant.md, step 3).
 
 The centroids come from Lloyd's iteration on the Gaussian density, in float64 with the
 closed forms of the Gaussian's partial moments, so nothing here depends on sampling:

@@ -3,7 +3,7 @@
 The weight is ``W [N, K]`` (nn.Linear layout: N out-features, K in-features), split along
 K into ``G = K / d`` groups of ``d = group_size`` columns. For each (row n, group g) the
 slice ``w = W[n, g·d:(g+1)·d]`` is stored as its norm ‖w‖ and the 4-bit indices of
-``√d · Π_g (w / ‖w‖)`` into the Lloyd-Max codebook of N(0, 1) (specs/turboquant.md).
+``√d · Π_g (w / ‖w‖)`` into the Lloyd-Max codebook of N(0, 1) (docs/formats/turboquant.md).
 
 Stored tensors
 ==============

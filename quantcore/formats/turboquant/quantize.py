@@ -1,4 +1,4 @@
-"""The TurboQuant quantizer (specs/turboquant.md, steps 1-5), in plain float torch.
+"""The TurboQuant quantizer (docs/formats/turboquant.md, steps 1-5), in plain float torch.
 
 Runs on whatever device the weight is on (a GPU makes ``quantize_model`` fast); the
 rotations are drawn on the CPU from the caller's generator and stored, so the result is

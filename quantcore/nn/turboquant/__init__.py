@@ -1,7 +1,8 @@
 """TurboQuant at run time (seeds/turboquant-inference-pipeline.md).
 
-``kernel.py``   the pass-level contract every TurboQuant kernel implements
-                (:class:`TurboQuantLinearKernel`, :class:`TurboQuantPrepared`)
+the pass-level contract every TurboQuant kernel implements
+                (:class:`TurboQuantLinearKernel`, :class:`TurboQuantPrepared`) is
+                :mod:`quantcore.kernels.turboquant`
 ``module.py``   :class:`TurboQuantLinear`, an ``nn.Linear`` replacement run through ``bind``
 ``model.py``    ``TurboQuantConfig``, ``quantize_model``, ``save_quantized``, ``load_quantized``
 ``offload.py``  pass 2 in pinned host memory, streamed in per layer (:class:`Pass2OffloadPool`)
@@ -11,7 +12,7 @@ The format and its golden math are :mod:`quantcore.formats.turboquant`.
 
 from __future__ import annotations
 
-from .kernel import TurboQuantLinearKernel, TurboQuantPrepared
+from ...kernels.turboquant import TurboQuantLinearKernel, TurboQuantPrepared
 from .model import (
     TurboQuantConfig,
     enable_pass2_offload,

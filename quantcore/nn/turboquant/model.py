@@ -26,7 +26,7 @@ from torch import nn
 
 from ...errors import TensorFormatError
 from ...formats.turboquant.format import TurboQuant
-from .kernel import ACT_DTYPES
+from ...kernels.turboquant.base import ACT_DTYPES
 from .module import TurboQuantLinear
 from .offload import Pass2OffloadPool
 

@@ -22,10 +22,10 @@ from torch import nn
 from ...custom_ops import traced
 from ...errors import KernelInputError, TensorFormatError
 from ...formats.turboquant.format import TurboQuant
+from ...kernels.turboquant import TurboQuantLinearKernel, TurboQuantPrepared
 from ...tensors import describe
 from ...transforms.turboquant_passes import TurboQuantPassTransform
 from ..quant_module import SOURCE, QuantModule
-from .kernel import TurboQuantLinearKernel, TurboQuantPrepared
 from .offload import OffloadedPass, Pass2OffloadPool
 
 __all__ = ["TurboQuantLinear"]

@@ -1,0 +1,295 @@
+"""The launcher both Triton registrations share: tiles, the stream-K grid, the workspace.
+
+The kernel (:mod:`.triton_source`) is compiled per format (``FP4``), smooth on/off, N,
+R and tile. On CUDA it compiles; on CPU it runs under Triton's interpreter
+(``TRITON_INTERPRET=1``) with float32 dot operands; on an Ascend NPU triton-ascend
+compiles the same source (no inline PTX there: ``PTX`` is set on CUDA only).
+
+Tiles. A step is one ``bm × bn`` tile of x; ``grid`` programs share the
+``(M_pad / bm) · ⌈N / bn⌉`` steps evenly (stream-K; 0 = two programs per SM). ``bm``
+trades the LoRA weight's re-reads (each row tile reads all of ``lora_down`` from L2)
+against the partials of row tiles split between programs. The tile for a call comes
+from, in order: ``QUANTCORE_SVDQUANT_TUNE=1`` (time :data:`CONFIGS` on the shape's first
+call, cached in-process); the shipped table for this GPU (:mod:`.configs`, keyed by
+everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
+:func:`pick_tile` rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import ClassVar
+
+import torch
+
+from ...cost import Cost
+from ...errors import KernelInputError
+from ...formats.svdquant import SVDQuantAct
+from ...kernel import Requirements, Support
+from ...ops.act_quant_lora import ActQuantLoraOutput
+from ...probe import Capabilities
+from ...problem import Problem
+from ...triton.buffers import KeptBuffers, stream_key
+from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
+from .configs import shipped_tile
+from .tile import DEFAULT_TREE, Tile
+
+__all__ = [
+    "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "gpu_math", "interpreted", "launch_geometry",
+    "pick_tile", "smem_bytes", "tune_tile",
+]
+
+MAX_RANK = 256
+ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
+
+
+#: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
+#: at R ≤ 128 (``python -m tools.compile_report act_quant_lora``); those whose pipelined tiles
+#: exceed shared memory for a rank are skipped.
+CONFIGS = tuple(
+    Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
+    for bm, bn, warps, cap, per_sm in [
+        (64, 64, 4, None, 2), (64, 64, 4, 168, 3), (64, 64, 4, 128, 4), (64, 128, 4, 168, 3), (128, 64, 8, 128, 2),
+        (32, 128, 4, None, 1), (32, 64, 4, 128, 2), (16, 64, 4, 128, 2), (16, 128, 4, 128, 1), (64, 128, 4, None, 1),
+    ]
+)
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def gpu_math() -> bool:
+    """Whether the kernel takes the GPU's arithmetic paths (a dot on the loaded dtype, a
+    float block max): off under the interpreter (its bf16 dot is wrong, a custom max is
+    slow there). Tests turn it on under the interpreter to check those paths."""
+    return not interpreted()
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def rank_block(r: int) -> int:
+    """The accumulator's width: R rounded up to a power of two, at least 16 (tl.dot)."""
+    return max(16, _pow2(r))
+
+
+#: Shared memory a tile's pipelined loads may take: stages × (x tile + lora_down tile),
+#: kept under an A100's 164 KiB so the defaults compile on every SM >= 8.0 GPU.
+SMEM_BUDGET = 160 * 1024
+
+
+def smem_bytes(tile: Tile, r: int) -> int:
+    """An upper estimate of the shared memory the software pipeline allocates (2-byte
+    operands; the LoRA tile only when R > 0)."""
+    w = tile.bn * rank_block(r) if r else 0
+    return tile.num_stages * (tile.bm * tile.bn + w) * 2
+
+
+def pick_tile(m_pad: int, n: int, r: int, fp4: bool, *, pad_size: int = 256) -> Tile:
+    """The tile of a shape the shipped table does not hold. Under the interpreter: few,
+    large programs, one per row tile (it pays per operation, not per element). On a GPU,
+    what won most of the H100 sweep: a large batch in 64 × 64 steps, 4 warps, 3 stages,
+    three programs per SM under a 168-register cap (two, uncapped, for R > 128); a small
+    batch (M_pad ≤ 512) in 32-row steps (16 for R > 64), one program per SM (their LoRA
+    partials are few), with fewer stages where the pipelined tiles would exceed
+    :data:`SMEM_BUDGET`."""
+    block = 16 if fp4 else 64
+    # A row tile divides pad_size, so it divides every padded M (a multiple of 16, as
+    # supports() requires).
+    rows = pad_size & -pad_size
+    if interpreted():
+        bn = min(256, max(block, _pow2(n)))
+        while n % bn and bn > block:
+            bn //= 2
+        return Tile(min(128, m_pad, rows), bn, 4, 1)
+    small = m_pad <= 512
+    bm = min((16 if r > 64 else 32) if small else 64, m_pad, rows)
+    bn = 128 if small else 64
+    cap: int | None
+    if small:
+        cap, per_sm = 128, 1
+    else:
+        cap, per_sm = (168, 3) if r <= 128 else (None, 2)
+    tile = Tile(bm, bn, 4, 3, 0, DEFAULT_TREE, cap, per_sm)
+    for stages in (3, 2, 1):
+        tile = Tile(bm, bn, 4, stages, 0, DEFAULT_TREE, cap, per_sm)
+        if smem_bytes(tile, r) <= SMEM_BUDGET:
+            break
+    return tile
+
+
+def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
+    problems = []
+    if any(v < 16 or v & (v - 1) for v in (tile.bm, tile.bn)):
+        problems.append("bm and bn must be powers of two >= 16 (tl.arange, tl.dot)")
+    if tile.bn % fmt.block:
+        problems.append(f"bn={tile.bn} must be a multiple of the block size {fmt.block}")
+    if fmt.pad_size % tile.bm:
+        problems.append(f"bm={tile.bm} must divide pad_size={fmt.pad_size}")
+    if tile.grid < 0 or tile.per_sm < 1:
+        problems.append(f"grid={tile.grid} must be >= 0 and per_sm={tile.per_sm} >= 1")
+    if tile.tree not in (0, 1):
+        problems.append(f"tree={tile.tree} must be 0 or 1")
+    if tile.maxnreg is not None and not 64 <= tile.maxnreg <= 255:
+        problems.append(f"maxnreg={tile.maxnreg} must be None or in [64, 255]")
+    if r > MAX_RANK:
+        problems.append(f"R={r} > {MAX_RANK}")
+    if problems:
+        raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
+
+
+def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int, int]:
+    """``(programs, row tiles, partial slots per row tile)`` of a launch."""
+    row_tiles = m_pad // tile.bm
+    steps = row_tiles * -(-n // tile.bn)
+    programs = max(1, min(steps, tile.grid or tile.per_sm * sms))
+    # a row tile's steps are shared by at most ⌈programs / row tiles⌉ + 1 programs
+    return programs, row_tiles, -(-programs // row_tiles) + 1
+
+
+_tuned: dict[tuple[object, ...], Tile] = {}
+#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
+#: one buffer per device and stream, so concurrent streams never share tickets.
+_TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024)
+
+
+def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
+    if device.type != "cuda":
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    return _TICKETS.get(stream_key(device), size, device)
+
+
+class TritonActQuantLora(SVDQuantKernel):
+    """One Triton source for both formats; subclasses pick the format and devices."""
+
+    max_rank: ClassVar[int | None] = MAX_RANK
+    #: bf16 tl.dot on CUDA; the CPU runs it under Triton's interpreter.
+    requires: ClassVar[Requirements] = Requirements(
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+    )
+
+    #: Share of the copy bandwidth on CUDA (benchmarks/results/nvidia-h100-80gb-hbm3/
+    #: svdquant_prequant.json, CUDA graphs): NVFP4 ~30 %, INT4 ~43 %.
+    cuda_bandwidth: ClassVar[float] = 0.3
+
+    @classmethod
+    def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
+        from .cost import op_bytes, op_flops
+
+        if caps.device_type == "cpu":
+            return Cost(op_bytes(problem), op_flops(problem), 2e-4, 2e-4, 1, "Triton interpreter")
+        return Cost(op_bytes(problem), op_flops(problem), cls.cuda_bandwidth, 0.3, 1, "fit to nvidia-h100 results")
+
+    @classmethod
+    def supports(cls, problem: Problem) -> Support:
+        base = super().supports(problem)
+        if not base:
+            return base
+        fmt = problem.format
+        if isinstance(fmt, SVDQuantAct) and fmt.pad_size % 16:
+            return Support.no(f"pad_size={fmt.pad_size}: row tiles need a multiple of 16")
+        return base
+
+    def __call__(self, x: torch.Tensor, prepared: SVDQuantWeights) -> ActQuantLoraOutput:
+        self.check_call(x, prepared)
+        return self.forward(x, prepared)
+
+    def forward(self, x: torch.Tensor, prepared: SVDQuantWeights, *, tile: Tile | None = None) -> ActQuantLoraOutput:
+        """The call without validation (inputs must pass :meth:`check_call`)."""
+        fmt = self.fmt
+        assert isinstance(fmt, SVDQuantAct)
+        m, n = x.shape
+        r = prepared.r
+        qout, oscales, lora = allocate_outputs(fmt, m, n, r, x.device)
+        m_pad = qout.shape[0]
+        if m_pad == 0:
+            return ActQuantLoraOutput(qout, oscales, lora)
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if tile is None:
+            tile = self._tile(x, prepared, m_pad)
+        check_tile(tile, fmt, r)
+        self._launch(x, prepared, tile, qout, oscales, lora)
+        return ActQuantLoraOutput(qout, oscales, lora)
+
+    def _tile(self, x: torch.Tensor, prepared: SVDQuantWeights, m_pad: int) -> Tile:
+        fmt = self.fmt
+        assert isinstance(fmt, SVDQuantAct)
+        n, r = prepared.n, prepared.r
+        if x.device.type == "cuda" and not interpreted():
+            smooth = prepared.rsmooth is not None
+            if os.environ.get(ENV_TUNE) == "1":
+                key = (x.device, fmt.fp4, m_pad, n, r, x.dtype, smooth)
+                if key not in _tuned:
+                    _tuned[key] = tune_tile(self, x, prepared)[0][0]
+                    print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
+                return _tuned[key]
+
+            shipped = shipped_tile(torch.cuda.get_device_name(x.device), fmt, m_pad, n, r, x.dtype, smooth)
+            if shipped is not None:
+                return shipped
+        return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
+
+    def _launch(
+        self, x: torch.Tensor, prepared: SVDQuantWeights, tile: Tile,
+        qout: torch.Tensor, oscales: torch.Tensor, lora: torch.Tensor,
+    ) -> None:
+        from .triton_source import act_quant_lora_kernel
+
+        fmt = self.fmt
+        assert isinstance(fmt, SVDQuantAct)
+        m, n = x.shape
+        m_pad, r = qout.shape[0], prepared.r
+        compiled = x.device.type == "cuda" and not interpreted()
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
+        programs, row_tiles, slots = launch_geometry(tile, m_pad, n, sms)
+        if not compiled and tile.grid == 0:
+            programs = row_tiles  # the interpreter: whole row tiles, no partials
+        if r and programs > 1:
+            part = torch.empty(row_tiles * slots * tile.bm * r, dtype=torch.float32, device=x.device)
+            tickets = _ticket_buffer(x.device, row_tiles)
+        else:
+            part = tickets = lora  # never read: no row tile is shared
+        scale_bits = oscales.view(torch.uint8 if fmt.fp4 else torch.int16)
+        # Pointers the kernel never reads (no smooth, no LoRA) stand in as x.
+        rs = prepared.rsmooth if prepared.rsmooth is not None else x
+        w = prepared.lora_down if r else x
+        extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
+        act_quant_lora_kernel[(programs,)](
+            x, x.stride(0), rs, w, qout.view(torch.int32), scale_bits, lora if r else x, part, tickets,
+            m, m_pad, slots,
+            N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
+            GPU_MATH=gpu_math(), PTX=compiled, TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r),
+            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra,
+        )
+
+
+def tune_tile(
+    kernel: TritonActQuantLora, x: torch.Tensor, prepared: SVDQuantWeights, configs: tuple[Tile, ...] = CONFIGS
+) -> list[tuple[Tile, float]]:
+    """Time every valid candidate on this GPU (``triton.testing.do_bench``, median);
+    returns ``(tile, seconds)`` fastest first. Candidates that fail to compile are left out."""
+    from triton.testing import do_bench
+
+    fmt = kernel.fmt
+    assert isinstance(fmt, SVDQuantAct)
+    results = []
+    for tile in configs:
+        try:
+            check_tile(tile, fmt, prepared.r)
+        except KernelInputError:
+            continue
+        if smem_bytes(tile, prepared.r) > 200 * 1024:  # beyond an H100 block's shared memory
+            continue
+        try:
+            ms = do_bench(lambda t=tile: kernel.forward(x, prepared, tile=t), warmup=10, rep=40, return_mode="median")
+        except Exception:  # a configuration out of registers or shared memory on this GPU
+            continue
+        results.append((tile, float(ms) / 1e3))
+    results.sort(key=lambda item: item[1])
+    if not results:
+        raise KernelInputError(f"{kernel.name}: no tile in CONFIGS runs on {x.device}")
+    return results

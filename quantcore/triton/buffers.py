@@ -1,0 +1,106 @@
+"""Buffers a launcher keeps between calls (split-K tickets and counters, dequantization
+scratch), safe under CUDA graphs.
+
+A cache filled while ``torch.compile(mode="reduce-overhead")`` warms up or records a graph
+would otherwise take its memory from the graph's private pool and outlive the call, which
+cudagraph trees refuse ("tensor(s) in the cudagraph pool not tracked as outputs"). The
+trees route into their pool what the *thread* that runs the model allocates
+(``_cuda_beginAllocateCurrentThreadToPool``), so a kept buffer is allocated by a short-lived
+helper thread, from the caching allocator's default pool. While a stream is being
+captured, a buffer the cache lacks is made for that graph alone (:func:`capturing`: the
+caller must not keep it).
+
+Kept buffers only grow (:func:`grown`, :class:`KeptBuffers`): an outgrown one is retired,
+not freed, because a CUDA graph captured earlier may still read or write it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, MutableMapping
+
+import torch
+
+__all__ = ["KeptBuffers", "capturing", "grown", "kept_buffer", "retired", "stream_key"]
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is recording a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def kept_buffer(numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool) -> torch.Tensor:
+    """A buffer for a cache to keep: on a CUDA device, from the caching allocator's default
+    pool even while cudagraph trees route this thread into theirs; zeroed when ``zero``."""
+    make = torch.zeros if zero else torch.empty
+    if device.type != "cuda" or capturing(device):
+        return make(numel, dtype=dtype, device=device)
+    made: list[torch.Tensor] = []
+
+    def allocate() -> None:
+        with torch.cuda.device(device):
+            made.append(make(numel, dtype=dtype, device=device))
+            torch.cuda.synchronize(device)  # zeroed before any stream of the caller reads it
+
+    helper = threading.Thread(target=allocate, name="quantcore-kept-buffer")
+    helper.start()
+    helper.join()
+    if not made:
+        raise RuntimeError(f"quantcore.triton.buffers: allocating {numel} {dtype} on {device} failed "
+                           "(see the thread's error)")
+    return made[0]
+
+
+_lock = threading.Lock()
+#: Outgrown buffers stay allocated: a CUDA graph captured earlier may still use them.
+_retired: list[torch.Tensor] = []
+
+
+def grown(
+    store: MutableMapping[Hashable, torch.Tensor], key: Hashable, numel: int, dtype: torch.dtype,
+    device: torch.device, *, zero: bool, minimum: int = 0, doubling: bool = False,
+) -> torch.Tensor:
+    """``store[key]`` when it holds at least ``numel`` elements; else a larger kept buffer
+    (at least ``minimum``, and twice the old one with ``doubling``) replaces it there and the
+    old one is retired. While ``device`` captures a graph, a missing or short buffer is
+    made for that graph alone and not stored. The result may be longer than ``numel``."""
+    with _lock:
+        have = store.get(key)
+        if have is not None and have.numel() >= numel:
+            return have
+        if capturing(device):  # this graph's own, not kept
+            return (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
+        size = max(numel, minimum, 2 * have.numel() if doubling and have is not None else 0)
+        if have is not None:
+            _retired.append(have)
+        store[key] = made = kept_buffer(size, dtype, device, zero=zero)
+        return made
+
+
+def retired() -> int:
+    """How many outgrown buffers are kept alive (for tests)."""
+    return len(_retired)
+
+
+def stream_key(device: torch.device) -> tuple[str, int]:
+    """``(device, current stream)``: launches that may run concurrently on two streams must
+    not share tickets or scratch."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return str(device), stream
+
+
+class KeptBuffers:
+    """A launcher's kept buffers of one kind, by key (:func:`grown` with fixed rules).
+
+    ``dtype`` None means the caller names it per call (a scratch per activation dtype)."""
+
+    def __init__(self, dtype: torch.dtype | None, *, zero: bool, minimum: int = 0, doubling: bool = False) -> None:
+        self.dtype, self.zero, self.minimum, self.doubling = dtype, zero, minimum, doubling
+        self._kept: dict[Hashable, torch.Tensor] = {}
+
+    def get(self, key: Hashable, numel: int, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.dtype
+        if dtype is None:
+            raise TypeError("KeptBuffers.get: this kind has no dtype of its own; pass dtype=")
+        return grown(self._kept, key, numel, dtype, device, zero=self.zero, minimum=self.minimum,
+                     doubling=self.doubling)

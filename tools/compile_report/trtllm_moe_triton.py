@@ -1,0 +1,87 @@
+"""The ``trtllm_moe_triton`` kernel for Hopper (sm_90): registers, spill stack, shared
+memory, and the SASS of the main loop (the K-loop: the shortest loop holding the matrix
+instructions) — its instruction mix per weight element converted, whether the tensor-core
+instructions are wgmma (HGMMA), how the weights are read from shared memory. The
+arguments are specialised as Triton's launcher specialises them (16-divisible pointers
+and integers)."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
+from quantcore.triton.compile_report import (
+    backward_loops,
+    compile_sm90,
+    instructions,
+    opcode_counts,
+    opcodes_in,
+)
+
+__all__ = ["SHAPE", "compile_one", "loop_mix", "report"]
+
+#: The shape of docs/formats/trtllm_moe.md: E = 8, K = 4096, N = 28672, group 128, bf16.
+SHAPE = {"E": 8, "K": 4096, "N": 28672, "group": 128}
+
+
+def loop_mix(sass: str) -> tuple[int, collections.Counter[str]]:
+    """Instructions of the shortest loop that holds matrix instructions, counted by opcode
+    (without modifiers)."""
+    ins = instructions(sass)
+    for span in sorted(backward_loops(ins), key=lambda s: s[1] - s[0]):
+        body = opcode_counts(opcodes_in(ins, span))
+        if body["HGMMA"] or body["HMMA"]:
+            return sum(body.values()), body
+    return 0, collections.Counter()
+
+
+def compile_one(
+    tile: MoETile, *, gated: bool = False, sym: bool = True, dtype: str = "bf16", sass_dir: Path | None = None,
+    **shape: int,
+) -> dict[str, Any]:
+    from quantcore.backends.trtllm_moe.triton_source import moe_w8a16_kernel as fn
+
+    dims = {**SHAPE, **shape}
+    k, n, e, group = dims["K"], dims["N"], dims["E"], dims["group"]
+    ptrs = {"x_ptr": f"*{dtype}", "w_ptr": "*i32", "s_ptr": f"*{dtype}", "z_ptr": f"*{dtype}", "ids_ptr": "*i32",
+            "sorted_ptr": "*i32", "starts_ptr": "*i32", "tiles_ptr": "*i32", "rw_ptr": "*fp32", "y_ptr": f"*{dtype}"}
+    ints = {"stride_x": k, "x_div": 2, "stride_y": n // 2 if gated else n, "R": 3, "E": e, "N": n,
+            "COLS": n // 2 if gated else n, "HALF": n // 2, "G": k // group, "TILES": 3, "PROGS": 3}
+    const = {"K": k, "GROUP": group, "BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "R_PAD": 32,
+             "E_PAD": max(2, 1 << (e - 1).bit_length()), "SCHEDULED": tile.scheduled,
+             "PERSISTENT": tile.scheduled and tile.persistent > 0, "X_SORTED": tile.x_sorted, "GATED": gated,
+             "HAS_RW": False, "SYM": sym, "PRE_SCALE": tile.pre_scale, "EXACT_FMA": dtype == "bf16",
+             "ASM": tile.asm, "FP32_DOT": False, "SCALE_PAIRS": tile.scale_pairs,
+             "SPLIT_TAIL": tile.split_tail}
+    compiled = compile_sm90(fn, {**ptrs, **{a: "i32" for a in ints}}, const,
+                            options={"num_warps": tile.num_warps, "num_stages": tile.num_stages},
+                            divisible=[*ptrs, *(a for a, v in ints.items() if v % 16 == 0)])
+    if sass_dir is not None:
+        stem = f"moe-{tile.bm}x{tile.bn}x{tile.bk}-w{tile.num_warps}s{tile.num_stages}" + (
+            "-sched" if tile.scheduled else "-small") + ("-gated" if gated else "")
+        (sass_dir / f"{stem}.sass").write_text(compiled.sass)
+        (sass_dir / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+    count, mix = loop_mix(compiled.sass)
+    # weight elements this thread converts per K-step: BN·BK over the threads
+    per_thread = tile.bn * tile.bk / (tile.num_warps * 32)
+    keep = ("HGMMA", "HMMA", "LDSM", "LDS", "LDGSTS", "LDG", "PRMT", "LOP3", "SHF", "FFMA", "FADD", "FMUL", "F2FP",
+            "BAR", "WARPGROUP", "LDL", "STL")
+    return {"tile": tile.describe(), "gated": gated, "sym": sym, "dtype": dtype, "registers": compiled.registers,
+            "spill_stack": compiled.spill_stack, "shared": compiled.shared, "loop_instructions": count,
+            "per_weight_element": round(count / per_thread, 2), "mix": {op: mix[op] for op in keep if mix[op]}}
+
+
+def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
+    """The shipped tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), and the
+    fused-SwiGLU, asymmetric and fp16 variants of the prefill tile."""
+    rows = []
+    for t in (1, 16, 64, 512, 4096):
+        tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"])
+        rows.append({"T": t, **compile_one(tile, sass_dir=sass_dir)})
+    prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"])
+    rows.append({"T": 4096, **compile_one(prefill, gated=True, sass_dir=sass_dir)})
+    rows.append({"T": 4096, **compile_one(prefill, sym=False)})
+    rows.append({"T": 4096, **compile_one(prefill, dtype="fp16")})
+    return rows

@@ -1,0 +1,91 @@
+"""The ``turboquant_triton`` kernels for Hopper (sm_90): registers, spill stack, shared
+memory and instruction counts. This is how the configurations in
+``backends/turboquant_triton/configs.py`` were checked before a GPU ran them: each must
+compile for sm_90 without spilling, and the decode kernel's hot loop is counted in
+instructions per weight (the body of the longest loop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantcore.triton.compile_report import (
+    backward_loops,
+    compile_sm90,
+    instructions,
+    opcode_counts,
+    opcodes_in,
+)
+
+__all__ = ["report"]
+
+_GEMV_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr": "*bf16",
+              "idx2_ptr": "*i32", "scale2_ptr": "*fp32", "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16",
+              "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+_MMA_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "idx2_ptr": "*i32",
+             "scale2_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16", "partial_ptr": "*fp32",
+             "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+_DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
+
+
+def _compile(fn: Any, runtime: dict[str, str], const: dict[str, Any], warps: int, stages: int,
+             dump: Path | None = None) -> dict[str, Any]:
+    # What the launcher would assume for 16-aligned pointers and strides.
+    compiled = compile_sm90(fn, runtime, const, options={"num_warps": warps, "num_stages": stages},
+                            divisible=[a for a in runtime if a != "M"])
+    if dump is not None:
+        dump.write_text(compiled.sass)
+    return {"registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "sass": compiled.sass}
+
+
+def _longest_loop(sass: str) -> Any:
+    """Opcode counts of the longest loop (the decode kernel's row walk)."""
+    ins = instructions(sass)
+    loops = backward_loops(ins)
+    if not loops:
+        return opcode_counts([])
+    return opcode_counts(opcodes_in(ins, max(loops, key=lambda span: len(opcodes_in(ins, span)))))
+
+
+def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
+    """One row per kernel variant: the decode kernel at its default and shipped geometries
+    (K = 4096, d = 128; one pass, and two with ``everything``), the tensor-core kernel at
+    its M tiles, the dequantization kernel."""
+    from quantcore.backends.turboquant_triton import configs, dequant, gemv, mma
+
+    rows = []
+    gemv_cfgs = {configs.GemvConfig(), configs.gemv_config("", 4096, 14336, 128, 2, "bfloat16")}
+    gemv_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.GemvConfig)}
+    for cfg in sorted(gemv_cfgs, key=str):
+        for two in ((False, True) if everything else (False,)):
+            if two and cfg.unroll > 1:
+                continue  # the two-pass kernels run unrolled once (registers): their own config
+            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
+                         ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
+                         TWO_PASSES=two, X_ROTATED=False, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
+                         INTERPRET=False)
+            runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
+            dump = sass_dir / f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{int(two)}.sass" if sass_dir else None
+            res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump)
+            loop = _longest_loop(res.pop("sass"))
+            # weights a thread handles in one pass of the loop body (unrolled steps)
+            weights = cfg.unroll * cfg.br * cfg.gpc * 128 * (2 if two else 1) / (32 * cfg.warps)
+            rows.append({"kernel": "gemv", "passes": 1 + two, **cfg.__dict__, **res,
+                         "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
+                         "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
+    mma_cfgs = {configs.mma_config("", m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
+    mma_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.MmaConfig)}
+    for cfg in sorted(mma_cfgs, key=str):
+        const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                     TWO_PASSES=everything, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
+        runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
+        res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages)
+        hist = opcode_counts(i.opcode for i in instructions(res.pop("sass")))
+        rows.append({"kernel": "mma", **cfg.__dict__, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"]})
+    const = dict(N_GROUPS=32, D=128, BLOCK_N=32, GPC=2, PASSES=2, INTERPRET=False)
+    runtime = {**_DEQ_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32", "col0": "i32"}
+    res = _compile(dequant.dequant_kernel, runtime, const, 4, 1)
+    res.pop("sass")
+    rows.append({"kernel": "dequant", "block_n": 32, "gpc": 2, **res})
+    return rows

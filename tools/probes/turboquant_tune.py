@@ -1,0 +1,130 @@
+"""Tune the ``turboquant_triton`` launch configurations on this CUDA device and write the
+table ``configs.py`` reads (a developer's tool; its output is shipped as
+``backends/turboquant_triton/tuned-<device>.json``).
+
+For each layer shape and pass count: the decode kernel's candidates at M = 1, the
+tensor-core kernel's at M = 16 and 128, each checked against the float64 golden output
+and timed as CUDA-graph replays; then the M where dequantize + cuBLAS overtakes the
+tensor-core kernel. Keys carry the geometry (K, N, d, passes, dtype, M bucket).
+
+    python -m tools.probes.turboquant_tune --out tuned.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from quantcore.backends.turboquant_triton import configs
+from quantcore.backends.turboquant_triton.fused import fused_linear
+from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+from quantcore.benchmarks.memory import rotation_sets
+from quantcore.benchmarks.suites.turboquant_linear import format_bytes
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.timing import time_interleaved
+
+from .turboquant_paths import _rel_error, _weights
+
+DTYPE = torch.bfloat16
+DEVICE = "cuda"
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
+G = configs.GemvConfig
+Mm = configs.MmaConfig
+GEMV = [G(8, 396, 8, 8, 3), G(8, 264, 8, 8, 3), G(16, 264, 8, 8, 1), G(8, 264, 16, 8, 1), G(8, 396, 4, 4, 3)]
+GEMV_RES = [G(8, 264, 8, 8, 1), G(8, 132, 8, 8, 1), G(8, 396, 8, 8, 1), G(16, 264, 8, 8, 1)]
+MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4, 4, 264)],
+       128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
+CROSSOVER_M = (256, 512, 1024)
+
+
+def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]], rounds: int) -> list[tuple[float, str, Any]]:
+    fmt = TurboQuant(bits=4, group_size=128, residual=passes == 2)
+    sets = rotation_sets(format_bytes(fmt, m, k, n), DEVICE)
+    weights = _weights(fmt, k, n, sets, DEVICE)
+    kernel = TurboQuantTriton(fmt, DEVICE)
+    prepared = [kernel.prepare(w, dtype=DTYPE) for w in weights]
+    xs = [torch.randn(m, k, device=DEVICE, dtype=DTYPE) for _ in range(sets)]
+    ref = xs[0].double() @ fmt.dequantize(weights[0]).T
+    fns: list[Callable[[int], Any]] = []
+    kept = []
+    for path, cfg in candidates:
+        def run(i: int, path: str = path, cfg: Any = cfg) -> torch.Tensor:
+            p = prepared[i % sets]
+            return fused_linear(xs[i % sets], p.passes, p.codebook, group_size=128, partial=None, bias=None,
+                                out_dtype=DTYPE, path=path, config=cfg)
+        try:
+            err = _rel_error(run(0), ref)
+        except Exception as exc:  # a candidate that fails is skipped, not the end of tuning
+            print(f"  K{k} N{n} M{m} P{passes} {path} {cfg}: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr)
+            continue
+        if err > 2e-2:
+            print(f"  K{k} N{n} M{m} P{passes} {path} {cfg}: wrong (rel error {err:.3g})", file=sys.stderr)
+            continue
+        fns.append(run)
+        kept.append((path, cfg))
+    timings = time_interleaved(fns, DEVICE, rounds=rounds, graph=True, sets=[sets] * len(fns))
+    return sorted((t.median_s, path, cfg) for t, (path, cfg) in zip(timings, kept, strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    dtype = configs._dtype_name(DTYPE)
+    entries: list[dict[str, Any]] = []
+    log: list[dict[str, Any]] = []
+    t0 = time.time()
+
+    def record(kind: str, k: int, n: int, passes: int, ranked: list[tuple[float, str, Any]], m: int = 1) -> None:
+        for t, path, cfg in ranked:
+            log.append({"kernel": kind, "K": k, "N": n, "M": m, "passes": passes, "path": path,
+                        "config": dataclasses.asdict(cfg) if cfg else None, "us": t * 1e6})
+        best = next(((t, cfg) for t, path, cfg in ranked if path == kind), None)
+        if best is None:
+            return
+        entry = {"device": device, "kernel": kind, "K": k, "N": n, "d": 128, "passes": passes, "dtype": dtype,
+                 "config": dataclasses.asdict(best[1]), "us": round(best[0] * 1e6, 2)}
+        if kind == "mma":
+            entry["m_bucket"] = configs.m_bucket(m)
+        entries.append(entry)
+        with open(args.out, "w") as f:  # after every entry: a cut-off run keeps what it tuned
+            json.dump(entries, f, indent=1)
+        print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
+              file=sys.stderr, flush=True)
+
+    for k, n in SHAPES:
+        for passes, cands in ((1, GEMV), (2, GEMV_RES)):
+            record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in cands], args.rounds))
+        for m, cands in MMA.items():
+            record("mma", k, n, 1, _time(k, n, m, 1, [("mma", c) for c in cands], args.rounds), m)
+    record("mma", 4096, 14336, 2, _time(4096, 14336, 16, 2, [("mma", c) for c in MMA[16]], args.rounds), 16)
+    # Where dequantize + cuBLAS overtakes the tensor-core kernel (on the largest layer).
+    mma_max = 128
+    for m in CROSSOVER_M:
+        ranked = _time(4096, 14336, m, 1, [("mma", configs.mma_config("", m, 4096, 14336, 128, 1, DTYPE)),
+                                           ("dequant", None)], args.rounds)
+        for t, path, _ in ranked:
+            log.append({"kernel": "crossover", "K": 4096, "N": 14336, "M": m, "passes": 1, "path": path, "us": t * 1e6})
+        if ranked and ranked[0][1] == "mma":
+            mma_max = m
+        print(f"  crossover M{m}: {[(p, round(t * 1e6, 1)) for t, p, _ in ranked]}", file=sys.stderr, flush=True)
+    entries.append({"device": device, "kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": mma_max}})
+    with open(args.out, "w") as f:
+        json.dump(entries, f, indent=1)
+    with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+        json.dump({"device": device, "rows": log}, f, indent=1)
+    print(json.dumps(entries, indent=None)[:3000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
