@@ -157,7 +157,7 @@ def test_an_unnamed_producer_without_ambiguous_lanes_loads(tmp_path: Path) -> No
 
 def test_autogptq_legacy_lanes_are_refused_and_say_why(tmp_path: Path) -> None:
     _, zeros = _checkpoint(tmp_path, 4, "autogptq", None)
-    with pytest.raises(TensorFormatError, match="AutoGPTQ <= 0.7 overwrote the fields above"):
+    with pytest.raises(TensorFormatError, match=r"AutoGPTQ <= 0\.7 overwrote the fields above"):
         load_checkpoint(tmp_path)
     # Read field by field (its rule), every field above a zero of 0 in its lane was
     # overwritten with ones: it reads as 0.
