@@ -52,7 +52,8 @@ class Checkpoint:
         return self.format_of(name).validate(self.linears[name])
 
 
-def _read_shards(folder: Path) -> dict[str, torch.Tensor]:
+def _read_shards(folder: Path, where: dict[str, Path] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of every shard; ``where`` (when given) gets the file of each."""
     try:
         from safetensors.torch import load_file
     except ImportError:  # pragma: no cover - depends on the environment
@@ -66,6 +67,8 @@ def _read_shards(folder: Path) -> dict[str, torch.Tensor]:
             if name in tensors:
                 raise TensorFormatError(f"{folder}: tensor {name} appears in more than one shard (again in {shard.name})")
             tensors[name] = t
+            if where is not None:
+                where[name] = shard
     return tensors
 
 
@@ -101,14 +104,20 @@ def load_checkpoint(folder: str | Path, *, format: Format | None = None, v1_zero
     else:
         scheme = SingleFormatScheme(format, V1Reader(format, detect_producer(config), source=str(folder),
                                                      v1_zeros=v1_zeros))
-    linears, others = _split(_read_shards(folder), scheme)
+    files: dict[str, Path] = {}
+    linears, others = _split(_read_shards(folder, files), scheme)
     if not linears:
         raise TensorFormatError(f"{folder}: no quantized linear (no tensor named '<prefix>.{scheme.marker}')")
+
+    def said(prefix: str, exc: QuantCoreError) -> QuantCoreError:
+        message = str(exc) if str(exc).startswith(prefix) else f"{prefix}: {exc}"
+        return type(exc)(f"{files[f'{prefix}.{scheme.marker}']}: {message}")
+
     for prefix, tensors in sorted(linears.items()):
         try:
             scheme.check(prefix, tensors)
         except TensorFormatError as exc:
-            raise TensorFormatError(str(exc) if str(exc).startswith(prefix) else f"{prefix}: {exc}") from None
+            raise said(prefix, exc) from None
         scheme.survey(prefix, tensors.__getitem__)
     scheme.decide()
     formats: dict[str, Format] = {}
@@ -116,7 +125,7 @@ def load_checkpoint(folder: str | Path, *, format: Format | None = None, v1_zero
         try:
             formats[prefix], linears[prefix] = scheme.to_kernel(prefix, tensors)
         except QuantCoreError as exc:
-            raise type(exc)(f"{prefix}: {exc}") from None
+            raise said(prefix, exc) from None
     first = formats[min(formats)]
     varied = any(f != first for f in formats.values())
     return Checkpoint(first, linears, others, config, source, formats=formats if varied else {})
