@@ -6,7 +6,7 @@ below; a group marked independent may not import its own siblings either)::
     conformance | benchmarks       above the core: the matrix, the bench framework (independent)
     backends                       the built-in plugins
     cli                            the quantcore command (and the package's lazy facade)
-    checkpoint, nn                 torch modules, checkpoint loading
+    checkpoint, nn, hf             torch modules, checkpoint loading, the transformers integration
     selection, binding, tuning, measured, api, custom_ops
     registry
     transforms, ops                shared transforms; ops with their golden references and judge
@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.conformance", "quantcore.benchmarks"), True),
     (("quantcore.backends",), False),
     (("quantcore.cli", "quantcore.__main__", "quantcore"), False),
-    (("quantcore.checkpoint", "quantcore.nn"), False),
+    (("quantcore.checkpoint", "quantcore.nn", "quantcore.hf"), False),
     (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.measured",
       "quantcore.api", "quantcore.custom_ops"),
      False),

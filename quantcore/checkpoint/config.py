@@ -30,7 +30,7 @@ from .compressed import parse_compressed_config
 from .producer import V1Reader, detect_producer
 from .scheme import CheckpointScheme, CompressedScheme, SingleFormatScheme
 
-__all__ = ["CONFIG_FILES", "format_from_config", "read_quant_config", "scheme_from_config"]
+__all__ = ["CONFIG_FILES", "QUANTCORE_METHOD", "format_from_config", "read_quant_config", "scheme_from_config", "unwrap"]
 
 #: Searched in this order; the first that holds a quantization config wins.
 CONFIG_FILES = ("config.json", "quantize_config.json", "quant_config.json")
@@ -69,6 +69,22 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None, where: str = "") 
     return default
 
 
+#: quant_method of a checkpoint saved through quantcore's Hugging Face quantizer; the
+#: checkpoint's own config is under "checkpoint" (quantcore/hf).
+QUANTCORE_METHOD = "quantcore"
+
+
+def unwrap(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """The checkpoint's own quantization config (a ``quantcore`` one holds it inside)."""
+    if str(cfg.get("quant_method", "")).lower() != QUANTCORE_METHOD:
+        return cfg
+    inner = cfg.get("checkpoint")
+    if not isinstance(inner, dict):
+        raise TensorFormatError(f"{source} quantization config: checkpoint: expected the checkpoint's own "
+                                f"quantization config (quant_method gptq, awq or compressed-tensors), got {inner!r}")
+    return inner
+
+
 def _method(cfg: dict[str, Any], source: str) -> str:
     method = cfg.get("quant_method")
     if method is None:
@@ -82,6 +98,7 @@ def scheme_from_config(cfg: dict[str, Any], source: str = "config", *,
     """How a checkpoint with this quantization config is read; every refusal of the
     config itself happens here, before a tensor is read. ``v1_zeros`` names the rule of
     a GPTQ v1 checkpoint's zero points (:mod:`.producer`)."""
+    cfg = unwrap(cfg, source)
     if _method(cfg, source) == COMPRESSED_METHOD:
         return CompressedScheme(parse_compressed_config(cfg, source), source)
     fmt = format_from_config(cfg, source)
@@ -93,6 +110,7 @@ def format_from_config(cfg: dict[str, Any], source: str = "config") -> Format:
     compressed-tensors config gives its one group's format (several groups: see
     :func:`scheme_from_config`)."""
     where = f"{source} quantization config"
+    cfg = unwrap(cfg, source)
     method = _method(cfg, source)
     if method == COMPRESSED_METHOD:
         groups = parse_compressed_config(cfg, source).groups

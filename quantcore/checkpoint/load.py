@@ -40,7 +40,7 @@ from .config import read_quant_config, scheme_from_config
 from .dense_copies import warn_dense_copies
 from .scheme import CheckpointScheme
 
-__all__ = ["load_quantized"]
+__all__ = ["build_layers", "load_quantized", "plan_layers"]
 
 INDEX = "model.safetensors.index.json"
 
@@ -92,6 +92,26 @@ def load_quantized(
         tie()
     warn_dense_copies(layers.items(), f"load_quantized {path}")
     return model.to(target)
+
+
+def plan_layers(model: nn.Module, folder: str | Path, scheme: CheckpointScheme) -> dict[str, nn.Linear]:
+    """Every check :func:`load_quantized` makes before touching the model (except the
+    dense tensors, which a caller such as transformers loads itself): the quantized
+    linears of ``folder`` and the model's modules they replace."""
+    path = Path(folder)
+    with _open_shards(path) as shards:
+        return _plan(model, shards, path, scheme, dense=False).linears
+
+
+def build_layers(
+    folder: str | Path, scheme: CheckpointScheme, linears: dict[str, nn.Linear], *,
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+    prefer: str | Sequence[str] | None = None, keep_source: bool = False,
+) -> dict[str, QuantLinear]:
+    """The :class:`QuantLinear` of each planned layer, read one layer at a time."""
+    with _open_shards(Path(folder)) as shards:
+        return {name: _quant_linear(name, linear, scheme, shards, torch.device(device), dtype, prefer, keep_source)
+                for name, linear in linears.items()}
 
 
 # --- shards ------------------------------------------------------------------------------------
@@ -160,7 +180,7 @@ class _Plan:
         self.dense: dict[str, torch.Tensor] = {}
 
 
-def _plan(model: nn.Module, shards: _Shards, folder: Path, scheme: CheckpointScheme) -> _Plan:
+def _plan(model: nn.Module, shards: _Shards, folder: Path, scheme: CheckpointScheme, *, dense: bool = True) -> _Plan:
     plan = _Plan()
     modules = dict(model.named_modules())
     marker = scheme.marker
@@ -187,6 +207,8 @@ def _plan(model: nn.Module, shards: _Shards, folder: Path, scheme: CheckpointSch
                 f"its {marker} (or the layer in the config's 'ignore')"
             )
     scheme.decide()
+    if not dense:
+        return plan
     quantized = {f"{p}.{leaf}" for p in prefixes for leaf in ("weight", "bias")}
     missing = []
     for key, tensor in _weights(model):
