@@ -20,8 +20,8 @@ from .writer import scheme, tiny_llama, write_checkpoint
 pytest.importorskip("safetensors")
 pytest.importorskip("transformers")
 
-from compressed_tensors.config import Sparse24BitMaskConfig  # noqa: E402
-from compressed_tensors.quantization import (  # noqa: E402
+from compressed_tensors.config import Sparse24BitMaskConfig
+from compressed_tensors.quantization import (
     QuantizationArgs,
     QuantizationConfig,
     QuantizationScheme,
