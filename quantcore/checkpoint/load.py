@@ -5,7 +5,9 @@
 
 The folder is what the quantizing tools write: ``config.json`` with a
 ``quantization_config`` (or ``quantize_config.json`` / ``quant_config.json``) and
-safetensors shards, with ``model.safetensors.index.json`` when there are several.
+safetensors shards, with ``model.safetensors.index.json`` when there are several; GPTQ,
+AWQ and compressed-tensors pack-quantized (docs/checkpoints.md). The config is read, and
+refused where no kernel runs what it describes, before a model is built or a tensor read.
 Shards are opened with ``safetensors.safe_open`` and read one layer at a time: a
 quantized linear's tensors are read, checked, prepared on ``device`` for the kernel
 ``bind`` picks and dropped, so the checkpoint is never all in memory at once.
@@ -15,7 +17,10 @@ against the shards (a shard it names that is missing, a tensor it maps to a shar
 does not hold it, a tensor a shard holds that it does not list), every quantized
 linear's tensors against the config and the format (the error names the file, the layer
 and the tensor), every other tensor against the model's shape, and every weight of the
-model has a tensor. Only then are the new modules swapped in and the rest assigned.
+model has a tensor; a GPTQ v1 checkpoint whose zero points only its (unnamed) producer
+could decode is refused until ``v1_zeros`` names the rule. Only then are the new modules
+swapped in and the rest assigned, and layers that keep a dense copy of their weight are
+named in one warning.
 
 A model given as a folder is built from its ``config.json`` with transformers'
 ``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary

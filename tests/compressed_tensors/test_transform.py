@@ -24,19 +24,19 @@ from compressed_tensors.quantization import QuantizationArgs  # noqa: E402
 from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize  # noqa: E402
 from compressed_tensors.quantization.utils import calculate_qparams  # noqa: E402
 
-O, I = 64, 256
+OUT, IN = 64, 256
 
 
 def _package_layer(bits: int, group_size: int, sym: bool, dtype: torch.dtype, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(O, I, generator=gen) * 0.05).to(dtype)
+    weight = (torch.randn(OUT, IN, generator=gen) * 0.05).to(dtype)
     args = QuantizationArgs(num_bits=bits, symmetric=sym, strategy="group" if group_size > 0 else "channel",
                             group_size=group_size if group_size > 0 else None)
-    groups = I // group_size if group_size > 0 else 1
-    by_group = weight.reshape(O, groups, -1)
+    groups = IN // group_size if group_size > 0 else 1
+    by_group = weight.reshape(OUT, groups, -1)
     scale, zero = calculate_qparams(by_group.amin(-1), by_group.amax(-1), args)
     q = quantize(weight, scale, zero, args, dtype=torch.int8)
-    tensors = {"weight_packed": pack_to_int32(q, bits), "weight_scale": scale, "weight_shape": torch.tensor([O, I])}
+    tensors = {"weight_packed": pack_to_int32(q, bits), "weight_scale": scale, "weight_shape": torch.tensor([OUT, IN])}
     if not sym:
         tensors["weight_zero_point"] = pack_to_int32(zero.to(torch.int8), bits, packed_dim=0)
     return tensors, dequantize(q, scale, zero if not sym else None, args)
@@ -63,7 +63,7 @@ def test_the_packages_layers_dequantize_alike_and_round_trip(bits, group_size, s
 def test_act_order_round_trips_from_the_gptq_side(bits, sym) -> None:
     gen = torch.Generator().manual_seed(5)
     gptq_fmt = GPTQ(bits=bits, group_size=32, sym=sym, desc_act=True)
-    gptq = gptq_fmt.quantize(torch.randn(O, I, generator=gen) * 0.05, generator=gen)
+    gptq = gptq_fmt.quantize(torch.randn(OUT, IN, generator=gen) * 0.05, generator=gen)
     fmt = CompressedTensors(bits=bits, group_size=32, sym=sym, act_order=True)
     transform = CompressedToGPTQ(fmt)
     packed = transform.invert(gptq)
@@ -105,15 +105,15 @@ def test_golden_vectors_for_a_tiny_layer() -> None:
 def test_bad_layers_are_refused_naming_the_tensor() -> None:
     tensors, _ = _package_layer(4, 32, False, torch.bfloat16, seed=0)
     fmt = CompressedTensors(bits=4, group_size=32, sym=False)
-    with pytest.raises(TensorFormatError, match="missing tensor.*weight_zero_point"):
+    with pytest.raises(TensorFormatError, match=r"missing tensor.*weight_zero_point"):
         fmt.validate({k: v for k, v in tensors.items() if k != "weight_zero_point"})
     with pytest.raises(TensorFormatError, match="weight_scale: expected shape"):
         CompressedTensors(bits=4, group_size=64, sym=False).validate(tensors)
     with pytest.raises(TensorFormatError, match="weight_shape: in_features=12 is not a multiple of 8"):
-        fmt.validate({**tensors, "weight_shape": torch.tensor([O, 12])})
+        fmt.validate({**tensors, "weight_shape": torch.tensor([OUT, 12])})
     sym = CompressedToGPTQ(CompressedTensors(bits=4, group_size=32, sym=True))
     asym_gptq = CompressedToGPTQ(fmt).apply(tensors)
-    with pytest.raises(TensorFormatError, match="symmetric .* has every zero point 8"):
+    with pytest.raises(TensorFormatError, match=r"symmetric .* has every zero point 8"):
         sym.invert(asym_gptq)
     with pytest.raises(TensorFormatError, match="compressed_tensors bits"):
         CompressedTensors(bits=3)
