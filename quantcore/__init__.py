@@ -58,10 +58,15 @@ _LAZY: dict[str, tuple[str, str]] = {
     "UnsupportedProblemError": ("quantcore.errors", "UnsupportedProblemError"),
 }
 
+#: Submodules reachable as attributes, imported on first use (``quantcore.hf`` imports transformers).
+_SUBMODULES = ("hf",)
+
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     try:
         module, attr = _LAZY[name]
     except KeyError:

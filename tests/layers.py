@@ -7,7 +7,7 @@ below; a group marked independent may not import its own siblings either)::
     backends.*                     the built-in plugins, each its own (independent: a backend
                                    never imports another; what two share lives in kernels)
     cli                            the quantcore command (and the package's lazy facade)
-    checkpoint, nn                 torch modules, checkpoint loading
+    checkpoint, nn, hf             torch modules, checkpoint loading, the transformers integration
     selection, binding, tuning, measured, api, custom_ops
     registry
     kernels                        kernel bases, costs and kernels more than one backend uses
@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.conformance", "quantcore.benchmarks"), True),
     (("quantcore.backends.*", "quantcore.backends"), True),
     (("quantcore.cli", "quantcore.__main__", "quantcore"), False),
-    (("quantcore.checkpoint", "quantcore.nn"), False),
+    (("quantcore.checkpoint", "quantcore.nn", "quantcore.hf"), False),
     (("quantcore.selection", "quantcore.selection_state", "quantcore.binding", "quantcore.tuning", "quantcore.measured",
       "quantcore.api", "quantcore.custom_ops"),
      False),

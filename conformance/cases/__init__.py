@@ -10,14 +10,16 @@ from quantcore.registry import hookimpl
 
 from ..case import Case
 from .awq import awq_cases
+from .compressed_tensors import compressed_tensors_cases
 from .gptq import gptq_cases
 from .svdquant import svdquant_cases
 from .trtllm_moe import trtllm_moe_cases
 from .turboquant import turboquant_cases
 
-__all__ = ["awq_cases", "gptq_cases", "svdquant_cases", "trtllm_moe_cases", "turboquant_cases"]
+__all__ = ["awq_cases", "compressed_tensors_cases", "gptq_cases", "svdquant_cases", "trtllm_moe_cases", "turboquant_cases"]
 
 
 @hookimpl
 def quantcore_conformance_cases() -> list[Case]:
-    return [*gptq_cases(), *awq_cases(), *trtllm_moe_cases(), *turboquant_cases(), *svdquant_cases()]
+    return [*gptq_cases(), *awq_cases(), *trtllm_moe_cases(), *turboquant_cases(), *svdquant_cases(),
+            *compressed_tensors_cases()]

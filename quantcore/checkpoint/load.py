@@ -5,7 +5,9 @@
 
 The folder is what the quantizing tools write: ``config.json`` with a
 ``quantization_config`` (or ``quantize_config.json`` / ``quant_config.json``) and
-safetensors shards, with ``model.safetensors.index.json`` when there are several.
+safetensors shards, with ``model.safetensors.index.json`` when there are several; GPTQ,
+AWQ and compressed-tensors pack-quantized (docs/checkpoints.md). The config is read, and
+refused where no kernel runs what it describes, before a model is built or a tensor read.
 Shards are opened with ``safetensors.safe_open`` and read one layer at a time: a
 quantized linear's tensors are read, checked, prepared on ``device`` for the kernel
 ``bind`` picks and dropped, so the checkpoint is never all in memory at once.
@@ -15,7 +17,10 @@ against the shards (a shard it names that is missing, a tensor it maps to a shar
 does not hold it, a tensor a shard holds that it does not list), every quantized
 linear's tensors against the config and the format (the error names the file, the layer
 and the tensor), every other tensor against the model's shape, and every weight of the
-model has a tensor. Only then are the new modules swapped in and the rest assigned.
+model has a tensor; a GPTQ v1 checkpoint whose zero points only its (unnamed) producer
+could decode is refused until ``v1_zeros`` names the rule. Only then are the new modules
+swapped in and the rest assigned, and layers that keep a dense copy of their weight are
+named in one warning.
 
 A model given as a folder is built from its ``config.json`` with transformers'
 ``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary
@@ -35,13 +40,12 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, QuantCoreError, TensorFormatError
-from ..formats.base import Format
 from ..nn.linear import QuantLinear
-from .config import format_from_config, read_quant_config
-from .loader import LINEAR_TENSORS, _check_against_config
-from .producer import V1Reader, detect_producer
+from .config import read_quant_config, scheme_from_config
+from .dense_copies import warn_dense_copies
+from .scheme import CheckpointScheme
 
-__all__ = ["load_quantized"]
+__all__ = ["build_layers", "load_quantized", "plan_layers"]
 
 INDEX = "model.safetensors.index.json"
 
@@ -54,12 +58,15 @@ def load_quantized(
     dtype: torch.dtype = torch.bfloat16,
     prefer: str | Sequence[str] | None = None,
     keep_source: bool = False,
+    v1_zeros: str | None = None,
 ) -> nn.Module:
     """Load a quantized checkpoint into ``model_or_dir`` (a module, possibly on ``meta``,
     or a model folder to build one from); ``checkpoint_dir`` defaults to that folder.
     Quantized linears become :class:`~quantcore.nn.linear.QuantLinear` modules prepared
     on ``device`` for activations of ``dtype``; other floating-point tensors take the
-    model's dtype (``dtype`` for a model built here)."""
+    model's dtype (``dtype`` for a model built here). ``v1_zeros`` (``"lanes"`` or
+    ``"fields"``) names the rule of GPTQ v1 zero points whose config does not name their
+    producer (:mod:`quantcore.checkpoint.producer`)."""
     if checkpoint_dir is None:
         if isinstance(model_or_dir, nn.Module):
             raise InvalidArgumentError("checkpoint_dir: required when the model is given as a module")
@@ -72,24 +79,44 @@ def load_quantized(
         return load_turboquant(model, path, device=device, dtype=dtype)
     if not path.is_dir():
         raise TensorFormatError(f"{path}: not a checkpoint folder")
-    model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
     config, source = read_quant_config(path)
-    fmt = format_from_config(config, source)
+    # The config is read (and refused) before a model is built or a tensor is read.
+    scheme = scheme_from_config(config, str(path / source), v1_zeros=v1_zeros)
+    model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
     target = torch.device(device)
     with _open_shards(path) as shards:
-        plan = _plan(model, shards, path)
-        reader = V1Reader(fmt, detect_producer(config), source=str(path / source))
-        layers = {name: _quant_linear(name, linear, fmt, reader, shards, target, dtype, prefer, keep_source)
+        plan = _plan(model, shards, path, scheme)
+        layers = {name: _quant_linear(name, linear, scheme, shards, target, dtype, prefer, keep_source)
                   for name, linear in plan.linears.items()}
         dense = {key: _dense(key, like, shards) for key, like in plan.dense.items()}
-    reader.warn()
     for name, layer in layers.items():
         _replace(model, name, layer)
     model.load_state_dict(dense, strict=False, assign=True)
     tie = getattr(model, "tie_weights", None)
     if callable(tie):
         tie()
+    warn_dense_copies(layers.items(), f"load_quantized {path}")
     return model.to(target)
+
+
+def plan_layers(model: nn.Module, folder: str | Path, scheme: CheckpointScheme) -> dict[str, nn.Linear]:
+    """Every check :func:`load_quantized` makes before touching the model (except the
+    dense tensors, which a caller such as transformers loads itself): the quantized
+    linears of ``folder`` and the model's modules they replace."""
+    path = Path(folder)
+    with _open_shards(path) as shards:
+        return _plan(model, shards, path, scheme, dense=False).linears
+
+
+def build_layers(
+    folder: str | Path, scheme: CheckpointScheme, linears: dict[str, nn.Linear], *,
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+    prefer: str | Sequence[str] | None = None, keep_source: bool = False,
+) -> dict[str, QuantLinear]:
+    """The :class:`QuantLinear` of each planned layer, read one layer at a time."""
+    with _open_shards(Path(folder)) as shards:
+        return {name: _quant_linear(name, linear, scheme, shards, torch.device(device), dtype, prefer, keep_source)
+                for name, linear in linears.items()}
 
 
 # --- shards ------------------------------------------------------------------------------------
@@ -158,20 +185,35 @@ class _Plan:
         self.dense: dict[str, torch.Tensor] = {}
 
 
-def _plan(model: nn.Module, shards: _Shards, folder: Path) -> _Plan:
+def _plan(model: nn.Module, shards: _Shards, folder: Path, scheme: CheckpointScheme, *, dense: bool = True) -> _Plan:
     plan = _Plan()
     modules = dict(model.named_modules())
-    prefixes = sorted(n[: -len(".qweight")] for n in shards.where if n.endswith(".qweight"))
+    marker = scheme.marker
+    prefixes = scheme.layers(shards.where)
     if not prefixes:
-        raise TensorFormatError(f"{folder}: no quantized linear (no tensor named '<prefix>.qweight')")
+        raise TensorFormatError(f"{folder}: no quantized linear (no tensor named '<prefix>.{marker}')")
     for prefix in prefixes:
         target = modules.get(prefix)
+        file = folder / shards.file_of(f"{prefix}.{marker}")
         if not isinstance(target, nn.Linear):
             found = type(target).__name__ if target is not None else "nothing"
-            raise TensorFormatError(
-                f"{folder / shards.file_of(prefix + '.qweight')}: {prefix}: the model has {found} there, not an nn.Linear"
-            )
+            raise TensorFormatError(f"{file}: {prefix}: the model has {found} there, not an nn.Linear")
+        try:
+            scheme.format_for(prefix, target)
+            scheme.survey(prefix, lambda leaf, p=prefix: shards.get(f"{p}.{leaf}"))  # type: ignore[misc]
+        except QuantCoreError as exc:
+            raise type(exc)(f"{file}: {exc}") from None
         plan.linears[prefix] = target
+    for name, module in modules.items():
+        if name not in plan.linears and scheme.expects_quantized(name, module):
+            held = f"holds {name}.weight" if f"{name}.weight" in shards.where else f"has no {name}.{marker}"
+            raise TensorFormatError(
+                f"{folder}: {name}.{marker}: the config quantizes {name}, but the checkpoint {held}; expected "
+                f"its {marker} (or the layer in the config's 'ignore')"
+            )
+    scheme.decide()
+    if not dense:
+        return plan
     quantized = {f"{p}.{leaf}" for p in prefixes for leaf in ("weight", "bias")}
     missing = []
     for key, tensor in _weights(model):
@@ -206,20 +248,19 @@ def _weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _quant_linear(
-    name: str, linear: nn.Linear, fmt: Format, reader: V1Reader, shards: _Shards, device: torch.device,
+    name: str, linear: nn.Linear, scheme: CheckpointScheme, shards: _Shards, device: torch.device,
     dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
 ) -> QuantLinear:
-    file = shards.file_of(f"{name}.qweight")
-    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in LINEAR_TENSORS if f"{name}.{leaf}" in shards.where}
+    file = shards.file_of(f"{name}.{scheme.marker}")
+    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in scheme.leaves if f"{name}.{leaf}" in shards.where}
     try:
-        _check_against_config(fmt, name, tensors)
-        dims = fmt.validate(tensors)
+        dims = scheme.check(name, tensors, linear)
         if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
             raise TensorFormatError(
                 f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
                 f"{linear.in_features} → {linear.out_features}"
             )
-        read_as, tensors = reader.read(name, tensors)
+        read_as, tensors = scheme.to_kernel(name, tensors, linear)
         return QuantLinear(read_as, tensors, device=device, dtype=dtype, prefer=prefer, keep_source=keep_source)
     except QuantCoreError as exc:
         message = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"

@@ -60,7 +60,7 @@ def replace_linears(
         target = modules.get(local)
         if not isinstance(target, nn.Linear):
             raise TensorFormatError(f"{name}: the model has no nn.Linear named {local!r}")
-        q = QuantLinear(ckpt.format, tensors, device=device, dtype=dtype)
+        q = QuantLinear(ckpt.format_of(name), tensors, device=device, dtype=dtype)
         if (q.in_features, q.out_features) != (target.in_features, target.out_features):
             raise TensorFormatError(
                 f"{name}: checkpoint linear is {q.in_features}→{q.out_features}, the model's is "

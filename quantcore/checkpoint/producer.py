@@ -3,34 +3,39 @@
 A v1 ``qzeros`` field stores ``z − 1``; writers differ only where z = 0
 (:mod:`quantcore.formats.gptq.convert`). The config says who wrote it where the tool
 records itself: GPTQModel and AutoGPTQ ≥ 0.8 write ``"meta": {"quantizer": ["gptqmodel:2.1.0"]}``
-(a string in older releases), quantcore writes ``"quantcore:<version>"``.
+(a string in older releases), quantcore writes ``"quantcore:<version>"``. The two rules:
 
-* GPTQModel / AutoGPTQ ≥ 0.8, 2/4/8-bit: their v2 → v1 export subtracts ``0x…1111`` from
-  whole lanes, so the lanes are read with the inverse lane arithmetic and become v2;
-* quantcore, and GPTQModel at 3 bits (fields shifted one by one): field by field;
-* no producer named: field by field, and where a lane holds a zero of 0 below its top
-  field — the only lanes on which the writers disagree — one warning says how many, where,
-  and what a lane writer would have meant.
+* ``"lanes"`` — GPTQModel / AutoGPTQ ≥ 0.8, 2/4/8-bit: their v2 → v1 export subtracts
+  ``0x…1111`` from whole lanes, so the lanes are read with the inverse lane arithmetic
+  and become v2;
+* ``"fields"`` — quantcore, and GPTQModel at 3 bits (fields shifted one by one): field by
+  field.
+
+Never a guess: where the config names no producer (transformers' ``GPTQConfig`` writes
+``"meta": null``) and a lane holds a zero of 0 below its top field — the only lanes on
+which the rules disagree — the checkpoint is refused until the caller names the rule
+(``v1_zeros=``). Where no lane is ambiguous both rules read the same numbers, and it loads.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from ..errors import QuantCoreWarning
+from ..errors import InvalidArgumentError, TensorFormatError
 from ..formats.base import Format
 from ..formats.gptq import GPTQ
 from ..formats.gptq.convert import ambiguous_v1_lanes, v1_lanes_to_v2
 
-__all__ = ["Producer", "V1Reader", "detect_producer"]
+__all__ = ["V1_RULES", "Producer", "V1Reader", "V1Rule", "detect_producer"]
 
 #: Tools whose v1 export is lane arithmetic (GPTQModel's exporter, also in AutoGPTQ's main branch).
 LANE_WRITERS = ("gptqmodel", "autogptq")
+V1Rule = Literal["lanes", "fields"]
+V1_RULES: tuple[str, ...] = ("lanes", "fields")
 
 
 @dataclass(frozen=True)
@@ -54,49 +59,89 @@ def detect_producer(config: Mapping[str, Any]) -> Producer:
     return Producer(name.strip().lower().replace("-", "").replace("_", ""), version.strip())
 
 
+def _rule_of(fmt: Format, producer: Producer, v1_zeros: str | None) -> str | None:
+    """The rule to read with: the caller's, else the one the producer implies, else None."""
+    if v1_zeros is not None:
+        if v1_zeros not in V1_RULES:
+            raise InvalidArgumentError(f"v1_zeros: expected one of {V1_RULES}, got {v1_zeros!r}")
+        if v1_zeros == "lanes" and isinstance(fmt, GPTQ) and fmt.geometry.lanes != 1:
+            raise InvalidArgumentError(
+                f"v1_zeros: 'lanes' is defined for 2/4/8-bit lanes; {fmt.bits}-bit v1 fields straddle lanes "
+                "and every tool writes them field by field (v1_zeros='fields')"
+            )
+        return v1_zeros
+    if producer.name == "quantcore":
+        return "fields"
+    if producer.name in LANE_WRITERS:
+        return "lanes" if not isinstance(fmt, GPTQ) or fmt.geometry.lanes == 1 else "fields"
+    return None
+
+
 @dataclass
 class V1Reader:
-    """Reads every linear of one checkpoint; collects what it could not decide, for one
-    warning at the end (:meth:`warn`)."""
+    """Reads the linears of one checkpoint. With no rule, :meth:`survey` every layer's
+    ``qzeros`` first; :meth:`decide` then refuses an ambiguous checkpoint."""
 
     fmt: Format
     producer: Producer
     source: str = ""
+    v1_zeros: str | None = None
     ambiguous: dict[str, int] = field(default_factory=dict)
     lanes_seen: int = 0
+    surveyed: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.rule = _rule_of(self.fmt, self.producer, self.v1_zeros) if self.applies else None
 
     @property
-    def lane_arithmetic(self) -> bool:
-        return (isinstance(self.fmt, GPTQ) and self.fmt.checkpoint_format == "v1"
-                and self.producer.name in LANE_WRITERS and self.fmt.geometry.lanes == 1)
+    def applies(self) -> bool:
+        return isinstance(self.fmt, GPTQ) and self.fmt.checkpoint_format == "v1"
+
+    @property
+    def needs_survey(self) -> bool:
+        return self.applies and self.rule is None
+
+    def survey(self, layer: str, qzeros: torch.Tensor) -> None:
+        """Count the lanes of one layer on which the rules disagree."""
+        if not self.needs_survey or layer in self.surveyed:
+            return
+        self.surveyed.add(layer)
+        assert isinstance(self.fmt, GPTQ)
+        try:
+            count = ambiguous_v1_lanes(self.fmt, qzeros)
+        except (ValueError, RuntimeError):
+            return  # a misshapen qzeros: the format's validation names it
+        self.lanes_seen += qzeros.numel() // self.fmt.geometry.lanes
+        if count:
+            self.ambiguous[layer] = count
+
+    def decide(self) -> None:
+        """Refuse the checkpoint when a surveyed lane is ambiguous; otherwise both rules
+        agree and it is read field by field."""
+        if not self.ambiguous:
+            return
+        assert isinstance(self.fmt, GPTQ)
+        total = sum(self.ambiguous.values())
+        first = next(iter(self.ambiguous))
+        raise TensorFormatError(
+            f"{self.source}: {first}.qzeros: {total} of {self.lanes_seen} v1 zero-point lanes in "
+            f"{len(self.ambiguous)} layer(s) hold the field {self.fmt.maxq} (a zero point of 0) below their top "
+            "field, where writers disagree, and the config names no producer (meta.quantizer is missing or null, "
+            "as transformers' GPTQConfig writes it); expected the producer's rule: pass v1_zeros='lanes' if "
+            "GPTQModel or AutoGPTQ >= 0.8 exported it (transformers' GPTQ path included), v1_zeros='fields' if it "
+            "was written field by field (quantcore); AutoGPTQ <= 0.7 overwrote the fields above, which no reader "
+            "can recover (re-export as gptq_v2)"
+        )
 
     def read(self, layer: str, tensors: dict[str, torch.Tensor]) -> tuple[Format, dict[str, torch.Tensor]]:
         """The layer's format and tensors as the kernels should see them."""
         fmt = self.fmt
-        if not isinstance(fmt, GPTQ) or fmt.checkpoint_format != "v1" or "qzeros" not in tensors:
+        if not self.applies or "qzeros" not in tensors:
             return fmt, tensors
-        if self.lane_arithmetic:
+        if self.rule == "lanes":
+            assert isinstance(fmt, GPTQ)
             return v1_lanes_to_v2(fmt, tensors)
-        if self.producer.name != "quantcore":
-            count = ambiguous_v1_lanes(fmt, tensors["qzeros"])
-            self.lanes_seen += tensors["qzeros"].numel() // fmt.geometry.lanes
-            if count:
-                self.ambiguous[layer] = count
+        if self.rule is None:
+            self.survey(layer, tensors["qzeros"])
+            self.decide()
         return fmt, tensors
-
-    def warn(self) -> None:
-        if not self.ambiguous:
-            return
-        total = sum(self.ambiguous.values())
-        first = next(iter(self.ambiguous))
-        assert isinstance(self.fmt, GPTQ)
-        top = self.fmt.maxq
-        warnings.warn(
-            f"{self.source}: {total} of {self.lanes_seen} v1 qzeros lanes in {len(self.ambiguous)} layers (first: "
-            f"{first}.qzeros) hold the field {top} — a zero point of 0 — below their top field, and the config "
-            f"names no producer (meta.quantizer). Read field by field, as quantcore writes them. GPTQModel's "
-            f"export would have lowered the field above each by one (name it in meta.quantizer, e.g. "
-            f"\"gptqmodel:2.0\", to read its lanes); AutoGPTQ <= 0.7 overwrote the fields above with {top}, "
-            "which no reader can recover. Converting to gptq_v2 removes the question.",
-            QuantCoreWarning, stacklevel=3,
-        )

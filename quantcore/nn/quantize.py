@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..checkpoint.dense_copies import warn_dense_copies
 from ..errors import (
     InvalidArgumentError,
     KernelInputError,
@@ -65,6 +66,7 @@ def quantize_(
     chosen = [(name, m) for name, m in model.named_modules()
               if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, name))]
     left_dense: dict[str, str] = {}
+    replaced: dict[str, nn.Module] = {}
     for name, linear in chosen:
         layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in ACT_DTYPES else torch.bfloat16)
         gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
@@ -75,11 +77,13 @@ def quantize_(
             continue
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, new)
+        replaced[name] = new
     if left_dense:
         listed = "; ".join(f"{n} ({why})" for n, why in list(left_dense.items())[:5])
         more = f"; and {len(left_dense) - 5} more" if len(left_dense) > 5 else ""
         warnings.warn(f"quantize_: {len(left_dense)} of {len(chosen)} linear layers left dense for {fmt.slug}: "
                       f"{listed}{more}", QuantCoreWarning, stacklevel=2)
+    warn_dense_copies(replaced.items(), f"quantize_ {fmt.slug}")
     return model
 
 

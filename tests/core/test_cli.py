@@ -89,7 +89,7 @@ def test_an_absent_device_exits_2_naming_the_present_ones(command: str) -> None:
     (["conformance", "--backend", "nosuch"], "--backend nosuch: no kernel or plugin is called that; known: aten_cpu"),
     (["conformance", "--format", "nosuch"], "--format nosuch: no format or case format is called that; formats: awq"),
     (["conformance", "--format", "svdquant", "--backend", "aten_cpu"],
-     "no conformance cell matches --format svdquant --backend aten_cpu (the kernels run aten_cpu: gptq)"),
+     "no conformance cell matches --format svdquant --backend aten_cpu (the kernels run aten_cpu: compressed_tensors; aten_cpu: gptq)"),
     (["bench", "gptq_linear", "--shape", "M=1,K=4096"], "--shape M=1,K=4096: this suite takes M, K, N (missing N)"),
     (["bench", "gptq_linear", "--shapes", "huge"], "--shapes: expected one of"),
     (["bench", "nosuchsuite"], "bench suite: expected one of ['awq_linear'"),

@@ -1,4 +1,5 @@
-"""GPTQ v1 checkpoints read as their writer wrote them, with zero points of 0 in the lanes.
+"""GPTQ v1 checkpoints read as their writer wrote them, with zero points of 0 in the lanes;
+refused, until the caller names the rule, where the config does not say who wrote them.
 
 The writers are emulated here with plain Python integers, independent of quantcore's
 packing: GPTQModel's export (the whole v2 lane minus 0x…1111, borrows and all),
@@ -16,8 +17,10 @@ import torch
 
 from quantcore.checkpoint import load_checkpoint, save_checkpoint
 from quantcore.checkpoint.producer import detect_producer
-from quantcore.errors import QuantCoreWarning
+from quantcore.errors import InvalidArgumentError, QuantCoreWarning, TensorFormatError
 from quantcore.formats.gptq import GPTQ
+from quantcore.formats.gptq.convert import zero_to_stored
+from quantcore.formats.packing import pack_codes
 
 pytest.importorskip("safetensors")
 
@@ -100,14 +103,25 @@ def test_quantcores_own_v1_is_read_field_by_field_silently(tmp_path: Path, bits:
     assert torch.equal(dense, fmt.dequantize(tensors)) and not warned
 
 
-def test_an_unnamed_producer_is_read_field_by_field_with_one_warning(tmp_path: Path) -> None:
+def _read_with(tmp_path: Path, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ckpt = load_checkpoint(tmp_path, v1_zeros=rule)
+    tensors = ckpt.linears["layer"]
+    return ckpt.format.dequantize(tensors), ckpt.format.unpack_zeros(tensors)
+
+
+def test_an_unnamed_producer_with_ambiguous_lanes_is_refused_until_the_rule_is_named(tmp_path: Path) -> None:
     truth, zeros = _checkpoint(tmp_path, 4, "gptqmodel", None)
-    dense, read_zeros, warned = _read(tmp_path)
-    assert len(warned) == 1
-    message = str(warned[0].message)
-    assert "layer.qzeros" in message and "names no producer" in message and "GPTQModel" in message
+    with pytest.raises(TensorFormatError) as refused:
+        load_checkpoint(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and "quantize_config.json" in message and "layer.qzeros" in message
+    assert "names no producer" in message and "v1_zeros='lanes'" in message and "v1_zeros='fields'" in message
+    # Named, the lanes GPTQModel wrote are read exactly.
+    dense, read_zeros = _read_with(tmp_path, "lanes")
+    assert torch.equal(read_zeros, zeros.int()) and torch.equal(dense, truth)
     # Field by field, a GPTQModel lane reads one too low wherever the subtraction borrowed
-    # into a field: just above a zero of 0, and on up while the borrow ripples.
+    # into a field: just above a zero of 0, and on up while the borrow ripples — what a
+    # guess would have loaded.
     expected = torch.empty_like(zeros)
     for g in range(zeros.shape[0]):
         for lane in range(0, N, 8):
@@ -116,23 +130,52 @@ def test_an_unnamed_producer_is_read_field_by_field_with_one_warning(tmp_path: P
                 v = int(zeros[g, j]) - 1 - borrow
                 borrow = int(v < 0)
                 expected[g, j] = ((v % 16) + 1) % 16
-    assert torch.equal(read_zeros, expected.int())
-    assert int((read_zeros != zeros.int()).sum()) > 0 and not torch.equal(dense, truth)
-    # The same lanes, written field by field: read exactly (the warning still says it could not tell).
+    dense_fields, read_fields = _read_with(tmp_path, "fields")
+    assert torch.equal(read_fields, expected.int())
+    assert int((read_fields != zeros.int()).sum()) > 0 and not torch.equal(dense_fields, truth)
+    # The same lanes written field by field: refused alike, read exactly with their rule.
     truth2, zeros2 = _checkpoint(tmp_path, 4, "fields", None)
-    dense2, read2, warned2 = _read(tmp_path)
-    assert torch.equal(read2, zeros2.int()) and torch.equal(dense2, truth2) and len(warned2) == 1
+    with pytest.raises(TensorFormatError, match="names no producer"):
+        load_checkpoint(tmp_path)
+    dense2, read2 = _read_with(tmp_path, "fields")
+    assert torch.equal(read2, zeros2.int()) and torch.equal(dense2, truth2)
 
 
-def test_autogptq_legacy_lanes_are_flagged(tmp_path: Path) -> None:
+def test_an_unnamed_producer_without_ambiguous_lanes_loads(tmp_path: Path) -> None:
+    fmt = GPTQ(bits=4, group_size=GS, sym=False, checkpoint_format="v1")
+    gen = torch.Generator().manual_seed(3)
+    tensors = fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen)
+    fields = fmt.unpack_zeros(tensors)
+    fields[fields == 0] = 1  # no zero point of 0 anywhere: every rule reads the same numbers
+    tensors["qzeros"] = pack_codes(zero_to_stored(fields, fmt), 4, dim=1)
+    save_checkpoint(tmp_path, fmt, {"layer": tensors}, config_file="quantize_config.json")
+    cfg_path = tmp_path / "quantize_config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "meta": None}))
+    dense, read_zeros, warned = _read(tmp_path)
+    assert torch.equal(read_zeros, fields) and torch.equal(dense, fmt.dequantize(tensors)) and not warned
+
+
+def test_autogptq_legacy_lanes_are_refused_and_say_why(tmp_path: Path) -> None:
     _, zeros = _checkpoint(tmp_path, 4, "autogptq", None)
-    _, read_zeros, warned = _read(tmp_path)
-    assert len(warned) == 1 and "AutoGPTQ <= 0.7 overwrote the fields above" in str(warned[0].message)
-    # Every field above a zero of 0 in its lane was overwritten with ones: it reads as 0.
+    with pytest.raises(TensorFormatError, match=r"AutoGPTQ <= 0\.7 overwrote the fields above"):
+        load_checkpoint(tmp_path)
+    # Read field by field (its rule), every field above a zero of 0 in its lane was
+    # overwritten with ones: it reads as 0.
+    _, read_zeros = _read_with(tmp_path, "fields")
     lanes = zeros.view(zeros.shape[0], -1, 8)
     above = (lanes == 0).int().cumsum(dim=-1) > 0
     assert torch.equal(read_zeros.view_as(lanes)[above], torch.zeros(int(above.sum()), dtype=torch.int32))
     assert (lanes[above] != 0).any()  # so information was lost there
+
+
+def test_v1_zeros_is_checked(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, 4, "gptqmodel", None)
+    with pytest.raises(InvalidArgumentError, match="v1_zeros: expected one of"):
+        load_checkpoint(tmp_path, v1_zeros="guess")
+    fmt = GPTQ(bits=3, group_size=GS, sym=False, checkpoint_format="v1")
+    save_checkpoint(tmp_path, fmt, {"layer": fmt.quantize(torch.randn(N, K) * 0.05)})
+    with pytest.raises(InvalidArgumentError, match="3-bit v1 fields straddle lanes"):
+        load_checkpoint(tmp_path, v1_zeros="lanes")
 
 
 def test_detect_producer_reads_the_forms_tools_write() -> None:

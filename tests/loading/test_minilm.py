@@ -182,3 +182,58 @@ def test_every_other_family_keeps_the_embeddings(minilm, fmt, floor: float) -> N
     print(f"\n{fmt.slug}: kernels {sorted(kernels)}, cosine mean {cos.mean():.5f} min {cos.min():.5f}")
     assert cos.min() >= floor
     assert cos.max() < 1 - 1e-7
+
+
+# --- the same checkpoint through Hugging Face from_pretrained / save_pretrained ----------------
+
+
+def test_minilm_through_from_pretrained_and_back(minilm, tmp_path: Path) -> None:
+    """The GPTQ checkpoint of MiniLM loads through ``AutoModel.from_pretrained`` into the
+    same kernels and outputs as the direct path; ``save_pretrained`` writes a checkpoint
+    that ``from_pretrained`` and ``load_quantized`` read back to the same outputs."""
+    import transformers
+
+    import quantcore
+    import quantcore.hf
+
+    model, model_dir = minilm
+    fmt = GPTQ(bits=4, group_size=128, sym=False, desc_act=True)
+    quant, _ = quantized_copy(model, model_dir, fmt, tmp_path / "gptq")
+    direct = quant[0].auto_model
+    tok = model.tokenizer(SENTENCES, padding=True, return_tensors="pt")
+
+    def hidden(bert) -> torch.Tensor:
+        with torch.inference_mode():
+            return bert(**tok).last_hidden_state
+
+    via_hf = transformers.AutoModel.from_pretrained(tmp_path / "gptq", config=quantcore.hf.config_for(tmp_path / "gptq"),
+                                                    dtype=torch.float32)
+    assert len([m for m in via_hf.modules() if isinstance(m, QuantLinear)]) == 36
+    want = hidden(direct)
+    assert torch.equal(hidden(via_hf), want)
+    via_hf.save_pretrained(tmp_path / "saved")
+    assert torch.equal(hidden(transformers.AutoModel.from_pretrained(tmp_path / "saved", dtype=torch.float32)), want)
+    skeleton = transformers.AutoModel.from_config(via_hf.config, dtype=torch.float32).eval()
+    loaded = quantcore.load_quantized(skeleton, tmp_path / "saved", dtype=torch.float32)
+    assert torch.equal(hidden(loaded), want)
+
+
+def test_minilm_quantized_while_loading(minilm) -> None:
+    import transformers
+
+    import quantcore.hf
+
+    model, model_dir = minilm
+    config = quantcore.hf.QuantCoreConfig(quantize={"name": "gptq", "bits": 4, "group_size": 128})
+    bert = transformers.AutoModel.from_pretrained(model_dir, quantization_config=config, dtype=torch.float32)
+    quantized = [n for n, m in bert.named_modules() if isinstance(m, QuantLinear)]
+    assert len([n for n in quantized if n.startswith("encoder.")]) == 36
+    tok = model.tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    mask = tok["attention_mask"].unsqueeze(-1).float()
+
+    def embed(encoder) -> torch.Tensor:  # the sentence embedding: mean over the tokens
+        with torch.inference_mode():
+            return (encoder(**tok).last_hidden_state * mask).sum(1) / mask.sum(1)
+
+    cos = torch.nn.functional.cosine_similarity(embed(model[0].auto_model), embed(bert))
+    assert cos.min() >= 0.92 and cos.max() < 1 - 1e-7
