@@ -12,7 +12,7 @@ from quantcore.kernel import Support
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 from quantcore.selection import ENV_DISABLE, ENV_FORCE, ENV_PREFER, explain, get_kernel
-from quantcore.selection_state import selection_state
+from quantcore.selection.state import selection_state
 
 from .fakes import Plugin, dense_kernel, refusing_kernel
 
