@@ -1,7 +1,7 @@
-"""The runtime contract of TurboQuant kernels: one pass at a time, as the seed runs it.
+"""The runtime contract of TurboQuant kernels: one pass at a time.
 
-The seed's forward is ``_forward_pass(x, pass1) + _forward_pass(x, pass2) + bias``.
-Kernels expose exactly that step, :meth:`TurboQuantLinearKernel.run_pass`, on a
+A TurboQuant layer's output is the sum of its passes, ``x Ŵ_1ᵀ + x Ŵ_2ᵀ + b`` (the
+residual pass refines the first). Kernels expose exactly one such step, :meth:`TurboQuantLinearKernel.run_pass`, on a
 :class:`PassData` — a pass's tensors in the kernel's layout, made by
 :mod:`quantcore.transforms.turboquant_passes` — so that the CPU-offload path
 (``offload.py``) can hand pass 2 to the kernel from a GPU scratch slot instead of from
@@ -10,7 +10,7 @@ resident memory, with no kernel knowing the difference. :class:`TurboQuantLinear
 the fused backends' shared base is ``quantcore.backends.turboquant_fused``.
 
 Numerics policy (``compute_dtype``): on CPU every step runs in float32 (the Triton
-interpreter's ``tl.dot`` is only right in fp32, notes/triton-interpreter.md); on a GPU
+interpreter's ``tl.dot`` is only right in fp32); on a GPU
 the input rotation is a GEMM in the activation dtype (tensor cores, fp32 accumulation)
 and the weight side is fed to the matrix units in the activation dtype, accumulating in
 fp32. Each pass accumulates in fp32; the output is rounded to the activation dtype once.
