@@ -1,7 +1,7 @@
 """``TurboQuantLinear``: an ``nn.Linear`` replacement for TurboQuant weights, a
 :class:`~quantcore.nn.quant_module.QuantModule` like :class:`~quantcore.nn.linear.QuantLinear`:
-bound once through :func:`quantcore.bind` (with its fallback past a kernel that fails on
-the weight), its prepared state in buffers, its calls a ``quantcore::linear`` op when
+bound once down the kernel ranking (with the fallback past a kernel that fails on the
+weight), its prepared state in buffers, its calls a ``quantcore::linear`` op when
 traced.
 
 The format's tensors (``indices``, ``norms``, ``rotation`` per pass, ``codebook``,
