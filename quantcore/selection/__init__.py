@@ -12,7 +12,8 @@ record a kernel whose own checks raise as failed on that device.
 ``log.py``          the INFO line per choice
 
 This module gathers what the policy weighs (the probed device, measured times, the
-tuner's, known failures), asks it once per call, and builds one :class:`Explanation`.
+tuner's, known failures), asks it for the ranking (``explain`` also for the first kernel
+at every batch size), and builds one :class:`Explanation` per call.
 """
 
 from __future__ import annotations
