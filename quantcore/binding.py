@@ -10,7 +10,7 @@ makes that survivable where it is safe:
 * ``UnsupportedProblemError`` from ``prepare`` means this kernel cannot take these
   particular weights (uneven act-order groups, say): the next candidate is tried;
 * any other exception from ``prepare`` or from a call is the kernel's: it is recorded
-  as failed on this device (:mod:`quantcore.selection_state`; ``explain`` then shows it
+  as failed on this device (:mod:`quantcore.selection.state`; ``explain`` then shows it
   refused, with the error), and the next candidate is prepared from the same source tensors. A failed
   call produced no output, so retrying it on another kernel is safe.
 
@@ -35,7 +35,6 @@ import torch
 from .errors import (
     KernelInputError,
     NoKernelError,
-    PluginError,
     TensorFormatError,
     UnsupportedProblemError,
 )
@@ -44,14 +43,83 @@ from .kernel import Kernel
 from .probe import normalize_device
 from .problem import Problem
 from .registry import Registry, default_registry
-from .selection import explain, log_choice, rank
-from .selection_state import selection_state
+from .selection import explain, log_choice, ranked
+from .selection.state import selection_state
 
-__all__ = ["BoundKernel", "bind"]
+__all__ = ["CALLERS_FAULT", "BoundKernel", "bind", "call_failed", "prepare_best"]
 
 log = logging.getLogger(__name__)
 
-_CALLERS_FAULT = (TensorFormatError, KernelInputError)
+#: Errors in the caller's input: every other kernel would refuse it too, so they are raised.
+CALLERS_FAULT = (TensorFormatError, KernelInputError)
+
+
+def prepare_best(
+    fmt: Format,
+    device: str,
+    source: Mapping[str, torch.Tensor],
+    *,
+    problem: Problem | None,
+    dtype: torch.dtype | None,
+    prefer: Sequence[str] = (),
+    allow_dense: bool | None = None,
+    registry: Registry,
+    passed_over: list[tuple[str, str]],
+) -> tuple[Kernel, Any]:
+    """The first kernel of the ranking that prepares ``source``, and what it prepared.
+    Kernels in ``passed_over`` are skipped; each one passed over now is appended to it
+    (with why) and logged at WARNING; the one bound is logged at INFO."""
+    op = problem.op if problem is not None else fmt.op
+    skip = {name for name, _ in passed_over}
+    for row in ranked(fmt, device, problem=problem, prefer=prefer or None, registry=registry,
+                      allow_dense=allow_dense):
+        if row.name in skip:
+            continue
+        kernel = row.cls(fmt, torch.device(device))
+        try:
+            prepared = kernel.prepare(source, dtype=dtype)
+        except CALLERS_FAULT:
+            raise
+        except UnsupportedProblemError as exc:
+            _fell_back(fmt, device, passed_over, row.name, f"cannot take this weight: {exc}")
+        except Exception as exc:
+            reason = f"prepare raised {_short(exc)}"
+            selection_state(registry).record_failure(fmt.name, op, row.name, device, reason)
+            _fell_back(fmt, device, passed_over, row.name, reason)
+        else:
+            why = row.reason
+            if passed_over:
+                why = f"after {', '.join(n for n, _ in passed_over)} failed" + (f"; {why}" if why else "")
+            log_choice(registry, fmt, device, problem, row.name, why, how="bound")
+            return kernel, prepared
+    tried = "; ".join(f"{n}: {why}" for n, why in passed_over) or "none usable"
+    log.warning("no kernel could prepare a %s weight on %s (%s)", fmt.slug, device, tried)
+    raise NoKernelError(
+        f"no kernel could prepare this {fmt.slug} weight on {device} ({tried})\n"
+        + explain(fmt, device, problem=problem, registry=registry).table()
+    )
+
+
+def call_failed(
+    fmt: Format, device: str, problem: Problem | None, kernel: Kernel, exc: Exception, *,
+    registry: Registry, passed_over: list[tuple[str, str]],
+) -> None:
+    """A kernel raised in a call (not for the caller's input): recorded as failed on
+    ``device``, so no selection offers it there again, and passed over for this weight."""
+    op = problem.op if problem is not None else fmt.op
+    reason = f"call raised {_short(exc)}"
+    selection_state(registry).record_failure(fmt.name, op, kernel.name, device, reason)
+    _fell_back(fmt, device, passed_over, kernel.name, reason)
+
+
+def _fell_back(fmt: Format, device: str, passed_over: list[tuple[str, str]], name: str, reason: str) -> None:
+    """A run-time fallback: remembered, and logged at WARNING with the error."""
+    passed_over.append((name, reason))
+    log.warning("%s on %s: %s %s; falling back to the next kernel", fmt.slug, device, name, reason)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class BoundKernel:
@@ -76,47 +144,12 @@ class BoundKernel:
         self._lock = threading.Lock()
         #: (kernel, reason) for every candidate passed over while binding this weight.
         self.passed_over: list[tuple[str, str]] = []
-        self._reasons: dict[str, str] = {}
-        self.kernel, self.prepared = self._first_that_prepares()
+        self.kernel, self.prepared = self._prepare()
 
-    def _candidates(self) -> list[str]:
-        expl = rank(self.fmt, self.device, problem=self.problem, prefer=self.prefer or None,
-                    registry=self._registry, allow_dense=self.allow_dense)
-        self._reasons = {c.kernel: c.reason for c in expl.candidates}
-        return [c.kernel for c in expl.candidates if c.status in ("selected", "usable")]
-
-    def _first_that_prepares(self, skip: frozenset[str] = frozenset()) -> tuple[Kernel, Any]:
-        op = self.problem.op if self.problem is not None else self.fmt.op
-        for name in self._candidates():
-            if name in skip or name in {n for n, _ in self.passed_over}:
-                continue
-            try:
-                entry = self._registry.kernel(self.fmt.name, op, name)
-            except PluginError:  # unregistered since it was listed
-                continue
-            kernel = entry.cls(self.fmt, torch.device(self.device))
-            try:
-                prepared = kernel.prepare(self._source, dtype=self.dtype)
-            except _CALLERS_FAULT:
-                raise
-            except UnsupportedProblemError as exc:
-                self._fell_back(name, f"cannot take this weight: {exc}")
-            except Exception as exc:
-                selection_state(self._registry).record_failure(
-                    self.fmt.name, op, name, self.device, f"prepare raised {_short(exc)}")
-                self._fell_back(name, f"prepare raised {_short(exc)}")
-            else:
-                why = self._reasons.get(name, "")
-                if self.passed_over:
-                    why = f"after {', '.join(n for n, _ in self.passed_over)} failed" + (f"; {why}" if why else "")
-                log_choice(self._registry, self.fmt, self.device, self.problem, name, why, how="bound")
-                return kernel, prepared
-        tried = "; ".join(f"{n}: {why}" for n, why in self.passed_over) or "none usable"
-        log.warning("no kernel could prepare a %s weight on %s (%s)", self.fmt.slug, self.device, tried)
-        raise NoKernelError(
-            f"no kernel could prepare this {self.fmt.slug} weight on {self.device} ({tried})\n"
-            + explain(self.fmt, self.device, problem=self.problem, registry=self._registry).table()
-        )
+    def _prepare(self) -> tuple[Kernel, Any]:
+        return prepare_best(self.fmt, self.device, self._source, problem=self.problem, dtype=self.dtype,
+                            prefer=self.prefer, allow_dense=self.allow_dense, registry=self._registry,
+                            passed_over=self.passed_over)
 
     def __call__(self, *inputs: Any, **options: Any) -> Any:
         """The op's call with the prepared weight filled in: ``bound(x)`` for a linear,
@@ -125,29 +158,18 @@ class BoundKernel:
         kernel, prepared = self.kernel, self.prepared
         try:
             return kernel(*inputs, prepared, **options)  # type: ignore[operator]
-        except _CALLERS_FAULT:
+        except CALLERS_FAULT:
             raise
         except Exception as exc:
             with self._lock:
                 if self.kernel is kernel:  # no other thread has replaced it yet
-                    op = self.problem.op if self.problem is not None else self.fmt.op
-                    reason = f"call raised {_short(exc)}"
-                    selection_state(self._registry).record_failure(self.fmt.name, op, kernel.name, self.device, reason)
-                    self._fell_back(kernel.name, reason)
-                    self.kernel, self.prepared = self._first_that_prepares()
+                    call_failed(self.fmt, self.device, self.problem, kernel, exc, registry=self._registry,
+                                passed_over=self.passed_over)
+                    self.kernel, self.prepared = self._prepare()
             return self(*inputs, **options)
-
-    def _fell_back(self, name: str, reason: str) -> None:
-        """A run-time fallback: remembered, and logged at WARNING with the error."""
-        self.passed_over.append((name, reason))
-        log.warning("%s on %s: %s %s; falling back to the next kernel", self.fmt.slug, self.device, name, reason)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.name} {self.fmt.slug} on {self.device}>"
-
-
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 # Bound kernels are cached weakly, keyed by the ids of their source tensors: a bound

@@ -7,7 +7,7 @@ import argparse
 from tabulate import tabulate
 
 from ..registry import default_registry
-from ..selection_state import selection_state
+from ..selection.state import selection_state
 from .output import emit_json
 
 HELP = "plugins, formats and kernels; broken plugins with their error"

@@ -8,17 +8,17 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import InvalidArgumentError, KernelInputError
+from ..errors import InvalidArgumentError
 from ..formats.base import Format
-from ..tensors import describe
 from .quant_module import QuantModule
 
 __all__ = ["QuantLinear"]
 
 
 class QuantLinear(QuantModule):
-    """A quantized ``nn.Linear``. Built from a checkpoint's tensors, it binds the kernel
-    for ``device`` (default: where the tensors are) and activation ``dtype`` at once::
+    """A quantized ``nn.Linear``: ``layer(x)`` with x ``[..., in_features]``. Built from a
+    checkpoint's tensors, it binds the kernel for ``device`` (default: where the tensors
+    are) and activation ``dtype`` at once::
 
         layer = QuantLinear(GPTQ(bits=4, group_size=128), tensors, device="cuda")
 
@@ -42,18 +42,11 @@ class QuantLinear(QuantModule):
         prefer: str | Sequence[str] | None = None,
         keep_source: bool = False,
     ) -> None:
-        if tensors is not None:
-            dims = fmt.validate(tensors)
-            k, n = dims["K"], dims["N"]
-            if device is None:
-                device = next(iter(tensors.values())).device
-        elif in_features is None or out_features is None:
+        if tensors is None and (in_features is None or out_features is None):
             raise InvalidArgumentError("QuantLinear: give the checkpoint's tensors, or in_features and out_features")
-        else:
-            k, n = in_features, out_features
-        super().__init__(fmt, {"K": k, "N": n}, device=device, dtype=dtype, keep_source=keep_source)
-        if tensors is not None:
-            self.bind_tensors(tensors, prefer=prefer)
+        dims = None if tensors is not None else {"K": in_features, "N": out_features}
+        super().__init__(fmt, tensors, dims=dims, device=device, dtype=dtype, prefer=prefer,  # type: ignore[arg-type]
+                         keep_source=keep_source)
 
     @property
     def in_features(self) -> int:
@@ -66,8 +59,3 @@ class QuantLinear(QuantModule):
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], *, prefer: str | Sequence[str] | None = None) -> None:
         """Bind a checkpoint's tensors for this layer (validated against the format)."""
         self.bind_tensors(tensors, prefer=prefer)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise KernelInputError(f"x: expected [..., {self.in_features}], got {describe(x)}")
-        return self.run_kernel(x)  # type: ignore[no-any-return]

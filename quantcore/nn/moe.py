@@ -36,23 +36,16 @@ class QuantExperts(QuantModule):
         prefer: str | Sequence[str] | None = None,
         keep_source: bool = False,
     ) -> None:
-        if tensors is not None:
-            dims = fmt.validate(tensors)
-            if device is None:
-                device = next(iter(tensors.values())).device
-        elif num_experts is None or in_features is None or out_features is None:
+        if tensors is None and (num_experts is None or in_features is None or out_features is None):
             raise InvalidArgumentError("QuantExperts: give the tensors, or num_experts, in_features and out_features")
-        else:
-            dims = {"E": num_experts, "K": in_features, "N": out_features}
-        super().__init__(fmt, {"E": dims["E"], "K": dims["K"], "N": dims["N"]}, device=device, dtype=dtype,
+        dims = None if tensors is not None else {"E": num_experts, "K": in_features, "N": out_features}
+        super().__init__(fmt, tensors, dims=dims, device=device, dtype=dtype, prefer=prefer,  # type: ignore[arg-type]
                          keep_source=keep_source)
-        if tensors is not None:
-            self.bind_tensors(tensors, prefer=prefer)
 
     def forward(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.run_kernel(x, topk_ids, topk_weights=topk_weights)  # type: ignore[no-any-return]
+        return super().forward(x, topk_ids, topk_weights=topk_weights)  # type: ignore[no-any-return]
 
 
 class QuantMoE(nn.Module):

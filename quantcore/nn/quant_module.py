@@ -1,9 +1,12 @@
-"""The base of quantcore's torch modules: a kernel's prepared state, held as buffers.
+"""The base of quantcore's torch modules: one weight of an op kind, held as one kernel's
+prepared state.
 
-A :class:`QuantModule` is bound once — :func:`quantcore.bind` picks the kernel for the
-module's device and activation dtype and prepares the weight — and from then on holds
-exactly that prepared state, flattened (:mod:`quantcore.custom_ops.state`) into
-registered buffers. So:
+A :class:`QuantModule` is bound once — the kernel for the module's device and
+activation dtype is chosen down the ranking of :mod:`quantcore.selection` and prepares the
+weight (:func:`quantcore.binding.prepare_best`) — and from then on holds that kernel and
+its prepared state, once: the state's tensors are the module's buffers
+(:mod:`quantcore.custom_ops.state` flattens it), and the prepared object built on them is
+a plain attribute. So:
 
 * ``state_dict()`` is the prepared state plus, as ``_extra_state``, the op spec naming the
   kernel and how its tensors fit together; ``load_state_dict`` rebuilds any module of
@@ -14,54 +17,84 @@ registered buffers. So:
   where the kernel cannot run on the new device the module says so at its next call,
   or, with ``keep_source=True``, prepares again there;
 * the checkpoint's tensors are dropped once prepared (memory is the prepared bytes),
-  unless ``keep_source=True`` keeps them for ``bind``'s run-time fallback: a kernel that
-  fails in a call is recorded and the next candidate prepared from them.
+  unless ``keep_source=True`` keeps them for a run-time fallback: a kernel that fails in a
+  call is recorded as failed on the device and the next candidate prepared from them.
 
-Calls go through the op kind's custom op (``quantcore::linear`` …) whenever they are
-traced — ``torch.compile`` (one op, no graph break), ``torch.export`` (the buffers are
-the graph's buffers), fake or meta tensors — and straight to the kernel otherwise, which
-runs the same code without the dispatcher's per-call cost.
+A call has two routes. While traced — ``torch.compile`` (one op, no graph break),
+``torch.export`` (the buffers are the graph's buffers), fake or meta tensors — it is the
+op kind's custom op (``quantcore::linear`` …). Otherwise it is the kernel called on the
+prepared state: one test, one call, nothing looked up or checked again (the kernel checks
+its own input).
+
+The op kind's declaration (:class:`quantcore.ops.Op`) gives the module its weight dims,
+its problem and its op, so ``QuantModule(fmt, tensors)`` runs any op kind (``fmt.op``);
+the subclasses give an op kind its constructor arguments and its methods.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from ..binding import BoundKernel, bind
+from ..binding import CALLERS_FAULT, call_failed, prepare_best
 from ..custom_ops import call_op, flatten, make_spec, resolve, traced
-from ..errors import KernelInputError, TensorFormatError
+from ..errors import InvalidArgumentError, KernelInputError, TensorFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
+from ..ops import get_op
+from ..probe import normalize_device
 from ..problem import Problem
+from ..registry import default_registry
 
-__all__ = ["QuantModule"]
+__all__ = ["SOURCE", "QuantModule"]
 
 EXTRA_STATE_VERSION = 1
 #: Buffer-name prefix of the kept source tensors (never in the state dict).
 SOURCE = "source_"
+#: Held while a module replaces a kernel that failed in a call (threads calling one module).
+_replacing = threading.Lock()
 
 
 class QuantModule(nn.Module):
-    """A module whose weight is one kernel's prepared state; subclasses give the op kind,
-    the problem and ``forward``."""
+    """One weight of an op kind, run by one kernel: ``forward(*inputs, **options)`` is the
+    kernel's call without the prepared state (``layer(x)``; ``experts(x, topk_ids,
+    topk_weights=w)``). Built from a checkpoint's ``tensors`` it binds at once; built from
+    ``dims`` (the op's weight dims) it is a skeleton for ``load_state_dict``."""
 
-    #: The op kind whose custom op runs the kernel (``"linear"``, ``"moe"``, …).
-    op_kind: ClassVar[str]
+    #: The op kind the module runs (``"linear"``, ``"moe"``, …); None: the format's.
+    op_kind: ClassVar[str | None] = None
 
     def __init__(
         self,
         fmt: Format,
-        dims: Mapping[str, int],
+        tensors: Mapping[str, torch.Tensor] | None = None,
         *,
+        dims: Mapping[str, int] | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = torch.bfloat16,
+        prefer: str | Sequence[str] | None = None,
         keep_source: bool = False,
     ) -> None:
         super().__init__()
+        op = get_op(self.op_kind or fmt.op)
+        if fmt.op != op.name:
+            raise InvalidArgumentError(f"fmt: {type(self).__name__} runs {op.name}; {fmt.slug} is a {fmt.op} format")
+        if tensors is not None:
+            found = fmt.validate(tensors)  # the one validation of the tensors on their way in
+            dims = {d: found[d] for d in op.weight_dims}
+            if device is None:
+                device = next(iter(tensors.values())).device
+        elif dims is None or set(dims) != set(op.weight_dims):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}: give the checkpoint's tensors, or the weight dims {list(op.weight_dims)} "
+                f"(got {dict(dims) if dims is not None else None})"
+            )
+        #: The op kind's declaration: its weight dims, output rule and custom op.
+        self.op = op
         self.format = fmt
         #: The problem dims of the weight (K, N for a linear; E, K, N for a MoE GEMM, …).
         self.dims = dict(dims)
@@ -69,47 +102,54 @@ class QuantModule(nn.Module):
         self.dtype = dtype
         self.keep_source = keep_source
         self.kernel: Kernel | None = None
-        #: (kernel, reason) for every candidate ``bind`` passed over for this weight.
+        #: The kernel's prepared state, built on the buffers.
+        self.prepared: Any = None
+        #: (kernel, reason) for every candidate passed over for this weight.
         self.passed_over: list[tuple[str, str]] = []
         self._spec = ""
         self._names: tuple[str, ...] = ()
-        self._prepared: Any = None
-        self._bound: BoundKernel | None = None
-        self._prefer: tuple[str, ...] = ()
+        self._prefer = _preferences(prefer)
         self._device = _concrete(device if device is not None else "cpu")
-        #: Why the kernel cannot run where the module now is (set by a move), else None.
-        self._unusable: str | None = None
+        #: Why an eager call cannot run now (no weight yet, or moved where the kernel cannot
+        #: run); None when it can.
+        self._blocked: str | None = self._no_weight()
+        if tensors is not None:
+            self._bind(tensors)
 
     # --- binding ---------------------------------------------------------------------------
 
     def problem(self) -> Problem:
-        """The problem ``bind`` chooses the kernel for (override for ops other than linear)."""
-        return Problem.of(self.format, self.dims, self.dtype or torch.float32, op=self.op_kind)
+        """The problem the kernel is chosen for: the weight's dims, no batch dim."""
+        return Problem.of(self.format, self.dims, self.dtype or torch.float32, op=self.op.name)
 
     def bind_tensors(
         self, tensors: Mapping[str, torch.Tensor], *, prefer: str | Sequence[str] | None = None
     ) -> None:
         """Choose and prepare the kernel for ``tensors`` (a checkpoint's, validated by the
-        format) on this module's device, and hold its prepared state."""
+        format against the module's dims) on this module's device, and hold its prepared state."""
         dims = self.format.validate(tensors)
         mismatch = {k: (v, dims.get(k)) for k, v in self.dims.items() if dims.get(k) != v}
         if mismatch:
             said = ", ".join(f"{k}={got} (module: {want})" for k, (want, got) in mismatch.items())
             raise TensorFormatError(f"{self.format.slug} tensors: they describe {said}")
+        self._prefer = _preferences(prefer)
+        self._bind(tensors)
+
+    def _bind(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Prepare validated ``tensors`` with the best kernel that takes them."""
         if self._device.type == "meta":
             raise KernelInputError("device: a module on meta cannot prepare weights; build it on a real device")
         source = {k: v.detach().to(self._device) for k, v in tensors.items()}
-        self._prefer = (prefer,) if isinstance(prefer, str) else tuple(prefer or ())
-        bound = bind(self.format, self._device, source, problem=self.problem(), dtype=self.dtype,
-                     prefer=self._prefer)
-        for name in [n for n in self._buffers if n.startswith(SOURCE)]:
-            del self._buffers[name]
+        passed_over: list[tuple[str, str]] = []
+        kernel, prepared = prepare_best(self.format, normalize_device(self._device), source, problem=self.problem(),
+                                        dtype=self.dtype, prefer=self._prefer, registry=default_registry(),
+                                        passed_over=passed_over)
+        self._drop_source()
         if self.keep_source:
             for name, t in source.items():
                 self.register_buffer(SOURCE + name, t, persistent=False)
-        self._bound = bound if self.keep_source else None
-        self.passed_over = list(bound.passed_over)
-        self._adopt(bound.kernel, bound.prepared)
+        self.passed_over = passed_over
+        self._adopt(kernel, prepared)
 
     def _adopt(self, kernel: Kernel, prepared: Any) -> None:
         state = flatten(prepared, where=f"{kernel.name}.prepare()")
@@ -120,18 +160,24 @@ class QuantModule(nn.Module):
             self.register_buffer(name, t)
         self._names = names
         self._spec = make_spec(kernel, state, self.dims)
-        self.kernel, self._prepared, self._unusable = kernel, prepared, None
+        self.kernel, self.prepared, self._blocked = kernel, prepared, None
 
     def _free_name(self, name: str) -> str:
         taken = hasattr(type(self), name) or name in self.__dict__ or name in self._modules or name.startswith(SOURCE)
         return f"state_{name}" if taken else name
 
-    @property
-    def prepared(self) -> Any:
-        """The kernel's prepared state, built on the buffers as they are now."""
-        if self._prepared is None and self._spec:
-            self._prepared = resolve(self._spec).prepared(self.state_tensors())
-        return self._prepared
+    def _source(self) -> dict[str, torch.Tensor]:
+        """The kept checkpoint tensors (empty unless ``keep_source``)."""
+        return {n[len(SOURCE):]: t for n, t in self._buffers.items() if n.startswith(SOURCE) and t is not None}
+
+    def _drop_source(self) -> None:
+        for name in [n for n in self._buffers if n.startswith(SOURCE)]:
+            del self._buffers[name]
+
+    def _rebuild(self) -> None:
+        """The prepared state again, on the buffers as they are now (after a move or a load)."""
+        if self._spec and all(self._buffers.get(n) is not None for n in self._names):
+            self.prepared = resolve(self._spec).prepared(self.state_tensors())
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names]
@@ -140,26 +186,40 @@ class QuantModule(nn.Module):
     def has_weight(self) -> bool:
         return bool(self._spec)
 
+    def _no_weight(self) -> str:
+        return f"{type(self).__name__}: no weight yet; load a state dict or bind the checkpoint's tensors"
+
     # --- calling ---------------------------------------------------------------------------
 
-    def run_kernel(self, *inputs: Any, **options: Any) -> Any:
-        """The op on the held state: through the custom op when traced, else the kernel."""
-        if not self._spec:
-            raise KernelInputError(
-                f"{type(self).__name__}: no weight yet; load a state dict or bind the checkpoint's tensors"
-            )
+    def forward(self, *inputs: Any, **options: Any) -> Any:
         if traced(inputs[0]):
-            return call_op(self.op_kind, self._spec, self.state_tensors(), *inputs, **options)
-        if self._unusable is not None:
-            raise KernelInputError(self._unusable)
-        if self._bound is not None:
-            out = self._bound(*inputs, **options)
-            if self._bound.kernel is not self.kernel:  # bind fell back to the next kernel
-                self.passed_over = list(self._bound.passed_over)
-                self._adopt(self._bound.kernel, self._bound.prepared)
-            return out
-        assert self.kernel is not None
-        return self.kernel(*inputs, self.prepared, **options)  # type: ignore[operator]
+            if not self._spec:
+                raise KernelInputError(self._no_weight())
+            return call_op(self.op.name, self._spec, self.state_tensors(), *inputs, **options)
+        if self._blocked is not None:
+            raise KernelInputError(self._blocked)
+        try:
+            return self.kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
+        except Exception as exc:
+            if not self.keep_source or isinstance(exc, CALLERS_FAULT) or not self._source():
+                raise
+            self._replace_failed(self.kernel, exc)  # type: ignore[arg-type]
+            return self.forward(*inputs, **options)
+
+    def _replace_failed(self, kernel: Kernel, exc: Exception) -> None:
+        """``kernel`` raised in a call: recorded as failed on this device, and the next
+        candidate prepared from the kept source (a failed call produced no output, so
+        running it again on another kernel is safe)."""
+        with _replacing:
+            if self.kernel is not kernel:  # another thread replaced it already
+                return
+            device, registry = normalize_device(self._device), default_registry()
+            call_failed(self.format, device, self.problem(), kernel, exc, registry=registry,
+                        passed_over=self.passed_over)
+            kernel, prepared = prepare_best(self.format, device, self._source(), problem=self.problem(),
+                                            dtype=self.dtype, prefer=self._prefer, registry=registry,
+                                            passed_over=self.passed_over)
+            self._adopt(kernel, prepared)
 
     # --- state dict ------------------------------------------------------------------------
 
@@ -201,14 +261,15 @@ class QuantModule(nn.Module):
             if isinstance(incoming, torch.Tensor):
                 self.register_buffer(name, torch.empty_like(incoming, device=self._device))
         self._spec = extra["spec"]
-        self.kernel = r.kernel(self._device)
-        self._bound = None  # its source belongs to the weight this state replaces
+        self.kernel, self._blocked = r.kernel(self._device), None
+        self._drop_source()  # it belongs to the weight this state replaces
 
     def _loaded(self) -> None:
-        self._prepared = None
         tensors = [t for t in (self._buffers.get(n) for n in self._names) if t is not None]
         if tensors and tensors[0].device != self._device:  # assign=True brought them from elsewhere
             self._moved_to(tensors[0].device)
+        else:
+            self._rebuild()
 
     # --- moving ----------------------------------------------------------------------------
 
@@ -234,33 +295,34 @@ class QuantModule(nn.Module):
         return False
 
     def _moved_to(self, device: torch.device) -> None:
-        self._prepared = None
         device = _concrete(device)
-        if device == self._device:
-            return
-        self._device = device
-        if self.kernel is None:
-            return
-        if self.keep_source and device.type != "meta":
-            source = {n[len(SOURCE):]: t for n, t in self._buffers.items() if n.startswith(SOURCE) and t is not None}
-            if source:
-                self.bind_tensors(source, prefer=self._prefer)
-                return
-        kernel_cls = type(self.kernel)
-        if device.type == "meta" or device.type in kernel_cls.requires.device_types:
-            self.kernel = kernel_cls(self.format, device)
-            self._unusable = None
-        else:
-            self._unusable = (
-                f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
-                f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on {device}; "
-                f"build the module on {device.type} (or with keep_source=True to prepare again after a move)"
-            )
+        if device != self._device:
+            self._device = device
+            if self.kernel is not None:
+                source = self._source()
+                if self.keep_source and device.type != "meta" and source:
+                    self._bind(source)
+                    return
+                kernel_cls = type(self.kernel)
+                if device.type == "meta" or device.type in kernel_cls.requires.device_types:
+                    self.kernel, self._blocked = kernel_cls(self.format, device), None
+                else:
+                    self._blocked = (
+                        f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
+                        f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
+                        f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
+                        "after a move)"
+                    )
+        self._rebuild()
 
     def extra_repr(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         kernel = self.kernel.name if self.kernel is not None else None
         return f"{dims}, format={self.format.slug}, kernel={kernel}"
+
+
+def _preferences(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
+    return (prefer,) if isinstance(prefer, str) else tuple(prefer or ())
 
 
 def _concrete(device: str | torch.device) -> torch.device:

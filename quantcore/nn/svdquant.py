@@ -20,7 +20,6 @@ from torch import nn
 from ..errors import InvalidArgumentError, KernelInputError
 from ..formats.svdquant import SVDQuantAct
 from ..formats.svdquant.numerics import dequantize_activation
-from ..ops.act_quant_lora import ActQuantLoraOutput
 from ..problem import Problem
 from ..tensors import describe
 from .quant_module import QuantModule
@@ -30,7 +29,7 @@ __all__ = ["SVDQuantActQuant", "SVDQuantLinear"]
 
 class SVDQuantActQuant(QuantModule):
     """``act_quant_lora`` on a layer's ``lora_down [N, R]`` (and optional ``smooth [N]``):
-    ``forward(x [M, N]) -> ActQuantLoraOutput(qout, oscales, lora_act_out)``."""
+    ``act(x [M, N]) -> ActQuantLoraOutput(qout, oscales, lora_act_out)``."""
 
     op_kind = "act_quant_lora"
 
@@ -46,23 +45,14 @@ class SVDQuantActQuant(QuantModule):
         prefer: str | Sequence[str] | None = None,
         keep_source: bool = False,
     ) -> None:
-        if tensors is not None:
-            dims = fmt.validate(tensors)
-            if device is None:
-                device = next(iter(tensors.values())).device
-        elif in_features is None or rank is None:
+        if tensors is None and (in_features is None or rank is None):
             raise InvalidArgumentError("SVDQuantActQuant: give the tensors, or in_features and rank")
-        else:
-            dims = {"N": in_features, "R": rank}
-        super().__init__(fmt, dims, device=device, dtype=dtype, keep_source=keep_source)
-        if tensors is not None:
-            self.bind_tensors(tensors, prefer=prefer)
+        dims = None if tensors is not None else {"N": in_features, "R": rank}
+        super().__init__(fmt, tensors, dims=dims, device=device, dtype=dtype, prefer=prefer,  # type: ignore[arg-type]
+                         keep_source=keep_source)
 
     def problem(self) -> Problem:
-        return Problem.of(self.format, self.dims, self.dtype or torch.bfloat16, op="act_quant_lora")
-
-    def forward(self, x: torch.Tensor) -> ActQuantLoraOutput:
-        return self.run_kernel(x)  # type: ignore[no-any-return]
+        return Problem.of(self.format, self.dims, self.dtype or torch.bfloat16, op=self.op.name)
 
 
 class SVDQuantLinear(nn.Module):

@@ -1,25 +1,12 @@
-"""What is computed. Each op has one golden reference in float64; its harness
-(:mod:`.harness`, :mod:`.harnesses`) draws a :class:`~.case.Case`'s weights and inputs and
-judges a kernel's output against that reference by the tolerance policy (:mod:`.tolerance`)."""
+"""What is computed. Each op kind is one folder, ``quantcore/ops/<name>/``, whose
+``__init__`` declares it (:class:`~.op.Op`: inputs, output rule, weight dims, harness) and
+whose ``reference.py`` holds its golden reference in float64; :mod:`.case`,
+:mod:`.harness` and :mod:`.tolerance` are shared by all of them: a case's weights and
+inputs are drawn and a kernel's output judged against the reference by the op's harness."""
 
 from __future__ import annotations
 
-from .act_quant_lora import ACT_QUANT_LORA
-from .base import Op
-from .linear import LINEAR
-from .moe import MOE
+from .kinds import get_op, op_kinds
+from .op import Op
 
-__all__ = ["ACT_QUANT_LORA", "LINEAR", "MOE", "Op", "get_op"]
-
-_OPS: dict[str, Op] = {LINEAR.name: LINEAR, MOE.name: MOE, ACT_QUANT_LORA.name: ACT_QUANT_LORA}
-
-
-def get_op(name: str) -> Op:
-    try:
-        return _OPS[name]
-    except KeyError:
-        raise KeyError(f"op: expected one of {sorted(_OPS)}, got {name!r}") from None
-
-
-def register_op(op: Op) -> None:
-    _OPS[op.name] = op
+__all__ = ["Op", "get_op", "op_kinds"]

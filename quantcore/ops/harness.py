@@ -1,16 +1,17 @@
 """Per-op harnesses: how a case's inputs and golden output are drawn, how a kernel is run
-on them and how its output is judged (the golden judge). The conformance matrix and tuning
-share them; both are op-agnostic."""
+on them and how its output is judged (the golden judge). Each op kind's folder holds its
+own (``quantcore/ops/<name>/harness.py``, declared as ``Op.harness``); the conformance
+matrix and tuning share them and are op-agnostic."""
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
 from quantcore.kernel import Kernel
 
 from .case import Case
+from .kinds import get_op
 from .tolerance import Comparison
 
 __all__ = ["OpHarness", "get_harness"]
@@ -40,16 +41,5 @@ class OpHarness(ABC):
 
 
 def get_harness(op: str) -> OpHarness:
-    """The harness of ``op``: module ``quantcore.ops.harnesses.<op>``, attribute
-    ``HARNESS``. One module per op keeps ops independent of each other."""
-    hit = _HARNESSES.get(op)
-    if hit is None:
-        try:
-            module = importlib.import_module(f"{__package__}.harnesses.{op}")
-        except ModuleNotFoundError as exc:
-            raise KeyError(f"no conformance harness for op {op!r} ({exc})") from None
-        hit = _HARNESSES[op] = module.HARNESS
-    return hit
-
-
-_HARNESSES: dict[str, OpHarness] = {}
+    """The harness of op kind ``op``."""
+    return get_op(op).harness

@@ -96,7 +96,7 @@ class Registry:
         self._kernels: dict[tuple[str, str, str], KernelEntry] = {}
         self._cases: list[Any] | None = None
         #: Bumped on every change (what selection learnt about the previous one may be stale:
-        #: see quantcore.selection_state).
+        #: see quantcore.selection.state).
         self.generation = 0
 
     # --- loading ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """GPTQ checkpoint → codes in rows ``[O, I]`` with inputs sorted by group.
 
-The first half of both of GPTQModel's ``TorchFusedQuantLinear`` transforms (``transform_cpu`` and
-``transform_xpu``): unpack ``qweight``, reorder the input rows by ``ret_idx =
+The common first step of the GPTQ kernels' transforms (torch's int4pack layouts on CPU,
+XPU and CUDA, Triton's): unpack ``qweight``, reorder the input rows by ``ret_idx =
 argsort(g_idx)`` so every group is contiguous, transpose to one row per output. Kernels
 then permute activations with the same ``ret_idx``. Nothing is lost, so the inverse
 rebuilds the checkpoint tensors bit for bit.

@@ -19,7 +19,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 from quantcore.selection import DENSE_HELD_BACK, ENV_ALLOW_DENSE, explain, get_kernel
-from quantcore.selection_state import selection_state
+from quantcore.selection.state import selection_state
 
 from .fakes import Plugin, costed_kernel, dense_kernel
 

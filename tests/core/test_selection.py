@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -11,8 +13,8 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Support
 from quantcore.problem import Problem
 from quantcore.registry import Registry
-from quantcore.selection import ENV_DISABLE, ENV_FORCE, ENV_PREFER, explain, get_kernel
-from quantcore.selection_state import selection_state
+from quantcore.selection import ENV_DISABLE, ENV_FORCE, ENV_PREFER, Explanation, explain, get_kernel
+from quantcore.selection.state import selection_state
 
 from .fakes import Plugin, dense_kernel, refusing_kernel
 
@@ -131,6 +133,29 @@ def test_refusal_reason_and_broken_plugins_are_shown(registry: Registry) -> None
     assert expl.as_dict()["selected"] == "aten_cpu"
 
 
+def test_one_explanation_per_call(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """explain builds one Explanation (its batch sweep only ranks); get_kernel builds one
+    only to say why nothing can run."""
+    import quantcore.selection as selection
+
+    built: list[Explanation] = []
+
+    class Counted(Explanation):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(selection, "Explanation", Counted)
+    expl = explain("gptq", "cpu", problem=P, registry=registry)
+    assert built == [expl] and len(expl.by_batch) == 13 and expl.selected.kernel == "aten_cpu"
+    built.clear()
+    get_kernel("gptq", "cpu", problem=P, registry=registry)
+    assert built == []
+    with pytest.raises(NoKernelError):
+        get_kernel("gptq", "xpu", problem=P, registry=registry)
+    assert len(built) == 1
+
+
 def test_cache_returns_same_kernel_and_invalidates_on_register(registry: Registry) -> None:
     a = get_kernel("gptq", "cpu", problem=P, registry=registry)
     assert get_kernel("gptq", "cpu", problem=P, registry=registry) is a
@@ -150,7 +175,7 @@ def test_support_is_a_truthy_pair() -> None:
     assert not Support.no("x") and Support.yes() and (ok, why) == (False, "because")
 
 
-def test_top_level_api_matches_issue_example() -> None:
+def test_top_level_api_runs_as_the_package_docstring_shows() -> None:
     gen = torch.Generator().manual_seed(3)
     fmt = GPTQ(bits=4, group_size=128, sym=False)
     tensors = fmt.quantize(torch.randn(256, 512, generator=gen), generator=gen)

@@ -27,7 +27,7 @@ from quantcore.kernel import Kernel, Support
 from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry
 from quantcore.selection import explain, get_kernel
-from quantcore.selection_state import selection_state
+from quantcore.selection.state import selection_state
 
 from .fuzz.mutations import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, mutate_tensors, reparameterize
 from .fuzz.op_oracles import oracle_for

@@ -236,8 +236,8 @@ def test_bind_forwards_every_input_of_the_op() -> None:
     """``bind`` returned a callable of ``x`` alone: a bound MoE weight could not be given
     its routing (TypeError on ``topk_ids``)."""
     from quantcore.binding import bind
-    from quantcore.ops.harnesses.moe import GoldenExperts
     from quantcore.ops.moe import moe_gemm_reference
+    from quantcore.ops.moe.harness import GoldenExperts
 
     fmt = TRTLLMMoE(group_size=64)
     gen = GEN().manual_seed(8)

@@ -19,7 +19,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 from quantcore.selection import explain
-from quantcore.selection_state import selection_state
+from quantcore.selection.state import selection_state
 
 from ..core.fakes import Plugin, dense_kernel
 

@@ -18,7 +18,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import KernelEntry, Registry
 from quantcore.selection import explain, get_kernel
-from quantcore.selection_state import selection_state
+from quantcore.selection.state import selection_state
 
 from ..core.fakes import Plugin, dense_kernel
 from .fuzz.op_oracles import oracle_for

@@ -16,7 +16,7 @@ from torch import nn
 
 import quantcore
 from quantcore.custom_ops import flatten
-from quantcore.custom_ops import ops as custom_ops
+from quantcore.custom_ops import spec as custom_op_spec
 from quantcore.errors import KernelInputError, TensorFormatError
 from quantcore.formats.gptq import GPTQ
 from quantcore.formats.svdquant import SVDQuantAct
@@ -186,8 +186,7 @@ def test_export_lifts_every_weight_as_a_buffer_and_reloads_by_name(tmp_path: Pat
     path = tmp_path / "block.pt2"
     torch.export.save(ep, path)
     # What a fresh process knows: nothing cached; the spec strings name everything.
-    custom_ops._resolved.clear()
-    custom_ops._KERNEL_CLASSES.clear()
+    custom_op_spec._resolved.clear()
     loaded = torch.export.load(path)
     with torch.no_grad():
         assert torch.equal(loaded.module()(*args), eager)

@@ -1,4 +1,4 @@
-"""TurboQuant at run time (seeds/turboquant-inference-pipeline.md).
+"""TurboQuant at run time.
 
 the pass-level contract every TurboQuant kernel implements
                 (:class:`TurboQuantLinearKernel`, :class:`TurboQuantPrepared`) is

@@ -1,7 +1,7 @@
 """``TurboQuantLinear``: an ``nn.Linear`` replacement for TurboQuant weights, a
 :class:`~quantcore.nn.quant_module.QuantModule` like :class:`~quantcore.nn.linear.QuantLinear`:
-bound once through :func:`quantcore.bind` (with its fallback past a kernel that fails on
-the weight), its prepared state in buffers, its calls a ``quantcore::linear`` op when
+bound once down the kernel ranking (with the fallback past a kernel that fails on the
+weight), its prepared state in buffers, its calls a ``quantcore::linear`` op when
 traced.
 
 The format's tensors (``indices``, ``norms``, ``rotation`` per pass, ``codebook``,
@@ -23,9 +23,8 @@ from ...custom_ops import traced
 from ...errors import KernelInputError, TensorFormatError
 from ...formats.turboquant.format import TurboQuant
 from ...kernels.turboquant import TurboQuantLinearKernel, TurboQuantPrepared
-from ...tensors import describe
 from ...transforms.turboquant_passes import TurboQuantPassTransform
-from ..quant_module import SOURCE, QuantModule
+from ..quant_module import QuantModule
 from .offload import OffloadedPass, Pass2OffloadPool
 
 __all__ = ["TurboQuantLinear"]
@@ -52,7 +51,7 @@ class TurboQuantLinear(QuantModule):
             raise KernelInputError(
                 f"in_features={in_features} is not a multiple of group_size={fmt.group_size}"
             )
-        super().__init__(fmt, {"K": in_features, "N": out_features}, device=device, dtype=dtype,
+        super().__init__(fmt, dims={"K": in_features, "N": out_features}, device=device, dtype=dtype,
                          keep_source=keep_source)
         self.has_bias = bias
         self.cpu_offload_pass2 = False
@@ -107,7 +106,7 @@ class TurboQuantLinear(QuantModule):
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The format's tensors (and bias): the kept source, or the prepared passes inverted."""
-        source = {n[len(SOURCE):]: t for n, t in self._buffers.items() if n.startswith(SOURCE) and t is not None}
+        source = self._source()
         if source:
             return source
         prepared = self.prepared
@@ -152,7 +151,7 @@ class TurboQuantLinear(QuantModule):
         for name in self._pass2_names:
             # Host memory only: OffloadedPass packs the pass into one pinned buffer (one copy a layer).
             self._buffers[name] = self._buffers[name].detach().to("cpu")  # type: ignore[union-attr]
-        self._prepared = None
+        self._rebuild()
         self._offloaded = None
 
     def _stays(self, name: str) -> bool:
@@ -172,10 +171,8 @@ class TurboQuantLinear(QuantModule):
     # --- forward ---------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise KernelInputError(f"x: expected [..., {self.in_features}], got {describe(x)}")
         if not self._pass2_names:
-            return self.run_kernel(x)  # type: ignore[no-any-return]
+            return super().forward(x)  # type: ignore[no-any-return]
         if traced(x):
             raise KernelInputError(
                 "cpu_offload_pass2 streams pass 2 on a side stream and runs eagerly; compile or export the model "
@@ -187,8 +184,8 @@ class TurboQuantLinear(QuantModule):
         kernel, prepared = self.kernel, self.prepared
         assert isinstance(kernel, TurboQuantLinearKernel) and isinstance(prepared, TurboQuantPrepared)
         assert self._pool is not None
-        if self._unusable is not None:
-            raise KernelInputError(self._unusable)
+        if self._blocked is not None:
+            raise KernelInputError(self._blocked)
         kernel.check_input(x, prepared)
         entry = self._offloaded_pass(x.device)
         x2d = x.reshape(-1, self.in_features)

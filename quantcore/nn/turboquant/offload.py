@@ -3,7 +3,7 @@
 When GPU memory is short, the residual pass's data (indices, scales, rotation — about
 half of a layer's quantized bytes) stays in pinned host memory and is copied into one
 of two GPU scratch slots shared by every offloaded layer, one layer ahead of use. Per
-layer, the seed's prefetch chain (seeds/turboquant-inference-pipeline.md):
+layer, a prefetch chain of four steps:
 
 1. fence: record an event on the compute stream; the copy stream waits for it, so a
    slot is never overwritten while a kernel queued earlier may still read it;
@@ -15,8 +15,8 @@ layer, the seed's prefetch chain (seeds/turboquant-inference-pipeline.md):
    (``run_passes``: one launch where the kernel fuses passes).
 
 Per layer that is two event records, one stream wait and one copy: the views that read
-a slot and the events are made once and reused (the earlier chain built them per call,
-about 100 µs of host time per layer on an H100 host).
+a slot and the events are made once and reused (made per call, they cost about 100 µs of
+host time per layer on an H100 host).
 
 The chain is the order in which offloaded layers first run (their execution order);
 the last layer prefetches the first, so a decode loop stays pipelined across steps.

@@ -23,7 +23,7 @@ from quantcore.formats.base import Format
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernel import Kernel
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference
-from quantcore.ops.harnesses.act_quant_lora import code_problems, layout_problem
+from quantcore.ops.act_quant_lora.harness import code_problems, layout_problem
 
 from .mutations import mutate_activation
 from .oracles import Inputs, OpOracle, beyond, has_tiny, judge_dense, on_cpu, x_draw

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from quantcore.formats.base import Format
 from quantcore.kernel import Kernel
-from quantcore.ops.harnesses.moe import GoldenExperts
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.moe import moe_gemm_reference
+from quantcore.ops.moe.harness import GoldenExperts
 from quantcore.ops.tolerance import compare, tolerance_for
 
 from .mutations import ALL_DTYPES, NOT_TENSORS, OTHER_DEVICE, mutate_activation, noncontiguous

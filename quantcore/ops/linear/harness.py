@@ -7,13 +7,13 @@ from dataclasses import dataclass
 import torch
 
 from quantcore.kernel import Kernel
-from quantcore.ops.linear import linear_reference
 
 from ..case import Case
 from ..harness import OpHarness
 from ..tolerance import Comparison, judge_output
+from .reference import linear_reference
 
-__all__ = ["LinearHarness"]
+__all__ = ["HARNESS", "LinearHarness"]
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ import torch
 
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernel import Kernel
-from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference
 
 from ..case import Case
 from ..harness import OpHarness
 from ..tolerance import Comparison, compare, tolerance_for
+from .reference import ActQuantLoraOutput, act_quant_lora_reference
 
-__all__ = ["ActQuantLoraHarness", "code_problems", "compare_outputs", "first_difference", "layout_problem", "tie_block"]
+__all__ = ["HARNESS", "ActQuantLoraHarness", "code_problems", "compare_outputs", "first_difference", "layout_problem", "tie_block"]
 
 NVFP4_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0)
 INT4_TIES = (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.0)

@@ -14,8 +14,8 @@ import threading
 import weakref
 from typing import Any
 
-from .kernel import Kernel
-from .registry import Registry
+from ..kernel import Kernel
+from ..registry import Registry
 
 __all__ = ["FailureKey", "SelectionState", "selection_state"]
 

@@ -21,13 +21,14 @@ import torch
 
 from quantcore.formats.base import Format
 from quantcore.kernel import Kernel
-from quantcore.ops.moe import moe_ffn, moe_ffn_reference, moe_gemm_reference
 
 from ..case import Case
 from ..harness import OpHarness
 from ..tolerance import Comparison, judge_output
+from .kernel import moe_ffn
+from .reference import moe_ffn_reference, moe_gemm_reference
 
-__all__ = ["MoEHarness"]
+__all__ = ["HARNESS", "GoldenExperts", "MoEHarness"]
 
 
 @dataclass

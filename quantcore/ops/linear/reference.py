@@ -1,18 +1,10 @@
-"""``linear``: y = x Wᵀ + b, with W ``[N, K]`` (out-features × in-features)."""
+"""The golden ``linear``: y = x Wᵀ + b in float64."""
 
 from __future__ import annotations
 
 import torch
 
-from .base import Op
-
-__all__ = ["LINEAR", "linear_reference"]
-
-LINEAR = Op(
-    name="linear",
-    dims=("M", "K", "N"),
-    doc="y[M, N] = x[M, K] @ W[N, K]ᵀ + b[N]; W dequantized from the format",
-)
+__all__ = ["linear_reference"]
 
 
 def linear_reference(

@@ -1,1 +1,0 @@
-"""One module per op, each exposing ``HARNESS`` (see :mod:`quantcore.ops.harness`)."""
