@@ -3,6 +3,7 @@ on Intel XPUs. Registered everywhere; probing refuses it on any other device, wi
 reason, so the matrix says SKIP. ``contract.py`` emulates the op in plain torch, which
 is how its transform is proven on a CPU."""
 
+from quantcore.kernels.compressed_tensors import via_gptq
 from quantcore.registry import hookimpl
 
 from .kernel import AtenXpuGPTQ
@@ -10,4 +11,4 @@ from .kernel import AtenXpuGPTQ
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [AtenXpuGPTQ]
+    return [AtenXpuGPTQ, via_gptq(AtenXpuGPTQ)]

@@ -12,7 +12,7 @@ from .kernel import DequantLinear, fallback_for
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [fallback_for("gptq"), fallback_for("awq"), fallback_for("turboquant")]
+    return [fallback_for(name) for name in ("gptq", "awq", "turboquant", "compressed_tensors")]
 
 
 __all__ = ["DequantLinear", "fallback_for"]

@@ -5,6 +5,7 @@ dequantize-into-a-scratch + cuBLAS path for large batches (CUDA; the interpreter
 Importing this plugin does not import triton: the kernels load on the first call.
 """
 
+from quantcore.kernels.compressed_tensors import via_gptq
 from quantcore.registry import hookimpl
 
 from .kernel import TritonInt4AWQ, TritonInt4GPTQ
@@ -12,7 +13,7 @@ from .kernel import TritonInt4AWQ, TritonInt4GPTQ
 
 @hookimpl
 def quantcore_kernels() -> list[type]:
-    return [TritonInt4GPTQ, TritonInt4AWQ]
+    return [TritonInt4GPTQ, TritonInt4AWQ, via_gptq(TritonInt4GPTQ)]
 
 
 __all__ = ["TritonInt4AWQ", "TritonInt4GPTQ"]

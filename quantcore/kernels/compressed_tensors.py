@@ -1,11 +1,12 @@
-"""Every built-in GPTQ kernel, for compressed-tensors pack-quantized weights.
+"""A GPTQ kernel for compressed-tensors pack-quantized weights.
 
 A :class:`ViaGPTQ` kernel is a GPTQ kernel behind
 :class:`~quantcore.transforms.compressed_gptq.CompressedToGPTQ`: ``prepare`` moves the
 pack-quantized fields into GPTQ v2's layout (bit-exact, nothing recomputed) and hands
 them to the GPTQ kernel's own ``prepare``; everything the selection asks of a kernel
 (device, support, cost, priority) is the GPTQ kernel's answer for the same weight as GPTQ.
-So the conformance matrix checks each GPTQ kernel on compressed-tensors cases as well.
+Each GPTQ backend registers ``via_gptq(its kernel)`` beside the kernel itself, so the
+conformance matrix checks every GPTQ kernel on compressed-tensors cases as well.
 """
 
 from __future__ import annotations
@@ -24,13 +25,7 @@ from quantcore.problem import Problem
 from quantcore.tensors import stored_on
 from quantcore.transforms.compressed_gptq import CompressedToGPTQ, gptq_format_for_compressed
 
-from ..aten_cpu.kernel import AtenCpuGPTQ
-from ..aten_cuda.kernel import AtenCudaGPTQ
-from ..aten_xpu.kernel import AtenXpuGPTQ
-from ..torch_fallback.kernel import fallback_for
-from ..triton_int4.kernel import TritonInt4GPTQ
-
-__all__ = ["KERNELS", "ViaGPTQ", "via_gptq"]
+__all__ = ["ViaGPTQ", "via_gptq"]
 
 
 def _as_gptq(problem: Problem) -> Problem | None:
@@ -88,14 +83,3 @@ def via_gptq(inner: type[LinearKernel]) -> type[ViaGPTQ]:
                  __module__=__name__)
     return type(f"{inner.__name__}ForCompressedTensors", (ViaGPTQ,), attrs)
 
-
-AtenCpuGPTQForCompressedTensors = via_gptq(AtenCpuGPTQ)
-AtenCudaGPTQForCompressedTensors = via_gptq(AtenCudaGPTQ)
-AtenXpuGPTQForCompressedTensors = via_gptq(AtenXpuGPTQ)
-TritonInt4GPTQForCompressedTensors = via_gptq(TritonInt4GPTQ)
-
-#: What the plugin registers: the GPTQ kernels, and the dequantize-then-matmul fallback.
-KERNELS: list[type[LinearKernel]] = [
-    AtenCpuGPTQForCompressedTensors, AtenCudaGPTQForCompressedTensors, AtenXpuGPTQForCompressedTensors,
-    TritonInt4GPTQForCompressedTensors, fallback_for(CompressedTensors.name),
-]
