@@ -19,7 +19,8 @@ model has a tensor. Only then are the new modules swapped in and the rest assign
 
 A model given as a folder is built from its ``config.json`` with transformers'
 ``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary
-frequencies are computed as usual). A single ``.safetensors`` file written by TurboQuant's
+frequencies are computed as usual). With ``fuse=True`` linears that read the same input
+(q/k/v, gate/up) are read together and prepared as one (:mod:`quantcore.nn.fuse`). A single ``.safetensors`` file written by TurboQuant's
 ``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`.
 """
 
@@ -54,12 +55,14 @@ def load_quantized(
     dtype: torch.dtype = torch.bfloat16,
     prefer: str | Sequence[str] | None = None,
     keep_source: bool = False,
+    fuse: bool = False,
 ) -> nn.Module:
     """Load a quantized checkpoint into ``model_or_dir`` (a module, possibly on ``meta``,
     or a model folder to build one from); ``checkpoint_dir`` defaults to that folder.
     Quantized linears become :class:`~quantcore.nn.linear.QuantLinear` modules prepared
     on ``device`` for activations of ``dtype``; other floating-point tensors take the
-    model's dtype (``dtype`` for a model built here)."""
+    model's dtype (``dtype`` for a model built here). ``fuse=True`` fuses the projections
+    that read the same input (:mod:`quantcore.nn.fuse`), warning once for any it cannot."""
     if checkpoint_dir is None:
         if isinstance(model_or_dir, nn.Module):
             raise InvalidArgumentError("checkpoint_dir: required when the model is given as a module")
@@ -79,8 +82,11 @@ def load_quantized(
     with _open_shards(path) as shards:
         plan = _plan(model, shards, path)
         reader = V1Reader(fmt, detect_producer(config), source=str(path / source))
-        layers = {name: _quant_linear(name, linear, fmt, reader, shards, target, dtype, prefer, keep_source)
-                  for name, linear in plan.linears.items()}
+        layers: dict[str, nn.Module] = {}
+        if fuse:
+            layers = _fused(model, plan, fmt, reader, shards, target, dtype, prefer, keep_source)
+        layers.update({name: _quant_linear(name, linear, fmt, reader, shards, target, dtype, prefer, keep_source)
+                       for name, linear in plan.linears.items() if name not in layers})
         dense = {key: _dense(key, like, shards) for key, like in plan.dense.items()}
     reader.warn()
     for name, layer in layers.items():
@@ -209,21 +215,55 @@ def _quant_linear(
     name: str, linear: nn.Linear, fmt: Format, reader: V1Reader, shards: _Shards, device: torch.device,
     dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
 ) -> QuantLinear:
-    file = shards.file_of(f"{name}.qweight")
-    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in LINEAR_TENSORS if f"{name}.{leaf}" in shards.where}
-    try:
-        _check_against_config(fmt, name, tensors)
-        dims = fmt.validate(tensors)
-        if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
-            raise TensorFormatError(
-                f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
-                f"{linear.in_features} → {linear.out_features}"
-            )
-        read_as, tensors = reader.read(name, tensors)
+    with _naming(name, shards):
+        read_as, tensors = _read_linear(name, linear, fmt, reader, shards)
         return QuantLinear(read_as, tensors, device=device, dtype=dtype, prefer=prefer, keep_source=keep_source)
+
+
+def _read_linear(
+    name: str, linear: nn.Linear, fmt: Format, reader: V1Reader, shards: _Shards
+) -> tuple[Format, dict[str, torch.Tensor]]:
+    """A quantized linear's tensors, checked against the config, the format and the model."""
+    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in LINEAR_TENSORS if f"{name}.{leaf}" in shards.where}
+    _check_against_config(fmt, name, tensors)
+    dims = fmt.validate(tensors)
+    if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
+        raise TensorFormatError(
+            f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
+            f"{linear.in_features} → {linear.out_features}"
+        )
+    return reader.read(name, tensors)
+
+
+@contextlib.contextmanager
+def _naming(name: str, shards: _Shards) -> Iterator[None]:
+    """An error about a layer names its file and the layer."""
+    try:
+        yield
     except QuantCoreError as exc:
         message = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"
-        raise type(exc)(f"{file}: {message}") from None
+        raise type(exc)(f"{shards.file_of(name + '.qweight')}: {message}") from None
+
+
+def _fused(
+    model: nn.Module, plan: _Plan, fmt: Format, reader: V1Reader, shards: _Shards, device: torch.device,
+    dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
+) -> dict[str, nn.Module]:
+    """The fused modules and their slices for every group of projections the plan holds;
+    a group that cannot be fused is read layer by layer afterwards (its errors raised there)."""
+    from ..nn.fuse import build_fused, find_groups, fused_module, refusal_warning
+
+    groups, blocked = find_groups(model, plan.linears)
+    modules, refused = build_fused(
+        groups,
+        read=lambda group, name: _read_linear(name, plan.linears[name], fmt, reader, shards),
+        build=lambda group, read_as, tensors: fused_module(read_as, tensors, device=device, dtype=dtype,
+                                                           prefer=prefer, keep_source=keep_source),
+        skip_unreadable=True,
+    )
+    refusal_warning({**{g.describe(): why for g, why in blocked}, **refused}, where="load_quantized",
+                    total=len(groups) + len(blocked))
+    return modules
 
 
 def _dense(key: str, like: torch.Tensor, shards: _Shards) -> torch.Tensor:
