@@ -292,7 +292,7 @@ def fused_module(
         dims = fmt.validate(tensors)
         module = TurboQuantLinear(dims["K"], dims["N"], fmt, bias="bias" in tensors, device=device, dtype=dtype,
                                   keep_source=keep_source)
-        module.load_tensors(tensors)
+        module.load_tensors(tensors, prefer=prefer)
         return module
     return QuantLinear(fmt, tensors, device=device, dtype=dtype or torch.bfloat16, prefer=prefer,
                        keep_source=keep_source)

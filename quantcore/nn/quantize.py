@@ -110,7 +110,8 @@ def _quantized(
     prefer: str | Sequence[str] | None, keep_source: bool,
 ) -> nn.Module:
     if isinstance(fmt, TurboQuant):
-        return TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=dtype, keep_source=keep_source)
+        return TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=dtype, keep_source=keep_source,
+                                            prefer=prefer)
     if isinstance(fmt, SVDQuantAct):  # the pre-GEMM takes 16-bit activations; the module casts
         act_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         return SVDQuantLinear.from_linear(linear, fmt, dtype=act_dtype, prefer=prefer)
