@@ -200,10 +200,14 @@ class Decoder:
             self.token.copy_(nxt)  # a CUDA graph's output is overwritten by its next replay
         return self.token
 
-    def generate(self, _: int = 0) -> torch.Tensor:
-        """``new_tokens`` greedy steps after the prompt (the same prompt every time)."""
+    def restart(self) -> None:
+        """Back to the end of the prompt, its greedy token next."""
         _rewind(self.cache, self.prompt)
         self.token.copy_(self.first_token)
+
+    def generate(self, _: int = 0) -> torch.Tensor:
+        """``new_tokens`` greedy steps after the prompt (the same prompt every time)."""
+        self.restart()
         for i in range(self.new_tokens):
             self.step(i)
         return self.token
@@ -219,8 +223,7 @@ class Decoder:
 
     def tokens(self) -> list[list[int]]:
         """The greedy tokens of one generation, step by step (batch rows in each)."""
-        _rewind(self.cache, self.prompt)
-        self.token.copy_(self.first_token)
+        self.restart()
         return [self.step(i).flatten().tolist() for i in range(self.new_tokens)]
 
     def step_logits(self, token: torch.Tensor) -> torch.Tensor:

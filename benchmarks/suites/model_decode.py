@@ -43,8 +43,9 @@ error is the kernels' and bf16 arithmetic's, not the quantizer's), at the positi
 timed path computes: the first decode step (M = B rows) or the prompt's last position.
 The bf16 row's error is that of bf16 arithmetic alone.
 
-Where a target of the 32-layer model is missed, ``benchmarks/probes/model_decode_profile.py``
-says which part of a step holds it back (linears, attention, norms, LM head, launch gaps).
+Where a target of the 32-layer model is missed, :mod:`quantcore.benchmarks.decode_profile`
+says which part of a step holds it back (linears, attention, norms, LM head, launch gaps);
+``tools/probes/model_decode_gpu.sh`` runs either on a CUDA machine, one shape set per call.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -274,6 +276,8 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             note.append(f"logits vs float reference: rel. error {quality['rel_error']:.4f}, "
                         f"top-1 agree {100 * quality['top1_agree']:.0f}%")
             case.variants.append(Variant(name, recipe.role, fn, nbytes, flops, note="; ".join(note)))  # type: ignore[arg-type]
+            # A GPU call has a time limit: say how far it got before the timing starts.
+            print(f"model_decode {case.label}: {name} ready ({note[0]})", file=sys.stderr, flush=True)
         yield case
 
 
@@ -285,7 +289,7 @@ _QUALITY = re.compile(r"rel\. error ([0-9.]+)")
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
     """Per case: each variant's tokens/s (prefill: time to first token), × bf16, ×
     tinygemm, share of copy bandwidth and logits error; then, for the 32-layer model,
-    every target of the issue met or missed."""
+    every target of the 32-layer model met or missed."""
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}

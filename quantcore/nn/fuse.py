@@ -183,8 +183,8 @@ class _FusedOutputs:
             self._left = len(self.sizes)
         out = self._outputs[index]
         self._left -= 1
-        if self._left == 0:  # every part served: hold no tensor between forwards
-            self._input, self._outputs = None, ()
+        if self._left == 0:  # every part served: back to the state before, holding no tensor
+            self._input, self._version, self._outputs = None, -1, ()
         return out
 
     # --- a checkpoint's tensors under the parts' names ------------------------------------------
