@@ -5,6 +5,7 @@
 # results and logs under $RESULTS (default: $OUT, else ./model-decode-results):
 #
 #   bash tools/probes/model_decode_gpu.sh SET [bench|profile]
+#   bash tools/probes/model_decode_gpu.sh check
 #
 #   SET      b1 | b16 | b64 | prefill | eager | layers8   (benchmarks/suites/model_decode.py)
 #   bench    (default) tokens/s or time to first token, x bf16, x tinygemm, share of copy BW and
@@ -12,6 +13,8 @@
 #            (--graph), eager does not (the host's launch cost is what it measures)
 #   profile  where a step's time goes: linears, attention, norms, LM head, gaps
 #            (python -m quantcore.benchmarks.decode_profile; TRACE=1 also writes chrome traces)
+#   check    fused projections on the GPU's kernels: fused vs unfused vs the float reference,
+#            inductor and a CUDA-graph replay (tests/nn/test_fuse_cuda.py), a minute or two
 #
 # Environment: VARIANTS=bf16,gptq4-g128-fused,...  run only these (default: bf16, gptq4-g128,
 # gptq4-g128-fused, tq4-g128-fused, tinygemm; each costs one torch.compile of the 32-layer model,
@@ -19,8 +22,11 @@
 # ROUNDS (3), STEPS (8, profile), LIMIT_S (530: the command's own time limit).
 set -uo pipefail
 RESULTS=${RESULTS:-${OUT:-$PWD/model-decode-results}}
-set_name=${1:?usage: model_decode_gpu.sh b1|b16|b64|prefill|eager|layers8 [bench|profile]}
+set_name=${1:?usage: model_decode_gpu.sh b1|b16|b64|prefill|eager|layers8 [bench|profile], or check}
 part=${2:-bench}
+if [[ $set_name == check ]]; then
+  part=check
+fi
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
@@ -47,8 +53,14 @@ case $part in
     status=$?
     tail -40 "$RESULTS/profile-$set_name.log"
     ;;
+  check)
+    timeout "${LIMIT_S:-530}" python3 -m pytest -q -rA -s -p no:cacheprovider tests/nn/test_fuse_cuda.py \
+      > "$RESULTS/fuse_cuda.log" 2>&1
+    status=$?
+    grep -E "fused on|^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Error" "$RESULTS/fuse_cuda.log" | cut -c1-220 | tail -40
+    ;;
   *)
-    echo "part: expected bench or profile, got $part" >&2
+    echo "part: expected bench, profile or check, got $part" >&2
     exit 2
     ;;
 esac
