@@ -72,7 +72,12 @@ def load_quantized(
         from ..nn.turboquant.model import load_quantized as load_turboquant
 
         model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
-        return load_turboquant(model, path, device=device, dtype=dtype)
+        model = load_turboquant(model, path, device=device, dtype=dtype)
+        if fuse:  # its layers are prepared already: fuse what their prepared passes give back
+            from ..nn.fuse import fuse_projections
+
+            fuse_projections(model, strict=False)
+        return model
     if not path.is_dir():
         raise TensorFormatError(f"{path}: not a checkpoint folder")
     model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)

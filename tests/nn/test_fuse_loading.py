@@ -92,3 +92,24 @@ def test_a_bad_tensor_in_a_fused_group_names_its_file_layer_and_tensor(tmp_path:
     with pytest.raises(TensorFormatError, match=r"model-0000\d-of-00003\.safetensors: model\.layers\.1\.self_attn\.k_proj: "
                                                 r".*scales.*int32"):
         quantcore.load_quantized(tmp_path, dtype=torch.float32, fuse=True)
+
+
+def test_a_turboquant_file_loads_with_fuse_and_says_which_groups_it_could_not_fuse(tmp_path: Path) -> None:
+    """TurboQuant's single-file checkpoints draw each layer's rotation on its own, so
+    their projections do not concatenate: the load warns once, naming the rotation, and
+    the model runs unfused."""
+    from quantcore.nn.turboquant.model import TurboQuantConfig, quantize_model, save_quantized
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).eval()
+    skeleton = transformers.LlamaForCausalLM(_config()).eval()
+    quantize_model(model, TurboQuantConfig(group_size=64))
+    save_quantized(model, tmp_path / "model.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = quantcore.load_quantized(skeleton, tmp_path / "model.safetensors", dtype=torch.float32, fuse=True)
+    (warning,) = [w for w in caught if issubclass(w.category, QuantCoreWarning)]
+    assert "fuse_projections: 4 of 4 groups of projections left unfused" in str(warning.message)
+    assert "rotation is not cut along N" in str(warning.message)
+    assert not any(isinstance(m, FusedSlice) for m in loaded.modules())
+    assert torch.equal(_logits(loaded), _logits(model))
