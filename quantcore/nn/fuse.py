@@ -164,9 +164,10 @@ class _FusedOutputs:
         self.fused_leaf = group.fused_leaf
         self.sizes = tuple(sizes)
         self.starts = tuple(sum(self.sizes[:i]) for i in range(len(self.sizes)))
-        self._input: torch.Tensor | None = None
-        self._version = -1
-        self._outputs: tuple[torch.Tensor, ...] = ()
+        #: (input, its version, the parts' outputs) of the last fused call, while parts
+        #: are still to be served. Replaced whole, never changed in place: a thread that
+        #: read it reads one call's outputs, whatever another thread does meanwhile.
+        self._split: tuple[torch.Tensor, int, tuple[torch.Tensor, ...]] | None = None
         self._left = 0
         self._arrived: dict[int, dict[str, torch.Tensor]] = {}
         self._prefix = ""
@@ -176,16 +177,14 @@ class _FusedOutputs:
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         version = _version(x)
-        if self._input is not x or self._version != version:
-            y = self.fused(x)
-            self._input, self._version = x, version
-            self._outputs = tuple(y.split(self.sizes, dim=-1))
-            self._left = len(self.sizes)
-        out = self._outputs[index]
+        split = self._split
+        if split is None or split[0] is not x or split[1] != version:
+            split = (x, version, tuple(self.fused(x).split(self.sizes, dim=-1)))
+            self._split, self._left = split, len(self.sizes)
         self._left -= 1
-        if self._left == 0:  # every part served: back to the state before, holding no tensor
-            self._input, self._version, self._outputs = None, -1, ()
-        return out
+        if self._left <= 0:  # every part served: hold no tensor between forwards
+            self._split, self._left = None, 0
+        return split[2][index]
 
     # --- a checkpoint's tensors under the parts' names ------------------------------------------
 

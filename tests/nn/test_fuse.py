@@ -9,6 +9,7 @@ be fused is refused with the layers named."""
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 
 import pytest
@@ -146,6 +147,27 @@ def test_one_fused_call_serves_every_part_and_a_new_input_runs_again() -> None:
     with torch.inference_mode():  # inference tensors have no version counter
         z = torch.randn(3, 128)
         assert torch.equal(torch.cat([attn.q_proj(z), attn.k_proj(z), attn.v_proj(z)], -1), attn.qkv_proj(z))
+
+
+def test_threads_sharing_a_fused_model_each_get_their_own_inputs_outputs() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    attn = _quantized(_dense(), GPTQ(bits=4, group_size=32), fuse=True).model.layers[0].self_attn
+    inputs = [torch.randn(2, 128, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    want = [attn.qkv_proj(x) for x in inputs]
+
+    def work(i: int) -> bool:
+        x = inputs[i]
+        return all(torch.equal(torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1), want[i])
+                   for _ in range(100))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns between any two bytecodes
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(work, range(4)))
+    finally:
+        sys.setswitchinterval(interval)
 
 
 # --- compile and export ---------------------------------------------------------------------------
