@@ -77,7 +77,7 @@ from ..decode import (
     random_llama,
     reference_copy,
 )
-from ..spec import BenchCase, Variant
+from ..spec import BenchCase, Role, Variant
 
 #: ``--graph`` captures one whole generation (T compiled steps) or one prefill per replay.
 GRAPH_CALLS = 1
@@ -107,7 +107,7 @@ class Recipe:
     fmt: Format | None = None
     fuse: bool = False
     prefer: str | None = None
-    role: str = "kernel"
+    role: Role = "kernel"
     #: The device type it needs, when it cannot run elsewhere (with why).
     needs: tuple[str, str] | None = None
 
@@ -260,14 +260,15 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             recipe = RECIPES[name]
             model = variant_model(name, dims, device)
             if kind(dims) == "prefill":
-                run: Decoder | Prefill = Prefill(model, batch=dims["B"], prompt=dims["P"], device=device)
-                logits, fn, nbytes = run.logits, run.first_token, model_bytes(model)
+                prefill = Prefill(model, batch=dims["B"], prompt=dims["P"], device=device)
+                logits, fn, warm_up = prefill.logits, prefill.first_token, prefill.warm_up
+                nbytes = model_bytes(model)
             else:
-                run = Decoder(model, batch=dims["B"], prompt=dims["P"], new_tokens=dims["T"], device=device,
-                              compile=kind(dims) == "decode")
-                logits = run.step_logits(_probe_token(dims, device))
-                fn, nbytes = run.generate, (model_bytes(model) + _cache_bytes(dims)) * dims["T"]
-            seconds = run.warm_up()
+                decoder = Decoder(model, batch=dims["B"], prompt=dims["P"], new_tokens=dims["T"], device=device,
+                                  compile=kind(dims) == "decode")
+                logits, fn, warm_up = decoder.step_logits(_probe_token(dims, device)), decoder.generate, decoder.warm_up
+                nbytes = (model_bytes(model) + _cache_bytes(dims)) * dims["T"]
+            seconds = warm_up()
             quality = logits_error(logits, refs[recipe.reference])
             note = [f"{'compile+first run' if dims.get('C', 1) else 'first run'} {seconds:.1f} s",
                     f"{model_bytes(model) / 1e9:.2f} GB of weights"]
@@ -275,7 +276,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 note.append(f"kernels {kernels_of(model)}")
             note.append(f"logits vs float reference: rel. error {quality['rel_error']:.4f}, "
                         f"top-1 agree {100 * quality['top1_agree']:.0f}%")
-            case.variants.append(Variant(name, recipe.role, fn, nbytes, flops, note="; ".join(note)))  # type: ignore[arg-type]
+            case.variants.append(Variant(name, recipe.role, fn, nbytes, flops, note="; ".join(note)))
             # A GPU call has a time limit: say how far it got before the timing starts.
             print(f"model_decode {case.label}: {name} ready ({note[0]})", file=sys.stderr, flush=True)
         yield case
