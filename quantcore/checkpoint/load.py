@@ -19,9 +19,10 @@ model has a tensor. Only then are the new modules swapped in and the rest assign
 
 A model given as a folder is built from its ``config.json`` with transformers'
 ``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary
-frequencies are computed as usual). With ``fuse=True`` linears that read the same input
-(q/k/v, gate/up) are read together and prepared as one (:mod:`quantcore.nn.fuse`). A single ``.safetensors`` file written by TurboQuant's
-``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`.
+frequencies are computed as usual). A single ``.safetensors`` file written by TurboQuant's
+``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`. With
+``fuse=True`` linears that read the same input (q/k/v, gate/up) are read together and
+prepared as one (:mod:`quantcore.nn.fuse`).
 """
 
 from __future__ import annotations
