@@ -36,6 +36,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "hookimpl": ("quantcore.registry", "hookimpl"),
     "get_format": ("quantcore.api", "get_format"),
     "quantize_": ("quantcore.nn.quantize", "quantize_"),
+    "fuse_projections": ("quantcore.nn.fuse", "fuse_projections"),
     "load_quantized": ("quantcore.checkpoint.load", "load_quantized"),
     "QuantLinear": ("quantcore.nn.linear", "QuantLinear"),
     "KernelOp": ("quantcore.custom_ops", "KernelOp"),
@@ -50,6 +51,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "QuantCoreError": ("quantcore.errors", "QuantCoreError"),
     "QuantCoreWarning": ("quantcore.errors", "QuantCoreWarning"),
     "NoKernelError": ("quantcore.errors", "NoKernelError"),
+    "FusionError": ("quantcore.errors", "FusionError"),
     "TensorFormatError": ("quantcore.errors", "TensorFormatError"),
     "KernelInputError": ("quantcore.errors", "KernelInputError"),
     "InvalidArgumentError": ("quantcore.errors", "InvalidArgumentError"),
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from .checkpoint.load import load_quantized
     from .custom_ops import KernelOp
     from .errors import (
+        FusionError,
         InvalidArgumentError,
         KernelInputError,
         NoKernelError,
@@ -98,6 +101,7 @@ if TYPE_CHECKING:
     )
     from .formats.base import Format
     from .kernel import Kernel, LinearKernel, Requirements, Support
+    from .nn.fuse import fuse_projections
     from .nn.linear import QuantLinear
     from .nn.quantize import quantize_
     from .probe import Capabilities, probe

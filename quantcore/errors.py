@@ -7,6 +7,7 @@ so a user can fix the input without reading our source.
 from __future__ import annotations
 
 __all__ = [
+    "FusionError",
     "InvalidArgumentError",
     "KernelInputError",
     "NoKernelError",
@@ -50,6 +51,12 @@ class ShardError(InvalidArgumentError):
     """A tensor-parallel split that cannot be made: a world size that does not divide, a
     rank out of range, a cut inside a packed lane or a quantization group, shards of one
     layer that disagree. Raised before any collective, on every rank alike."""
+
+
+class FusionError(InvalidArgumentError):
+    """Layers that cannot become one along N: formats, group sizes, bits, ``g_idx``,
+    rotations, devices or activation dtypes that differ, or a format without a
+    concatenation. The message names the layers and what differs."""
 
 
 class UnknownFormatError(QuantCoreError, LookupError):

@@ -25,7 +25,9 @@ named in one warning.
 A model given as a folder is built from its ``config.json`` with transformers'
 ``AutoModelForCausalLM.from_config``, its parameters on ``meta`` (buffers such as rotary
 frequencies are computed as usual). A single ``.safetensors`` file written by TurboQuant's
-``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`.
+``save_quantized`` loads through :func:`quantcore.nn.turboquant.load_quantized`. With
+``fuse=True`` linears that read the same input (q/k/v, gate/up) are read together and
+prepared as one (:mod:`quantcore.nn.fuse`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, QuantCoreError, TensorFormatError
+from ..formats.base import Format
 from ..nn.linear import QuantLinear
 from .config import read_quant_config, scheme_from_config
 from .dense_copies import warn_dense_copies
@@ -59,6 +62,7 @@ def load_quantized(
     prefer: str | Sequence[str] | None = None,
     keep_source: bool = False,
     v1_zeros: str | None = None,
+    fuse: bool = False,
 ) -> nn.Module:
     """Load a quantized checkpoint into ``model_or_dir`` (a module, possibly on ``meta``,
     or a model folder to build one from); ``checkpoint_dir`` defaults to that folder.
@@ -66,7 +70,8 @@ def load_quantized(
     on ``device`` for activations of ``dtype``; other floating-point tensors take the
     model's dtype (``dtype`` for a model built here). ``v1_zeros`` (``"lanes"`` or
     ``"fields"``) names the rule of GPTQ v1 zero points whose config does not name their
-    producer (:mod:`quantcore.checkpoint.producer`)."""
+    producer (:mod:`quantcore.checkpoint.producer`). ``fuse=True`` fuses the projections
+    that read the same input (:mod:`quantcore.nn.fuse`), warning once for any it cannot."""
     if checkpoint_dir is None:
         if isinstance(model_or_dir, nn.Module):
             raise InvalidArgumentError("checkpoint_dir: required when the model is given as a module")
@@ -76,7 +81,12 @@ def load_quantized(
         from ..nn.turboquant.model import load_quantized as load_turboquant
 
         model = model_or_dir if isinstance(model_or_dir, nn.Module) else _build(Path(model_or_dir), dtype)
-        return load_turboquant(model, path, device=device, dtype=dtype)
+        model = load_turboquant(model, path, device=device, dtype=dtype)
+        if fuse:  # its layers are prepared already: fuse what their prepared passes give back
+            from ..nn.fuse import fuse_projections
+
+            fuse_projections(model, strict=False)
+        return model
     if not path.is_dir():
         raise TensorFormatError(f"{path}: not a checkpoint folder")
     config, source = read_quant_config(path)
@@ -86,8 +96,11 @@ def load_quantized(
     target = torch.device(device)
     with _open_shards(path) as shards:
         plan = _plan(model, shards, path, scheme)
-        layers = {name: _quant_linear(name, linear, scheme, shards, target, dtype, prefer, keep_source)
-                  for name, linear in plan.linears.items()}
+        layers: dict[str, nn.Module] = {}
+        if fuse:
+            layers = _fused(model, plan, scheme, shards, target, dtype, prefer, keep_source)
+        layers.update({name: _quant_linear(name, linear, scheme, shards, target, dtype, prefer, keep_source)
+                       for name, linear in plan.linears.items() if name not in layers})
         dense = {key: _dense(key, like, shards) for key, like in plan.dense.items()}
     for name, layer in layers.items():
         _replace(model, name, layer)
@@ -251,20 +264,55 @@ def _quant_linear(
     name: str, linear: nn.Linear, scheme: CheckpointScheme, shards: _Shards, device: torch.device,
     dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
 ) -> QuantLinear:
-    file = shards.file_of(f"{name}.{scheme.marker}")
-    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in scheme.leaves if f"{name}.{leaf}" in shards.where}
-    try:
-        dims = scheme.check(name, tensors, linear)
-        if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
-            raise TensorFormatError(
-                f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
-                f"{linear.in_features} → {linear.out_features}"
-            )
-        read_as, tensors = scheme.to_kernel(name, tensors, linear)
+    with _naming(name, scheme, shards):
+        read_as, tensors = _read_linear(name, linear, scheme, shards)
         return QuantLinear(read_as, tensors, device=device, dtype=dtype, prefer=prefer, keep_source=keep_source)
+
+
+def _read_linear(
+    name: str, linear: nn.Linear, scheme: CheckpointScheme, shards: _Shards
+) -> tuple[Format, dict[str, torch.Tensor]]:
+    """A quantized linear's tensors, checked against the config, the format and the model,
+    in the kernel's format."""
+    tensors = {leaf: shards.get(f"{name}.{leaf}") for leaf in scheme.leaves if f"{name}.{leaf}" in shards.where}
+    dims = scheme.check(name, tensors, linear)
+    if (dims["K"], dims["N"]) != (linear.in_features, linear.out_features):
+        raise TensorFormatError(
+            f"{name}: the checkpoint's linear is {dims['K']} → {dims['N']}, the model's is "
+            f"{linear.in_features} → {linear.out_features}"
+        )
+    return scheme.to_kernel(name, tensors, linear)
+
+
+@contextlib.contextmanager
+def _naming(name: str, scheme: CheckpointScheme, shards: _Shards) -> Iterator[None]:
+    """An error about a layer names its file and the layer."""
+    try:
+        yield
     except QuantCoreError as exc:
         message = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"
-        raise type(exc)(f"{file}: {message}") from None
+        raise type(exc)(f"{shards.file_of(f'{name}.{scheme.marker}')}: {message}") from None
+
+
+def _fused(
+    model: nn.Module, plan: _Plan, scheme: CheckpointScheme, shards: _Shards, device: torch.device,
+    dtype: torch.dtype, prefer: str | Sequence[str] | None, keep_source: bool,
+) -> dict[str, nn.Module]:
+    """The fused modules and their slices for every group of projections the plan holds;
+    a group that cannot be fused is read layer by layer afterwards (its errors raised there)."""
+    from ..nn.fuse import build_fused, find_groups, fused_module, refusal_warning
+
+    groups, blocked = find_groups(model, plan.linears)
+    modules, refused = build_fused(
+        groups,
+        read=lambda group, name: _read_linear(name, plan.linears[name], scheme, shards),
+        build=lambda group, read_as, tensors: fused_module(read_as, tensors, device=device, dtype=dtype,
+                                                           prefer=prefer, keep_source=keep_source),
+        skip_unreadable=True,
+    )
+    refusal_warning({**{g.describe(): why for g, why in blocked}, **refused}, where="load_quantized",
+                    total=len(groups) + len(blocked))
+    return modules
 
 
 def _dense(key: str, like: torch.Tensor, shards: _Shards) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import QuantCoreError, ShardError, TensorFormatError
+from ..errors import FusionError, QuantCoreError, ShardError, TensorFormatError
 
 if typing.TYPE_CHECKING:
     from .sharding import Shard
@@ -120,6 +120,27 @@ class Format(ABC):
     ) -> Shard:
         """The format's own cut, for a request :meth:`shard` has checked."""
         raise ShardError(f"{self.slug}: the {self.name} format defines no tensor-parallel shard")
+
+    #: Whether :meth:`concat` can lay this format's layers end to end along N.
+    concatenates: ClassVar[bool] = False
+
+    def concat(
+        self, parts: typing.Sequence[Mapping[str, torch.Tensor]], *, names: typing.Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Layers that read the same input, laid end to end along N, as one layer's stored
+        tensors, bit for bit: the inverse of a column cut (``shard(..., dim="N")`` gives
+        equal parts back). The parts must share K and everything not cut along N (bits,
+        group size, ``g_idx``, rotations …); a :class:`~quantcore.errors.FusionError`
+        names the parts (``names``) and what differs."""
+        if not self.concatenates:
+            raise FusionError(f"{self.slug}: the {self.name} format defines no concatenation along N")
+        return self.concat_tensors(parts, names=names)
+
+    def concat_tensors(
+        self, parts: typing.Sequence[Mapping[str, torch.Tensor]], *, names: typing.Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The format's own concatenation, for :meth:`concat`."""
+        raise FusionError(f"{self.slug}: the {self.name} format defines no concatenation along N")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

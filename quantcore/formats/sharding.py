@@ -20,6 +20,10 @@ Each shard records how each of its tensors relates to the whole (a :class:`Part`
 complete set of shards can be checked for consistency (:func:`check_shards`: one format,
 one group size, one world, ranks ``0 … w−1`` once each) and put back together bit for
 bit (:func:`unshard`).
+
+The inverse direction, for layers rather than ranks: :func:`concat_of` lays several
+layers that read the same input end to end along N (q/k/v, gate/up) as one layer's
+stored tensors, bit for bit, when they share everything but their outputs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import ShardError, TensorFormatError
+from ..errors import FusionError, ShardError, TensorFormatError
 
 if TYPE_CHECKING:
     from .base import Format
@@ -41,7 +45,9 @@ __all__ = [
     "Shard",
     "check_request",
     "check_shards",
+    "concat_of",
     "even_split",
+    "format_difference",
     "merged_index",
     "narrow",
     "unshard",
@@ -157,7 +163,9 @@ def narrow(t: torch.Tensor, axis: int, start: int, length: int) -> torch.Tensor:
 # --- a complete set of shards ----------------------------------------------------------------
 
 
-def _param_difference(a: Format, b: Format) -> str:
+def format_difference(a: Format, b: Format) -> str:
+    """What differs between two formats, for messages: ``format gptq vs awq`` or
+    ``group_size 128 vs 64, sym True vs False``."""
     if type(a) is not type(b):
         return f"format {a.name} vs {b.name}"
     pa, pb = a.params(), b.params()
@@ -178,10 +186,10 @@ def check_shards(shards: Sequence[Shard]) -> None:
     for s in shards:
         if s.parent != first.parent:
             raise ShardError(f"{where}: shard of rank {s.rank} belongs to another layer format "
-                             f"({_param_difference(s.parent, first.parent)})")
+                             f"({format_difference(s.parent, first.parent)})")
         if s.format != first.format:
             raise ShardError(f"{where}: shard of rank {s.rank} has format {s.format.slug}, rank "
-                             f"{first.rank} has {first.format.slug} ({_param_difference(s.format, first.format)})")
+                             f"{first.rank} has {first.format.slug} ({format_difference(s.format, first.format)})")
         if (s.dim, s.world, s.total) != (first.dim, first.world, first.total):
             raise ShardError(f"{where}: shard of rank {s.rank} cuts {s.dim} = {s.total} over world={s.world}, "
                              f"rank {first.rank} cuts {first.dim} = {first.total} over world={first.world}")
@@ -282,3 +290,52 @@ def shard_of(
         out[name] = (piece - off).to(t.dtype) if off else piece
         parts[name] = Part(axis=axis, offset=off)
     return Shard(shard_format or fmt, out, fmt, dim, rank, world, start, stop, total, parts)
+
+
+# --- layers laid end to end along N ------------------------------------------------------------
+
+
+def concat_of(
+    fmt: Format,
+    parts: Sequence[Mapping[str, torch.Tensor]],
+    axes: Mapping[str, int],
+    *,
+    names: Sequence[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """One layer's stored tensors from ``parts`` (each a layer of ``fmt`` on the same
+    input) laid end to end along N: ``axes[name]`` is the axis a tensor's outputs run
+    along, and every tensor not in ``axes`` must be bit-equal in every part (a ``g_idx``,
+    a rotation, a codebook) and is taken once. ``names`` name the parts in messages.
+    Refused (:class:`FusionError`) where the parts differ in K, in the tensors they hold,
+    in a dtype or device, or in a shared tensor."""
+    labels = list(names) if names is not None else [f"part {i}" for i in range(len(parts))]
+    if len(parts) < 1 or len(labels) != len(parts):
+        raise FusionError(f"{fmt.slug} concat: expected one or more parts and a name for each, got "
+                          f"{len(parts)} part(s) and {len(labels)} name(s)")
+    where = f"{fmt.slug} concat of {', '.join(labels)}"
+    dims = []
+    for label, part in zip(labels, parts, strict=True):
+        try:
+            dims.append(fmt.validate(part))
+        except TensorFormatError as exc:
+            raise FusionError(f"{where}: {label}: {exc}") from None
+    first, head = parts[0], labels[0]
+    for label, part, d in zip(labels, parts, dims, strict=True):
+        if d["K"] != dims[0]["K"]:
+            raise FusionError(f"{where}: in_features differ ({head} K = {dims[0]['K']}, {label} K = {d['K']})")
+        if set(part) != set(first):
+            only = sorted(set(part) ^ set(first))
+            raise FusionError(f"{where}: {head} holds {sorted(first)}, {label} holds {sorted(part)} "
+                              f"(differ in {', '.join(only)})")
+        for name, t in part.items():
+            ref = first[name]
+            if t.dtype != ref.dtype or t.device != ref.device:
+                raise FusionError(f"{where}: {name}: {head} has {ref.dtype} on {ref.device}, "
+                                  f"{label} has {t.dtype} on {t.device}")
+            if name not in axes and not (t.shape == ref.shape and torch.equal(t, ref)):
+                raise FusionError(f"{where}: {name} is not cut along N, so it must be the same in every part, "
+                                  f"but {label}'s differs from {head}'s")
+    out = {name: torch.cat([p[name] for p in parts], dim=axes[name]) if name in axes else t.clone()
+           for name, t in first.items()}
+    fmt.validate(out)
+    return out

@@ -9,7 +9,8 @@ device and the layer is replaced by the module that runs the format
 :class:`~quantcore.nn.svdquant.SVDQuantLinear`), bound to the best kernel for that device
 and the layer's dtype. A layer the format cannot take (a shape its group size does not
 divide) or no kernel can run stays dense, and one warning at the end lists them with
-the reasons.
+the reasons. With ``fuse=True`` linears that read the same input (q/k/v, gate/up) become
+one quantized linear along N (:mod:`quantcore.nn.fuse`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def quantize_(
     prefer: str | Sequence[str] | None = None,
     keep_source: bool = False,
     seed: int = 0,
+    fuse: bool = False,
 ) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` for which ``filter_fn(module, name)`` holds
     (all of them by default) by its quantized module; returns ``model``. ``dtype`` is the
     activation dtype the kernels are prepared for (default: each layer's weight dtype).
     Random choices of a quantizer (TurboQuant's rotations) are seeded per layer from
-    ``seed`` and the layer's name, so a run repeats."""
+    ``seed`` and the layer's name, so a run repeats. ``fuse=True`` quantizes each group of
+    projections that read the same input as one layer (:mod:`quantcore.nn.fuse`; its
+    parts share one seed), and warns once for the groups it cannot fuse."""
     if fmt.op != "linear" and not isinstance(fmt, SVDQuantAct):
         raise InvalidArgumentError(
             f"fmt: quantize_ quantizes nn.Linear layers; {fmt.slug} is a {fmt.op} format (use its module)"
@@ -66,10 +70,20 @@ def quantize_(
     chosen = [(name, m) for name, m in model.named_modules()
               if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, name))]
     left_dense: dict[str, str] = {}
-    replaced: dict[str, nn.Module] = {}
+    existing = {id(m) for m in model.modules()}
+    fused: set[str] = set()
+    if fuse:
+        from .fuse import quantize_fused, refusal_warning
+
+        fused, unfused, groups = quantize_fused(
+            model, fmt, dict(chosen), dtype_of=lambda linear: _activation_dtype(linear, dtype),
+            generator_of=lambda name: _generator(seed, name), prefer=prefer, keep_source=keep_source)
+        refusal_warning(unfused, where="quantize_", total=groups)
     for name, linear in chosen:
-        layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in ACT_DTYPES else torch.bfloat16)
-        gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
+        if name in fused:
+            continue
+        layer_dtype = _activation_dtype(linear, dtype)
+        gen = _generator(seed, name)
         try:
             new = _quantized(linear, fmt, layer_dtype, gen, prefer, keep_source)
         except _SKIPPABLE as exc:
@@ -77,14 +91,22 @@ def quantize_(
             continue
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, new)
-        replaced[name] = new
     if left_dense:
         listed = "; ".join(f"{n} ({why})" for n, why in list(left_dense.items())[:5])
         more = f"; and {len(left_dense) - 5} more" if len(left_dense) > 5 else ""
         warnings.warn(f"quantize_: {len(left_dense)} of {len(chosen)} linear layers left dense for {fmt.slug}: "
                       f"{listed}{more}", QuantCoreWarning, stacklevel=2)
-    warn_dense_copies(replaced.items(), f"quantize_ {fmt.slug}")
+    made = [(n, m) for n, m in model.named_modules() if id(m) not in existing and hasattr(m, "kernel")]
+    warn_dense_copies(made, f"quantize_ {fmt.slug}")
     return model
+
+
+def _activation_dtype(linear: nn.Linear, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype or (linear.weight.dtype if linear.weight.dtype in ACT_DTYPES else torch.bfloat16)
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
 
 
 def _quantized(
@@ -92,7 +114,8 @@ def _quantized(
     prefer: str | Sequence[str] | None, keep_source: bool,
 ) -> nn.Module:
     if isinstance(fmt, TurboQuant):
-        return TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=dtype, keep_source=keep_source)
+        return TurboQuantLinear.from_linear(linear, fmt, generator=gen, dtype=dtype, keep_source=keep_source,
+                                            prefer=prefer)
     if isinstance(fmt, SVDQuantAct):  # the pre-GEMM takes 16-bit activations; the module casts
         act_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         return SVDQuantLinear.from_linear(linear, fmt, dtype=act_dtype, prefer=prefer)

@@ -20,7 +20,7 @@ point 8.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,6 +92,15 @@ class AWQ(GroupedFormat, Format):
         from .shard import shard_awq
 
         return shard_awq(self, tensors, dim=dim, rank=rank, world=world)
+
+    concatenates: ClassVar[bool] = True
+
+    def concat_tensors(
+        self, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        from .shard import concat_awq
+
+        return concat_awq(self, parts, names=names)
 
     def unpack_weight(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Codes ``[I, O]`` int32, columns in natural order."""

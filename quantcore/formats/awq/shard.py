@@ -9,24 +9,37 @@ Row-parallel (``dim="K"``): ``qweight`` rows, whole groups of ``scales`` and ``q
 (AWQ has no act-order: group g is inputs ``[g·gs, (g+1)·gs)``), the bias on rank 0 only.
 With one group (``group_size=-1``) every rank keeps it: ``scales`` and ``qzeros``
 replicated, the shard stored with ``group_size=-1``.
+
+Concatenation (:func:`concat_awq`, the inverse of a column cut): layers on the same input
+laid end to end along N — ``qweight`` and ``qzeros`` lanes, ``scales`` and ``bias``
+columns. Every layer's N is whole lanes of 8, so the lanes move unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..sharding import Shard, even_split, shard_of
+from ..sharding import Shard, concat_of, even_split, shard_of
 
 if TYPE_CHECKING:
     from .format import AWQ
 
-__all__ = ["shard_awq"]
+__all__ = ["concat_awq", "shard_awq"]
 
 _LANE = 8
+#: The axis each tensor's outputs run along.
+_COLUMNS = {"qweight": 1, "qzeros": 1, "scales": 1, "bias": 0}
+
+
+def concat_awq(
+    fmt: AWQ, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """``parts`` laid end to end along N (see the module docstring)."""
+    return concat_of(fmt, parts, _COLUMNS, names=names)
 
 
 def shard_awq(fmt: AWQ, tensors: Mapping[str, torch.Tensor], *, dim: str, rank: int, world: int) -> Shard:

@@ -32,7 +32,7 @@ straddling lanes included).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -159,6 +159,15 @@ class GPTQ(GroupedFormat, Format):
         rule = extra.get("rule")
         return shard_gptq(self, tensors, dim=dim, rank=rank, world=world,
                           rule=None if rule == "replicate" else rule, index=extra.get("index"))
+
+    concatenates: ClassVar[bool] = True
+
+    def concat_tensors(
+        self, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        from .shard import concat_gptq
+
+        return concat_gptq(self, parts, names=names)
 
     # --- unpacking, shared by the dequantizer and by kernels' transforms -----------------
 

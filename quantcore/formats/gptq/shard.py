@@ -22,6 +22,12 @@ act-order (``desc_act`` without static groups)
     inputs a valid GPTQ tensor set; ``g_idx`` still says which input is in which group
     (groups on one rank hold uneven numbers of inputs, some none).
 
+**Concatenation** (:func:`concat_gptq`, the inverse of a column cut): layers on the same
+input laid end to end along N. ``qweight``, ``scales``, ``bias`` columns and ``qzeros``
+lanes are concatenated — every layer's N is whole lanes, so lanes never straddle two
+layers — and ``g_idx`` must be the same in every layer (act-order layers quantized on
+the same input with the same column order are).
+
 **The alternative, ``rule="groups"``**: rank r takes whole groups ``[r·G/w, (r+1)·G/w)``
 and the inputs in them (``Shard.index``, ascending), so its shard keeps the layer's
 group size, its own scales and zeros only, and ``g_idx`` renumbered from 0 — every
@@ -49,19 +55,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from ...errors import ShardError
 from ..packing import pack_codes, unpack_codes
-from ..sharding import Part, Shard, even_split, narrow, shard_of
+from ..sharding import Part, Shard, concat_of, even_split, narrow, shard_of
 
 if TYPE_CHECKING:
     from .format import GPTQ
 
-__all__ = ["shard_gptq"]
+__all__ = ["concat_gptq", "shard_gptq"]
+
+#: The axis each tensor's outputs run along; ``g_idx`` is shared.
+_COLUMNS = {"qweight": 1, "scales": 1, "qzeros": 1, "bias": 0}
 
 
 def shard_gptq(
@@ -120,6 +129,13 @@ def shard_gptq(
         cuts.update(scales=(0, g0, count), qzeros=(0, g0, count))
     return shard_of(fmt, tensors, cuts, shard_format=shard_fmt, dim="K", rank=rank, world=world,
                     start=k0, stop=k0 + size, total=k, offsets=offsets, first_only=("bias",))
+
+
+def concat_gptq(
+    fmt: GPTQ, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """``parts`` laid end to end along N (see the module docstring)."""
+    return concat_of(fmt, parts, _COLUMNS, names=names)
 
 
 def _by_groups(fmt: GPTQ, tensors: Mapping[str, torch.Tensor], k: int, rank: int, world: int) -> Shard:

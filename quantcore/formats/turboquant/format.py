@@ -50,7 +50,7 @@ below ``2^bits`` (checked).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -143,6 +143,15 @@ class TurboQuant(Format):
         from .shard import shard_turboquant
 
         return shard_turboquant(self, tensors, dim=dim, rank=rank, world=world)
+
+    concatenates: ClassVar[bool] = True
+
+    def concat_tensors(
+        self, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        from .shard import concat_turboquant
+
+        return concat_turboquant(self, parts, names=names)
 
     # --- validation ---------------------------------------------------------------------
 

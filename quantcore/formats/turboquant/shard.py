@@ -12,21 +12,35 @@ row-parallel (``dim="K"``)
     ``[k0/2, k1/2)`` of ``indices`` (two per byte, within a group), ``[g0, g1)`` of
     ``norms``; with ``rotation_per_group`` the rank's rotations ``[g0, g1)``, else the one
     shared rotation on every rank. The residual pass is cut alike; the bias on rank 0 only.
+
+Concatenation (:func:`concat_turboquant`, the inverse of a column cut): layers on the same
+input laid end to end along N — rows of ``indices`` and ``norms`` per pass, ``bias`` —
+when every layer holds the same rotation(s) and codebook (layers quantized with the same
+draw of rotations; the quantizer draws them independently per layer otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..sharding import Shard, even_split, shard_of
+from ..sharding import Shard, concat_of, even_split, shard_of
 
 if TYPE_CHECKING:
     from .format import TurboQuant
 
-__all__ = ["shard_turboquant"]
+__all__ = ["concat_turboquant", "shard_turboquant"]
+
+
+def concat_turboquant(
+    fmt: TurboQuant, parts: Sequence[Mapping[str, torch.Tensor]], *, names: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """``parts`` laid end to end along N (see the module docstring): rotations and the
+    codebook shared."""
+    rows = {prefix + name: 0 for prefix in fmt.passes for name in ("indices", "norms")}
+    return concat_of(fmt, parts, {**rows, "bias": 0}, names=names)
 
 
 def shard_turboquant(

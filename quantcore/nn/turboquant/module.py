@@ -14,7 +14,7 @@ pass's buffers stay in (pinned) host memory and reach the GPU through a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -82,25 +82,28 @@ class TurboQuantLinear(QuantModule):
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
         keep_source: bool = False,
+        prefer: str | Sequence[str] | None = None,
     ) -> TurboQuantLinear:
-        """Quantize ``linear`` with the golden quantizer, on the linear's device."""
+        """Quantize ``linear`` with the golden quantizer, on the linear's device; ``prefer``
+        names kernels to try first, as for ``get_kernel``."""
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, fmt, bias=linear.bias is not None,
                      device=weight.device, dtype=dtype, keep_source=keep_source)
         tensors = fmt.quantize(weight, generator=generator)
         if linear.bias is not None:
             tensors["bias"] = linear.bias.detach().to(torch.float32)
-        module.load_tensors(tensors)
+        module.load_tensors(tensors, prefer=prefer)
         return module
 
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Take a checkpoint's tensors (validated against the format) and prepare them."""
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], *, prefer: str | Sequence[str] | None = None) -> None:
+        """Take a checkpoint's tensors (validated against the format) and prepare them
+        (``prefer``: kernels to try first)."""
         if ("bias" in tensors) != self.has_bias:
             raise KernelInputError(
                 "tensors carry a bias; the module was built with bias=False" if self.has_bias is False
                 else "tensors carry no bias; the module was built with bias=True"
             )
-        self.bind_tensors(tensors)
+        self.bind_tensors(tensors, prefer=prefer)
         if self.cpu_offload_pass2:
             self._offload_buffers()
 
