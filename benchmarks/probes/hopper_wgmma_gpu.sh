@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# hopper_wgmma on an sm_90 machine, the steps named after the output folder (everything
+# lands in OUTDIR/results.tgz):
+#   bash benchmarks/probes/hopper_wgmma_gpu.sh OUTDIR check diag time4[:M,..[:bf16,fp16]] bench ...
+# check / timeN: benchmarks/probes/hopper_wgmma_sweep.py; bench: the gptq/awq suites with
+# every peer; ncu: the profile of benchmarks/probes/hopper_wgmma_ncu.py's launches.
+set -uo pipefail
+dest=$1; shift
+out=$(mktemp -d)
+trap 'tar -czf "$dest/results.tgz" -C "$out" .' EXIT
+mkdir -p "$dest"
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1; then
+  echo "editable install failed (install.log): running from a copy, without entry points"
+  site=$(mktemp -d); cp -r quantcore "$site/"
+  for d in backends benchmarks conformance; do cp -r "$d" "$site/quantcore/$d"; done
+  export PYTHONPATH="$site"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
+for step in "$@"; do
+  case $step in
+    check) timeout "${CHECK_S:-170}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only check \
+             > "$out/check.log" 2>&1; grep -v "^FAIL" "$out/check.log" | tail -3; grep "^FAIL" "$out/check.log" | cut -c1-400 | head -15 ;;
+    diag) timeout "${DIAG_S:-120}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only diag \
+            2>&1 | grep "^diag\|Error" ;;
+    time*) # timeBITS[:M,M,...[:DTYPE,...]]
+           IFS=: read -r spec ms dtypes <<< "${step#time}"
+           timeout "${TIME_S:-330}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only time \
+             --bits "$spec" ${ms:+--ms "$ms"} ${dtypes:+--dtypes "$dtypes"} 2>&1 | grep -v -i warn \
+             | tee "$out/time-$spec${dtypes:+-$dtypes}.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
