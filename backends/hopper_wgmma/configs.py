@@ -39,29 +39,30 @@ def _pow2_at_least(v: int, lo: int, hi: int) -> int:
 
 
 def default_plan(shape: Shape, card: CardKey) -> Plan:
-    """A rule for cards and shapes without a table, read off the measured tables: one
-    warpgroup and K split to about four CTAs per SM while the weight's bytes bound the
-    call (M ≤ 64); two warpgroups, 128–256-row activation tiles and split K only while
-    the tiles alone cannot fill the SMs above."""
+    """A rule for cards and shapes without a table, read off the H200 table: while the
+    weight's bytes bound the call (M ≤ 64), one warpgroup, the smallest activation tile,
+    a deep ring and K split to about three CTAs per SM; one warpgroup of 128 rows up to
+    M = 128; above, two warpgroups and 256-row tiles (128 at 8 bits, whose fp32 detour
+    would spill), K split only while the tiles alone cannot fill the SMs."""
     m, bits = shape.m, shape.bits
     blocks = -(-shape.k // (512 // bits))
     tiles_n = -(-shape.n // 64)
     if m <= 64:
-        wg, bm, stages, per_sm = 1, _pow2_at_least(m, 16, 64), 4, 4
+        bm = _pow2_at_least(m, 8, 64)
+        wg, stages, per_sm = 1, 8 if bm <= 32 else 5, 3
     elif m <= 128:
-        wg, bm, stages, per_sm = 1, 128, 4, 2
+        wg, bm, stages, per_sm = 1, 128, 4, 1
     else:
-        # 8-bit bf16 operands go through fp32: a 256-row tile would spill.
-        wg, bm, stages, per_sm = 2, 128 if m <= 256 or bits == 8 else 256, 3, 1
+        wg, bm, stages, per_sm = 2, 128 if bits == 8 else 256, 4 if bits == 8 else 3, 1
     tiles = -(-tiles_n // wg) * -(-m // bm)
     split = max(1, min(blocks // 2 or 1, round(per_sm * card.sms / tiles)))
     return Plan(wg, bm, stages, split)
 
 
 def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], Plan]]:
-    from .tuned import TABLES
+    from .tuned import load_tables
 
-    return TABLES
+    return load_tables()
 
 
 def plan_for(shape: Shape, card: CardKey) -> Plan:

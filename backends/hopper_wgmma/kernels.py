@@ -16,10 +16,15 @@ a ring of ``STAGES`` shared-memory stages that TMA fills: the block's weight wor
    A-operand layout without moving data (``convert_layout(assert_trivial=True)``);
 3. per slice of 32 inputs, dequantize in registers — one LOP3 and two packed FMAs per
    pair of codes (``(q − z)·s`` in the activation dtype) — and issue ``wgmma``
-   asynchronously;
-4. wait until only this block's ``wgmma`` groups are in flight (so dequantizing the next
-   block overlaps this block's multiply), then hand the previous block's stage back to
-   TMA, ``STAGES − 1`` blocks ahead.
+   asynchronously: slice i+1 is dequantized while slice i multiplies;
+4. after ``PER_WAIT`` blocks (1 or 2: the second block's dequantization overlaps the
+   first one's multiplies), wait for every group, then hand the stages back to TMA,
+   ``STAGES`` blocks ahead.
+
+Why not leave groups in flight across the wait: ptxas keeps a wgmma's register
+operands reserved only up to the next ``wgmma.wait_group``, whatever count it leaves
+outstanding, and reuses them for the next block's operands while the groups still read
+them (README.md: such plans computed wrong, unrepeatably, from 128-row tiles on).
 
 Split-K (programs over K runs of one tile) stores fp32 partials; the last program of a
 tile to arrive sums them in split order (deterministic, one launch, no zeroed buffer).
@@ -119,17 +124,15 @@ def _store_layout(bn, bm, num_warps):
 
 
 @gluon.jit
-def _operand(w16, s_smem, z_smem, SL: gl.constexpr, SLICES_PER_ROW: gl.constexpr, BITS: gl.constexpr,
+def _operand(w16, s_row, z_row, SL: gl.constexpr, BITS: gl.constexpr,
              HAS_ZEROS: gl.constexpr, act: gl.constexpr, a_layout: gl.constexpr, BN: gl.constexpr):
     """Slice ``SL`` of the block: ``(q − z)·s`` as wgmma's A operand [BN, 32]."""
     WIDE: gl.constexpr = BITS == 8 and act == gl.bfloat16
-    # The block's row of scales holding this slice (several rows when groups are smaller).
-    ROW: gl.constexpr = SL // SLICES_PER_ROW
     # [BN, 1] in the operand's own layout: each thread reads the rows it holds, and the
     # broadcast to [BN, 32] below moves nothing.
-    s = s_smem.slice(ROW, 1, dim=0).permute((1, 0)).load(a_layout).to(gl.float32)
+    s = s_row.permute((1, 0)).load(a_layout).to(gl.float32)
     if HAS_ZEROS:
-        z = z_smem.slice(ROW, 1, dim=0).permute((1, 0)).load(a_layout).to(gl.float32)
+        z = z_row.permute((1, 0)).load(a_layout).to(gl.float32)
     else:
         z = gl.full([BN, 1], 8.0 if BITS == 4 else 128.0, gl.float32, a_layout)
     IDX: gl.constexpr = (((BITS == 8) * 2 + (act == gl.float16)) * 2 + HAS_ZEROS) * 4 + SL
@@ -157,34 +160,60 @@ def _operand(w16, s_smem, z_smem, SL: gl.constexpr, SLICES_PER_ROW: gl.constexpr
 
 @gluon.jit
 def _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, stage, blk,
-           tile_n, m0, n0, sub_group, BK: gl.constexpr, PAIRS: gl.constexpr, HAS_ZEROS: gl.constexpr,
-           S_PAD: gl.constexpr, Z_PAD: gl.constexpr):
-    """TMA loads of block ``blk`` into ``stage``, completing on its barrier."""
-    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
-                            + (z_desc.block_type.nbytes if HAS_ZEROS else 0))
+           tile_n, m0, n0, sub_group, BK: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
+           HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr):
+    """TMA loads of block ``blk`` into ``stage``, completing on its barrier: its words,
+    the x tiles of its slices, and its ``ROWS`` rows of scales (and zero points)."""
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes
+                            + ROWS * (s_desc.block_type.nbytes + (z_desc.block_type.nbytes if HAS_ZEROS else 0)))
     b = bar.index(stage)
     mbarrier.expect(b, NBYTES)
     tma.async_copy_global_to_shared(w_desc, [tile_n, blk * 8, 0], b, w_smem.index(stage))
     x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)
     tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
     row = (blk * BK) // sub_group
-    tma.async_copy_global_to_shared(s_desc, [row, n0], b, s_smem.index(stage * S_PAD))
-    if HAS_ZEROS:
-        tma.async_copy_global_to_shared(z_desc, [row, n0], b, z_smem.index(stage * Z_PAD))
+    for r in gl.static_range(ROWS):
+        tma.async_copy_global_to_shared(s_desc, [row + r, n0], b, s_smem.index((stage * ROWS + r) * S_PAD))
+        if HAS_ZEROS:
+            tma.async_copy_global_to_shared(z_desc, [row + r, n0], b, z_smem.index((stage * ROWS + r) * Z_PAD))
+
+
+@gluon.jit
+def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
+           STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
+           BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
+           WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
+           a_layout: gl.constexpr, words_layout: gl.constexpr):
+    """The ``i``-th block of this program: wait for its stage, read its words, and per
+    slice dequantize and issue an asynchronous wgmma (not waited for here)."""
+    stage = i % STAGES
+    mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
+    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
+    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
+    w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+    for sl in gl.static_range(PAIRS):
+        row = stage * ROWS + sl // SLICES_PER_ROW
+        a = _operand(w16, s_smem.index(row * S_PAD), z_smem.index(row * Z_PAD), sl, BITS, HAS_ZEROS, act,
+                     a_layout, BN)
+        acc = warpgroup_mma(a, x_smem.index(stage * PAIRS + sl).permute((1, 0)), acc, is_async=True)
+    return acc
 
 
 @gluon.jit
 def wgmma_kernel(
     w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, stride_ym, blocks, steps, split_k, sub_group,
-    BITS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
+    BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
-    WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr,
+    WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
     block's slices, each a ``[BM, 32]`` tile); ``s_desc``/``z_desc``: scale and
-    zero-point rows per sub-group ``[subs, Np]`` (box ``[rows per block, 64·WG]``)."""
+    zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
+    ``PER_WAIT`` blocks (1 or 2; 2 needs an even block count per program) are issued
+    between two waits."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -215,9 +244,10 @@ def wgmma_kernel(
     # TMA writes shared memory at 128-byte aligned addresses: small boxes get padded slots.
     S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
     Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
-    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * S_PAD] + s_desc.block_type.shape, s_desc.layout)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)
     if HAS_ZEROS:
-        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * Z_PAD] + z_desc.block_type.shape, z_desc.layout)
+        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,
+                                           z_desc.layout)
     else:
         z_smem = s_smem
     bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -225,53 +255,27 @@ def wgmma_kernel(
         mbarrier.init(bar.index(st), count=1)
     fence_async_shared()
 
-    for p in gl.static_range(STAGES - 1):
+    for p in gl.static_range(STAGES):
         if p < n_iter:
             _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
-                   tile_n, m0, n0, sub_group, BK, PAIRS, HAS_ZEROS, S_PAD, Z_PAD)
+                   tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    # The register operands of the block whose wgmma groups are still in flight: passed
-    # to the next wait so that their registers stay untouched until those groups end.
-    p0 = gl.zeros([BN, 32], act, a_layout)
-    p1 = p0
-    p2 = p0
-    p3 = p0
-    for i in range(n_iter):
-        stage = i % STAGES
-        mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
-        words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
-        w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
-        w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
-        w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2),
-                                assert_trivial=True)
-        s_st = s_smem.index(stage * S_PAD)
-        z_st = z_smem.index(stage * Z_PAD)
-        a0 = _operand(w16, s_st, z_st, 0, SLICES_PER_ROW, BITS, HAS_ZEROS, act, a_layout, BN)
-        acc = warpgroup_mma(a0, x_smem.index(stage * PAIRS).permute((1, 0)), acc, is_async=True)
-        a1 = _operand(w16, s_st, z_st, 1, SLICES_PER_ROW, BITS, HAS_ZEROS, act, a_layout, BN)
-        acc = warpgroup_mma(a1, x_smem.index(stage * PAIRS + 1).permute((1, 0)), acc, is_async=True)
-        if PAIRS == 4:
-            a2 = _operand(w16, s_st, z_st, 2, SLICES_PER_ROW, BITS, HAS_ZEROS, act, a_layout, BN)
-            acc = warpgroup_mma(a2, x_smem.index(stage * PAIRS + 2).permute((1, 0)), acc, is_async=True)
-            a3 = _operand(w16, s_st, z_st, 3, SLICES_PER_ROW, BITS, HAS_ZEROS, act, a_layout, BN)
-            acc = warpgroup_mma(a3, x_smem.index(stage * PAIRS + 3).permute((1, 0)), acc, is_async=True)
-        else:
-            a2 = p2
-            a3 = p3
-        # This block's groups may still run; the previous block's are done, so its
-        # operands may die and its stage be refilled once every warp has read it.
-        acc, p0, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, p0, p1, p2, p3))
-        p0 = a0
-        p1 = a1
-        p2 = a2
-        p3 = a3
-        gl.thread_barrier()
-        nxt = i + STAGES - 1
-        if nxt < n_iter:
-            _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES, blk0 + nxt,
-                   tile_n, m0, n0, sub_group, BK, PAIRS, HAS_ZEROS, S_PAD, Z_PAD)
-    acc, p0, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p0, p1, p2, p3))
+    for j in range(0, n_iter, PER_WAIT):
+        for u in gl.static_range(PER_WAIT):
+            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+        # Every group is waited for before the next registers are written: ptxas keeps a
+        # wgmma's register operands only up to the next wait, whatever it leaves in flight
+        # (README.md: leaving groups in flight across blocks computed wrong). The second
+        # block of a pair is dequantized while the first one's groups run.
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
+        for u in gl.static_range(PER_WAIT):
+            nxt = j + u + STAGES
+            if nxt < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
+                       blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
 

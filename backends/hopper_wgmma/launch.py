@@ -76,12 +76,11 @@ def weight_descriptors(w: HopperWeights, wg: int) -> tuple[Any, Any, Any]:
         words = w.qweight.view(torch.int16).view(tiles, blocks * 8, 256)
         w_desc = TensorDescriptor(words, [tiles, blocks * 8, 256], [blocks * 2048, 256, 1], [wg, 8, 256],
                                   _nvmma(torch.int16, 3))
-        rows = sub_rows(w)
         s = w.scales
-        s_desc = TensorDescriptor(s, list(s.shape), [s.shape[1], 1], [rows, TILE_N * wg], _nvmma(s.dtype, 2))
+        s_desc = TensorDescriptor(s, list(s.shape), [s.shape[1], 1], [1, TILE_N * wg], _nvmma(s.dtype, 2))
         # Without zero points the kernel never reads z_desc; any uint8 view will do.
         z = w.zeros if w.zeros is not None else w.qweight.view(torch.uint8).view(tiles, -1)
-        z_desc = TensorDescriptor(z, list(z.shape), [z.stride(0), 1], [rows, TILE_N * wg], _nvmma(torch.uint8, 2))
+        z_desc = TensorDescriptor(z, list(z.shape), [z.stride(0), 1], [1, TILE_N * wg], _nvmma(torch.uint8, 2))
         have = w.runtime[key] = (w_desc, s_desc, z_desc)
     return have
 
@@ -113,41 +112,48 @@ def _counters(w: HopperWeights, tiles: int, device: torch.device) -> torch.Tenso
 _retired: list[torch.Tensor] = []
 
 
+def split_steps(w: HopperWeights, plan: Plan) -> tuple[int, int, int]:
+    """``(blocks per program, programs along K, blocks per wait)``: pairs of blocks only
+    where every program gets an even count."""
+    steps = triton.cdiv(w.blocks, plan.split)
+    per_wait = plan.per_wait if w.blocks % 2 == 0 else 1
+    steps += steps % per_wait
+    return steps, triton.cdiv(w.blocks, steps), per_wait
+
+
 def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, ws: torch.Tensor,
-                counters: torch.Tensor, in_flight: int | None = None) -> tuple[tuple[int, int], list[Any], dict[str, Any]]:
+                counters: torch.Tensor) -> tuple[tuple[int, int], list[Any], dict[str, Any]]:
     """``(grid, positional args, constexprs + launch options)`` of one launch."""
     m = x.shape[0]
     n = w.out_features
     bk = block_k(w.bits)
-    steps = triton.cdiv(w.blocks, plan.split)
-    split = triton.cdiv(w.blocks, steps)
+    steps, split, per_wait = split_steps(w, plan)
     w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
     bias = w.bias if w.bias is not None else w.scales
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
     slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
-    const = dict(BITS=w.bits, SLICES_PER_ROW=slices_per_row, SPLIT=split > 1, HAS_ZEROS=w.zeros is not None,
-                 HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm, STAGES=plan.stages,
-                 IN_FLIGHT=(16 // w.bits) if in_flight is None else in_flight, num_warps=plan.num_warps)
+    const = dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=split > 1,
+                 HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
+                 STAGES=plan.stages, PER_WAIT=per_wait, num_warps=plan.num_warps)
     return (tiles, split), args, const
 
 
-def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None, in_flight: int | None = None) -> torch.Tensor:
+def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torch.Tensor:
     """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] (already permuted by ret_idx)."""
     m = x2.shape[0]
     n = w.out_features
     plan = plan or plan_of(m, w, x2.device)
     x = prepare_x(x2)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    steps = triton.cdiv(w.blocks, plan.split)
-    split = triton.cdiv(w.blocks, steps)
+    _, split, _ = split_steps(w, plan)
     if split > 1:
         tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
         ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
         counters = _counters(w, tiles, x2.device)
     else:
         ws, counters = w.scales, w.scales
-    grid, args, const = kernel_args(x, w, plan, y, ws, counters, in_flight)
+    grid, args, const = kernel_args(x, w, plan, y, ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y

@@ -26,9 +26,12 @@ class Plan:
     stages: int
     #: Programs splitting K (1: none).
     split: int = 1
+    #: Blocks issued between two waits for the tensor cores (1 or 2).
+    per_wait: int = 1
 
     def __post_init__(self) -> None:
-        if self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1:
+        if (self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1
+                or self.per_wait not in (1, 2)):
             raise ValueError(f"hopper_wgmma plan out of range: {self}")
 
     @property
@@ -36,7 +39,8 @@ class Plan:
         return 4 * self.wg
 
     def stage_bytes(self, bits: int, scale_bytes: int, sub_rows: int, zeros: bool) -> int:
-        """Shared memory one stage of the ring takes."""
+        """Shared memory one stage of the ring takes (rows of scales and zero points in
+        slots of at least 128 bytes, as TMA writes them)."""
         bk = 512 // bits
-        return (self.wg * 4096 + self.bm * bk * 2
-                + sub_rows * 64 * self.wg * (scale_bytes + (1 if zeros else 0)))
+        row = max(128, 64 * self.wg * scale_bytes) + (max(128, 64 * self.wg) if zeros else 0)
+        return self.wg * 4096 + self.bm * bk * 2 + sub_rows * row

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # hopper_wgmma on an sm_90 machine, the steps named after the output folder (everything
 # lands in OUTDIR/results.tgz):
-#   bash benchmarks/probes/hopper_wgmma_gpu.sh OUTDIR check diag time4[:M,..[:bf16,fp16]] bench ...
-# check / timeN: benchmarks/probes/hopper_wgmma_sweep.py; bench: the gptq/awq suites with
-# every peer; ncu: the profile of benchmarks/probes/hopper_wgmma_ncu.py's launches.
+#   bash benchmarks/probes/hopper_wgmma_gpu.sh OUTDIR check time4[:M,..[:bf16,fp16]] bench:SUITE ...
+# check / timeN: benchmarks/probes/hopper_wgmma_sweep.py; bench:SUITE: that suite's
+# "hopper" shapes, every kernel and cuBLAS in one run (CUDA graphs, 3 rounds).
 set -uo pipefail
 dest=$1; shift
 out=$(mktemp -d)
@@ -22,8 +22,10 @@ for step in "$@"; do
   case $step in
     check) timeout "${CHECK_S:-170}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only check \
              > "$out/check.log" 2>&1; grep -v "^FAIL" "$out/check.log" | tail -3; grep "^FAIL" "$out/check.log" | cut -c1-400 | head -15 ;;
-    diag) timeout "${DIAG_S:-120}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only diag \
-            2>&1 | grep "^diag\|Error" ;;
+    bench:*) suite=${step#bench:}
+           timeout "${BENCH_S:-240}" python3 -m quantcore bench "$suite" --device cuda --shapes hopper --graph --rounds 3 \
+             --out "$out" --plot "$out/$suite.png" > "$out/$suite.log" 2>&1
+           grep -v "^\s*$" "$out/$suite.log" | grep -i "goal\|error\|wrote\|Traceback" | cut -c1-160 | tail -70 ;;
     time*) # timeBITS[:M,M,...[:DTYPE,...]]
            IFS=: read -r spec ms dtypes <<< "${step#time}"
            timeout "${TIME_S:-330}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only time \

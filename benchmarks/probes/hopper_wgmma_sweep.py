@@ -10,8 +10,10 @@
 
     python -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out DIR [--only check|time] [--bits 4]
 
-Writes ``DIR/check.json``, ``DIR/diag.json``, ``DIR/time-<bits>-<dtypes>.json`` as it goes (a call cut short keeps
-what was done) and prints a compact table last.
+Writes ``DIR/check.json`` and ``DIR/time-<bits>-<dtypes>.json`` as it goes (a call cut
+short keeps what was done) and prints a compact table last. On any machine,
+``--table DIR/device.json DIR/time-*.json --out FOLDER`` writes the fastest plans as the
+backend's ``tuned-<card>.json``.
 """
 
 from __future__ import annotations
@@ -33,17 +35,18 @@ from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import judge_output
-from quantcore.probe.card import card_key
+from quantcore.probe.card import CardKey, card_key
 from quantcore.timing import time_interleaved
 
 SHAPES = [(4096, 14336), (14336, 4096), (4096, 4096), (4096, 1024)]
 MS = [1, 16, 32, 64, 128, 512, 2048, 8192]
 
-CHECK_PLANS = [Plan(1, 8, 3, 1), Plan(1, 16, 4, 3), Plan(1, 32, 2, 2), Plan(1, 64, 4, 1),
-               Plan(1, 128, 4, 2), Plan(2, 128, 4, 1), Plan(2, 256, 3, 2)]
+CHECK_PLANS = [Plan(1, 8, 3, 1), Plan(1, 16, 4, 3, 2), Plan(1, 32, 2, 2), Plan(1, 64, 4, 1, 2),
+               Plan(1, 128, 4, 2), Plan(2, 128, 4, 1, 2), Plan(2, 256, 3, 2)]
 
 
 def _run(kernel: Any, prepared: Any, x: torch.Tensor, plan: Plan | None) -> torch.Tensor:
+    """Through the kernel (its own plan) or, with ``plan``, through the launcher."""
     if plan is None:
         return kernel(x, prepared)
     x2 = x.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x
@@ -127,86 +130,40 @@ def run_check(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_diag(out: Path) -> list[dict[str, Any]]:
-    """Which plans compute right with the wgmma groups of one block left in flight across
-    the next block's dequantization, and with none: run twice, against the golden."""
-    dev = torch.device("cuda")
-    rows = []
-    plans = [Plan(1, 64, 4, 1), Plan(1, 128, 4, 1), Plan(1, 128, 2, 1), Plan(2, 64, 4, 1), Plan(2, 128, 4, 1),
-             Plan(2, 256, 3, 1)]
-    for fmt in (GPTQ(bits=4, group_size=128), GPTQ(bits=4, group_size=128, sym=False), GPTQ(bits=8, group_size=128)):
-        gen = torch.Generator().manual_seed(7)
-        stored = fmt.quantize(torch.randn(512, 1024, generator=gen) * 0.05, generator=gen)
-        dense = fmt.dequantize(stored, torch.float64)
-        prepared = HopperWgmmaGPTQ(fmt, dev).prepare({a: t.to(dev) for a, t in stored.items()})
-        for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-            for m in (1, 37, 300):
-                x = torch.randn(m, 1024, generator=gen).to(dtype)
-                ref = linear_reference(x, dense)
-                for plan in plans:
-                    for in_flight in (16 // fmt.bits, 0):
-                        row = {"fmt": fmt.slug, "dtype": dname, "m": m, "plan": plan.__dict__, "in_flight": in_flight}
-                        try:
-                            y1 = linear(x.to(dev), prepared, plan, in_flight)
-                            y2 = linear(x.to(dev), prepared, plan, in_flight)
-                            c = judge_output(y1, ref, dtype)
-                            row |= {"ok": c.ok, "rel": c.rel_err, "same": bool(torch.equal(y1, y2))}
-                        except Exception as exc:  # noqa: BLE001
-                            row |= {"ok": False, "why": f"{type(exc).__name__}: {exc}"[:200]}
-                        rows.append(row)
-        (out / "diag.json").write_text(json.dumps(rows, indent=1))
-    summary: dict[str, list[int]] = {}
-    for r in rows:
-        key = f"wg{r['plan']['wg']} bm{r['plan']['bm']} st{r['plan']['stages']} inflight{r['in_flight']}"
-        tot = summary.setdefault(key, [0, 0, 0])
-        tot[0] += bool(r.get("ok"))
-        tot[1] += bool(r.get("same"))
-        tot[2] += 1
-    for key, (ok, same, n) in summary.items():
-        print(f"diag {key}: {ok}/{n} within tolerance, {same}/{n} repeatable", flush=True)
-    return rows
-
-
 # --- timing --------------------------------------------------------------------------------
 
 
-def candidates(m: int, k: int, n: int, bits: int, sms: int) -> list[tuple[Plan, int | None]]:
-    """(plan, groups left in flight at a block's end: None for the kernel's default)."""
+def candidates(m: int, k: int, n: int, bits: int, sms: int) -> list[Plan]:
     blocks = k // (512 // bits)
     tiles_n = n // 64
-    out: list[tuple[Plan, int | None]] = []
+    out: list[Plan] = []
 
-    def add(wg: int, bm: int, stages: int, per_sm: list[float], in_flight: int | None = None) -> None:
+    def add(wg: int, bm: int, stages: int, per_sm: list[float], per_wait: tuple[int, ...] = (1, 2)) -> None:
         tiles = -(-tiles_n // wg) * -(-m // bm)
         for p in per_sm:
             split = max(1, min(blocks // 2, round(p * sms / tiles)))
-            cand = (Plan(wg, bm, stages, split), in_flight)
-            if cand not in out:
-                out.append(cand)
+            for pw in per_wait:
+                plan = Plan(wg, bm, stages, split, pw)
+                if plan not in out:
+                    out.append(plan)
 
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())
-        add(1, bm, 4, [2, 4])
+        add(1, bm, 4, [2, 4], (1,))
         add(1, bm, 8 if bm <= 32 else 5, [1, 2, 4])
         if m == 1:
             add(1, 8, 8, [2, 4])
-            add(1, 8, 12, [1, 2])
         if m == 64:
             add(2, 64, 4, [1, 2])
     elif m <= 128:
-        add(1, 128, 4, [1, 2])
-        add(1, 128, 4, [1, 2], 0)
+        add(1, 128, 3, [1, 2])
         add(2, 128, 4, [1, 2])
-        add(2, 128, 4, [1, 2], 0)
         add(1, 64, 6, [2, 4])
     else:
         add(2, 128, 4, [1, 2])
-        add(2, 128, 4, [1], 0)
+        add(1, 128, 3, [1])
         if bits == 4:
             add(2, 256, 3, [1, 2])
-            add(2, 256, 3, [1], 0)
-        add(1, 128, 4, [1])
-        add(1, 128, 4, [1], 0)
     return out
 
 
@@ -262,11 +219,11 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                     nsets.append(sets)
                 default = plan_of(m, mine_p[0], dev)
                 cands = candidates(m, k, n, bits, sms)
-                if (default, None) not in cands:
-                    cands.insert(0, (default, None))
-                for plan, in_flight in cands:
+                if default not in cands:
+                    cands.insert(0, default)
+                for plan in cands:
                     try:
-                        y = linear(xs[0], mine_p[0], plan, in_flight)
+                        y = linear(xs[0], mine_p[0], plan)
                         c = judge_output(y, ref, dtype)
                     except Exception as exc:  # noqa: BLE001
                         rows.append({"k": k, "n": n, "m": m, "dtype": dname, "bits": bits, "variant": "hopper",
@@ -277,9 +234,8 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                                      "plan": plan.__dict__, "error": f"wrong: {c.problem}"})
                         continue
                     names.append("hopper")
-                    plans.append((plan, in_flight))
-                    fns.append(lambda i, xs=xs, plan=plan, f=in_flight: linear(xs[i % len(xs)], mine_p[i % len(mine_p)],
-                                                                               plan, f))
+                    plans.append(plan)
+                    fns.append(lambda i, xs=xs, plan=plan: linear(xs[i % len(xs)], mine_p[i % len(mine_p)], plan))
                     nsets.append(sets)
                 t0 = time.time()
                 timings = time_interleaved(fns, "cuda", rounds=3, graph=True, sets=nsets)
@@ -288,9 +244,8 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                     row = {"k": k, "n": n, "m": m, "dtype": dname, "bits": bits, "variant": name,
                            "us": t.median_s * 1e6, "spread": t.spread, "method": t.method}
                     if name == "hopper":
-                        row["plan"] = plans[pi][0].__dict__
-                        row["in_flight"] = plans[pi][1]
-                        row["default"] = plans[pi] == (default, None)
+                        row["plan"] = plans[pi].__dict__
+                        row["default"] = plans[pi] == default
                         pi += 1
                     rows.append(row)
                 (out / f"time-{bits}-{'-'.join(dtypes)}.json").write_text(json.dumps(rows, indent=1))
@@ -300,17 +255,34 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                 old_us = next(r["us"] for r in rows[-len(names):] if r["variant"] == "triton_int4")
                 if best:
                     print(f"{bits}b {dname} K{k} N{n} M{m}: cublas {cub:.1f} old {old_us:.1f} ({cub / old_us:.2f}x) "
-                          f"new {best['us']:.1f} ({cub / best['us']:.2f}x) {best['plan']} f{best['in_flight']} [{time.time() - t0:.0f}s]",
+                          f"new {best['us']:.1f} ({cub / best['us']:.2f}x) {best['plan']} [{time.time() - t0:.0f}s]",
                           flush=True)
                 (out / f"time-{bits}-{'-'.join(dtypes)}.json").write_text(json.dumps(rows, indent=1))
                 del xs
     return rows
 
 
+def best_table(rows: list[dict], info: dict) -> dict:
+    """The fastest correct plan per (bits, K, N, M) of bf16 timings: ``tuned-<card>.json``."""
+    best: dict[tuple[int, int, int, int], dict] = {}
+    for r in rows:
+        if r.get("variant") != "hopper" or r.get("dtype") != "bf16" or "us" not in r:
+            continue
+        key = (r["bits"], r["k"], r["n"], r["m"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    plans = [{"bits": b, "k": k, "n": n, "m": m, "plan": r["plan"], "us": round(r["us"], 2)}
+             for (b, k, n, m), r in sorted(best.items())]
+    return {"device": info["device"], "card": info["card_key"], "source": "benchmarks/probes/hopper_wgmma_sweep.py",
+            "plans": plans}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--table", nargs="+", metavar="JSON",
+                    help="with --out DIR: write DIR/tuned-<card>.json from the device.json and time-*.json given")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=("check", "diag", "time"))
+    ap.add_argument("--only", choices=("check", "time"))
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
@@ -318,14 +290,21 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.table:
+        info = json.loads(next(Path(p) for p in args.table if p.endswith("device.json")).read_text())
+        rows = [r for p in args.table if not p.endswith("device.json") for r in json.loads(Path(p).read_text())]
+        table = best_table(rows, info)
+        slug = CardKey(**info["card_key"]).slug
+        (out / f"tuned-{slug}.json").write_text(json.dumps(table, indent=1) + "\n")
+        print(f"{len(table['plans'])} plans for {slug}")
+        return 0
     props = torch.cuda.get_device_properties(0)
-    info = {"device": props.name, "card": card_key(0).slug, "torch": torch.__version__}
+    key = card_key(0)
+    info = {"device": props.name, "card": key.slug, "card_key": key.__dict__, "torch": torch.__version__}
     (out / "device.json").write_text(json.dumps(info))
     print(info, flush=True)
     if args.only in (None, "check"):
         run_check(out)
-    if args.only in (None, "diag"):
-        run_diag(out)
     if args.only in (None, "time"):
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         run_time(out, args.bits, [int(v) for v in args.ms.split(",")], shapes, args.dtypes.split(","))
