@@ -56,10 +56,12 @@ class HopperWgmmaGPTQ(LinearKernel):
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
-        # Read off benchmarks/results/nvidia-h200/gptq_linear.json beside triton_int4's
-        # declared cost (README.md): the weight streams as fast as triton_int4's up to
-        # M ≈ 16, in one launch; from M = 32 to 1024 the multiply runs 1.3–2× faster than
-        # triton_int4's fused tiles; above, triton_int4's dequantize + cuBLAS is faster.
+        # Read off benchmarks/results/nvidia-h200/gptq_linear.json beside the declared costs
+        # of triton_int4 and aten_cuda (README.md): the weight streams as fast as
+        # triton_int4's; at M ≤ 2 the split-K pass and its reduction cost about a launch
+        # more than tinygemm's single GEMV; from M = 32 to 1024 the multiply runs 1.3–2×
+        # faster than triton_int4's fused tiles; above, triton_int4's dequantize + cuBLAS
+        # is faster.
         fmt = problem.format
         bits, gs = (fmt.bits, fmt.group_size) if isinstance(fmt, GPTQ) else (4, getattr(fmt, "group_size", -1))
         k, n, m = problem["K"], problem["N"], problem["M"]
@@ -67,7 +69,7 @@ class HopperWgmmaGPTQ(LinearKernel):
         if caps.device_type != "cuda":
             return linear_cost(problem, weight, bandwidth=1e-3, compute=1e-3, note="no GPU: never chosen")
         compute = 0.45 if m <= 64 else 0.6 if m <= 256 else 0.75 if m <= 1024 else 0.65
-        return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=1,
+        return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2 if m <= 2 else 1,
                            note="fit to benchmarks/results/nvidia-h200 (hopper_wgmma README.md)")
 
     @classmethod

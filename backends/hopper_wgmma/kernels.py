@@ -169,7 +169,7 @@ def _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, 
     b = bar.index(stage)
     mbarrier.expect(b, NBYTES)
     tma.async_copy_global_to_shared(w_desc, [tile_n, blk * 8, 0], b, w_smem.index(stage))
-    x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)
+    x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
     tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
     row = (blk * BK) // sub_group
     for r in gl.static_range(ROWS):
@@ -238,15 +238,15 @@ def wgmma_kernel(
     # serialize the wgmma pipeline (C7515).
     gl.assume(n_iter > 0)
 
-    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
     # One [BM, 32] tile per slice (the TMA box [PAIRS, BM, 32] is PAIRS of them).
     x_smem = gl.allocate_shared_memory(act, [STAGES * PAIRS, BM, 32], _tile_layout(x_desc.layout))
     # TMA writes shared memory at 128-byte aligned addresses: small boxes get padded slots.
     S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
     Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
-    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
     if HAS_ZEROS:
-        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,
+        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
                                            z_desc.layout)
     else:
         z_smem = s_smem

@@ -3,7 +3,8 @@
 # lands in OUTDIR/results.tgz):
 #   bash benchmarks/probes/hopper_wgmma_gpu.sh OUTDIR check time4[:M,..[:bf16,fp16]] bench:SUITE ...
 # check / timeN: benchmarks/probes/hopper_wgmma_sweep.py; bench:SUITE: that suite's
-# "hopper" shapes, every kernel and cuBLAS in one run (CUDA graphs, 3 rounds).
+# "hopper" shapes, every kernel and cuBLAS in one run (CUDA graphs, 3 rounds); ncu:M,K,N:
+# the profile of benchmarks/probes/hopper_wgmma_ncu.py's launch.
 set -uo pipefail
 dest=$1; shift
 out=$(mktemp -d)
@@ -31,6 +32,15 @@ for step in "$@"; do
            timeout "${TIME_S:-330}" python3 -m quantcore.benchmarks.probes.hopper_wgmma_sweep --out "$out" --only time \
              --bits "$spec" ${ms:+--ms "$ms"} ${dtypes:+--dtypes "$dtypes"} 2>&1 | grep -v -i warn \
              | tee "$out/time-$spec${dtypes:+-$dtypes}.log" ;;
+    ncu:*) # ncu:M,K,N
+           IFS=, read -r m k n <<< "${step#ncu:}"
+           timeout "${NCU_S:-150}" ncu --clock-control none -k regex:wgmma --launch-skip 1 --launch-count 1 \
+             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+             --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+             python3 -m quantcore.benchmarks.probes.hopper_wgmma_ncu "$m" "$k" "$n" > "$out/ncu-M$m-K$k-N$n.txt" 2>&1
+           grep -E "Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Registers Per|Block Limit|Issue Slots|Busy|Stall" \
+             "$out/ncu-M$m-K$k-N$n.txt" | head -40 ;;
     *) echo "unknown step $step" ;;
   esac
+  tar -czf "$dest/results.tgz" -C "$out" .  # what is done so far comes back even if a later step is cut
 done

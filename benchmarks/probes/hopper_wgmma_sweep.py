@@ -118,7 +118,7 @@ def run_check(out: Path) -> list[dict[str, Any]]:
                         torch.cuda.synchronize()
                         c = judge_output(y, ref, dtype)
                         row |= {"ok": c.ok, "rel": c.rel_err, "max": c.max_err, "why": c.problem}
-                    except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+                    except Exception as exc:
                         row |= {"ok": False, "why": f"{type(exc).__name__}: {exc}"[:400],
                                 "trace": traceback.format_exc()[-1500:]}
                     rows.append(row)
@@ -211,11 +211,11 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                 fns.append(lambda i, xs=xs, d=dense: torch.nn.functional.linear(xs[i % len(xs)], d[i % len(d)]))
                 nsets.append(len(dense))
                 names.append("triton_int4")
-                fns.append(lambda i, xs=xs: old(xs[i % len(xs)], old_p[i % len(old_p)]))
+                fns.append(lambda i, xs=xs, kern=old, ps=old_p: kern(xs[i % len(xs)], ps[i % len(ps)]))
                 nsets.append(sets)
                 if tiny is not None and m <= 128 and dtype == torch.bfloat16:
                     names.append("aten_cuda")
-                    fns.append(lambda i, xs=xs: tiny(xs[i % len(xs)], tiny_p[i % len(tiny_p)]))
+                    fns.append(lambda i, xs=xs, kern=tiny, ps=tiny_p: kern(xs[i % len(xs)], ps[i % len(ps)]))
                     nsets.append(sets)
                 default = plan_of(m, mine_p[0], dev)
                 cands = candidates(m, k, n, bits, sms)
@@ -225,7 +225,7 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                     try:
                         y = linear(xs[0], mine_p[0], plan)
                         c = judge_output(y, ref, dtype)
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         rows.append({"k": k, "n": n, "m": m, "dtype": dname, "bits": bits, "variant": "hopper",
                                      "plan": plan.__dict__, "error": f"{type(exc).__name__}: {exc}"[:300]})
                         continue
@@ -235,7 +235,7 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                         continue
                     names.append("hopper")
                     plans.append(plan)
-                    fns.append(lambda i, xs=xs, plan=plan: linear(xs[i % len(xs)], mine_p[i % len(mine_p)], plan))
+                    fns.append(lambda i, xs=xs, plan=plan, ps=mine_p: linear(xs[i % len(xs)], ps[i % len(ps)], plan))
                     nsets.append(sets)
                 t0 = time.time()
                 timings = time_interleaved(fns, "cuda", rounds=3, graph=True, sets=nsets)
