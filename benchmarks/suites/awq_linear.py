@@ -18,7 +18,7 @@ from quantcore.problem import Problem
 
 from ..spec import BenchCase
 from ._linear import linear_case
-from .gptq_linear import GOALS, SHAPES, goal_notes
+from .gptq_linear import GOALS, SHAPES, dtype_of, goal_notes, skip_slow
 
 __all__ = ["DESCRIPTION", "SHAPES", "cases", "problems"]
 
@@ -51,16 +51,17 @@ def _awq_bytes(m: int, k: int, n: int) -> int:
 
 def problems(shapes: list[dict[str, int]]) -> list[Problem]:
     """The problems the suite's cases time (``quantcore tune --suite``)."""
-    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=DTYPE) for s in shapes]
+    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=dtype_of(s)) for s in shapes]
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     for dims in shapes:
-        yield linear_case("awq_linear", FMT, DTYPE, dims, device, _weights, _awq_bytes(dims["M"], dims["K"], dims["N"]))
+        yield linear_case("awq_linear", FMT, dtype_of(dims), dims, device, _weights,
+                          _awq_bytes(dims["M"], dims["K"], dims["N"]), skip=skip_slow)
 
 
 def summarize(rows: list[dict]) -> list[str]:
-    notes = goal_notes(rows, "triton_int4", GOALS, 0.8)
+    notes = goal_notes(rows, None, GOALS, 0.8)
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
         for kernel in ("awq_cpu", "aten_cuda"):

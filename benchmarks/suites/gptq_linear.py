@@ -25,11 +25,18 @@ _KN = ((4096, 4096), (4096, 11008))
 #: The H100 grid: Llama-3-8B's attention and MLP projections, decode to prefill.
 H100_KN = ((4096, 4096), (4096, 14336), (14336, 4096))
 H100_M = (1, 4, 16, 32, 64, 128, 512, 2048)
+#: Hopper's grid (sm_90 kernels against cuBLAS and each other): the projections above plus
+#: a small-N one, decode to prefill, in bf16 and fp16 (``fp16: 1``).
+HOPPER_KN = ((4096, 14336), (14336, 4096), (4096, 4096), (4096, 1024))
+HOPPER_M = (1, 16, 32, 64, 128, 512, 2048, 8192)
+HOPPER = [{"M": m, "K": k, "N": n, **({"fp16": 1} if f16 else {})}
+          for (k, n), f16, m in itertools.product(HOPPER_KN, (0, 1), HOPPER_M)]
 SHAPES = {
     "default": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (1, 8, 32))],
     "decode": [{"M": 1, "K": k, "N": n} for k, n in _KN],
     "prefill": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (128, 2048))],
     "h100": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(H100_KN, H100_M)],
+    "hopper": HOPPER,
     # M = 1 … 2048 on one shape: where the default choice has to move.
     "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
 }
@@ -61,15 +68,33 @@ def int4_bytes(m: int, k: int, n: int) -> int:
     return k * n // 2 + groups * n * 2 * 2 + 2 * m * k + 2 * m * n
 
 
+def dtype_of(dims: dict[str, int]) -> torch.dtype:
+    """The activation dtype of a shape: bf16, or fp16 where it says ``fp16: 1``."""
+    return torch.float16 if dims.get("fp16") else DTYPE
+
+
+#: tinygemm (``aten_cuda``) from M = 1024 on takes 20–80× cuBLAS (32 ms a call at
+#: 8192 × 4096 × 14336): minutes per case, and no contender there.
+SLOW_FROM_M = {"aten_cuda": 1024}
+
+
+def skip_slow(kernel: str, dims: dict[str, int]) -> str | None:
+    lim = SLOW_FROM_M.get(kernel)
+    if lim is not None and dims["M"] >= lim:
+        return f"{kernel} from M = {lim} on runs 20-80x slower than cuBLAS (benchmarks/results)"
+    return None
+
+
 def problems(shapes: list[dict[str, int]]) -> list[Problem]:
     """The problems the suite's cases time (``quantcore tune --suite``)."""
-    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=DTYPE) for s in shapes]
+    return [Problem.linear(FMT, M=s["M"], K=s["K"], N=s["N"], dtype=dtype_of(s)) for s in shapes]
 
 
 def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
     for dims in shapes:
         m, k, n = dims["M"], dims["K"], dims["N"]
-        yield linear_case("gptq_linear", FMT, DTYPE, dims, device, weights, int4_bytes(m, k, n), raw_op_peer)
+        yield linear_case("gptq_linear", FMT, dtype_of(dims), dims, device, weights, int4_bytes(m, k, n), raw_op_peer,
+                          skip_slow)
 
 
 def raw_op_peer(kernel: str, prepared: list[Any], xs: list[torch.Tensor], nbytes: int, flops: int, sets: int) -> list[Variant]:
@@ -89,28 +114,40 @@ def _raw_cpu(prepared: list[Any], xs: list[torch.Tensor]) -> Any:
     return run
 
 
-#: ``triton_int4``'s goals for 4-bit at K×N 4096×14336 and 14336×4096: cuBLAS bf16 time over the kernel's.
-GOALS = {1: 3.0, 4: 3.0, 16: 3.0, 32: 2.5, 64: 2.0, 128: 1.5, 512: 1.0, 2048: 0.95}
+#: Goals for 4-bit: dense matmul time (cuBLAS, the activation dtype) over the kernel's, by
+#: M; "large" for K×N 4096×14336 and 14336×4096, "small" for the smaller layers.
+GOALS = {
+    "large": {1: 3.2, 16: 3.0, 32: 2.7, 64: 2.3, 128: 1.7, 512: 1.05, 2048: 0.97, 8192: 0.95},
+    "small": {1: 2.2, 16: 2.0, 32: 1.6, 64: 1.3, 128: 1.1, 512: 0.95, 2048: 0.95, 8192: 0.95},
+}
+LARGE_KN = ((4096, 14336), (14336, 4096))
 
 
-def goal_notes(rows: list[dict[str, Any]], kernel: str, goals: dict[int, float], copy_goal_m1: float | None) -> list[str]:
-    """One line per case the kernel ran: its speed-up over dense bf16 against the goal
-    (only the two large shapes carry goals), its share of copy bandwidth."""
+def goal_notes(rows: list[dict[str, Any]], kernel: str | None, goals: dict[str, dict[int, float]],
+               copy_goal_m1: float | None) -> list[str]:
+    """One line per case: the speed-up over the dense peer of ``kernel`` (None: the one
+    ``get_kernel`` chose) against the goal for its size class, its share of copy
+    bandwidth at small M and of matmul throughput at large M."""
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
-        if kernel not in mine or "dense_bf16" not in mine[kernel]["speedup_vs"]:
+        name = kernel or next((v for v, r in mine.items() if r.get("chosen")), None)
+        dense = next((v for v in mine if v.startswith("dense_") and v != "dense_fp32"), None)
+        if name not in mine or dense is None or dense not in mine[name]["speedup_vs"]:
             continue
-        r = mine[kernel]
+        r = mine[name]
         m, kn = r["dims"]["M"], (r["dims"]["K"], r["dims"]["N"])
-        ratio = r["speedup_vs"]["dense_bf16"]
-        goal = goals.get(m) if kn != (4096, 4096) else None
-        line = f"{case}: {kernel} {ratio:.2f}× dense bf16"
+        ratio = r["speedup_vs"][dense]
+        goal = goals["large" if kn in LARGE_KN else "small"].get(m)
+        line = f"{case}: {name} {ratio:.2f}× {dense}"
         if goal is not None:
             line += f" (goal ≥ {goal}×: {'met' if ratio >= goal else 'missed'})"
-        line += f", {100 * r['copy_share']:.0f}% of copy BW"
-        if m == 1 and copy_goal_m1 is not None and kn != (4096, 4096):
-            line += f" (goal ≥ {100 * copy_goal_m1:.0f}%)"
+        if m <= 16:
+            line += f", {100 * r['copy_share']:.0f}% of copy BW"
+            if m == 1 and copy_goal_m1 is not None and kn in LARGE_KN:
+                line += f" (goal ≥ {100 * copy_goal_m1:.0f}%)"
+        if m >= 512:
+            line += f", {100 * r['matmul_share']:.0f}% of matmul"
         if "aten_cuda" in r["speedup_vs"]:
             line += f", {r['speedup_vs']['aten_cuda']:.2f}× aten_cuda"
         notes.append(line)
@@ -118,7 +155,7 @@ def goal_notes(rows: list[dict[str, Any]], kernel: str, goals: dict[int, float],
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
-    notes = goal_notes(rows, "triton_int4", GOALS, 0.8)
+    notes = goal_notes(rows, None, GOALS, 0.8)
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
         if "aten_cpu" in mine and "aten_op_raw" in mine:

@@ -1,0 +1,77 @@
+"""Which plan a call runs: the tuned table of this card (or the nearest tuned card of the
+same architecture), else a rule.
+
+Tables are keyed by :class:`quantcore.probe.card.CardKey` — architecture, SMs, shared
+memory per block, bandwidth class — not by a device name, so an H100 NVL finds the H100
+SXM table and an H200 its own. Within a table the key is ``(bits, K, N, M)``; a call takes
+the plan of the largest measured M at or below its own (at most 4× below), else the rule.
+fp16 takes the bf16 plans (the same tiles and instruction counts). No autotuning at run
+time: a first call compiles one kernel and times nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantcore.probe.card import CardKey
+
+from .plans import Plan
+
+__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "plan_for"]
+
+#: Shared memory a CTA keeps for the epilogue's layout conversion and the barriers, beyond
+#: the ring (bytes).
+SMEM_RESERVE = 8 * 1024
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a plan depends on."""
+
+    m: int
+    k: int
+    n: int
+    bits: int
+
+
+def _pow2_at_least(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))
+
+
+def default_plan(shape: Shape, card: CardKey) -> Plan:
+    """A rule for cards and shapes without a table, read off the H200 table: while the
+    weight's bytes bound the call (M ≤ 64), one warpgroup, the smallest activation tile,
+    a deep ring and K split to about three CTAs per SM; one warpgroup of 128 rows up to
+    M = 128; above, two warpgroups and 256-row tiles (128 at 8 bits, whose fp32 detour
+    would spill), K split only while the tiles alone cannot fill the SMs."""
+    m, bits = shape.m, shape.bits
+    blocks = -(-shape.k // (512 // bits))
+    tiles_n = -(-shape.n // 64)
+    if m <= 64:
+        bm = _pow2_at_least(m, 8, 64)
+        wg, stages, per_sm = 1, 8 if bm <= 32 else 5, 3
+    elif m <= 128:
+        wg, bm, stages, per_sm = 1, 128, 4, 1
+    else:
+        wg, bm, stages, per_sm = 2, 128 if bits == 8 else 256, 4 if bits == 8 else 3, 1
+    tiles = -(-tiles_n // wg) * -(-m // bm)
+    split = max(1, min(blocks // 2 or 1, round(per_sm * card.sms / tiles)))
+    return Plan(wg, bm, stages, split)
+
+
+def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], Plan]]:
+    from .tuned import load_tables
+
+    return load_tables()
+
+
+def plan_for(shape: Shape, card: CardKey) -> Plan:
+    tables = _tables()
+    key = card if card in tables else card.nearest(tables)
+    table = tables.get(key) if key is not None else None
+    if table:
+        ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
+        below = [m for m in ms if m <= shape.m]
+        if below and shape.m <= 4 * below[-1]:
+            return table[(shape.bits, shape.k, shape.n, below[-1])]
+    return default_plan(shape, card)

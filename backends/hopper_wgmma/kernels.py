@@ -1,0 +1,307 @@
+"""The ``hopper_wgmma`` kernel: ``y = x·Ŵᵀ + b`` for GPTQ/AWQ 4- and 8-bit codes on sm_90a,
+written in Gluon (Triton's explicit-layout dialect).
+
+Swap-AB: the accumulator is ``acc[BN, BM] += Ŵ[BN, 32]·xᵀ[32, BM]``, the weight the
+left operand of ``wgmma`` **from registers** (Hopper takes A from registers, B from
+shared memory), so the activation side is wgmma's N (8…256): a decode step wastes
+little, a prefill tile is 64·WG weight rows × up to 256 tokens.
+
+One CTA walks a run of K blocks (``layout.py``: 128 inputs at 4 bits, 64 at 8) through
+a ring of ``STAGES`` shared-memory stages that TMA fills: the block's weight words, the
+``32·PAIRS`` columns of x it multiplies, and its scale and zero-point rows. Per block:
+
+1. wait for the stage's barrier;
+2. read the words, two 16-byte ``ld.shared`` per thread: the prepared layout puts each
+   thread's fragment words together, and a reshape/permute turns them into the MMA's
+   A-operand layout without moving data (``convert_layout(assert_trivial=True)``);
+3. per slice of 32 inputs, dequantize in registers — one LOP3 and two packed FMAs per
+   pair of codes (``(q − z)·s`` in the activation dtype) — and issue ``wgmma``
+   asynchronously: slice i+1 is dequantized while slice i multiplies;
+4. after ``PER_WAIT`` blocks (1 or 2: the second block's dequantization overlaps the
+   first one's multiplies), wait for every group, then hand the stages back to TMA,
+   ``STAGES`` blocks ahead.
+
+Why not leave groups in flight across the wait: ptxas keeps a wgmma's register
+operands reserved only up to the next ``wgmma.wait_group``, whatever count it leaves
+outstanding, and reuses them for the next block's operands while the groups still read
+them (README.md: such plans computed wrong, unrepeatably, from 128-row tiles on).
+
+Split-K (programs over K runs of one tile) stores fp32 partials; the last program of a
+tile to arrive sums them in split order (deterministic, one launch, no zeroed buffer).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["pair_asm_text", "wgmma_kernel"]
+
+
+def pair_asm_text(bits: int, fp16: bool, shift: int, with_zero: bool) -> str:
+    """PTX for one 32-bit register of the int16 view (inputs k and k + 1 of one row):
+    the field at bit ``shift`` of each half → the pair ``((q₀ − z)·s, (q₁ − z)·s)`` in
+    the activation dtype, rounded once.
+
+    ``0x4300 | q`` is bf16 ``128 + q`` and ``0x6400 | q`` fp16 ``1024 + q``: one LOP3
+    makes the pair ``B + q``, one packed FMA subtracts ``B + z`` exactly, a second
+    multiplies by the scale (an FMA with −0: sm_90 has no bf16x2 multiply). 8-bit codes
+    overflow bf16's mantissa as ``B + q``, so they go through fp32 (one PRMT puts byte
+    ``i`` under the exponent of 2^23). Operands: ``$1`` the word; then, with zero
+    points, ``−(B + z)`` (for 8-bit bf16 ``2^23 + z`` as two fp32); then the scale
+    (two fp32 for 8-bit bf16)."""
+    src = f"shr.u32 t, $1, {shift};" if shift else "mov.b32 t, $1;"
+    wide = bits == 8 and not fp16
+    reg = 2
+    zero = "zf" if wide else "nz"
+    if with_zero:
+        zero, reg = f"${reg}", reg + (2 if wide else 1)
+    scale = f"${reg}"
+    if not wide:
+        mask = "0x000F000F" if bits == 4 else "0x00FF00FF"
+        magic, one = ("0x64006400", "0x3C003C00") if fp16 else ("0x43004300", "0x3F803F80")
+        sym = {(4, True): "0xE408E408", (8, True): "0xE480E480", (4, False): "0xC308C308"}[(bits, fp16)]
+        x2 = "f16x2" if fp16 else "bf16x2"
+        return ("{ .reg .b32 t, one, nz, mz; mov.b32 one, " + one + "; mov.b32 nz, " + sym
+                + "; mov.b32 mz, 0x80008000; " + src + f" lop3.b32 t, t, {mask}, {magic}, 0xea;"
+                + f" fma.rn.{x2} t, t, one, {zero}; fma.rn.{x2} $0, t, {scale}, mz; }}")
+    i = shift // 8
+    return ("{ .reg .b32 lo, hi, zf, mg; mov.b32 mg, 0x4B000000; mov.b32 zf, 0x4B000080;"
+            f" prmt.b32 lo, $1, mg, 0x744{i}; prmt.b32 hi, $1, mg, 0x744{i + 2};"
+            f" sub.f32 lo, lo, {zero}; sub.f32 hi, hi, {zero}; mul.f32 lo, lo, {scale}; mul.f32 hi, hi, {scale};"
+            f" cvt.rn.bf16x2.f32 $0, hi, lo; }}")
+
+
+def _asm_index(bits: int, fp16: bool, zero: bool, i: int) -> int:
+    return (((bits == 8) * 2 + fp16) * 2 + zero) * 4 + i
+
+
+#: Every variant of :func:`pair_asm_text` at :func:`_asm_index` (slice i is field i).
+_PAIR_ASM = gl.constexpr(tuple(
+    pair_asm_text(bits, fp16, bits * i, zero) if i < 16 // bits else ""
+    for bits in (4, 8) for fp16 in (False, True) for zero in (False, True) for i in range(4)
+))
+
+
+@gluon.constexpr_function
+def _mma_layout(wg, bm):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * wg, 1], instr_shape=[16, bm, 16])
+
+
+@gluon.constexpr_function
+def _words_layout(wg):
+    # [WG, 8, 256] int16 of one block: row 4h + w, column 8·lane + 2j + b (layout.py);
+    # one warp reads rows w and 4 + w, 16 contiguous bytes per thread per row.
+    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [wg, 4, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def _tile_layout(box_layout):
+    return gl.NVMMASharedLayout(swizzle_byte_width=box_layout.swizzle_byte_width,
+                                element_bitwidth=box_layout.element_bitwidth, rank=2)
+
+
+@gluon.constexpr_function
+def _slots(nbytes):
+    return max(1, 128 // nbytes)
+
+
+@gluon.constexpr_function
+def _store_layout(bn, bm, num_warps):
+    # Outputs along N are contiguous in y: 8 per thread, threads along N first.
+    tn = min(bn // 8, 32)
+    tm = 32 // tn
+    wm = max(1, min(num_warps, bm // tm))
+    wn = num_warps // wm
+    return gl.BlockedLayout([8, 1], [tn, tm], [wn, wm], [0, 1])
+
+
+@gluon.jit
+def _operand(w16, s_row, z_row, SL: gl.constexpr, BITS: gl.constexpr,
+             HAS_ZEROS: gl.constexpr, act: gl.constexpr, a_layout: gl.constexpr, BN: gl.constexpr):
+    """Slice ``SL`` of the block: ``(q − z)·s`` as wgmma's A operand [BN, 32]."""
+    WIDE: gl.constexpr = BITS == 8 and act == gl.bfloat16
+    # [BN, 1] in the operand's own layout: each thread reads the rows it holds, and the
+    # broadcast to [BN, 32] below moves nothing.
+    s = s_row.permute((1, 0)).load(a_layout).to(gl.float32)
+    if HAS_ZEROS:
+        z = z_row.permute((1, 0)).load(a_layout).to(gl.float32)
+    else:
+        z = gl.full([BN, 1], 8.0 if BITS == 4 else 128.0, gl.float32, a_layout)
+    IDX: gl.constexpr = (((BITS == 8) * 2 + (act == gl.float16)) * 2 + HAS_ZEROS) * 4 + SL
+    if WIDE:
+        zin = gl.broadcast(8388608.0 + z, w16)[0]
+        sin = gl.broadcast(s, w16)[0]
+        if HAS_ZEROS:
+            out = gl.inline_asm_elementwise(_PAIR_ASM[IDX], "=r,r,r,r,r,r", [w16, zin, sin],
+                                            dtype=gl.bfloat16, is_pure=True, pack=2)
+        else:
+            out = gl.inline_asm_elementwise(_PAIR_ASM[IDX], "=r,r,r,r", [w16, sin],
+                                            dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        base: gl.constexpr = 1024.0 if act == gl.float16 else 128.0
+        sin = gl.broadcast(s.to(act), w16)[0]
+        if HAS_ZEROS:
+            zin = gl.broadcast((-(base + z)).to(act), w16)[0]
+            out = gl.inline_asm_elementwise(_PAIR_ASM[IDX], "=r,r,r,r", [w16, zin, sin],
+                                            dtype=act.value, is_pure=True, pack=2)
+        else:
+            out = gl.inline_asm_elementwise(_PAIR_ASM[IDX], "=r,r,r", [w16, sin],
+                                            dtype=act.value, is_pure=True, pack=2)
+    return out
+
+
+@gluon.jit
+def _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, stage, blk,
+           tile_n, m0, n0, sub_group, BK: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
+           HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr):
+    """TMA loads of block ``blk`` into ``stage``, completing on its barrier: its words,
+    the x tiles of its slices, and its ``ROWS`` rows of scales (and zero points)."""
+    NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes
+                            + ROWS * (s_desc.block_type.nbytes + (z_desc.block_type.nbytes if HAS_ZEROS else 0)))
+    b = bar.index(stage)
+    mbarrier.expect(b, NBYTES)
+    tma.async_copy_global_to_shared(w_desc, [tile_n, blk * 8, 0], b, w_smem.index(stage))
+    x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+    tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
+    row = (blk * BK) // sub_group
+    for r in gl.static_range(ROWS):
+        tma.async_copy_global_to_shared(s_desc, [row + r, n0], b, s_smem.index((stage * ROWS + r) * S_PAD))
+        if HAS_ZEROS:
+            tma.async_copy_global_to_shared(z_desc, [row + r, n0], b, z_smem.index((stage * ROWS + r) * Z_PAD))
+
+
+@gluon.jit
+def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
+           STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
+           BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
+           WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
+           a_layout: gl.constexpr, words_layout: gl.constexpr):
+    """The ``i``-th block of this program: wait for its stage, read its words, and per
+    slice dequantize and issue an asynchronous wgmma (not waited for here)."""
+    stage = i % STAGES
+    mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
+    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
+    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
+    w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+    for sl in gl.static_range(PAIRS):
+        row = stage * ROWS + sl // SLICES_PER_ROW
+        a = _operand(w16, s_smem.index(row * S_PAD), z_smem.index(row * Z_PAD), sl, BITS, HAS_ZEROS, act,
+                     a_layout, BN)
+        acc = warpgroup_mma(a, x_smem.index(stage * PAIRS + sl).permute((1, 0)), acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def wgmma_kernel(
+    w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, stride_ym, blocks, steps, split_k, sub_group,
+    BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
+    HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
+):
+    """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
+    256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
+    block's slices, each a ``[BM, 32]`` tile); ``s_desc``/``z_desc``: scale and
+    zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
+    ``PER_WAIT`` blocks (1 or 2; 2 needs an even block count per program) are issued
+    between two waits."""
+    PAIRS: gl.constexpr = 16 // BITS
+    BK: gl.constexpr = 32 * PAIRS
+    BN: gl.constexpr = 64 * WG
+    NUM_WARPS: gl.constexpr = 4 * WG
+    act: gl.constexpr = x_desc.dtype
+    mma_layout: gl.constexpr = _mma_layout(WG, BM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    words_layout: gl.constexpr = _words_layout(WG)
+
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_m = gl.cdiv(M, BM)
+    pid_n = pid // num_m
+    pid_m = pid % num_m
+    m0 = pid_m * BM
+    n0 = pid_n * BN
+    tile_n = pid_n * WG
+    blk0 = pid_k * steps
+    n_iter = gl.minimum(blocks - blk0, steps)
+    # The launcher gives every program at least one block. Said here, the compiler drops
+    # the zero-trip path, whose second definition of the accumulator would make ptxas
+    # serialize the wgmma pipeline (C7515).
+    gl.assume(n_iter > 0)
+
+    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+    # One [BM, 32] tile per slice (the TMA box [PAIRS, BM, 32] is PAIRS of them).
+    x_smem = gl.allocate_shared_memory(act, [STAGES * PAIRS, BM, 32], _tile_layout(x_desc.layout))
+    # TMA writes shared memory at 128-byte aligned addresses: small boxes get padded slots.
+    S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
+    Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+    if HAS_ZEROS:
+        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+                                           z_desc.layout)
+    else:
+        z_smem = s_smem
+    bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(bar.index(st), count=1)
+    fence_async_shared()
+
+    for p in gl.static_range(STAGES):
+        if p < n_iter:
+            _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
+                   tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+
+    acc = gl.zeros([BN, BM], gl.float32, mma_layout)
+    for j in range(0, n_iter, PER_WAIT):
+        for u in gl.static_range(PER_WAIT):
+            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+        # Every group is waited for before the next registers are written: ptxas keeps a
+        # wgmma's register operands only up to the next wait, whatever it leaves in flight
+        # (README.md: leaving groups in flight across blocks computed wrong). The second
+        # block of a pair is dequantized while the first one's groups run.
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
+        for u in gl.static_range(PER_WAIT):
+            nxt = j + u + STAGES
+            if nxt < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
+                       blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(bar.index(st))
+
+    out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
+    acc = gl.convert_layout(acc, out_layout)
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+    n_mask = offs_n < N
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
+    out_ty: gl.constexpr = y_ptr.dtype.element_ty
+    if not SPLIT:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+        gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
+    else:
+        ws_offs = gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + ws_offs, acc, mask=mask)
+        gl.thread_barrier()  # every thread's partial is stored before the release below
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            total = gl.zeros([BN, BM], gl.float32, out_layout)
+            for s in range(split_k):
+                # .cg: from L2, where the other programs' partials are (L1 is not coherent).
+                total += gl.load(ws_ptr + s * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+            gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch

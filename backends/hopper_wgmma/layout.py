@@ -1,0 +1,267 @@
+"""GPTQ → the ``hopper_wgmma`` layout, and back, losslessly.
+
+**Blocks and pairs** (as in ``backends/triton_int4/layout.py``, whose two helpers are
+copied here): the sorted inputs of each output row are cut into blocks of 16 int32 words
+(128 inputs at 4 bits, 64 at 8); a block is ``PAIRS = 16 / b`` slices of 32 inputs, and
+word ``c`` holds inputs ``2c`` and ``2c + 1`` of slice ``i`` in fields ``i`` and
+``i + PAIRS``, 16 bits apart. Viewed as int16, element ``e`` of a block row holds input
+``e`` of every slice, so one LOP3 of a word gives the pair of halves ``B + q`` that a
+tensor-core operand register holds (``kernels.py``).
+
+**Fragments.** wgmma's A operand from registers gives thread ``t = 32w + 4g + u`` of a
+warpgroup (warp ``w``, lane ``4g + u``) rows ``16w + g`` and ``16w + 8 + g`` of a 64-row
+tile, and in each row the pairs ``c = u + 4j``, ``j = 0…3`` — four words 16 bytes apart
+in the row. The words of each (64-row tile, block) are stored so that each thread's
+four words of one row are contiguous, threads in order, row half ``h`` outermost:
+
+    word  1024·(tile·blocks + block) + 512·h + 4·t + j
+      =   word ``u + 4j`` of block ``block`` of row ``64·tile + 16w + 8h + g``
+
+so a thread reads its whole fragment of a block with two 16-byte loads, and a warp's
+loads are 512 contiguous bytes (no bank conflicts once TMA has put the block in shared
+memory). Rows past N (to a multiple of 64) hold zero codes.
+
+============  ===========================  ==========================================
+qweight       int32 [N/64, blocks·1024]    the words above
+scales        [subs, Np] as stored         one row per **sub-group** of ``SG`` sorted
+                                           inputs (its group's scales), columns padded
+                                           with zeros to ``Np`` = N rounded up to 64
+zeros         uint8 [subs, Np] | None      true zero points per sub-group; None when
+                                           every one is 2^(b−1)
+group_map     int32 [subs] | None          the group of each sub-group (for the
+                                           inverse); None when sub-group i is group i
+============  ===========================  ==========================================
+
+Inputs are sorted by group first (``transforms/gptq_rows``; act-order checkpoints keep
+``ret_idx`` and the call permutes x). ``SG`` is the gcd of the group boundaries (the
+group size for every checkpoint GPTQ and AWQ write, act-order ones included); the kernel
+fetches whole rows of scales per block with TMA, so ``SG`` must divide the block or be a
+multiple of it. Bytes: the codes as the checkpoint's ``qweight`` (plus K padded to a
+block and N to 64 rows), scales as stored, zero points one byte per (sub-group, output).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from quantcore.errors import UnsupportedProblemError
+from quantcore.formats.gptq import GPTQ
+from quantcore.transform import Transform
+from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
+
+__all__ = [
+    "BLOCK_WORDS",
+    "SLICE",
+    "SUPPORTED_BITS",
+    "TILE_N",
+    "GPTQToHopper",
+    "HopperWeights",
+    "block_k",
+    "deinterleave_codes",
+    "fragment_order",
+    "interleave_codes",
+    "padded_k",
+    "sub_group_size",
+]
+
+#: Words of one block of one output row, whatever the bit width (64 bytes).
+BLOCK_WORDS = 16
+#: Inputs of one slice: the depth of one operand register set (two k16 wgmma steps).
+SLICE = 32
+#: Output rows of one warpgroup's tile (wgmma's M).
+TILE_N = 64
+SUPPORTED_BITS = (4, 8)
+
+
+def block_k(bits: int) -> int:
+    """Inputs per block: 128 at 4 bits, 64 at 8 bits."""
+    return BLOCK_WORDS * 32 // bits
+
+
+def padded_k(k: int, bits: int) -> int:
+    bk = block_k(bits)
+    return -(-k // bk) * bk
+
+
+def _field_inputs(bits: int) -> torch.Tensor:
+    """``[F, 16]``: the input (within its block) of field f of word c."""
+    p = 16 // bits
+    f = torch.arange(32 // bits).view(-1, 1)
+    c = torch.arange(BLOCK_WORDS).view(1, -1)
+    return (f % p) * SLICE + 2 * c + f // p
+
+
+def interleave_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes ``[N, K]`` (``0 ≤ q < 2^b``) → int32 words ``[N, Kp·b/32]`` in block-pair order
+    (module docstring; the same words as ``backends/triton_int4/layout.py``)."""
+    n, k = codes.shape
+    kp, bk = padded_k(k, bits), block_k(bits)
+    c = torch.zeros(n, kp, dtype=torch.int64, device=codes.device)
+    c[:, :k] = codes.to(torch.int64)
+    c = c.view(n, kp // bk, bk)
+    where = _field_inputs(bits).to(codes.device)
+    words = torch.zeros(n, kp // bk, BLOCK_WORDS, dtype=torch.int64, device=codes.device)
+    for f in range(32 // bits):
+        words |= c[:, :, where[f]] << (bits * f)
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32).reshape(n, kp * bits // 32).contiguous()
+
+
+def deinterleave_codes(words: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`interleave_codes`: int32 codes ``[N, K]``."""
+    n = words.shape[0]
+    bk = block_k(bits)
+    w = words.to(torch.int64).view(n, -1, BLOCK_WORDS) & 0xFFFFFFFF
+    codes = torch.zeros(n, w.shape[1], bk, dtype=torch.int64, device=words.device)
+    where = _field_inputs(bits).to(words.device)
+    for f in range(32 // bits):
+        codes[:, :, where[f]] = (w >> (bits * f)) & ((1 << bits) - 1)
+    return codes.reshape(n, -1)[:, :k].to(torch.int32).contiguous()
+
+
+def fragment_order(words: torch.Tensor) -> torch.Tensor:
+    """Row-major block words ``[N, blocks·16]`` (N a multiple of 64) → the fragment order
+    ``[N/64, blocks·1024]`` (module docstring)."""
+    n, nw = words.shape
+    blocks = nw // BLOCK_WORDS
+    # row = 64·tile + 16w + 8h + g; word c = u + 4j
+    w = words.view(n // TILE_N, 4, 2, 8, blocks, 4, 4)  # tile, w, h, g, block, j, u
+    w = w.permute(0, 4, 2, 1, 3, 6, 5)  # tile, block, h, w, g, u, j
+    return w.reshape(n // TILE_N, blocks * 1024).contiguous()
+
+
+def row_order(frag: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`fragment_order`: ``[N/64, blocks·1024]`` → ``[N, blocks·16]``."""
+    tiles, nw = frag.shape
+    blocks = nw // 1024
+    w = frag.view(tiles, blocks, 2, 4, 8, 4, 4)  # tile, block, h, w, g, u, j
+    w = w.permute(0, 3, 2, 4, 1, 6, 5)  # tile, w, h, g, block, j, u
+    return w.reshape(tiles * TILE_N, blocks * BLOCK_WORDS).contiguous()
+
+
+def sub_group_size(sorted_groups: torch.Tensor, k_padded: int) -> int:
+    """The gcd of the group boundaries of ``sorted_groups`` (non-decreasing): the largest
+    run of sorted inputs that never straddles two groups; ``k_padded`` for one group.
+    The end of the last group is no boundary (past it x is zero)."""
+    change = (torch.nonzero(sorted_groups[1:] != sorted_groups[:-1]).flatten() + 1).tolist()
+    if not change:
+        return k_padded
+    size = 0
+    for b in change:
+        size = math.gcd(size, b)
+    return size
+
+
+@dataclass(kw_only=True)
+class HopperWeights:
+    """Prepared state of ``hopper_wgmma`` (module docstring)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group_map: torch.Tensor | None
+    num_groups: int
+    sub_group: int
+    bits: int
+    in_features: int
+    out_features: int
+    ret_idx: torch.Tensor | None
+    bias: torch.Tensor | None
+    #: Launch-time state (TMA descriptors, split-K counters), filled on first use.
+    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def blocks(self) -> int:
+        return padded_k(self.in_features, self.bits) // block_k(self.bits)
+
+    @property
+    def tiles(self) -> int:
+        return self.qweight.shape[0]
+
+    def nbytes(self) -> int:
+        """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
+        ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:
+    out = torch.zeros(t.shape[0], cols, dtype=t.dtype, device=t.device)
+    out[:, : t.shape[1]] = t
+    return out
+
+
+class GPTQToHopper(Transform[Mapping[str, torch.Tensor], HopperWeights]):
+    name = "gptq->hopper_wgmma"
+
+    def __init__(self, fmt: GPTQ) -> None:
+        self.fmt = fmt
+
+    def apply(self, src: Mapping[str, torch.Tensor]) -> HopperWeights:
+        fmt = self.fmt
+        if fmt.bits not in SUPPORTED_BITS:
+            raise UnsupportedProblemError(f"bits: hopper_wgmma takes {SUPPORTED_BITS}-bit codes, got {fmt.bits}")
+        rows = GPTQToRows(fmt).apply(src)
+        k, n = rows.in_features, rows.out_features
+        kp, bk = padded_k(k, fmt.bits), block_k(fmt.bits)
+        sg = sub_group_size(rows.sorted_groups, kp)
+        if not (sg % bk == 0 or (bk % sg == 0 and sg % SLICE == 0)):
+            raise UnsupportedProblemError(
+                f"g_idx: hopper_wgmma reads scales per run of sorted inputs that divides its {bk}-input "
+                f"block or is a multiple of it; this checkpoint's group boundaries have gcd {sg}"
+            )
+        device = rows.sorted_groups.device
+        starts = torch.arange(0, kp, sg, device=device).clamp_max(k - 1)
+        group_map = rows.sorted_groups[starts].long()
+        groups = rows.scales.shape[0]
+        if torch.unique(group_map).numel() != groups:
+            raise UnsupportedProblemError(
+                f"g_idx: {groups} groups but only {torch.unique(group_map).numel()} hold inputs; "
+                "hopper_wgmma keeps scales per sub-group and would lose the empty groups' scales"
+            )
+        identity = group_map.numel() == groups and torch.equal(group_map, torch.arange(groups, device=device))
+        np_ = -(-n // TILE_N) * TILE_N
+        mid = 1 << (fmt.bits - 1)
+        zeros = None
+        if not bool((rows.zeros == mid).all()):
+            zeros = _pad_cols(rows.zeros.to(torch.uint8)[group_map], np_).contiguous()
+        words = torch.zeros(np_, kp * fmt.bits // 32, dtype=torch.int32, device=device)
+        words[:n] = interleave_codes(rows.codes, fmt.bits)
+        return HopperWeights(
+            qweight=fragment_order(words),
+            scales=_pad_cols(rows.scales[group_map], np_).contiguous(),
+            zeros=zeros,
+            group_map=None if identity else group_map.to(torch.int32).contiguous(),
+            num_groups=groups,
+            sub_group=sg,
+            bits=fmt.bits,
+            in_features=k,
+            out_features=n,
+            ret_idx=rows.ret_idx,
+            bias=None if rows.bias is None else rows.bias.contiguous(),
+        )
+
+    def invert(self, dst: HopperWeights) -> dict[str, torch.Tensor]:
+        k, n = dst.in_features, dst.out_features
+        device = dst.qweight.device
+        subs = dst.scales.shape[0]
+        group_map = (torch.arange(subs, device=device) if dst.group_map is None else dst.group_map.long())
+        # The first sub-group of each group holds its row (apply checked that every group has one).
+        first = torch.full((dst.num_groups,), subs, dtype=torch.long, device=device)
+        first.scatter_reduce_(0, group_map, torch.arange(subs, device=device), reduce="amin")
+        sorted_groups = group_map[(torch.arange(k, device=device) // dst.sub_group).clamp_max(subs - 1)]
+        zeros = (torch.full((dst.num_groups, n), 1 << (dst.bits - 1), dtype=torch.int32, device=device)
+                 if dst.zeros is None else dst.zeros[first, :n].to(torch.int32))
+        rows = GPTQRows(
+            codes=deinterleave_codes(row_order(dst.qweight)[:n], dst.bits, k),
+            zeros=zeros,
+            scales=dst.scales[first, :n].contiguous(),
+            sorted_groups=sorted_groups,
+            ret_idx=dst.ret_idx,
+            bias=dst.bias,
+        )
+        return GPTQToRows(self.fmt).invert(rows)

@@ -1,0 +1,36 @@
+"""Plans measured per card, shipped as ``tuned-<card>.json`` beside this file (written by
+``tools/probes/hopper_wgmma_sweep.py --table``: the fastest correct candidate per
+``(bits, K, N, M)``, CUDA-graph replays, bf16, GPTQ g128), keyed by
+:class:`~quantcore.probe.card.CardKey`."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from quantcore.probe.card import CardKey
+
+from .plans import Plan
+
+__all__ = ["TABLES", "load_tables"]
+
+Table = dict[tuple[int, int, int, int], Plan]
+
+
+def parse_table(data: dict) -> tuple[CardKey, Table]:
+    card = CardKey(**data["card"])
+    plans = {(e["bits"], e["k"], e["n"], e["m"]): Plan(**e["plan"]) for e in data["plans"]}
+    return card, plans
+
+
+@functools.cache
+def load_tables(folder: Path = Path(__file__).parent) -> dict[CardKey, Table]:
+    tables: dict[CardKey, Table] = {}
+    for path in sorted(folder.glob("tuned-*.json")):
+        card, plans = parse_table(json.loads(path.read_text()))
+        tables[card] = plans
+    return tables
+
+
+TABLES = load_tables()

@@ -1,0 +1,93 @@
+"""hopper_wgmma's plans: the shipped table keyed by card, the nearest card for an untuned
+one, the rule, the ring fitted to shared memory, and the declared costs that decide
+``get_kernel`` between it and triton_int4."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantcore.backends.hopper_wgmma.configs import Shape, default_plan, plan_for
+from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
+from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
+from quantcore.backends.triton_int4.kernel import TritonInt4GPTQ
+from quantcore.cost import DeviceRates
+from quantcore.formats.gptq import GPTQ
+from quantcore.probe import Capabilities
+from quantcore.probe.card import CardKey
+from quantcore.problem import Problem
+
+H200 = CardKey("sm_90", 132, 227, 4)
+H100 = CardKey("sm_90", 132, 227, 3)
+TUNED = Path(__file__).parents[2] / "backends" / "hopper_wgmma"
+
+
+def test_shipped_tables_parse_into_valid_plans() -> None:
+    paths = sorted(TUNED.glob("tuned-*.json"))
+    assert paths, "no tuned table shipped"
+    for path in paths:
+        card, plans = parse_table(json.loads(path.read_text()))
+        assert path.name == f"tuned-{card.slug}.json"
+        assert plans and all(isinstance(p, Plan) for p in plans.values())
+        assert {b for b, _, _, _ in plans} == {4, 8}
+
+
+def test_the_table_answers_measured_shapes_and_the_m_just_below() -> None:
+    table = load_tables()[H200]
+    assert plan_for(Shape(16, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 16)]
+    assert plan_for(Shape(20, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 16)]  # largest measured M below
+    assert plan_for(Shape(3, 4096, 4096, 4), H200) == table[(4, 4096, 4096, 1)]
+
+
+def test_shapes_off_the_table_take_the_rule() -> None:
+    shape = Shape(7, 4096, 11008, 4)
+    assert plan_for(shape, H200) == default_plan(shape, H200)
+
+
+def test_an_untuned_card_of_the_architecture_takes_the_nearest_table() -> None:
+    """An H100 (bandwidth class 3) finds the H200's table: same SMs and shared memory."""
+    assert H100.nearest(load_tables()) == H200
+    assert plan_for(Shape(16, 4096, 14336, 4), H100) == load_tables()[H200][(4, 4096, 14336, 16)]
+    assert CardKey("sm_100", 148, 227, 8).nearest(load_tables()) is None
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 100, 128, 300, 2048, 8192])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("k", "n"), [(4096, 1024), (14336, 4096), (1056, 200)])
+def test_the_rule_gives_valid_plans_that_fit(m: int, bits: int, k: int, n: int) -> None:
+    plan = default_plan(Shape(m, k, n, bits), H100)
+    assert plan.bm >= min(m, 256 if bits == 4 else 128)  # one activation tile up to the largest
+    blocks = -(-k // (512 // bits))
+    assert 1 <= plan.split <= max(1, blocks)
+    assert plan.stage_bytes(bits, 2, 1, True) * plan.stages <= 227 * 1024
+    if bits == 8:
+        assert plan.bm <= 128  # 256-row tiles spill at 8 bits (README.md)
+
+
+def test_plans_out_of_range_are_refused() -> None:
+    for bad in [dict(wg=3, bm=16, stages=4), dict(wg=1, bm=24, stages=4), dict(wg=1, bm=16, stages=1),
+                dict(wg=1, bm=16, stages=4, split=0), dict(wg=1, bm=16, stages=4, per_wait=3)]:
+        with pytest.raises(ValueError, match="out of range"):
+            Plan(**bad)
+
+
+def _cost(cls: type, m: int) -> float:
+    caps = Capabilities(device="cuda:0", device_type="cuda", available=True, name="an sm_90 card",
+                        compute_capability=(9, 0))
+    rates = DeviceRates(3.0e12, 6.9e14, 2.0e-6, "test")
+    return cls.cost(caps, Problem.linear(GPTQ(bits=4, group_size=128), M=m, K=4096, N=14336,
+                                         dtype=torch.bfloat16)).seconds(rates)
+
+
+@pytest.mark.parametrize("m", [16, 32, 64, 128, 512, 1024])
+def test_declared_costs_rank_it_first_where_it_measured_faster(m: int) -> None:
+    assert _cost(HopperWgmmaGPTQ, m) < _cost(TritonInt4GPTQ, m)
+
+
+@pytest.mark.parametrize("m", [2048, 8192])
+def test_declared_costs_leave_large_batches_to_dequantize_and_cublas(m: int) -> None:
+    assert _cost(HopperWgmmaGPTQ, m) > _cost(TritonInt4GPTQ, m)

@@ -1,0 +1,145 @@
+"""Compile ``hopper_wgmma`` for sm_90a on any machine (no GPU) and read what the compiler
+made: registers, spill stack, shared memory, and in the main loop the HGMMAs, the
+``WARPGROUP.DEPBAR`` waits (how many wgmma groups stay in flight), barriers, shared and
+global load widths, and instructions per weight code.
+
+    python -m tools.probes.hopper_wgmma_sass [--sass DIR]
+
+Triton compiles for an explicit ``GPUTarget`` with its bundled ptxas; its bundled
+``cuobjdump`` reads the cubin. The launch arguments are built by the launcher itself on
+CPU tensors of the right shapes, so the probe compiles what a call would run.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
+from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.formats.gptq import GPTQ
+
+__all__ = ["compile_plan", "loop_profile"]
+
+
+def _tool(name: str) -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def _loop(sass: str) -> list[str]:
+    """Opcodes of the backward-branch loop holding the most HGMMAs (the walk over K)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s*([^;]*);", sass)
+    best: list[str] = []
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < int(addr, 16):
+            lo, hi = int(target.group(1), 16), int(addr, 16)
+            body = [o for a, o, _ in ins if lo <= int(a, 16) <= hi]
+            if sum(o.startswith("HGMMA") for o in body) > sum(o.startswith("HGMMA") for o in best):
+                best = body
+    return best
+
+
+def loop_profile(sass: str, codes_per_iteration: int, threads: int) -> dict[str, Any]:
+    ops = _loop(sass)
+    hist = collections.Counter(op.split(".")[0] for op in ops)
+    return {
+        "loop_instructions": len(ops),
+        "instr_per_code": round(len(ops) * threads / max(codes_per_iteration, 1), 2),
+        "hgmma": sum(op.startswith("HGMMA") for op in ops),
+        "depbar": [op for op in ops if op.startswith("WARPGROUP.DEPBAR")],
+        "bar_sync": sum(op.startswith("BAR.SYNC") for op in ops),
+        "lds128": sum(op.startswith("LDS") and ".128" in op for op in ops),
+        "ldg": sum(op.startswith("LDG") for op in ops),
+        "tma": sum(op.startswith("UTMALDG") for op in ops),
+        "top": dict(hist.most_common(14)),
+    }
+
+
+def _weights(bits: int, k: int, n: int, group: int, sym: bool) -> Any:
+    fmt = GPTQ(bits=bits, group_size=group, sym=sym)
+    gen = torch.Generator().manual_seed(0)
+    return GPTQToHopper(fmt).apply(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen))
+
+
+def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int = 4096, group: int = 128,
+                 sym: bool = True, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from quantcore.backends.hopper_wgmma.kernels import wgmma_kernel
+    from quantcore.backends.hopper_wgmma.launch import kernel_args, prepare_x
+
+    w = _weights(bits, k, n, group, sym)
+    x = prepare_x(torch.zeros(m, k, dtype=dtype))
+    y = torch.zeros(m, n, dtype=dtype)
+    ws = torch.zeros(4, dtype=torch.float32)
+    cnt = torch.zeros(4, dtype=torch.int32)
+    _, args, const = kernel_args(x, w, plan, y, ws, cnt)
+    num_warps = const.pop("num_warps")
+    names = [a for a in wgmma_kernel.arg_names if a not in const]
+    signature = {name: mangle_type(arg) for name, arg in zip(names, args, strict=True)}
+    signature |= {c: "constexpr" for c in const}
+    src = GluonASTSource(fn=wgmma_kernel, signature=signature, constexprs=const)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(_tool("cuobjdump")), "-res-usage", str(cubin)],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(_tool("cuobjdump")), "-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
+
+    def get(key: str) -> int:
+        hit = re.search(rf"{key}:(\d+)", usage)
+        return int(hit.group(1)) if hit else -1
+
+    codes = 64 * plan.wg * 512 // bits
+    return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
+            "sym": sym, "registers": get("REG"), "spill_stack": get("STACK"), "shared": compiled.metadata.shared,
+            **loop_profile(sass, codes, 128 * plan.wg), "sass": sass}
+
+
+#: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits.
+REPORT: list[tuple[Plan, dict[str, Any]]] = [
+    (Plan(1, 16, 4, 4), {}),
+    (Plan(1, 16, 4, 4), {"sym": False}),
+    (Plan(1, 16, 4, 4), {"dtype": torch.float16}),
+    (Plan(1, 16, 4, 4), {"group": 32}),
+    (Plan(1, 16, 4, 4), {"bits": 8}),
+    (Plan(1, 16, 4, 4), {"bits": 8, "dtype": torch.float16}),
+    (Plan(1, 64, 4, 2), {}),
+    (Plan(1, 128, 4, 1), {}),
+    (Plan(2, 128, 4, 1), {}),
+    (Plan(2, 256, 3, 1), {}),
+    (Plan(2, 256, 3, 1), {"sym": False}),
+]
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[argv.index("--sass") + 1]) if "--sass" in argv else None
+    for plan, kw in REPORT:
+        row = compile_plan(plan, **kw)
+        sass = row.pop("sass")
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            tag = "-".join(f"{a}{b}" for a, b in plan.__dict__.items()) + "".join(f"-{a}{b}" for a, b in kw.items())
+            (out / f"sass-{tag}.txt").write_text(sass)
+        print(json.dumps(row | {"variant": {a: str(b) for a, b in kw.items()}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
