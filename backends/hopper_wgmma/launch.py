@@ -12,7 +12,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from quantcore.probe.card import CardKey, card_key
-from quantcore.workspace import capturing, kept_buffer
+from quantcore.triton.buffers import grown
 
 from .configs import SMEM_RESERVE, Shape, plan_for
 from .kernels import wgmma_kernel
@@ -97,19 +97,7 @@ def x_descriptor(x: torch.Tensor, bits: int, bm: int) -> Any:
 def _counters(w: HopperWeights, tiles: int, device: torch.device) -> torch.Tensor:
     """The split-K arrival counters (int32, zero between launches: the last program of a
     tile resets its own), kept with the weight; grown on demand."""
-    key = ("counters", device)
-    have = w.runtime.get(key)
-    if have is None or have.numel() < tiles:
-        if capturing(device):  # this graph's own, not kept (quantcore.workspace)
-            return torch.zeros(tiles, dtype=torch.int32, device=device)
-        if have is not None:
-            _retired.append(have)
-        have = w.runtime[key] = kept_buffer(max(tiles, 1024), torch.int32, device, zero=True)
-    return have
-
-
-#: Outgrown buffers stay allocated: a CUDA graph captured earlier may still use them.
-_retired: list[torch.Tensor] = []
+    return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
 
 
 def split_steps(w: HopperWeights, plan: Plan) -> tuple[int, int, int]:
