@@ -54,11 +54,13 @@ def _constexpr_names(fn: Any) -> list[str]:
 
 
 class _Cuda:
-    """The two CUDA runtime queries a launch makes, looked up on first use (the CPU build
-    of torch lacks them; tests replace them)."""
+    """What a launch asks the CUDA runtime, looked up on first use (the CPU build of torch
+    lacks the raw queries; tests replace all three): the current device, its current
+    stream, and the guard that makes another device current."""
 
     device: Callable[[], int] | None = None
     stream: Callable[[int], int] | None = None
+    guard: Callable[[int], Any] = torch.cuda.device
 
     @classmethod
     def load(cls) -> None:
@@ -147,7 +149,7 @@ class Launch:
             return
         index = self._index
         if _Cuda.device() != index:  # type: ignore[misc]
-            with torch.cuda.device(index):
+            with _Cuda.guard(index):
                 self._launch(grid, args, index)
             return
         self._launch(grid, args, index)
