@@ -135,7 +135,12 @@ class Launch:
         self._index = device.index if device.index is not None else 0
         self._bound: dict[Any, _Bound] = {}
         self._key: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
-        self.fallback = "" if isinstance(fn, JITFunction) else "Triton's interpreter"
+        if not isinstance(fn, JITFunction):
+            self.fallback = "Triton's interpreter"
+        elif device.type != "cuda":  # another backend's runtime (triton-ascend): its own launch path
+            self.fallback = f"not a CUDA device ({device.type})"
+        else:
+            self.fallback = ""
         if not self.fallback and _Cuda.device is None:
             _Cuda.load()
 

@@ -194,6 +194,17 @@ def test_a_disagreement_with_tritons_binder_falls_back_to_the_plain_path(cuda: d
     assert len(fn.slow) == 3 and not fn.fast
 
 
+def test_a_launch_on_another_device_type_takes_that_backends_own_path(cuda: dict[str, Any]) -> None:
+    """A compiled kernel for a device that is not CUDA (triton-ascend's NPU) is launched
+    as its backend launches it: the CUDA runtime queries do not apply there."""
+    fn = FakeJIT(scale_kernel)
+    launch = Launch(fn, constexprs={"SCALE": 1.0, "BLOCK": 64}, varying=(0,), device=torch.device("cpu"))
+    x, y = _aligned(), _aligned()
+    for _ in range(2):
+        launch((1, 1, 1), x, y, 3, 64)
+    assert launch.fallback == "not a CUDA device (cpu)" and len(fn.slow) == 2 and not fn.fast
+
+
 def test_constexprs_are_checked_when_the_launch_is_made() -> None:
     fn = FakeJIT(scale_kernel)
     with pytest.raises(TypeError, match=r"\['BLOCK'\] missing"):
