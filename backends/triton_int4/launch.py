@@ -3,7 +3,7 @@ dequantize-into-a-scratch + cuBLAS path. Imports triton (through kernels.py): lo
 only when a call runs.
 
 What depends only on the weight, the activation dtype and the plan is decided once and
-kept with the prepared state (:class:`_Bucket`, through
+kept with the weight's packed tensor (:class:`_Bucket`, through
 :func:`quantcore.triton.launch.launch_state`): the constexprs, the fixed arguments, the
 split, the compiled kernel bound to its launcher (:class:`quantcore.triton.launch.Launch`).
 The plan itself changes with M only at the breaks of :func:`.configs.plan_breaks`, so a
@@ -194,7 +194,9 @@ class _Buckets:
 
 
 def _buckets(x2: torch.Tensor, w: TritonIntWeights) -> _Buckets:
-    state = launch_state(w)
+    # Kept with the packed weight tensor, not the state object: the custom op rebuilds the
+    # state object around the same tensors at every call.
+    state = launch_state(w.qweight)
     key = (x2.dtype, x2.device)
     found = state.get(key)
     if found is None:

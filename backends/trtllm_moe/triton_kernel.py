@@ -209,10 +209,10 @@ class TritonMoE(TRTLLMMoEKernel):
 
     def _bucket(self, prepared: TritonMoEWeights, routes: int, x_dtype: torch.dtype, device: torch.device,
                 tile: MoETile | None, *, gated: bool, weighted: bool) -> Any:
-        """The bucket of this call (:mod:`.triton_launch`), kept with the prepared weights
-        (frozen: bound by identity)."""
+        """The bucket of this call (:mod:`.triton_launch`), kept with the prepared weights."""
         launcher = _launcher()
-        state = launcher.launch_state(prepared)
+        # Kept with the layout tensor (the custom op rebuilds the state object at every call).
+        state = launcher.launch_state(prepared.layout)
         if tile is None:
             runs = state.get(device)
             if runs is None:
@@ -222,7 +222,7 @@ class TritonMoE(TRTLLMMoEKernel):
             run = tile
         key = (run, pow2_at_least(routes, 16), gated, weighted, x_dtype, device)
         bucket = state.get(key)
-        if bucket is None:
+        if bucket is None or not bucket.fits(prepared):
             if tile is None:
                 tile = pick_tile(routes, prepared.num_experts, prepared.k, prepared.group_size,
                                  scale_dtype=prepared.scales.dtype, device_name=state[device][1],

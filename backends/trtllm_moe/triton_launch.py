@@ -3,7 +3,7 @@
 A :class:`Bucket` holds what a call of one tile decides once for an expert-weight set:
 the constexprs, the fixed arguments, the kernels bound to their launchers
 (:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonMoE`` keeps buckets with
-the prepared weights, by tile (which follows the routes per expert),
+the weights' layout tensor, by tile (which follows the routes per expert),
 power-of-two route count (the kernels' compile-time loop bounds), dtype and variant.
 Imports triton: loaded on the first call.
 """
@@ -45,6 +45,7 @@ class Bucket:
         # fp32 out when the routes are summed afterwards, and under the interpreter, whose
         # fp32 → bf16 conversion truncates instead of rounding to nearest.
         self.y_dtype = torch.float32 if weighted or interpreted else x_dtype
+        self.source = (prepared.layout, prepared.scales, prepared.zeros)
         words = prepared.layout.view(torch.int32)
         zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
         self.weights, self.placeholder = (words, prepared.scales, zeros), prepared.scales
@@ -71,6 +72,11 @@ class Bucket:
         self.gemm = Launch(moe_w8a16_kernel, device=device, varying=GEMM_VARYING, options=options, constexprs=dict(
             flags, R_PAD=16 if tile.scheduled else pow2_at_least(routes, 16), SCHEDULED=tile.scheduled,
             PERSISTENT=self.persistent > 0, X_SORTED=tile.x_sorted))
+
+    def fits(self, prepared: Any) -> bool:
+        """Made for these tensors (a state rebuilt around them is the same weight)."""
+        s = self.source
+        return s[0] is prepared.layout and s[1] is prepared.scales and s[2] is prepared.zeros
 
     def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, x_div: int, route_weights: torch.Tensor | None,
                  y: torch.Tensor) -> None:

@@ -15,8 +15,9 @@ What depends only on the layer, the dtypes and the M bucket (``configs.m_bucket`
 config, the split, the constexprs, the index words, the compiled kernel bound to its
 launcher (:class:`quantcore.triton.launch.Launch`) — is decided on a bucket's first call
 and kept with the layer's codebook tensor (:func:`quantcore.triton.launch.launch_state`;
-a prepared state holds one codebook). Passes handed in from elsewhere (the offload path's
-scratch views) are bound by identity, each their own bucket.
+a prepared state holds one codebook), checked against the pass tensors it was made for:
+the custom op rebuilds the state objects around the same tensors at every call, and passes
+handed in from elsewhere (the offload path's scratch views) get buckets of their own.
 """
 
 from __future__ import annotations
@@ -87,7 +88,15 @@ class _Bucket:
         self.bias_or_cb = bias if bias is not None else codebook
 
     def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
-        return self.p1 is passes[0] and self.p2 is passes[-1] and self.bias is bias
+        """Made for these tensors (the custom op rebuilds the pass objects around the same
+        tensors at every call)."""
+        mine = self.passes
+        if self.bias is not bias or len(passes) != len(mine):
+            return False
+        for a, b in zip(mine, passes, strict=True):
+            if a.indices is not b.indices or a.scales is not b.scales or a.rotation is not b.rotation:
+                return False
+        return True
 
 
 class _Gemv(_Bucket):
@@ -247,7 +256,7 @@ def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: in
     """``W_cat [N, P·K]``: every pass's scaled centroids in the rotated basis, group g of
     pass p in columns ``(g·P + p)·d …`` (``dequant.py``)."""
     device = codebook.device
-    bucket = _kept(codebook, ("dequant", dtype, None, id(passes[-1]), len(passes), device), passes, None,
+    bucket = _kept(codebook, ("dequant", dtype, None, id(passes[-1].indices), len(passes), device), passes, None,
                    lambda: _Dequant(passes, codebook, d, None, device, dtype))
     n, width = bucket.n, bucket.width
     return bucket.dequantize(out if out is not None else torch.empty((n, width), dtype=dtype, device=device))
@@ -295,7 +304,7 @@ def fused_linear(
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
     d, has_partial = group_size, partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
-           id(passes[-1]), len(passes), device)
+           id(passes[-1].indices), len(passes), device)
     if path == "gemv":
         if m != 1:
             raise ValueError(f"the decode kernel takes M = 1, got M = {m}")

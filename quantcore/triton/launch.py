@@ -24,8 +24,10 @@ and that the kernel's global constants did not change (module constants, set at 
 Under Triton's interpreter (``TRITON_INTERPRET=1``; the kernel object is then no
 ``JITFunction``) every call takes the plain ``kernel[grid](...)`` path.
 
-:func:`launch_state` keeps a dict per prepared state (by identity, dropped with it) in
-which launchers keep what they decided for a weight.
+:func:`launch_state` keeps a dict per object (by identity, dropped with it) in which
+launchers keep what they decided for a weight. They key it by a tensor of the weight, not
+by the prepared-state object: the custom ops rebuild that object around the same tensors
+at every call, and a bucket checks that the tensors it was made for are the ones given.
 
 Imports triton: import this module where a kernel runs, not at ``import quantcore``.
 """
@@ -47,10 +49,17 @@ __all__ = ["Launch", "launch_state"]
 Grid = tuple[int, int, int]
 
 
+_constexprs: dict[int, tuple[Any, list[str]]] = {}
+
+
 def _constexpr_names(fn: Any) -> list[str]:
-    """The ``tl.constexpr`` parameters of a ``@triton.jit`` function (compiled or interpreted)."""
-    params = inspect.signature(fn.fn).parameters.values()
-    return [p.name for p in params if "constexpr" in str(p.annotation)]
+    """The ``tl.constexpr`` parameters of a ``@triton.jit`` function (compiled or
+    interpreted), read once per function."""
+    hit = _constexprs.get(id(fn))
+    if hit is None or hit[0] is not fn:
+        params = inspect.signature(fn.fn).parameters.values()
+        hit = _constexprs[id(fn)] = (fn, [p.name for p in params if "constexpr" in str(p.annotation)])
+    return hit[1]
 
 
 class _Cuda:
@@ -198,8 +207,8 @@ _states_lock = threading.RLock()
 
 
 def launch_state(owner: Any) -> dict[Any, Any]:
-    """A dict kept for ``owner`` (a prepared state) while it lives, keyed by its identity:
-    a copy of the state (``dataclasses.replace``, a rebuilt module state) gets its own."""
+    """A dict kept for ``owner`` (a weight's tensor) while it lives, keyed by its identity:
+    another object — a copy, a tensor moved to another device — gets its own."""
     hit = _states.get(id(owner))
     if hit is not None and hit[0]() is owner:
         return hit[1]

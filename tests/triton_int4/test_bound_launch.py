@@ -115,6 +115,9 @@ def test_a_bucket_is_kept_and_a_state_whose_tensors_changed_is_bound_again(recor
     launch_mod.linear(x2, w)
     launch_mod.linear(x2, w)
     assert len(recorded) == 1 and len(recorded[0].calls) == 2
+    rebuilt = dataclasses.replace(w)  # the custom op rebuilds the state object around the same tensors
+    launch_mod.linear(x2, rebuilt)
+    assert len(recorded) == 1 and len(recorded[0].calls) == 3
     w.scales = w.scales.clone()  # a field replaced in place
     launch_mod.linear(x2, w)
     assert len(recorded) == 2 and recorded[1].calls[0][1][2] is w.scales
@@ -157,3 +160,20 @@ def test_after_binding_every_call_is_still_checked_and_strided_input_is_right() 
         kernel(x[:, :256].float(), w)
     with pytest.raises(KernelInputError, match=r"on cpu, got .* on meta"):
         kernel(torch.empty(4, 256, dtype=torch.bfloat16, device="meta"), w)
+
+
+def test_calls_through_the_custom_op_reuse_the_bucket(recorded: list[Recorder]) -> None:
+    """The op rebuilds the prepared state from its tensors at every call: the bucket, kept
+    with the packed weight tensor, serves them all."""
+    from quantcore.custom_ops import flatten, make_spec
+
+    fmt = GPTQ(bits=4, group_size=64)
+    kernel = TritonInt4GPTQ(fmt, "cpu")
+    w, _ = _prepared(fmt, 256, 64)
+    state = flatten(w)
+    spec = make_spec(kernel, state, {"K": 256, "N": 64})
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    for _ in range(3):
+        y = torch.ops.quantcore.linear(x, list(state.tensors), spec)
+        assert y.shape == (2, 64)
+    assert len(recorded) == 1 and len(recorded[0].calls) == 3

@@ -8,6 +8,7 @@ and of a stand-in H100 (its shipped tile table).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import pytest
@@ -91,10 +92,13 @@ def test_another_prepared_state_is_bound_anew(recorded: list[Recorder]) -> None:
     x, ids = torch.randn(2, 128).bfloat16(), torch.zeros(2, 2, dtype=torch.int32)
     kernel.forward(x, ids, w)
     kernel.forward(x, ids, w)
-    assert len(recorded) == 1
+    kernel.forward(x, ids, dataclasses.replace(w))  # the custom op rebuilds the state around the same tensors
+    assert len(recorded) == 1 and len(recorded[0].calls) == 3
+    kernel.forward(x, ids, dataclasses.replace(w, scales=w.scales.clone()))
+    assert len(recorded) == 2  # other scales: bound anew
     _, other = _weights()
     kernel.forward(x, ids, other)
-    assert len(recorded) == 2 and recorded[1].calls[0][1][3].data_ptr() == other.layout.data_ptr()
+    assert len(recorded) == 3 and recorded[2].calls[0][1][3].data_ptr() == other.layout.data_ptr()
 
 
 def test_every_call_is_still_checked(recorded: list[Recorder]) -> None:

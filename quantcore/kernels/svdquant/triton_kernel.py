@@ -185,10 +185,11 @@ class TritonActQuantLora(SVDQuantKernel):
         if x.stride(1) != 1:
             x = x.contiguous()
         launcher = _launcher()
-        state = launcher.launch_state(prepared)
-        key = (m_pad, x.dtype, x.device, tile)
+        # Kept with the LoRA tensor (the custom op rebuilds the state object at every call).
+        state = launcher.launch_state(prepared.lora_down)
+        key = (m_pad, x.dtype, x.device, tile, fmt)
         bucket = state.get(key)
-        if bucket is None:
+        if bucket is None or bucket.rsmooth is not prepared.rsmooth:
             chosen = tile if tile is not None else self._tile(x, prepared, m_pad)
             check_tile(chosen, fmt, prepared.r)
             compiled = x.device.type == "cuda" and not interpreted()

@@ -4,7 +4,7 @@ A :class:`Bucket` holds what a call decides once per prepared layer, padded row 
 (``M_pad``: the tile and the stream-K geometry follow it) and activation dtype: the tile,
 the grid, the constexprs, the compiled kernel bound to its launcher
 (:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonActQuantLora.forward``
-keeps buckets with the prepared weights. Imports triton: loaded on the first call.
+keeps buckets with the layer's LoRA tensor. Imports triton: loaded on the first call.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Bucket:
         self.part_numel = self.row_tiles * self.slots * tile.bm * r
         #: Stands in for the pointers a launch never reads (no smooth, no LoRA), in x's dtype.
         self.unread = torch.empty(8, dtype=dtype, device=device)
+        self.rsmooth = prepared.rsmooth  # with lora_down, the weight this bucket was made for
         self.rs = prepared.rsmooth if prepared.rsmooth is not None else self.unread
         self.w = prepared.lora_down if r else self.unread
         extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
