@@ -148,9 +148,9 @@ def _stored_bytes(module: torch.nn.Module) -> int:
 
 
 def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    w = [(torch.randn(inter, hidden, generator=gen) * 0.02).to(device, torch.bfloat16) for _ in range(2)]
-    wd = (torch.randn(hidden, inter, generator=gen) * 0.02).to(device, torch.bfloat16)
+    gen = torch.Generator(device).manual_seed(0)  # drawn where it runs: a 70B-class block is 700 M weights
+    w = [(torch.randn(inter, hidden, generator=gen, device=device) * 0.02).to(torch.bfloat16) for _ in range(2)]
+    wd = (torch.randn(hidden, inter, generator=gen, device=device) * 0.02).to(torch.bfloat16)
     f = torch.nn.functional
 
     def block(x: torch.Tensor) -> torch.Tensor:

@@ -163,11 +163,12 @@ class _Mma(_Bucket):
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         m, cfg = x2d.shape[0], self.cfg
-        tiles_m = triton.cdiv(m, cfg.block_m)
+        # Integer ceilings written out: triton.cdiv costs microseconds a call on the host.
+        tiles_m = -(-m // cfg.block_m)
         # Split K only as far as needed to fill the GPU (each split costs a partial tile).
-        split = max(1, min(triton.cdiv(self.groups, cfg.gpc), triton.cdiv(cfg.ctas, self.tiles_n * tiles_m)))
-        gpc = triton.cdiv(self.groups, split)
-        split = triton.cdiv(self.groups, gpc)
+        split = max(1, min(-(-self.groups // cfg.gpc), -(-cfg.ctas // (self.tiles_n * tiles_m))))
+        gpc = -(-self.groups // split)
+        split = -(-self.groups // gpc)
         launch = self.launches.get((gpc, split))
         if launch is None:
             launch = self.launches[(gpc, split)] = Launch(

@@ -22,7 +22,8 @@ keeps them fixed: they are the weight's tensors and sizes, held with the prepare
 and that the kernel's global constants did not change (module constants, set at import).
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``; the kernel object is then no
-``JITFunction``) every call takes the plain ``kernel[grid](...)`` path.
+``JITFunction``) every call takes the plain ``kernel[grid](...)`` path. What this relies on
+in Triton 3.6 is written down in docs/triton-launch.md.
 
 :func:`launch_state` keeps a dict per object (by identity, dropped with it) in which
 launchers keep what they decided for a weight. They key it by a tensor of the weight, not
