@@ -217,10 +217,13 @@ def launch_state(owner: Any) -> dict[Any, Any]:
         key = id(owner)
         state: dict[Any, Any] = {}
 
-        def drop(ref: weakref.ref[Any], key: int = key) -> None:
-            with _states_lock:
-                if _states.get(key, (None,))[0] is ref:
-                    del _states[key]
+        # The table and the lock are bound here: at interpreter exit the module's globals
+        # may be gone before the last tensors are.
+        def drop(ref: weakref.ref[Any], key: int = key, states: dict[Any, Any] = _states,
+                 lock: Any = _states_lock) -> None:
+            with lock:
+                if states.get(key, (None,))[0] is ref:
+                    del states[key]
 
         _states[key] = (weakref.ref(owner, drop), state)
         return state
