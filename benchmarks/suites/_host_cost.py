@@ -47,15 +47,26 @@ SVD_FMT = SVDQuantAct(fp4=True)
 MOE_E, MOE_TOPK, SVD_R = 8, 2, 32
 
 
+#: Why a call that reads device values on the host is not captured.
+SYNCS = "reads the expert ids on the host (a synchronisation): not capturable"
+
+
 @dataclass
 class Subject:
     """One thing timed: ``kind`` is ``kernel`` (a direct call), ``module`` or ``dense``
-    (the peers nn.Linear and F.linear)."""
+    (the peers nn.Linear and F.linear). ``graph`` is what a CUDA graph captures in its
+    place (the same call unless given); ``no_graph`` says why nothing is."""
 
     name: str
     kind: str
     fn: Callable[[int], object]
     note: str = ""
+    graph: Callable[[int], object] | None = None
+    no_graph: str = ""
+
+    @property
+    def captured(self) -> Callable[[int], object]:
+        return self.graph or self.fn
 
 
 def _sync(device: torch.device) -> None:
@@ -153,10 +164,15 @@ def _moe(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: 
     out = []
     for kernel in _kernels(MOE_FMT, "moe", problem, device, skipped):
         prepared = kernel.prepare(tensors, dtype=dtype)
-        out.append(Subject(f"trtllm_moe:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, ids, p),
-                           f"E={MOE_E}, top-{MOE_TOPK}; checks the expert ids (reads them on the host)"))
+        forward = getattr(kernel, "forward", None)  # the call without the ids check, where there is one
+        out.append(Subject(
+            f"trtllm_moe:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, ids, p),
+            f"E={MOE_E}, top-{MOE_TOPK}; checks the expert ids (reads them on the host); graph: forward",
+            graph=(lambda i, f=forward, p=prepared: f(x, ids, p)) if forward is not None else None,
+            no_graph="" if forward is not None else SYNCS))
     module = QuantExperts(MOE_FMT, tensors, device=device, dtype=dtype)
-    out.append(Subject("QuantExperts(trtllm_moe)", "module", lambda i: module(x, ids), f"kernel {module.kernel.name}"))
+    out.append(Subject("QuantExperts(trtllm_moe)", "module", lambda i: module(x, ids), f"kernel {module.kernel.name}",
+                       no_graph=SYNCS))
     return out
 
 

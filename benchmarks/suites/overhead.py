@@ -103,10 +103,12 @@ def host_cases(device: str, shapes: list[dict[str, int]], dtypes: tuple[torch.dt
                                              note=note, measured=timing))
             yield case
             if dev.type == "cuda":
-                with torch.inference_mode():
-                    replays = time_interleaved([s.fn for s in things], device, rounds=rounds, graph=True)
                 graph = BenchCase("overhead", f"graph-{label}", dict(dims), skipped=dict(skipped))
-                for s, timing in zip(things, replays, strict=True):
+                graph.skipped.update({s.name: s.no_graph for s in things if s.no_graph})
+                capturable = [s for s in things if not s.no_graph]
+                with torch.inference_mode():
+                    replays = time_interleaved([s.captured for s in capturable], device, rounds=rounds, graph=True)
+                for s, timing in zip(capturable, replays, strict=True):
                     if timing.method != "cuda-graph":
                         graph.skipped[s.name] = timing.note or "not captured"
                         continue
