@@ -8,19 +8,19 @@
 #   check     the tensor-parallel check (conformance/tp/processes.py: each layer of a GPTQ
 #             MLP block against the float64 golden and the unsharded kernels), world 2,
 #             NCCL, one process per GPU
-#   bench     `quantcore bench tp_linear`, world 2, NCCL: the 7B (4096 → 11008) and the
-#             70B-class (8192 → 28672) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
-#             the unsharded block on one GPU in the same run, the all-reduce alone
 #   world4    the check with four ranks sharing the two GPUs (gloo: NCCL refuses two
 #             ranks on one GPU; if gloo cannot all-reduce CUDA tensors, again staged
 #             through the host)
+#   bench     `quantcore bench tp_linear`, world 2, NCCL: the 70B-class (8192 → 28672) and
+#             the 7B (4096 → 11008) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
+#             the unsharded block on one GPU in the same run, the all-reduce alone
 #   gloo, conformance   (only when named) the bench with two ranks sharing GPU 0 through
 #             gloo; the tensor-parallel conformance matrix on cuda
 #
 # Each part runs under its own timeout, within what is left of BUDGET_S (530 s); a part
 # that fails or runs out of time does not stop the next. NVLink multicast is kept off.
 # Run from the repository root:
-#   bash tools/probes/tp_linear_gpu.sh [overhead] [check] [bench] [world4] [gloo] [conformance]
+#   bash tools/probes/tp_linear_gpu.sh [overhead] [check] [world4] [bench] [gloo] [conformance]
 # Everything goes under $OUT (default ./tp-linear-results): the log, tp_check_*.json, and
 # per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
 # (tools/probes/host_cost_table.py) is printed last.
@@ -49,7 +49,8 @@ run() {
     return 124
   fi
   say "$name (timeout ${t}s)"
-  timeout --kill-after=10 "$t" "$@" >>"$LOG" 2>&1
+  # SIGINT first: Python unwinds, and the launcher's cleanup kills the ranks it started.
+  timeout --signal=INT --kill-after=15 "$t" "$@" >>"$LOG" 2>&1
   local rc=$?
   say "$name rc=$rc"
   return "$rc"
@@ -70,32 +71,35 @@ check() {
     return 124
   fi
   say "$name: world $1, $2 on $3 ${4:-} (timeout ${t}s)"
-  timeout --kill-after=10 "$t" python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" \
+  timeout --signal=INT --kill-after=15 "$t" python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" \
       --device "$3" --hidden 2048 --inter 5632 --m 16 ${4:-} >"$OUT/$name.json" 2>>"$LOG"
   local rc=$?
   say "$name rc=$rc"
   return "$rc"
 }
 
-PARTS="${*:-overhead check bench world4}"
+PARTS="${*:-overhead check world4 bench}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 if has overhead; then
-  run overhead 210 env CUDA_VISIBLE_DEVICES=0 python3 -m quantcore bench overhead --device cuda \
+  run overhead 180 env CUDA_VISIBLE_DEVICES=0 python3 -m quantcore bench overhead --device cuda \
       --shapes default --rounds 5 --out "$OUT/overhead"
 fi
 if has check && [ "$GPUS" -ge 2 ]; then
   check tp_check_w2_nccl 2 nccl cuda:rank
-fi
-if has bench && [ "$GPUS" -ge 2 ]; then
-  run bench 230 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
-      python3 -m quantcore bench tp_linear --device cuda --shapes default --rounds 5 --out "$OUT/tp-nccl"
 fi
 if has world4; then
   if ! check tp_check_w4_shared 4 gloo cuda:shared; then
     say "world 4 on shared GPUs failed: again with the all-reduce staged through the host"
     check tp_check_w4_shared_staged 4 gloo cuda:shared --stage-host
   fi
+fi
+if has bench && [ "$GPUS" -ge 2 ]; then
+  # The 70B-class block first (the target shape), each its own run: a cut-off one keeps the other.
+  for shapes in 70b 7b; do
+    run "bench-$shapes" 200 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
+        python3 -m quantcore bench tp_linear --device cuda --shapes "$shapes" --rounds 5 --out "$OUT/tp-nccl-$shapes"
+  done
 fi
 if has gloo; then
   run gloo-one-gpu 200 env QUANTCORE_TP_BACKEND=gloo QUANTCORE_TP_DEVICE=cuda \
