@@ -54,6 +54,8 @@ def interpreting() -> bool:
 
 
 _names: dict[torch.device, str] = {}
+#: The path thresholds per device, read on the device's first call (configs.path_for).
+_paths: dict[torch.device, configs.PathChoice] = {}
 
 
 def _device_name(device: torch.device) -> str:
@@ -61,6 +63,13 @@ def _device_name(device: torch.device) -> str:
     if name is None:
         name = _names[device] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return name
+
+
+def _path_choice(device: torch.device) -> configs.PathChoice:
+    choice = _paths.get(device)
+    if choice is None:
+        choice = _paths[device] = configs.path_for(_device_name(device))
+    return choice
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
@@ -301,7 +310,7 @@ def fused_linear(
     if m == 0:
         return out
     if path is None:
-        choice = configs.path_for(_device_name(device))
+        choice = _path_choice(device)
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
     d, has_partial = group_size, partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
