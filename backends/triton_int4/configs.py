@@ -1,7 +1,8 @@
 """Which path and tile a call runs: the shipped tuned table, else a default rule.
 
-A plan is chosen per call from the problem alone (no autotuning at run time, so the
-first call costs one compile, not a search): ``plan_for(shape, device, sms)``. The key
+A plan is chosen from the problem alone (no autotuning at run time, so the first call
+costs one compile, not a search): ``plan_for(shape, device, sms)``, once per run of M
+between two of :func:`plan_breaks` (``launch.py`` keeps it with the weight). The key
 holds everything that changes a kernel's geometry: bits, the close-run of the groups
 (``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
 (``tools/probes/triton_int4_tiles.py``; numbers in README.md); other devices, and shapes missing from it, take
