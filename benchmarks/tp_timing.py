@@ -13,6 +13,11 @@ group's CPU threads): ``tpW_mlp`` the block with its all-reduce; ``tpW_local`` t
 without it (this rank's compute); ``all_reduce`` the collective alone on the block's
 ``[M, hidden]`` output; ``unsharded_mlp`` the whole block unsharded on one rank (the same
 kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
+
+With ``--graph`` (CUDA) each variant is also timed as engines run decode: every rank
+captures the same calls in one CUDA graph (the all-reduce included: NCCL collectives are
+captured; a gloo one is not, and that variant says so) and the group replays them in
+lockstep; those rows are ``mode: "graph"``, the others ``"eager"``.
 """
 
 from __future__ import annotations
@@ -80,15 +85,72 @@ def lockstep(fn: Callable[[int], object], device: torch.device, backend: str, ro
     return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
 
 
+#: Calls captured in one graph: at least enough that a replay dwarfs its launch; at most
+#: what keeps a capture quick.
+GRAPH_CALLS = (8, 200)
+
+
+def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: str, rounds: int, *,
+                   solo: bool) -> tuple[float, float]:
+    """(median seconds per call, spread) of ``fn`` captured in one CUDA graph per rank and
+    replayed in lockstep: the ranks agree on the call count, capture together (a
+    collective in ``fn`` is captured on every rank alike) and replay at each barrier."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    runs = rank == 0 or not solo
+    ctl = _control(device, backend)
+    per_call = 0.0
+    if runs:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for i in range(3):  # compile, bind and allocate outside the capture
+                fn(i)
+        torch.cuda.current_stream(device).wait_stream(side)
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(3):
+            fn(i)
+        _sync(device)
+        per_call = (time.perf_counter() - t0) / 3
+    lo, hi = GRAPH_CALLS
+    calls = torch.tensor([min(hi, max(lo, int(ROUND_S["cuda"] / max(per_call, 1e-7)))) if rank == 0 else lo],
+                         device=ctl)
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    n = int(calls.item())
+    graph = None
+    if runs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for i in range(n):
+                fn(i)
+        graph.replay()
+        _sync(device)
+    samples = []
+    for _ in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if graph is not None:
+            graph.replay()
+            _sync(device)
+        took = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64, device=ctl)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        samples.append(float(took.item()))
+    del graph
+    med = statistics.median(samples)
+    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
 def _stored_bytes(module: torch.nn.Module) -> int:
     shards = [m.shard for m in (module.gate, module.up, module.down) if m is not None]  # type: ignore[attr-defined]
     return sum(t.numel() * t.element_size() for s in shards for t in s.tensors.values())
 
 
 def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    w = [(torch.randn(inter, hidden, generator=gen) * 0.02).to(device, torch.bfloat16) for _ in range(2)]
-    wd = (torch.randn(hidden, inter, generator=gen) * 0.02).to(device, torch.bfloat16)
+    gen = torch.Generator(device).manual_seed(0)  # drawn where it runs: a 70B-class block is 700 M weights
+    w = [(torch.randn(inter, hidden, generator=gen, device=device) * 0.02).to(torch.bfloat16) for _ in range(2)]
+    wd = (torch.randn(hidden, inter, generator=gen, device=device) * 0.02).to(torch.bfloat16)
     f = torch.nn.functional
 
     def block(x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +168,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ms", default="1,16", help="activation rows, comma-separated")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"))
+    p.add_argument("--graph", action="store_true", help="CUDA: also time every variant as CUDA-graph replays")
     p.add_argument("--stage-host", action="store_true",
                    default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
                    help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
@@ -182,14 +245,21 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
             noop: Callable[[int], object] = lambda i: None  # noqa: E731
             variants += [("unsharded_mlp", "peer", noop, True, 0, 0, ""), ("dense_bf16_mlp", "peer", noop, True, 0, 0, "")]
         rows = []
+        modes = ["eager", "graph"] if args.graph and device.type == "cuda" else ["eager"]
         with torch.no_grad():
-            for name, role, fn, solo, nbytes, nflops, note in variants:
-                if solo and rank == 0:
-                    torch.set_num_threads(threads * world)
-                t, spread = lockstep(fn, device, args.backend, args.rounds, solo=solo)
-                torch.set_num_threads(threads)
-                rows.append({"name": name, "role": role, "time_s": t, "spread": spread, "bytes": nbytes,
-                             "flops": nflops, "note": note})
+            for mode in modes:
+                for name, role, fn, solo, nbytes, nflops, note in variants:
+                    if mode == "graph" and name in ("all_reduce", f"tp{world}_mlp") and args.backend != "nccl":
+                        rows.append({"name": name, "role": "skipped", "mode": mode,
+                                     "note": f"a {args.backend} all-reduce runs on the host: not in a CUDA graph"})
+                        continue
+                    if solo and rank == 0:
+                        torch.set_num_threads(threads * world)
+                    timer = lockstep_graph if mode == "graph" else lockstep
+                    t, spread = timer(fn, device, args.backend, args.rounds, solo=solo)
+                    torch.set_num_threads(threads)
+                    rows.append({"name": name, "role": role, "mode": mode, "time_s": t, "spread": spread,
+                                 "bytes": nbytes, "flops": nflops, "note": note})
         cases.append({"M": m, "variants": rows})
     return {"world": world, "backend": args.backend, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -1,7 +1,8 @@
 """Which path and tile a call runs: the shipped tuned table, else a default rule.
 
-A plan is chosen per call from the problem alone (no autotuning at run time, so the
-first call costs one compile, not a search): ``plan_for(shape, device, sms)``. The key
+A plan is chosen from the problem alone (no autotuning at run time, so the first call
+costs one compile, not a search): ``plan_for(shape, device, sms)``, once per run of M
+between two of :func:`plan_breaks` (``launch.py`` keeps it with the weight). The key
 holds everything that changes a kernel's geometry: bits, the close-run of the groups
 (``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
 (``tools/probes/triton_int4_tiles.py``; numbers in README.md); other devices, and shapes missing from it, take
@@ -22,6 +23,7 @@ __all__ = [
     "Plan",
     "Shape",
     "default_plan",
+    "plan_breaks",
     "plan_for",
 ]
 
@@ -76,6 +78,20 @@ def default_plan(shape: Shape, sms: int) -> Plan:
     target = (4 if m <= 16 else 3 if m <= 64 else 2) * sms
     split = _split(blocks // block_b, tiles, target)
     return Plan("mma", mma=MmaConfig(64, block_m, split, 4, 3, 1, block_b))
+
+
+#: The Ms at which :func:`default_plan` changes: its tile heights, split targets and paths.
+DEFAULT_BREAKS = (17, 33, 65, 129, 257, 1025)
+
+
+def plan_breaks(shape: Shape, device_name: str) -> tuple[int, ...]:
+    """The Ms (increasing) at which :func:`plan_for` may answer differently for this
+    shape's K, N, bits and close (its M is ignored): those of the rule, and for a measured
+    shape each measured M and the first M more than 4× above it. Between two breaks the
+    plan is one: a launcher decides it once per run of M (``launch.py``)."""
+    table = _tuned().get(device_name) or {}
+    ms = [m for (b, c, k, n, m) in table if (b, c, k, n) == (shape.bits, shape.close, shape.k, shape.n)]
+    return tuple(sorted({*DEFAULT_BREAKS, *ms, *(4 * m + 1 for m in ms)}))
 
 
 def plan_for(shape: Shape, device_name: str, sms: int) -> Plan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -16,8 +16,9 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
-from quantcore.tensors import check_activation, stored_on
+from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
+from quantcore.triton.checks import check_x
 
 from .layout import SLICE, SUPPORTED_BITS, GPTQToTritonInt, TritonIntWeights
 
@@ -112,14 +113,28 @@ class TritonInt4GPTQ(LinearKernel):
                 f"prepared: expected the TritonIntWeights that {self.name}.prepare returns, got {type(prepared).__name__}"
             )
         k, n = prepared.in_features, prepared.out_features
-        check_activation(x, k=k, dtypes=ACT_DTYPES, device=prepared.qweight.device)
-        x2 = x.reshape(-1, k)
+        linear = _launcher()
+        check_x(x, k, ACT_DTYPES, prepared.qweight.device)
+        flat = x.dim() == 2
+        x2 = x if flat else x.reshape(-1, k)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], n)
         x2 = x2.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x2.contiguous()
-        from .launch import linear  # imports triton: only when a call runs
+        y = linear(x2, prepared)
+        return y if flat else y.view(*x.shape[:-1], n)
 
-        return linear(x2, prepared).view(*x.shape[:-1], n)
+
+def _launcher() -> Any:
+    """``launch.linear``, imported on the first call (it imports triton)."""
+    global _LINEAR
+    if _LINEAR is None:
+        from .launch import linear
+
+        _LINEAR = linear
+    return _LINEAR
+
+
+_LINEAR: Any = None
 
 
 class TritonInt4AWQ(TritonInt4GPTQ):

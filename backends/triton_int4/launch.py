@@ -1,9 +1,19 @@
 """Launching the kernels: the plan (configs.py), the grid, the split-K buffers, and the
 dequantize-into-a-scratch + cuBLAS path. Imports triton (through kernels.py): load it
-only when a call runs."""
+only when a call runs.
+
+What depends only on the weight, the activation dtype and the plan is decided once and
+kept with the weight's packed tensor (:class:`_Bucket`, through
+:func:`quantcore.triton.launch.launch_state`): the constexprs, the fixed arguments, the
+split, the compiled kernel bound to its launcher (:class:`quantcore.triton.launch.Launch`).
+The plan itself changes with M only at the breaks of :func:`.configs.plan_breaks`, so a
+call finds its bucket by bisecting those. Per call: the activation's pointer and M (the
+arguments Triton specialises that change), the output, the split-K workspace, the grid.
+"""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from typing import Any
@@ -11,13 +21,23 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.triton.buffers import KeptBuffers, grown
+from quantcore.errors import KernelInputError
+from quantcore.tensors import describe
+from quantcore.triton.buffers import KeptBuffers, capturing, grown
+from quantcore.triton.launch import Launch, launch_state
 
-from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_for
+from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_breaks, plan_for
 from .kernels import dequant_kernel, gemv_kernel, mma_kernel
 from .layout import SLICE, TritonIntWeights, block_k, pairs
 
 __all__ = ["close_slices", "interpreting", "linear", "plan_of"]
+
+#: The arguments of the GEMV and MMA kernels that change from call to call within a
+#: bucket and that Triton specialises: x (its alignment) and M (== 1, divisible by 16).
+#: y and the workspace are fresh allocations (aligned); the rest is the weight's.
+VARYING = (0, 9)
+#: Under the interpreter, the MMA tile height follows M up to 64 (plan_of).
+INTERPRETER_BREAKS = (17, 33)
 
 
 def interpreting() -> bool:
@@ -40,6 +60,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
+def _shape(m: int, dtype: torch.dtype, w: TritonIntWeights) -> Shape:
+    return Shape(m, w.in_features, w.out_features, w.bits, close_slices(w), _dtype_name(dtype))
+
+
 def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
     m = x2.shape[0]
     if interpreting():
@@ -47,9 +71,14 @@ def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
         # operands and few, large programs.
         block_m = max(16, min(64, 1 << (m - 1).bit_length()))
         return Plan("mma", mma=dataclasses.replace(INTERPRETER_MMA, block_m=block_m))
-    shape = Shape(m, w.in_features, w.out_features, w.bits, close_slices(w), _dtype_name(x2.dtype))
     props = torch.cuda.get_device_properties(x2.device)
-    return plan_for(shape, props.name, props.multi_processor_count)
+    return plan_for(_shape(m, x2.dtype, w), props.name, props.multi_processor_count)
+
+
+def _breaks(x2: torch.Tensor, w: TritonIntWeights) -> tuple[int, ...]:
+    if interpreting():
+        return INTERPRETER_BREAKS
+    return plan_breaks(_shape(1, x2.dtype, w), torch.cuda.get_device_properties(x2.device).name)
 
 
 def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Tensor:
@@ -76,55 +105,118 @@ def _common(w: TritonIntWeights) -> dict[str, Any]:
     )
 
 
+class _Bucket:
+    """One plan of one weight for one activation dtype and device: everything a call of
+    that plan launches that does not depend on the activation."""
+
+    def __init__(self, w: TritonIntWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
+        self.plan, self.dtype, self.device = plan, dtype, device
+        #: The weight's tensors as bound: a state whose fields were replaced is bound again.
+        self.source = (w.qweight, w.scales, w.zeros, w.group_map, w.bias)
+        k, n = w.in_features, w.out_features
+        self.n = n
+        any_t = w.scales
+        zeros = w.zeros if w.zeros is not None else any_t
+        gmap = w.group_map if w.group_map is not None else any_t
+        common = _common(w)
+        runtime = (common.pop("NUM_GROUPS"), common.pop("NUM_SUB"))
+        self.counters: torch.Tensor | None = None
+        if plan.path == "dequant":
+            self.launch = Launch(dequant_kernel, constexprs=dict(**common, BLOCK_N=DEQUANT_BLOCK_N), device=device)
+            self.grid = (triton.cdiv(n, DEQUANT_BLOCK_N), w.blocks, 1)
+            self.fixed = (w.qweight.view(torch.int16), w.scales, zeros, gmap)
+            self.tail = (n, k, *runtime)
+            self.bias = w.bias.to(dtype) if w.bias is not None else None
+            return
+        flags = dict(CLOSE=close_slices(w), HAS_BIAS=w.bias is not None, EVEN_K=k % block_k(w.bits) == 0,
+                     ASM=not interpreting())
+        if plan.path == "gemv":
+            cfg: Any = plan.gemv
+            tiles_args = dict(BLOCK_N=cfg.block_n, BLOCK_B=cfg.block_b)
+            kernel, weight = gemv_kernel, w.qweight
+        else:
+            cfg = plan.mma
+            tiles_args = dict(BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_B=cfg.block_b, OPERAND=cfg.operand)
+            kernel, weight = mma_kernel, w.qweight.view(torch.int16)
+        self.steps = triton.cdiv(triton.cdiv(w.blocks, cfg.split_k), cfg.block_b)
+        self.split = triton.cdiv(w.blocks, self.steps * cfg.block_b)
+        self.block_n, self.block_m = cfg.block_n, getattr(cfg, "block_m", 1)
+        self.n_tiles = triton.cdiv(n, cfg.block_n)
+        self.launch = Launch(
+            kernel, device=device, varying=VARYING,
+            constexprs=dict(**common, **flags, SPLIT_K=self.split, STEPS=self.steps, **tiles_args,
+                            EVEN_N=n % cfg.block_n == 0),
+            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        )
+        self.fixed = (weight, w.scales, zeros, gmap, w.bias if w.bias is not None else any_t)
+        self.any_t = any_t
+        self.tail = (n, k, k, n, *runtime)  # N, K, stride_xm (x is contiguous), stride_ym, groups
+
+    def fits(self, w: TritonIntWeights) -> bool:
+        s = self.source
+        return (s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.group_map
+                and s[4] is w.bias)
+
+    def __call__(self, x2: torch.Tensor, w: TritonIntWeights) -> torch.Tensor:
+        """``y = x2 · Ŵᵀ + b`` for a contiguous ``x2`` [M, K] of this bucket's dtype."""
+        m, n = x2.shape[0], self.n
+        if self.plan.path == "dequant":
+            dense = _scratch_for(self.device, self.dtype, n * x2.shape[1]).view(n, -1)
+            self.launch(self.grid, *self.fixed, dense, *self.tail)
+            return torch.nn.functional.linear(x2, dense, self.bias)
+        y = torch.empty((m, n), dtype=self.dtype, device=self.device)
+        if self.plan.path == "gemv":
+            grid = (self.n_tiles, m, self.split)
+            tiles = self.n_tiles * m
+        else:
+            tiles = self.n_tiles * -(-m // self.block_m)  # not triton.cdiv: microseconds a call on the host
+            grid = (tiles, self.split, 1)
+        if self.split > 1:
+            ws = torch.empty(self.split * m * n, dtype=torch.float32, device=self.device)
+            counters = self.counters
+            if counters is None or counters.numel() < tiles:
+                counters = _counters(w, tiles, self.device)
+                if not capturing(self.device):  # a buffer made during a capture is that graph's alone
+                    self.counters = counters
+        else:
+            ws = counters = self.any_t
+        self.launch(grid, x2, *self.fixed, y, ws, counters, m, *self.tail)
+        return y
+
+
+class _Buckets:
+    """A weight's buckets for one activation dtype and device, by run of M (``breaks``)."""
+
+    def __init__(self, breaks: tuple[int, ...]) -> None:
+        self.breaks = breaks
+        self.by_run: dict[int, _Bucket] = {}
+        self.by_plan: dict[Plan, _Bucket] = {}
+
+
+def _buckets(x2: torch.Tensor, w: TritonIntWeights) -> _Buckets:
+    # Kept with the packed weight tensor, not the state object: the custom op rebuilds the
+    # state object around the same tensors at every call.
+    state = launch_state(w.qweight)
+    key = (x2.dtype, x2.device)
+    found = state.get(key)
+    if found is None:
+        found = state[key] = _Buckets(_breaks(x2, w))
+    return found  # type: ignore[no-any-return]
+
+
 def linear(x2: torch.Tensor, w: TritonIntWeights, plan: Plan | None = None) -> torch.Tensor:
-    """``y = x2 · Ŵᵀ + b`` for a contiguous ``x2`` [M, K] (already permuted by ret_idx)."""
-    m, k = x2.shape
-    n = w.out_features
-    plan = plan or plan_of(x2, w)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    any_t = w.scales
-    zeros = w.zeros if w.zeros is not None else any_t
-    gmap = w.group_map if w.group_map is not None else any_t
-    bias = w.bias if w.bias is not None else any_t
-    common = _common(w)
-    flags = dict(EVEN_K=k % block_k(w.bits) == 0, ASM=not interpreting())
-    if plan.path == "dequant":
-        dense = _scratch_for(x2.device, x2.dtype, n * k).view(n, k)
-        grid = (triton.cdiv(n, DEQUANT_BLOCK_N), w.blocks)
-        dequant_kernel[grid](w.qweight.view(torch.int16), w.scales, zeros, gmap, dense, n, k, **common,
-                             BLOCK_N=DEQUANT_BLOCK_N)
-        b = w.bias.to(x2.dtype) if w.bias is not None else None
-        return torch.nn.functional.linear(x2, dense, b)
-    if plan.path == "gemv":
-        cfg = plan.gemv
-        assert cfg is not None
-        steps = triton.cdiv(triton.cdiv(w.blocks, cfg.split_k), cfg.block_b)
-        split = triton.cdiv(w.blocks, steps * cfg.block_b)
-        grid = (triton.cdiv(n, cfg.block_n), m, split)
-        tiles = grid[0] * m
-        kernel, weight, tile_args = gemv_kernel, w.qweight, dict(BLOCK_N=cfg.block_n, BLOCK_B=cfg.block_b)
-        close = close_slices(w)
+    """``y = x2 · Ŵᵀ + b`` for a contiguous ``x2`` [M, K] (already permuted by ret_idx);
+    ``plan`` overrides the choice (tests, the tile probe)."""
+    if not x2.is_contiguous():  # the bound launch passes K as the row stride
+        raise KernelInputError(f"x2: expected a contiguous [M, K], got {describe(x2)} with strides {x2.stride()}")
+    buckets = _buckets(x2, w)
+    if plan is None:
+        run = bisect.bisect_right(buckets.breaks, x2.shape[0])
+        bucket = buckets.by_run.get(run)
+        if bucket is None or not bucket.fits(w):
+            bucket = buckets.by_run[run] = _Bucket(w, x2.dtype, x2.device, plan_of(x2, w))
     else:
-        cfg = plan.mma  # type: ignore[assignment]
-        assert cfg is not None
-        steps = triton.cdiv(triton.cdiv(w.blocks, cfg.split_k), cfg.block_b)  # type: ignore[union-attr]
-        split = triton.cdiv(w.blocks, steps * cfg.block_b)  # type: ignore[union-attr]
-        grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m), split)  # type: ignore[assignment]
-        tiles = grid[0]
-        kernel, weight = mma_kernel, w.qweight.view(torch.int16)
-        tile_args = dict(BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_B=cfg.block_b,  # type: ignore[union-attr]
-                         OPERAND=cfg.operand)  # type: ignore[union-attr]
-        close = close_slices(w)
-    if split > 1:
-        ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
-        counters = _counters(w, tiles, x2.device)
-    else:
-        ws = counters = any_t
-    kernel[grid](
-        x2, weight, w.scales, zeros, gmap, bias, y, ws, counters,
-        m, n, k, x2.stride(0), y.stride(0), **common,
-        CLOSE=close, HAS_BIAS=w.bias is not None, SPLIT_K=split, STEPS=steps, **tile_args, **flags,
-        EVEN_N=n % cfg.block_n == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return y
+        bucket = buckets.by_plan.get(plan)
+        if bucket is None or not bucket.fits(w):
+            bucket = buckets.by_plan[plan] = _Bucket(w, x2.dtype, x2.device, plan)
+    return bucket(x2, w)

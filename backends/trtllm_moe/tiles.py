@@ -19,7 +19,9 @@ import torch
 
 from quantcore.errors import KernelInputError
 
-__all__ = ["CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "tile_table"]
+__all__ = [
+    "CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least", "tile_table",
+]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
 #: Up to this many routes the kernel finds each expert's routes itself (one launch);
@@ -62,6 +64,11 @@ class MoETile:
                  "split tail" if self.split_tail else ""]
         return (f"{self.bm}x{self.bn}x{self.bk} w{self.num_warps} s{self.num_stages} {mode}"
                 + "".join(f", {e}" for e in extra if e))
+
+
+def pow2_at_least(v: int, low: int) -> int:
+    """The power of two at or above ``v``, at least ``low`` (the kernels' route bounds)."""
+    return max(low, 1 << max(0, (v - 1).bit_length()))
 
 
 def _pow2(v: int) -> bool:

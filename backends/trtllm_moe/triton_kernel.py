@@ -2,7 +2,7 @@
 TensorRT-LLM's preprocessed MoE layout (the bytes TensorRT-LLM's own kernels read), with
 the group-wise dequantization fused into the GEMM and, for the FFN, the SwiGLU fused
 into its epilogue. The kernel is in :mod:`.triton_source`, the tiles in :mod:`.tiles`;
-this module prepares weights, picks tiles and launches.
+this module prepares weights and picks tiles, :mod:`.triton_launch` launches.
 
 On CUDA (SM >= 8.0) it compiles; on CPU it runs under Triton's interpreter
 (``TRITON_INTERPRET=1``), where dots are done in float32 because the interpreter's
@@ -17,11 +17,12 @@ call can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,10 +37,10 @@ from quantcore.problem import Problem
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
-from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
+from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, pick_tile, pow2_at_least, tile_table
 from .weights import load_expert_weights
 
-__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "launch", "stored_row_order"]
+__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "stored_row_order"]
 
 #: The layout TensorRT-LLM's MoE uses on SM 80–90 (``force_interleave`` maps 90 to 80).
 MOE_LAYOUT = CutlassMixedGemmLayout(QuantType.W8_A16, arch=80)
@@ -91,75 +92,6 @@ def _facts(device: torch.device) -> tuple[str | None, int]:
     if device.type != "cuda" or interpreted():
         return None, 4
     return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _pow2_at_least(v: int, low: int) -> int:
-    return max(low, 1 << max(0, (v - 1).bit_length()))
-
-
-def launch(
-    x: torch.Tensor,
-    route_ids: torch.Tensor,
-    x_div: int,
-    prepared: TritonMoEWeights,
-    tile: MoETile,
-    y: torch.Tensor,
-    *,
-    route_weights: torch.Tensor | None = None,
-    gated: bool = False,
-) -> None:
-    """Run the kernel into ``y [R, cols]``: ``x [rows, K]`` (route r reads row
-    ``r // x_div``), ``route_ids [R]`` int32 expert ids. No host synchronisation."""
-    from .triton_source import moe_w8a16_kernel, route_schedule_kernel
-
-    e, k, n = prepared.layout.shape
-    r = route_ids.numel()
-    cols = y.shape[1]
-    bn_out = tile.bn // 2 if gated else tile.bn
-    n_tiles = -(-cols // bn_out)
-    _, sms = _facts(x.device)
-    words = prepared.layout.view(torch.int32)
-    zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
-    rw = route_weights if route_weights is not None else prepared.scales
-    flags = dict(
-        K=k, GROUP=prepared.group_size, BM=tile.bm, BN=tile.bn, BK=tile.bk,
-        E_PAD=_pow2_at_least(e, 2), GATED=gated, HAS_RW=route_weights is not None,
-        SYM=prepared.zeros is None, PRE_SCALE=tile.pre_scale,
-        # The interpreter's fma is a rounded multiply then an add (NumPy): not exact there.
-        EXACT_FMA=prepared.scales.dtype == torch.bfloat16 and not interpreted(), ASM=tile.asm and not interpreted(),
-        FP32_DOT=interpreted(), SCALE_PAIRS=tile.scale_pairs, SPLIT_TAIL=tile.split_tail, num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )
-    dims = (r, e, n, cols, n // 2, prepared.scales.shape[1])
-    if not tile.scheduled:
-        grid = (min(r, e), n_tiles)
-        moe_w8a16_kernel[grid](
-            x, x.stride(0), x_div, words, prepared.scales, zeros,
-            route_ids, route_ids, route_ids, route_ids, rw, y, y.stride(0),
-            *dims, 0, 1, R_PAD=_pow2_at_least(r, 16), SCHEDULED=False, PERSISTENT=False, X_SORTED=False, **flags,
-        )
-        return
-    dev = x.device
-    sorted_routes = torch.empty(r, dtype=torch.int32, device=dev)
-    starts = torch.empty(e + 1, dtype=torch.int32, device=dev)
-    first_tiles = torch.empty(e + 1, dtype=torch.int32, device=dev)
-    tokens = torch.empty(r if tile.x_sorted else 1, dtype=torch.int32, device=dev)
-    e_pad = _pow2_at_least(e, 2)
-    route_schedule_kernel[(1,)](
-        route_ids, sorted_routes, starts, first_tiles, tokens, r, e, n_tiles, x_div,
-        R_MAX=_pow2_at_least(r, 16), BM=tile.bm, E_PAD=e_pad, CHUNK=max(16, min(1024, 8192 // e_pad)), WRITE_TOKENS=tile.x_sorted,
-        num_warps=4,
-    )
-    xs = x.index_select(0, tokens) if tile.x_sorted else x
-    bound = (r // tile.bm + min(e, r)) * n_tiles  # each expert adds at most one partial M-tile
-    # The interpreter cannot take a run-time loop bound: one program per tile there.
-    persistent = tile.persistent if not interpreted() else 0
-    progs = min(bound, sms * persistent) if persistent else bound
-    moe_w8a16_kernel[(progs,)](
-        xs, xs.stride(0), x_div, words, prepared.scales, zeros,
-        route_ids, sorted_routes, starts, first_tiles, rw, y, y.stride(0),
-        *dims, bound, progs, R_PAD=16, SCHEDULED=True, PERSISTENT=persistent > 0, X_SORTED=tile.x_sorted,
-        **flags,
-    )
 
 
 class TritonMoE(TRTLLMMoEKernel):
@@ -256,31 +188,73 @@ class TritonMoE(TRTLLMMoEKernel):
         """The call without validation and without any host synchronisation (CUDA-graph
         safe). Inputs must satisfy :func:`~quantcore.ops.moe.check_routing`."""
         t, topk = topk_ids.shape
-        e, k, n = prepared.layout.shape
+        _, k, n = prepared.layout.shape
         routes = t * topk
         cols = n // 2 if gated else n
         weighted = topk_weights is not None
         if routes == 0:
             shape = (t, cols) if weighted else (t, topk, cols)
             return torch.zeros(shape, dtype=x.dtype, device=x.device)
-        name, _ = _facts(x.device)
-        tile = tile or pick_tile(routes, e, k, prepared.group_size, scale_dtype=prepared.scales.dtype, device_name=name,
-                                 interpreted=interpreted())
-        check_tile(tile, routes, k, prepared.group_size, gated)
-        rows = x.reshape(-1, k)
+        bucket = self._bucket(prepared, routes, x.dtype, x.device, tile, gated=gated, weighted=weighted)
+        rows = x if x.dim() == 2 else x.reshape(-1, k)
         if rows.stride(-1) != 1 or rows.stride(0) % 8:
             rows = rows.contiguous()
-        # fp32 out when the routes are summed afterwards, and under the interpreter, whose
-        # fp32 → bf16 conversion truncates instead of rounding to nearest.
-        y_dtype = torch.float32 if weighted or interpreted() else x.dtype
-        y = torch.empty(routes, cols, dtype=y_dtype, device=x.device)
-        launch(
-            rows, topk_ids.reshape(-1).to(torch.int32), topk if x.dim() == 2 else 1, prepared, tile, y,
-            route_weights=topk_weights.reshape(-1).float() if weighted else None, gated=gated,
-        )
+        y = torch.empty((routes, cols), dtype=bucket.y_dtype, device=x.device)
+        ids = topk_ids.reshape(-1)
+        bucket(rows, ids if ids.dtype == torch.int32 else ids.to(torch.int32), topk if x.dim() == 2 else 1,
+               topk_weights.reshape(-1).float() if weighted else None, y)
         if weighted:
             return y.view(t, topk, cols).sum(dim=1).to(x.dtype)
         return y.view(t, topk, cols).to(x.dtype)
+
+    def _bucket(self, prepared: TritonMoEWeights, routes: int, x_dtype: torch.dtype, device: torch.device,
+                tile: MoETile | None, *, gated: bool, weighted: bool) -> Any:
+        """The bucket of this call (:mod:`.triton_launch`), kept with the prepared weights."""
+        launcher = _launcher()
+        # Kept with the layout tensor (the custom op rebuilds the state object at every call).
+        state = launcher.launch_state(prepared.layout)
+        if tile is None:
+            runs = state.get(device)
+            if runs is None:
+                runs = state[device] = _tile_runs(prepared, device)
+            run: object = (bisect.bisect_left(runs[0], routes), routes > SMALL_MAX_ROUTES)
+        else:
+            run = tile
+        key = (run, pow2_at_least(routes, 16), gated, weighted, x_dtype, device)
+        bucket = state.get(key)
+        if bucket is None or not bucket.fits(prepared):
+            if tile is None:
+                tile = pick_tile(routes, prepared.num_experts, prepared.k, prepared.group_size,
+                                 scale_dtype=prepared.scales.dtype, device_name=state[device][1],
+                                 interpreted=interpreted())
+            bucket = state[key] = launcher.Bucket(prepared, tile, routes, device, sms=_facts(device)[1],
+                                                  interpreted=interpreted(), gated=gated, weighted=weighted,
+                                                  x_dtype=x_dtype)
+        return bucket
+
+
+def _tile_runs(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[float, ...], str | None]:
+    """The route counts at which the shipped tile changes for this weight on ``device``
+    (:func:`.tiles.pick_tile`: routes per expert against the table's limits) and the
+    device name the table was read for."""
+    name, _ = _facts(device)
+    if interpreted():
+        return (), name
+    e = max(1, prepared.num_experts)
+    return tuple(limit * e for limit, _ in tile_table(name)), name
+
+
+def _launcher() -> Any:
+    """:mod:`.triton_launch`, imported on the first call (it imports triton)."""
+    global _LAUNCHER
+    if _LAUNCHER is None:
+        from . import triton_launch
+
+        _LAUNCHER = triton_launch
+    return _LAUNCHER
+
+
+_LAUNCHER: Any = None
 
 
 __all__ += ["SMALL_MAX_ROUTES"]

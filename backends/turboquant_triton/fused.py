@@ -10,6 +10,14 @@
 The thresholds come from ``configs.path_for`` (measured per device). Layouts: indices
 are read as int32 words (natural coordinate order, ``lookup.py``), scales are float32
 ``norms / √d``, rotations ``P = Πᵀ`` in the compute dtype (``split_halves=False``).
+
+What depends only on the layer, the dtypes and the M bucket (``configs.m_bucket``) — the
+config, the split, the constexprs, the index words, the compiled kernel bound to its
+launcher (:class:`quantcore.triton.launch.Launch`) — is decided on a bucket's first call
+and kept with the layer's codebook tensor (:func:`quantcore.triton.launch.launch_state`;
+a prepared state holds one codebook), checked against the pass tensors it was made for:
+the custom op rebuilds the state objects around the same tensors at every call, and passes
+handed in from elsewhere (the offload path's scratch views) get buckets of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.triton.launch import Launch, launch_state
 
 from . import configs
 from .dequant import dequant_kernel
@@ -34,14 +43,33 @@ __all__ = ["fused_linear", "interpreting"]
 
 #: Re-exported for the NaN-rounding regression test.
 _to_output = to_output
+#: The arguments Triton specialises that change between calls of a bucket: the activation
+#: (and its second pass's view of it), the running partial; for the tensor-core kernel M.
+GEMV_VARYING = (0, 1, 10)
+MMA_VARYING = (0, 1, 8, 12)
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+_names: dict[torch.device, str] = {}
+#: The path thresholds per device, read on the device's first call (configs.path_for).
+_paths: dict[torch.device, configs.PathChoice] = {}
+
+
 def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = _names.get(device)
+    if name is None:
+        name = _names[device] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return name
+
+
+def _path_choice(device: torch.device) -> configs.PathChoice:
+    choice = _paths.get(device)
+    if choice is None:
+        choice = _paths[device] = configs.path_for(_device_name(device))
+    return choice
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
@@ -51,68 +79,168 @@ def _words(indices: torch.Tensor) -> torch.Tensor:
     return indices.view(torch.int32)
 
 
-def _dot_fp32(x: torch.Tensor) -> bool:
-    return interpreting() or x.dtype == torch.float32
+def _dot_fp32(dtype: torch.dtype) -> bool:
+    return interpreting() or dtype == torch.float32
 
 
-def _gemv(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
-          partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
-          config: configs.GemvConfig | None = None) -> None:
-    k = x2d.shape[1]
-    n = out.shape[1]
-    groups = k // d
-    device = x2d.device
-    cfg = config or configs.gemv_config(_device_name(device), k, n, d, len(passes), x2d.dtype)
-    gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
-    split = triton.cdiv(groups, gpc)
-    chunks = max(1, min(triton.cdiv(n, cfg.br), round(cfg.ctas / split)))
-    rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
-    chunks = triton.cdiv(n, rows_cta)
-    shared = passes[0].rotation.shape[0] == 1
-    xs = [x2d if shared else rotate_input(x2d, p.rotation) for p in passes]
-    ws = torch.empty(split, n, dtype=torch.float32, device=device) if split > 1 else out
-    tk = tickets(device, chunks) if split > 1 else codebook
-    p1, p2 = passes[0], passes[-1]
-    grid = (chunks, split)
-    gemv_kernel[grid](
-        xs[0], xs[-1], _words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
-        codebook, out, partial if partial is not None else out, bias if bias is not None else codebook, ws, tk,
-        n, k // 8, k // 8,
-        N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), ROWS_CTA=rows_cta,
-        BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
-        TWO_PASSES=len(passes) == 2, X_ROTATED=not shared, HAS_PARTIAL=partial is not None,
-        HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(xs[0]), INTERPRET=interpreting(),
-        num_warps=cfg.warps, num_stages=1,
-    )
+class _Bucket:
+    """What one path launches for one layer (its passes, codebook and bias), activation
+    and output dtypes, partial or not, and M bucket."""
+
+    def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
+                 device: torch.device) -> None:
+        self.passes, self.bias, self.device = tuple(passes), bias, device
+        self.p1, self.p2 = passes[0], passes[-1]
+        self.n, half = passes[0].indices.shape
+        self.k = 2 * half
+        self.codebook = codebook
+        self.bias_or_cb = bias if bias is not None else codebook
+
+    def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
+        """Made for these tensors (the custom op rebuilds the pass objects around the same
+        tensors at every call)."""
+        mine = self.passes
+        if self.bias is not bias or len(passes) != len(mine):
+            return False
+        for a, b in zip(mine, passes, strict=True):
+            if a.indices is not b.indices or a.scales is not b.scales or a.rotation is not b.rotation:
+                return False
+        return True
 
 
-def _mma(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
-         partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
-         config: configs.MmaConfig | None = None) -> None:
-    m, k = x2d.shape
-    n = out.shape[1]
-    groups = k // d
-    device = x2d.device
-    cfg = config or configs.mma_config(_device_name(device), m, k, n, d, len(passes), x2d.dtype)
-    tiles_n = triton.cdiv(n, cfg.block_n)
-    tiles_m = triton.cdiv(m, cfg.block_m)
-    # Split K only as far as needed to fill the GPU (each split costs a partial tile).
-    split = max(1, min(triton.cdiv(groups, cfg.gpc), triton.cdiv(cfg.ctas, tiles_n * tiles_m)))
-    gpc = triton.cdiv(groups, split)
-    split = triton.cdiv(groups, gpc)
-    xs = [rotate_input(x2d, p.rotation).contiguous() for p in passes]
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=device) if split > 1 else out
-    tk = tickets(device, tiles_n * tiles_m) if split > 1 else codebook
-    p1, p2 = passes[0], passes[-1]
-    mma_kernel[(tiles_n, split, tiles_m)](
-        xs[0], xs[-1], _words(p1.indices), p1.scales, _words(p2.indices), p2.scales,
-        codebook, out, partial if partial is not None else out, bias if bias is not None else codebook, ws, tk,
-        m, n, k // 8, k // 8,
-        N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-        TWO_PASSES=len(passes) == 2, HAS_PARTIAL=partial is not None, HAS_BIAS=bias is not None,
-        DOT_FP32=_dot_fp32(xs[0]), INTERPRET=interpreting(),
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )
+class _Gemv(_Bucket):
+    def __init__(self, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+                 partial: bool, bias: torch.Tensor | None, device: torch.device,
+                 cfg: configs.GemvConfig | None) -> None:
+        super().__init__(passes, codebook, bias, device)
+        n, k = self.n, self.k
+        groups = k // d
+        cfg = cfg or configs.gemv_config(_device_name(device), k, n, d, len(passes), x_dtype)
+        gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
+        self.split = split = triton.cdiv(groups, gpc)
+        chunks = max(1, min(triton.cdiv(n, cfg.br), round(cfg.ctas / split)))
+        rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
+        self.chunks = triton.cdiv(n, rows_cta)
+        self.shared = passes[0].rotation.shape[0] == 1
+        x_dot = x_dtype if self.shared else passes[0].rotation.dtype
+        p1, p2 = self.p1, self.p2
+        self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
+                        codebook)
+        self.launch = Launch(
+            gemv_kernel, device=device, varying=GEMV_VARYING, options=dict(num_warps=cfg.warps, num_stages=1),
+            constexprs=dict(
+                N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
+                ROWS_CTA=rows_cta, BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
+                TWO_PASSES=len(passes) == 2, X_ROTATED=not self.shared, HAS_PARTIAL=partial,
+                HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(x_dot), INTERPRET=interpreting(),
+            ),
+        )
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        if self.shared:
+            x1 = x2 = x2d
+        else:
+            x1 = rotate_input(x2d, self.p1.rotation)
+            x2 = x1 if self.p2 is self.p1 else rotate_input(x2d, self.p2.rotation)
+        if self.split > 1:
+            ws = torch.empty((self.split, self.n), dtype=torch.float32, device=self.device)
+            tk = tickets(self.device, self.chunks)
+        else:
+            ws, tk = out, self.codebook
+        self.launch((self.chunks, self.split, 1), x1, x2, *self.weights, out, partial if partial is not None else out,
+                    self.bias_or_cb, ws, tk, self.n, self.k // 8, self.k // 8)
+
+
+class _Mma(_Bucket):
+    def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+                 partial: bool, bias: torch.Tensor | None, device: torch.device,
+                 cfg: configs.MmaConfig | None) -> None:
+        super().__init__(passes, codebook, bias, device)
+        n, k = self.n, self.k
+        self.groups = k // d
+        self.cfg = cfg or configs.mma_config(_device_name(device), m, k, n, d, len(passes), x_dtype)
+        self.tiles_n = triton.cdiv(n, self.cfg.block_n)
+        p1, p2 = self.p1, self.p2
+        self.weights = (_words(p1.indices), p1.scales, _words(p2.indices), p2.scales, codebook)
+        self.constexprs = dict(
+            N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
+            TWO_PASSES=len(passes) == 2, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
+            DOT_FP32=_dot_fp32(passes[0].rotation.dtype), INTERPRET=interpreting(),
+        )
+        #: By (groups per program, split): both follow M's row tiles, within the bucket.
+        self.launches: dict[tuple[int, int], Launch] = {}
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        m, cfg = x2d.shape[0], self.cfg
+        # Integer ceilings written out: triton.cdiv costs microseconds a call on the host.
+        tiles_m = -(-m // cfg.block_m)
+        # Split K only as far as needed to fill the GPU (each split costs a partial tile).
+        split = max(1, min(-(-self.groups // cfg.gpc), -(-cfg.ctas // (self.tiles_n * tiles_m))))
+        gpc = -(-self.groups // split)
+        split = -(-self.groups // gpc)
+        launch = self.launches.get((gpc, split))
+        if launch is None:
+            launch = self.launches[(gpc, split)] = Launch(
+                mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
+                options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
+            )
+        x1 = rotate_input(x2d, self.p1.rotation).contiguous()
+        x2 = x1 if self.p2 is self.p1 else rotate_input(x2d, self.p2.rotation).contiguous()
+        if split > 1:
+            ws = torch.empty((split, m, self.n), dtype=torch.float32, device=self.device)
+            tk = tickets(self.device, self.tiles_n * tiles_m)
+        else:
+            ws, tk = out, self.codebook
+        launch((self.tiles_n, split, tiles_m), x1, x2, *self.weights, out, partial if partial is not None else out,
+               self.bias_or_cb, ws, tk, m, self.n, self.k // 8, self.k // 8)
+
+
+class _Dequant(_Bucket):
+    """Dequantize every pass into ``W_cat [N, P·K]`` (``dequant.py``); the GEMM is torch's."""
+
+    def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(passes, codebook, bias, device)
+        n, k, p = self.n, self.k, len(passes)
+        groups = k // d
+        self.d, self.dtype, self.width = d, dtype, p * k
+        block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
+        gpc = min(gpc, 1 << (groups - 1).bit_length())
+        self.grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc), 1)
+        self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=4), constexprs=dict(
+            N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p, INTERPRET=interpreting()))
+        self.per_pass = [(_words(data.indices), data.scales, codebook) for data in passes]
+        self.bias_cdt = bias.to(dtype) if bias is not None else None
+
+    def dequantize(self, out: torch.Tensor) -> torch.Tensor:
+        if out.shape != (self.n, self.width) or out.dtype != self.dtype or out.stride() != (self.width, 1):
+            raise ValueError(f"W_cat: expected a contiguous [{self.n}, {self.width}] {self.dtype}, got "
+                             f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
+        for p, weights in enumerate(self.per_pass):
+            self.launch(self.grid, *weights, out, self.n, self.k // 8, self.width, p * self.d)
+        return out
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        cdt = self.dtype
+        w_cat = self.dequantize(_scratch_for(self.device, cdt, self.n * self.width).view(self.n, self.width))
+        x_cat = rotate_interleaved(x2d, self.passes, self.d)
+        if partial is None and out.dtype == cdt:
+            # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
+            # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
+            if self.bias_cdt is not None:
+                torch.addmm(self.bias_cdt, x_cat, w_cat.T, out=out)
+            else:
+                torch.mm(x_cat, w_cat.T, out=out)
+            return
+        if x2d.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
+            y = torch.mm(x_cat, w_cat.T, out_dtype=torch.float32)  # the partial is fp32: one rounding
+        else:
+            y = torch.mm(x_cat.to(torch.float32), w_cat.T.to(torch.float32))
+        if partial is not None:
+            y += partial
+        if self.bias is not None:
+            y += self.bias
+        out.copy_(y)
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -122,23 +250,26 @@ def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.
     return torch.empty(numel, dtype=dtype, device=device)
 
 
+def _kept(codebook: torch.Tensor, key: tuple[Any, ...], passes: Sequence[PassData], bias: torch.Tensor | None,
+          make: Any) -> Any:
+    """The bucket of ``key`` kept with the layer's codebook, made again when the passes or
+    the bias it was made for are not the ones given."""
+    state = launch_state(codebook)
+    bucket = state.get(key)
+    if bucket is None or not bucket.fits(passes, bias):
+        bucket = state[key] = make()
+    return bucket
+
+
 def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: int, dtype: torch.dtype,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """``W_cat [N, P·K]``: every pass's scaled centroids in the rotated basis, group g of
     pass p in columns ``(g·P + p)·d …`` (``dequant.py``)."""
-    n, half = passes[0].indices.shape
-    k = 2 * half
-    groups = k // d
-    w_cat = out if out is not None else torch.empty(n, len(passes) * k, dtype=dtype, device=codebook.device)
-    block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
-    gpc = min(gpc, 1 << (groups - 1).bit_length())
-    for p, data in enumerate(passes):
-        dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(groups, gpc))](
-            _words(data.indices), data.scales, codebook, w_cat, n, k // 8, w_cat.stride(0), p * d,
-            N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=len(passes), INTERPRET=interpreting(),
-            num_warps=4,
-        )
-    return w_cat
+    device = codebook.device
+    bucket = _kept(codebook, ("dequant", dtype, None, id(passes[-1].indices), len(passes), device), passes, None,
+                   lambda: _Dequant(passes, codebook, d, None, device, dtype))
+    n, width = bucket.n, bucket.width
+    return bucket.dequantize(out if out is not None else torch.empty((n, width), dtype=dtype, device=device))
 
 
 def rotate_interleaved(x2d: torch.Tensor, passes: Sequence[PassData], d: int) -> torch.Tensor:
@@ -153,33 +284,6 @@ def rotate_interleaved(x2d: torch.Tensor, passes: Sequence[PassData], d: int) ->
         return (x @ both).reshape(m, len(passes) * k)
     parts = [rotate_input(x2d, p.rotation).view(m, k // d, 1, d) for p in passes]
     return torch.cat(parts, dim=2).reshape(m, len(passes) * k)
-
-
-def _dequant_gemm(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
-                  partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    k = x2d.shape[1]
-    n = out.shape[1]
-    cdt = passes[0].rotation.dtype
-    width = len(passes) * k
-    w_cat = dequantize_rotated(passes, codebook, d, cdt, _scratch_for(x2d.device, cdt, n * width).view(n, width))
-    x_cat = rotate_interleaved(x2d, passes, d)
-    if partial is None and out.dtype == cdt:
-        # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
-        # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
-        if bias is not None:
-            torch.addmm(bias.to(cdt), x_cat, w_cat.T, out=out)
-        else:
-            torch.mm(x_cat, w_cat.T, out=out)
-        return
-    if x2d.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
-        y = torch.mm(x_cat, w_cat.T, out_dtype=torch.float32)  # the partial is fp32: one rounding
-    else:
-        y = torch.mm(x_cat.to(torch.float32), w_cat.T.to(torch.float32))
-    if partial is not None:
-        y += partial
-    if bias is not None:
-        y += bias
-    out.copy_(y)
 
 
 def fused_linear(
@@ -201,20 +305,28 @@ def fused_linear(
     x2d = x2d.contiguous()
     m = x2d.shape[0]
     n = passes[0].indices.shape[0]
-    out = torch.empty(m, n, dtype=out_dtype, device=x2d.device)
+    device = x2d.device
+    out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0:
         return out
     if path is None:
-        choice = configs.path_for(_device_name(x2d.device))
+        choice = _path_choice(device)
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
+    d, has_partial = group_size, partial is not None
+    key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
+           id(passes[-1].indices), len(passes), device)
     if path == "gemv":
         if m != 1:
             raise ValueError(f"the decode kernel takes M = 1, got M = {m}")
-        _gemv(x2d, passes, codebook, group_size, partial, bias, out, config)
+        bucket = _kept(codebook, key, passes, bias,
+                       lambda: _Gemv(x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
     elif path == "mma":
-        _mma(x2d, passes, codebook, group_size, partial, bias, out, config)
+        bucket = _kept(codebook, key, passes, bias,
+                       lambda: _Mma(m, x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
     elif path == "dequant":
-        _dequant_gemm(x2d, passes, codebook, group_size, partial, bias, out)
+        bucket = _kept(codebook, key, passes, bias,
+                       lambda: _Dequant(passes, codebook, d, bias, device, passes[0].rotation.dtype))
     else:
         raise ValueError(f"path: expected 'gemv', 'mma' or 'dequant', got {path!r}")
+    bucket(x2d, partial, out)
     return out

@@ -15,10 +15,11 @@ import torch
 from quantcore.cost import Cost, linear_cost
 from quantcore.kernel import Requirements
 from quantcore.kernels.turboquant import FusedTurboQuantKernel
-from quantcore.kernels.turboquant.base import PassData, TurboQuantPrepared
+from quantcore.kernels.turboquant.base import ACT_DTYPES, PassData, TurboQuantPrepared
 from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.triton.checks import check_x
 
 __all__ = ["TurboQuantTriton"]
 
@@ -58,11 +59,6 @@ class TurboQuantTriton(FusedTurboQuantKernel):
                            note="Triton interpreter" if caps.device_type == "cpu" else "fit to nvidia-h100 results")
         return Cost(base.bytes, base.flops * flops_scale, base.bandwidth, base.compute, base.launches, base.note)
 
-    def _launcher(self) -> Any:
-        from .fused import fused_linear
-
-        return fused_linear
-
     def run_pass(
         self,
         x2d: torch.Tensor,
@@ -73,8 +69,8 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         bias: torch.Tensor | None,
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
-        return self._launcher()(  # type: ignore[no-any-return]
-            x2d, [data], prepared.codebook, group_size=prepared.group_size,
+        return _fused()(  # type: ignore[no-any-return]
+            x2d, (data,), prepared.codebook, group_size=prepared.group_size,
             partial=partial, bias=bias, out_dtype=out_dtype,
         )
 
@@ -88,7 +84,31 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
         """Every pass in one launch (the passes share x and the output tile)."""
-        return self._launcher()(  # type: ignore[no-any-return]
-            x2d, list(passes), prepared.codebook, group_size=prepared.group_size,
+        return _fused()(  # type: ignore[no-any-return]
+            x2d, passes, prepared.codebook, group_size=prepared.group_size,
             partial=None, bias=bias, out_dtype=out_dtype,
         )
+
+    def __call__(self, x: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
+        """The base class's call with its checks made cheaply on the happy path."""
+        if type(prepared) is not TurboQuantPrepared or prepared.split_halves != self.split_halves:
+            self.check_input(x, prepared)  # raises, naming what is wrong
+        k = prepared.in_features
+        check_x(x, k, ACT_DTYPES, prepared.codebook.device)
+        flat = x.dim() == 2
+        out = self.run_passes(x if flat else x.reshape(-1, k), prepared.passes, prepared, bias=prepared.bias,
+                              out_dtype=x.dtype)
+        return out if flat else out.view(*x.shape[:-1], prepared.out_features)
+
+
+def _fused() -> Any:
+    """``fused.fused_linear``, imported on the first call (it imports triton)."""
+    global _FUSED
+    if _FUSED is None:
+        from .fused import fused_linear
+
+        _FUSED = fused_linear
+    return _FUSED
+
+
+_FUSED: Any = None

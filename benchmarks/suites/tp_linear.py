@@ -7,9 +7,11 @@ ranks (:func:`quantcore.checkpoint.launch.launch`), each cuts and prepares its s
 lockstep (:mod:`..tp_timing`): the block with its all-reduce, the same without it, the
 all-reduce alone, and on one rank the unsharded block (same kernels) and the dense bf16
 block. The transport follows the device: gloo on the CPU; on CUDA, NCCL with one GPU per
-rank when there are W GPUs, else gloo with every rank on GPU 0 (NCCL refuses two ranks on
-one GPU). ``QUANTCORE_TP_BACKEND`` (gloo|nccl) and ``QUANTCORE_TP_DEVICE`` (cuda |
-cuda:rank) override. Timing is eager (no CUDA graphs across processes).
+rank when there are W GPUs, else gloo with the ranks dealt over the GPUs (NCCL refuses two
+ranks on one GPU). ``QUANTCORE_TP_BACKEND`` (gloo|nccl) and ``QUANTCORE_TP_DEVICE`` (cuda |
+cuda:rank | cuda:shared) override. On CUDA every variant is timed eagerly and as CUDA-graph
+replays captured per rank (as engines capture decode), each mode its own case (``…-graph``).
+Shapes: Llama-2-7B's MLP (hidden 4096, intermediate 11008) and a 70B-class one (8192, 28672).
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ from ..tp_timing import ENTRY
 DESCRIPTION = "tensor-parallel GPTQ MLP block (column- then row-parallel, all-reduce between) over W processes"
 GRAPH_SAFE = False
 _LLAMA = (4096, 11008)
+_LLAMA_70B = (8192, 28672)
 SHAPES = {
-    "default": [{"M": m, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2} for m in (1, 16, 128)],
+    "default": [{"M": m, "K": k, "N": n, "W": 2} for k, n in (_LLAMA, _LLAMA_70B) for m in (1, 16, 128)],
+    "7b": [{"M": m, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2} for m in (1, 16, 128)],
+    "70b": [{"M": m, "K": _LLAMA_70B[0], "N": _LLAMA_70B[1], "W": 2} for m in (1, 16, 128)],
     "decode": [{"M": 1, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2}],
     "small": [{"M": m, "K": 1024, "N": 2816, "W": 2} for m in (1, 16)],
     # Llama-2-13B's MLP: 13824 = 4 · 27 groups of 128 (7B's 11008 = 86 groups splits in 2, not 4).
@@ -52,16 +57,22 @@ def transport(device: str, world: int) -> tuple[str, str]:
         return backend or "gloo", rank_device or "cpu"
     if backend is None:
         backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
-    return backend, rank_device or ("cuda:rank" if backend == "nccl" else "cuda")
+    return backend, rank_device or ("cuda:rank" if backend == "nccl" else "cuda:shared")
 
 
-def write_block(folder: Path, hidden: int, inter: int, seed: int = 0) -> Path:
+def write_block(folder: Path, hidden: int, inter: int, seed: int = 0, device: str = "cpu") -> Path:
+    """The block's checkpoint, its random weights drawn and quantized on ``device`` (a
+    70B-class block is 700 M weights: seconds on a GPU, minutes on a CPU)."""
     from quantcore.checkpoint import save_checkpoint
 
-    gen = torch.Generator().manual_seed(seed)
+    dev = torch.device(device)
+    gen = torch.Generator(dev).manual_seed(seed)
     shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
-    linears = {f"mlp.{name}": FMT.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen)
-               for name, (n, k) in shapes.items()}
+    linears = {}
+    for name, (n, k) in shapes.items():
+        w = torch.randn(n, k, generator=gen, device=dev) * 0.02
+        linears[f"mlp.{name}"] = {t: v.cpu() for t, v in FMT.quantize(w).items()}
+        del w
     return save_checkpoint(folder, FMT, linears)
 
 
@@ -79,11 +90,11 @@ def _group(shapes: list[dict[str, int]]) -> dict[tuple[int, int, int], list[int]
 def run_group(device: str, k: int, n: int, world: int, ms: list[int], folder: Path) -> dict[str, Any]:
     """Write the checkpoint, run the ranks, return rank 0's measurements."""
     backend, rank_device = transport(device, world)
-    write_block(folder / "ckpt", k, n)
+    write_block(folder / "ckpt", k, n, device="cuda" if device.startswith("cuda") else "cpu")
     (folder / "out").mkdir(exist_ok=True)
     args = ["--checkpoint", str(folder / "ckpt"), "--out", str(folder / "out"),
             "--backend", backend, "--device", rank_device, "--ms", ",".join(map(str, ms)),
-            "--rounds", str(ROUNDS), "--timeout", "300"]
+            "--rounds", str(ROUNDS), "--timeout", "300", *(["--graph"] if device.startswith("cuda") else [])]
     results = launch(world, ENTRY, args, timeout_s=1800, grace_s=30, workdir=folder / "run")
     if not all(r.ok for r in results):
         tails = "\n".join(f"rank {r.rank} rc={r.returncode}: {r.stderr[-1500:]}" for r in results)
@@ -100,17 +111,27 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             shutil.rmtree(folder, ignore_errors=True)
         where = f"{data['backend']} on {data['device']}, kernels {data['kernels']}"
         for c in data["cases"]:
-            case = BenchCase("tp_linear", f"M{c['M']}-K{k}-N{n}-W{world}", {"M": c["M"], "K": k, "N": n, "W": world})
-            for v in c["variants"]:
-                note = "; ".join(x for x in (v["note"], where if v["role"] == "kernel" else "") if x)
-                case.variants.append(Variant(
-                    v["name"], v["role"], _never, v["bytes"], v["flops"], note=note,
-                    measured=Timing(v["time_s"], v["spread"], ROUNDS, "lockstep"),
-                ))
-            yield case
+            for mode in dict.fromkeys(v.get("mode", "eager") for v in c["variants"]):
+                label = f"M{c['M']}-K{k}-N{n}-W{world}" + ("-graph" if mode == "graph" else "")
+                case = BenchCase("tp_linear", label, {"M": c["M"], "K": k, "N": n, "W": world})
+                for v in c["variants"]:
+                    if v.get("mode", "eager") != mode:
+                        continue
+                    if v["role"] == "skipped":
+                        case.skipped[v["name"]] = v["note"]
+                        continue
+                    note = "; ".join(x for x in (v["note"], where if v["role"] == "kernel" else "",
+                                                 "CUDA graph per rank" if mode == "graph" else "") if x)
+                    case.variants.append(Variant(
+                        v["name"], v["role"], _never, v["bytes"], v["flops"], note=note,
+                        measured=Timing(v["time_s"], v["spread"], ROUNDS, "lockstep-graph" if mode == "graph" else "lockstep"),
+                    ))
+                yield case
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
+    """Per case: the group's speed over the unsharded block on one rank, and the
+    all-reduce's share of the block's time (eager and CUDA-graph cases alike)."""
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
@@ -119,9 +140,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
             continue
         w = tp["dims"]["W"]
         speed = mine["unsharded_mlp"]["time_s"] / tp["time_s"]
-        comm = mine["all_reduce"]["time_s"] / tp["time_s"] if "all_reduce" in mine else float("nan")
+        share = (f"the all-reduce alone is {100 * mine['all_reduce']['time_s'] / tp['time_s']:.0f}% of the block's time"
+                 if "all_reduce" in mine else "the all-reduce was not timed alone")
         notes.append(f"{case}: {w} ranks {speed:.2f}× the unsharded block on one rank "
-                     f"(ideal {w}× where each rank has its own device; ranks sharing one CPU or GPU split it); "
-                     f"the all-reduce alone is {100 * comm:.0f}% of the block's time")
+                     f"(ideal {w}× where each rank has its own device; ranks sharing one CPU or GPU split it); {share}")
     return notes
-

@@ -18,7 +18,7 @@ none is left waiting at the rendezvous.
   process group. Output goes to files, so a chatty rank cannot block on a full pipe.
 
     python -m quantcore.checkpoint.launch ENTRY --rank R --world W --store PATH
-        [--backend gloo|nccl] [--device cpu|cuda|cuda:rank] [--timeout S] [--threads N] [--out DIR] ...
+        [--backend gloo|nccl] [--device cpu|cuda|cuda:rank|cuda:shared] [--timeout S] [--threads N] [--out DIR] ...
 """
 
 from __future__ import annotations
@@ -84,9 +84,12 @@ class RankContext:
 
 
 def _device(text: str, rank: int) -> torch.device:
-    """``cpu``; ``cuda`` (every rank on GPU 0); ``cuda:rank`` (one GPU per rank)."""
+    """``cpu``; ``cuda`` (every rank on GPU 0); ``cuda:rank`` (one GPU per rank);
+    ``cuda:shared`` (the ranks dealt round-robin over the GPUs: four ranks on two GPUs)."""
     if text == "cuda:rank":
         return torch.device("cuda", rank)
+    if text == "cuda:shared":
+        return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
     dev = torch.device(text)
     return torch.device("cuda", 0) if dev.type == "cuda" and dev.index is None else dev
 
@@ -106,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--store", required=True, help="FileStore path for the rendezvous")
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    p.add_argument("--device", default="cpu", help="cpu, cuda (every rank on GPU 0) or cuda:rank")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda (every rank on GPU 0), cuda:rank (one GPU each) or cuda:shared (round-robin)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any collective may wait")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / world)")
     p.add_argument("--out", default=".", help="where the entry writes its results")

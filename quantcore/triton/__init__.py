@@ -1,6 +1,9 @@
 """The Triton layer every Triton backend shares: buffers a launcher keeps between calls
-(:mod:`.buffers`) and the compiler's report on a kernel (:mod:`.compile_report`).
+(:mod:`.buffers`), the compiler's report on a kernel (:mod:`.compile_report`), the bound
+launch whose host cost is a launch (:mod:`.launch`) and its activation check
+(:mod:`.checks`).
 
-Nothing here imports triton at import time: :mod:`.buffers` needs torch only, and
-:mod:`.compile_report` imports triton inside its functions.
+Nothing here imports triton at ``import quantcore``: :mod:`.buffers` and :mod:`.checks`
+need torch only, :mod:`.compile_report` imports triton inside its functions, and
+:mod:`.launch` (which imports it) is loaded by a backend's launch code on its first call.
 """

@@ -1,4 +1,4 @@
-"""A real multi-process run: two (or three) processes meet through torch.distributed's
+"""A real multi-process run: two, three or four processes meet through torch.distributed's
 gloo backend on the CPU, each builds its column- and row-parallel shards of one MLP
 checkpoint, and the block's all-reduce runs between them.
 
@@ -41,6 +41,16 @@ def test_two_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
     # Each rank ran its shards through the CPU's int4pack kernel, as the unsharded block does.
     aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
     assert report["kernels"] == [aten, aten] and report["unsharded_kernels"] == aten, report
+
+
+def test_four_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
+    """World 4: the intermediate (512) in quarters of two groups each, the hidden (256) in
+    quarters for gate and up; every rank on the CPU's int4pack kernel."""
+    report = check_block(tmp_path, world=4, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S)
+    assert report["ok"], report
+    aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
+    assert report["kernels"] == [aten] * 4 and len(report["ranks"]) == 4, report
+    assert all(layer["rel_vs_golden"] < report["tolerance"]["rel"] for layer in report["layers"].values())
 
 
 def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_kernel(tmp_path):

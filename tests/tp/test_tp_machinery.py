@@ -62,3 +62,35 @@ def test_the_runner_reports_variants_measured_by_the_ranks():
     rows = run_cases([case], "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
     tp = next(r for r in rows if r["variant"] == "tp2_mlp")
     assert tp["time_s"] == 2e-3 and tp["speedup_vs"]["unsharded_mlp"] == pytest.approx(1.5)
+
+
+def test_shared_gpus_deal_the_ranks_round_robin(monkeypatch):
+    from quantcore.checkpoint.launch import _device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [_device("cuda:shared", r) for r in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
+    assert _device("cuda:rank", 3) == torch.device("cuda", 3) and _device("cuda", 3) == torch.device("cuda", 0)
+
+
+def test_the_suite_splits_eager_and_graph_timings_into_cases(monkeypatch, tmp_path):
+    """What the ranks report becomes one case per mode; a variant the graph cannot hold
+    (a host all-reduce) is a skip with its reason; the summary gives both speed-ups."""
+    import quantcore.benchmarks.suites.tp_linear as suite
+
+    def row(name, role, mode, t):
+        return {"name": name, "role": role, "mode": mode, "time_s": t, "spread": 0.1, "bytes": 1, "flops": 1, "note": ""}
+
+    variants = [row("tp2_mlp", "kernel", "eager", 2e-4), row("all_reduce", "peer", "eager", 5e-5),
+                row("unsharded_mlp", "peer", "eager", 3e-4), row("tp2_mlp", "kernel", "graph", 1e-4),
+                row("unsharded_mlp", "peer", "graph", 2e-4),
+                {"name": "all_reduce", "role": "skipped", "mode": "graph", "note": "a gloo all-reduce runs on the host"}]
+    data = {"backend": "nccl", "device": "cuda:0", "kernels": {}, "cases": [{"M": 1, "variants": variants}]}
+    monkeypatch.setattr(suite, "run_group", lambda *a, **k: data)
+    cases = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
+    assert [c.label for c in cases] == ["M1-K8192-N28672-W2", "M1-K8192-N28672-W2-graph"]
+    assert [v.name for v in cases[1].variants] == ["tp2_mlp", "unsharded_mlp"]
+    assert "host" in cases[1].skipped["all_reduce"] and cases[1].variants[0].measured.method == "lockstep-graph"
+    rows = run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
+    notes = suite.summarize(rows)
+    assert notes[0].startswith("M1-K8192-N28672-W2: 2 ranks 1.50×") and "25%" in notes[0]
+    assert notes[1].startswith("M1-K8192-N28672-W2-graph: 2 ranks 2.00×") and "not timed alone" in notes[1]

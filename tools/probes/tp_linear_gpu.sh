@@ -1,82 +1,113 @@
 #!/usr/bin/env bash
-# Do tensor-parallel quantized linears hold, and what do they cost, on GPUs: one script for a
-# one- or two-GPU machine.
+# What does a call cost the host, and are two GPUs faster than one: one script, one call of
+# at most 9 minutes on a two-GPU machine (one GPU runs what needs one).
 #
-#   every machine  world=1 on GPU 0; then two processes sharing GPU 0 through gloo (NCCL
-#                  refuses two ranks on one GPU; gloo all-reduces CUDA tensors — if it does
-#                  not, the run is repeated with the all-reduce staged through the host)
-#   two GPUs       two processes with NCCL, one GPU each (NVLink multicast kept off)
+#   overhead  GPU 0: `quantcore bench overhead` — every quantcore kernel (called directly)
+#             and module beside nn.Linear and F.linear, bf16 and fp16, M = 1, 16, 128, 1024:
+#             host µs per call over a queue synchronised once, and CUDA-graph replay µs
+#   check     the tensor-parallel check (conformance/tp/processes.py: each layer of a GPTQ
+#             MLP block against the float64 golden and the unsharded kernels), world 2,
+#             NCCL, one process per GPU
+#   world4    the check with four ranks sharing the two GPUs (gloo: NCCL refuses two
+#             ranks on one GPU; if gloo cannot all-reduce CUDA tensors, again staged
+#             through the host)
+#   bench     `quantcore bench tp_linear`, world 2, NCCL: the 70B-class (8192 → 28672) and
+#             the 7B (4096 → 11008) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
+#             the unsharded block on one GPU in the same run, the all-reduce alone
+#   gloo, conformance   (only when named) the bench with two ranks sharing GPU 0 through
+#             gloo; the tensor-parallel conformance matrix on cuda
 #
-# In each: the check (conformance/tp/processes.py: each layer of a GPTQ MLP block — gate/up column-parallel, down
-# row-parallel after the all-reduce — against the float64 golden and the unsharded kernels,
-# conformance tolerance), then `quantcore bench tp_linear` (the block, its local part, the
-# all-reduce alone, the unsharded block and dense bf16; Llama-7B MLP, M = 1, 16, 128). Once:
-# the tensor-parallel conformance matrix on cuda (world 2 and 4, every kernel).
-#
-# Run it from the repository root on the GPU machine (it installs the checkout with
-# `pip install --no-deps -e .` first):
-#   bash tools/probes/tp_linear_gpu.sh [check] [bench] [conformance]
-# Parts (arguments, default all, in this order): check bench conformance. The conformance
-# matrix runs last with whatever is left of BUDGET_S (570 s); if it is cut off, a second
-# call with the argument `conformance` finishes it. Files under $RESULTS (default
-# ./tp-linear-results): the log,
-# tp_check.jsonl, conformance-tp-cuda.log, and per transport <transport>/<device>/tp_linear.json
-# with <transport>/<device>.md.
+# Each part runs under its own timeout, within what is left of BUDGET_S (530 s); a part
+# that fails or runs out of time does not stop the next. NVLink multicast is kept off.
+# Run from the repository root:
+#   bash tools/probes/tp_linear_gpu.sh [overhead] [check] [world4] [bench] [gloo] [conformance]
+# Everything goes under $OUT (default ./tp-linear-results): the log, tp_check_*.json, and
+# per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
+# (tools/probes/host_cost_table.py) is printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-RESULTS="${RESULTS:-$PWD/tp-linear-results}"
-mkdir -p "$RESULTS"
-LOG="$RESULTS/tp_linear_gpu.log"
-say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+OUT="${OUT:-$PWD/tp-linear-results}"
+BUDGET_S="${BUDGET_S:-530}"
+mkdir -p "$OUT"
+LOG="$OUT/tp_linear_gpu.log"
+say() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$LOG"; }
 
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || say "pip install -e . failed"
-GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || echo 0)
-say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch; print(torch.__version__)') sees $GPUS GPU(s)"
-[ "$GPUS" -ge 1 ] || { say "no GPU: nothing to do"; exit 2; }
+# A part's timeout: its own limit, or what is left of the budget (less a reserve for the table).
+limit() {
+  local left=$(( BUDGET_S - SECONDS - 10 ))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
-check() {  # world backend device [--stage-host]
-  say "tp_check world=$1 backend=$2 device=$3 ${4:-}"
-  timeout 150 python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" --device "$3" \
-      --hidden 2048 --inter 5632 --m 16 ${4:-} 2>>"$LOG" | tee -a "$RESULTS/tp_check.jsonl"
-  local rc=${PIPESTATUS[0]}
-  say "tp_check rc=$rc"
+# run NAME LIMIT_S COMMAND...: one part under its timeout, its output in the log.
+run() {
+  local name=$1 want=$2
+  shift 2
+  local t
+  t=$(limit "$want")
+  if [ "$t" -lt 20 ]; then
+    say "$name: skipped, ${t}s left of the budget"
+    return 124
+  fi
+  say "$name (timeout ${t}s)"
+  # SIGINT first: Python unwinds, and the launcher's cleanup kills the ranks it started.
+  timeout --signal=INT --kill-after=15 "$t" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  say "$name rc=$rc"
   return "$rc"
 }
 
-bench() {  # label, then VAR=value settings for the suite
-  local label=$1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || say "pip install -e . failed"
+GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || echo 0)
+say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch, triton; print(torch.__version__, "triton", triton.__version__)' 2>>"$LOG") sees $GPUS GPU(s)"
+[ "$GPUS" -ge 1 ] || { say "no GPU: nothing to do"; exit 2; }
+
+# check NAME WORLD BACKEND DEVICE [--stage-host]: the TP check; its JSON report goes to NAME.json.
+check() {
+  local name=$1 t
   shift
-  say "bench tp_linear ($label)"
-  env "$@" timeout 150 python3 -m quantcore bench tp_linear --device cuda --out "$RESULTS/$label" \
-      --shape M=1,K=4096,N=11008,W=1 --shape M=16,K=4096,N=11008,W=1 --shape M=128,K=4096,N=11008,W=1 \
-      --shape M=1,K=4096,N=11008,W=2 --shape M=16,K=4096,N=11008,W=2 --shape M=128,K=4096,N=11008,W=2 \
-      2>&1 | tail -22 | tee -a "$LOG"
+  t=$(limit 120)
+  if [ "$t" -lt 20 ]; then
+    say "$name: skipped, ${t}s left of the budget"
+    return 124
+  fi
+  say "$name: world $1, $2 on $3 ${4:-} (timeout ${t}s)"
+  timeout --signal=INT --kill-after=15 "$t" python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" \
+      --device "$3" --hidden 2048 --inter 5632 --m 16 ${4:-} >"$OUT/$name.json" 2>>"$LOG"
+  local rc=$?
+  say "$name rc=$rc"
+  return "$rc"
 }
 
-PARTS="${*:-check bench conformance}"
-STAGE=()
-if [[ " $PARTS " == *" check "* ]]; then
-  check 1 gloo cuda
-  if ! check 2 gloo cuda; then
-    say "gloo on CUDA tensors failed: again with the all-reduce staged through the host"
-    check 2 gloo cuda --stage-host && STAGE=(QUANTCORE_TP_STAGE_HOST=1)
-  fi
-  [ "$GPUS" -ge 2 ] && check 2 nccl cuda:rank
+PARTS="${*:-overhead check world4 bench}"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if has overhead; then
+  run overhead 180 env CUDA_VISIBLE_DEVICES=0 python3 -m quantcore bench overhead --device cuda \
+      --shapes default --rounds 5 --out "$OUT/overhead"
 fi
-if [[ " $PARTS " == *" bench "* ]]; then
-  bench gloo-one-gpu QUANTCORE_TP_BACKEND=gloo QUANTCORE_TP_DEVICE=cuda "${STAGE[@]}"
-  [ "$GPUS" -ge 2 ] && bench nccl-two-gpus QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank
+if has check && [ "$GPUS" -ge 2 ]; then
+  check tp_check_w2_nccl 2 nccl cuda:rank
 fi
-if [[ " $PARTS " == *" conformance "* ]]; then
-  # Last, with what is left of the ~9.5 minutes: one line per cell, so a cut-off run still says what ran.
-  LEFT=$(( ${BUDGET_S:-570} - SECONDS ))
-  if [ "$LEFT" -gt 30 ]; then
-    say "tensor-parallel conformance matrix on cuda (profile ci), ${LEFT}s left"
-    timeout "$LEFT" python3 -m pytest conformance/test_tp.py --qc-device cuda -v -n 0 -p no:cacheprovider \
-        --tb=line -rfs >"$RESULTS/conformance-tp-cuda.log" 2>&1
-    say "conformance rc=$? — $(tail -1 "$RESULTS/conformance-tp-cuda.log")"
-  else
-    say "no time left for the conformance matrix: run this script again with the argument conformance"
+if has world4; then
+  if ! check tp_check_w4_shared 4 gloo cuda:shared; then
+    say "world 4 on shared GPUs failed: again with the all-reduce staged through the host"
+    check tp_check_w4_shared_staged 4 gloo cuda:shared --stage-host
   fi
+fi
+if has bench && [ "$GPUS" -ge 2 ]; then
+  # The 70B-class block first (the target shape), each its own run: a cut-off one keeps the other.
+  for shapes in 70b 7b; do
+    run "bench-$shapes" 200 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
+        python3 -m quantcore bench tp_linear --device cuda --shapes "$shapes" --rounds 5 --out "$OUT/tp-nccl-$shapes"
+  done
+fi
+if has gloo; then
+  run gloo-one-gpu 200 env QUANTCORE_TP_BACKEND=gloo QUANTCORE_TP_DEVICE=cuda \
+      python3 -m quantcore bench tp_linear --device cuda --shapes 7b --rounds 5 --out "$OUT/tp-gloo-one-gpu"
+fi
+if has conformance; then
+  run conformance 400 python3 -m pytest conformance/test_tp.py --qc-device cuda -v -n 0 -p no:cacheprovider \
+      --tb=line -rfs
 fi
 say "done"
+python3 -m tools.probes.host_cost_table "$OUT" 2>&1 | tee "$OUT/table.txt"

@@ -1,12 +1,12 @@
 """A tile of the fused SVDQuant pre-GEMM kernel: everything that changes its compiled
-code or its grid. Shared by the kernel (triton_kernel.py) and the shipped table
-(configs.py)."""
+code or its grid, and the stream-K geometry it gives a launch. Shared by the kernel
+(triton_kernel.py), its launcher (triton_launch.py) and the shipped table (configs.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_TREE", "Tile"]
+__all__ = ["DEFAULT_TREE", "Tile", "launch_geometry", "rank_block"]
 
 #: The E2M1 tree the compiled NVFP4 kernel uses unless a tile says otherwise (see
 #: :func:`.triton_source.e2m1_code`).
@@ -28,3 +28,17 @@ class Tile:
     maxnreg: int | None = None
     #: programs per SM when ``grid`` is 0
     per_sm: int = 2
+
+
+def rank_block(r: int) -> int:
+    """The accumulator's width: R rounded up to a power of two, at least 16 (tl.dot)."""
+    return max(16, 1 << max(0, (r - 1).bit_length()))
+
+
+def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int, int]:
+    """``(programs, row tiles, partial slots per row tile)`` of a launch."""
+    row_tiles = m_pad // tile.bm
+    steps = row_tiles * -(-n // tile.bn)
+    programs = max(1, min(steps, tile.grid or tile.per_sm * sms))
+    # a row tile's steps are shared by at most ⌈programs / row tiles⌉ + 1 programs
+    return programs, row_tiles, -(-programs // row_tiles) + 1

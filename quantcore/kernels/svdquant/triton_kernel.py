@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -30,10 +30,9 @@ from ...kernel import Requirements, Support
 from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
 from ...problem import Problem
-from ...triton.buffers import KeptBuffers, stream_key
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 from .configs import shipped_tile
-from .tile import DEFAULT_TREE, Tile
+from .tile import DEFAULT_TREE, Tile, launch_geometry, rank_block
 
 __all__ = [
     "CONFIGS", "SMEM_BUDGET", "Tile", "TritonActQuantLora", "check_tile", "gpu_math", "interpreted", "launch_geometry",
@@ -69,11 +68,6 @@ def gpu_math() -> bool:
 
 def _pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
-
-
-def rank_block(r: int) -> int:
-    """The accumulator's width: R rounded up to a power of two, at least 16 (tl.dot)."""
-    return max(16, _pow2(r))
 
 
 #: Shared memory a tile's pipelined loads may take: stages × (x tile + lora_down tile),
@@ -141,25 +135,7 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
 
 
-def launch_geometry(tile: Tile, m_pad: int, n: int, sms: int) -> tuple[int, int, int]:
-    """``(programs, row tiles, partial slots per row tile)`` of a launch."""
-    row_tiles = m_pad // tile.bm
-    steps = row_tiles * -(-n // tile.bn)
-    programs = max(1, min(steps, tile.grid or tile.per_sm * sms))
-    # a row tile's steps are shared by at most ⌈programs / row tiles⌉ + 1 programs
-    return programs, row_tiles, -(-programs // row_tiles) + 1
-
-
 _tuned: dict[tuple[object, ...], Tile] = {}
-#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
-#: one buffer per device and stream, so concurrent streams never share tickets.
-_TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024)
-
-
-def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
-    if device.type != "cuda":
-        return torch.zeros(size, dtype=torch.int32, device=device)
-    return _TICKETS.get(stream_key(device), size, device)
 
 
 class TritonActQuantLora(SVDQuantKernel):
@@ -202,17 +178,25 @@ class TritonActQuantLora(SVDQuantKernel):
         fmt = self.fmt
         assert isinstance(fmt, SVDQuantAct)
         m, n = x.shape
-        r = prepared.r
-        qout, oscales, lora = allocate_outputs(fmt, m, n, r, x.device)
+        qout, oscales, lora = allocate_outputs(fmt, m, n, prepared.r, x.device)
         m_pad = qout.shape[0]
         if m_pad == 0:
             return ActQuantLoraOutput(qout, oscales, lora)
         if x.stride(1) != 1:
             x = x.contiguous()
-        if tile is None:
-            tile = self._tile(x, prepared, m_pad)
-        check_tile(tile, fmt, r)
-        self._launch(x, prepared, tile, qout, oscales, lora)
+        launcher = _launcher()
+        # Kept with the LoRA tensor (the custom op rebuilds the state object at every call).
+        state = launcher.launch_state(prepared.lora_down)
+        key = (m_pad, x.dtype, x.device, tile, fmt)
+        bucket = state.get(key)
+        if bucket is None or bucket.rsmooth is not prepared.rsmooth:
+            chosen = tile if tile is not None else self._tile(x, prepared, m_pad)
+            check_tile(chosen, fmt, prepared.r)
+            compiled = x.device.type == "cuda" and not interpreted()
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
+            bucket = state[key] = launcher.Bucket(fmt, prepared, chosen, m_pad, x.dtype, x.device, compiled=compiled,
+                                                  interpreted=interpreted(), sms=sms, gpu_math=gpu_math())
+        bucket(x, m, qout, oscales, lora)
         return ActQuantLoraOutput(qout, oscales, lora)
 
     def _tile(self, x: torch.Tensor, prepared: SVDQuantWeights, m_pad: int) -> Tile:
@@ -233,38 +217,18 @@ class TritonActQuantLora(SVDQuantKernel):
                 return shipped
         return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
 
-    def _launch(
-        self, x: torch.Tensor, prepared: SVDQuantWeights, tile: Tile,
-        qout: torch.Tensor, oscales: torch.Tensor, lora: torch.Tensor,
-    ) -> None:
-        from .triton_source import act_quant_lora_kernel
 
-        fmt = self.fmt
-        assert isinstance(fmt, SVDQuantAct)
-        m, n = x.shape
-        m_pad, r = qout.shape[0], prepared.r
-        compiled = x.device.type == "cuda" and not interpreted()
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
-        programs, row_tiles, slots = launch_geometry(tile, m_pad, n, sms)
-        if not compiled and tile.grid == 0:
-            programs = row_tiles  # the interpreter: whole row tiles, no partials
-        if r and programs > 1:
-            part = torch.empty(row_tiles * slots * tile.bm * r, dtype=torch.float32, device=x.device)
-            tickets = _ticket_buffer(x.device, row_tiles)
-        else:
-            part = tickets = lora  # never read: no row tile is shared
-        scale_bits = oscales.view(torch.uint8 if fmt.fp4 else torch.int16)
-        # Pointers the kernel never reads (no smooth, no LoRA) stand in as x.
-        rs = prepared.rsmooth if prepared.rsmooth is not None else x
-        w = prepared.lora_down if r else x
-        extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
-        act_quant_lora_kernel[(programs,)](
-            x, x.stride(0), rs, w, qout.view(torch.int32), scale_bits, lora if r else x, part, tickets,
-            m, m_pad, slots,
-            N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None, INTERPRETED=interpreted(),
-            GPU_MATH=gpu_math(), PTX=compiled, TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r),
-            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra,
-        )
+def _launcher() -> Any:
+    """:mod:`.triton_launch`, imported on the first call (it imports triton)."""
+    global _LAUNCHER
+    if _LAUNCHER is None:
+        from . import triton_launch
+
+        _LAUNCHER = triton_launch
+    return _LAUNCHER
+
+
+_LAUNCHER: Any = None
 
 
 def tune_tile(

@@ -1,0 +1,217 @@
+"""What one call costs the host: the timer and the things the ``overhead`` suite times.
+
+:func:`host_times` issues a queue of calls and synchronises once: the host's time per call
+is the time to issue them (it returns before the device has finished; a queue of 64 calls
+stays far below the launch queue's depth, so the host never waits for the device unless
+the call itself waits), and the wall time per call includes draining the queue. Where the
+device is faster than the host — decode — the two agree. On a CPU the call computes, and
+both are its time.
+
+:func:`subjects` builds, for one activation dtype and M, every quantcore kernel that runs
+here (called directly, as an engine holding the prepared state calls it) and every module
+(called as a model calls it) of four op families — a GPTQ-4 linear, a TurboQuant-4 linear,
+the trtllm_moe routed GEMM, the SVDQuant pre-GEMM — beside ``nn.Linear`` and ``F.linear``
+on the same M, K, N. A family that cannot be built here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quantcore.formats.gptq import GPTQ
+from quantcore.formats.svdquant import SVDQuantAct
+from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.ops.act_quant_lora import act_quant_lora_problem
+from quantcore.ops.moe import moe_problem
+from quantcore.problem import Problem
+from quantcore.registry import default_registry
+from quantcore.selection import explain
+from quantcore.timing import Timing
+
+__all__ = ["QUEUE", "Subject", "host_times", "subjects"]
+
+#: Calls issued per sample before the one synchronisation.
+QUEUE = 64
+GPTQ_FMT = GPTQ(bits=4, group_size=128, sym=True)
+TURBO_FMT = TurboQuant(bits=4, group_size=128)
+MOE_FMT = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
+SVD_FMT = SVDQuantAct(fp4=True)
+#: The routed GEMM's experts and routes per token, and the SVDQuant LoRA rank.
+MOE_E, MOE_TOPK, SVD_R = 8, 2, 32
+
+
+#: Why a call that reads device values on the host is not captured.
+SYNCS = "reads the expert ids on the host (a synchronisation): not capturable"
+
+
+@dataclass
+class Subject:
+    """One thing timed: ``kind`` is ``kernel`` (a direct call), ``module`` or ``dense``
+    (the peers nn.Linear and F.linear). ``graph`` is what a CUDA graph captures in its
+    place (the same call unless given); ``no_graph`` says why nothing is."""
+
+    name: str
+    kind: str
+    fn: Callable[[int], object]
+    note: str = ""
+    graph: Callable[[int], object] | None = None
+    no_graph: str = ""
+
+    @property
+    def captured(self) -> Callable[[int], object]:
+        return self.graph or self.fn
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_times(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,
+               calls: int = QUEUE) -> list[tuple[Timing, float]]:
+    """Per callable, interleaved over ``rounds``: (the median host time per call issuing a
+    queue of ``calls``, the median wall time per call with the queue drained)."""
+    host: list[list[float]] = [[] for _ in fns]
+    wall: list[list[float]] = [[] for _ in fns]
+    for fn in fns:  # warm: compile, bind, allocate
+        for i in range(3):
+            fn(i)
+    _sync(device)
+    for _ in range(rounds):
+        for j, fn in enumerate(fns):
+            _sync(device)
+            t0 = time.perf_counter()
+            for i in range(calls):
+                fn(i)
+            t1 = time.perf_counter()
+            _sync(device)
+            t2 = time.perf_counter()
+            host[j].append((t1 - t0) / calls)
+            wall[j].append((t2 - t0) / calls)
+    out = []
+    for h, w in zip(host, wall, strict=True):
+        med = statistics.median(h)
+        out.append((Timing(med, (max(h) - min(h)) / med if med > 0 else 0.0, rounds, "host-queue"),
+                    statistics.median(w)))
+    return out
+
+
+def _kernels(fmt: Any, op: str, problem: Problem, device: torch.device, skipped: dict[str, str]) -> list[Any]:
+    """Every registered kernel that runs ``problem`` here; a CPU leaves out Triton's (its
+    interpreter runs them: a correctness tool, not a launch)."""
+    out = []
+    for cand in explain(fmt, str(device), problem=problem).candidates:
+        if cand.status not in ("selected", "usable"):
+            if cand.status != "broken":
+                skipped[f"{cand.kernel}"] = f"{cand.status}: {cand.reason}"
+            continue
+        cls = default_registry().kernel(fmt.name, op, cand.kernel).cls
+        if device.type == "cpu" and "triton" in cls.requires.packages:
+            skipped[cand.kernel] = "on a CPU Triton's interpreter runs it: its host time is not a launch's"
+            continue
+        out.append(cls(fmt, device))
+    return out
+
+
+def _gptq(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+          skipped: dict[str, str]) -> list[Subject]:
+    from quantcore.nn.linear import QuantLinear
+
+    tensors = GPTQ_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
+    x = torch.randn(m, k, device=device).to(dtype)
+    out = []
+    for kernel in _kernels(GPTQ_FMT, "linear", Problem.linear(GPTQ_FMT, M=m, K=k, N=n, dtype=dtype), device, skipped):
+        prepared = kernel.prepare(tensors, dtype=dtype)
+        out.append(Subject(f"gptq4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p)))
+    module = QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype)
+    out.append(Subject("QuantLinear(gptq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
+    return out
+
+
+def _turbo(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+           skipped: dict[str, str]) -> list[Subject]:
+    from quantcore.nn.turboquant import TurboQuantLinear
+
+    tensors = TURBO_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
+    x = torch.randn(m, k, device=device).to(dtype)
+    out = []
+    for kernel in _kernels(TURBO_FMT, "linear", Problem.linear(TURBO_FMT, M=m, K=k, N=n, dtype=dtype), device, skipped):
+        prepared = kernel.prepare(tensors, dtype=dtype)
+        out.append(Subject(f"turboquant4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p)))
+    module = TurboQuantLinear(k, n, TURBO_FMT, bias=False, device=device, dtype=dtype)
+    module.load_tensors(tensors)
+    out.append(Subject("TurboQuantLinear(tq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
+    return out
+
+
+def _moe(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+         skipped: dict[str, str]) -> list[Subject]:
+    from quantcore.nn.moe import QuantExperts
+
+    on = {"generator": gen, "device": gen.device}
+    tensors = {"qweight": torch.randint(-128, 128, (MOE_E, k, n), dtype=torch.int8, **on).to(device),
+               "scales": (torch.rand(MOE_E, k // MOE_FMT.group_size, n, **on) * 2e-4 + 1e-4).to(device, torch.bfloat16)}
+    x = torch.randn(m, k, device=device).to(dtype)
+    ids = torch.rand(m, MOE_E, **on).argsort(dim=1)[:, :MOE_TOPK].to(device, torch.int32)
+    problem = moe_problem(MOE_FMT, T=m, E=MOE_E, topk=MOE_TOPK, K=k, N=n, dtype=dtype)
+    out = []
+    for kernel in _kernels(MOE_FMT, "moe", problem, device, skipped):
+        prepared = kernel.prepare(tensors, dtype=dtype)
+        forward = getattr(kernel, "forward", None)  # the call without the ids check, where there is one
+        out.append(Subject(
+            f"trtllm_moe:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, ids, p),
+            f"E={MOE_E}, top-{MOE_TOPK}; checks the expert ids (reads them on the host); graph: forward",
+            graph=(lambda i, f=forward, p=prepared: f(x, ids, p)) if forward is not None else None,
+            no_graph="" if forward is not None else SYNCS))
+    module = QuantExperts(MOE_FMT, tensors, device=device, dtype=dtype)
+    out.append(Subject("QuantExperts(trtllm_moe)", "module", lambda i: module(x, ids), f"kernel {module.kernel.name}",
+                       no_graph=SYNCS))
+    return out
+
+
+def _svdquant(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+              skipped: dict[str, str]) -> list[Subject]:
+    from quantcore.nn.svdquant import SVDQuantActQuant
+
+    on = {"generator": gen, "device": gen.device}
+    tensors = {"lora_down": (torch.randn(k, SVD_R, **on) * 0.05).to(device, dtype),
+               "smooth": torch.exp(torch.randn(k, **on) * 0.5).to(device, dtype)}
+    x = torch.randn(m, k, device=device).to(dtype)
+    out = []
+    problem = act_quant_lora_problem(SVD_FMT, M=m, N=k, R=SVD_R, dtype=dtype)
+    for kernel in _kernels(SVD_FMT, "act_quant_lora", problem, device, skipped):
+        prepared = kernel.prepare(tensors, dtype=dtype)
+        out.append(Subject(f"svdquant_nvfp4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p),
+                           f"N={k}, R={SVD_R}"))
+    module = SVDQuantActQuant(SVD_FMT, tensors, device=device, dtype=dtype)
+    out.append(Subject("SVDQuantActQuant(nvfp4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
+    return out
+
+
+FAMILIES = {"gptq4": _gptq, "turboquant4": _turbo, "trtllm_moe": _moe, "svdquant_nvfp4": _svdquant}
+
+
+def subjects(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int) -> tuple[list[Subject], dict[str, str]]:
+    """The peers, then every family's kernels and modules; ``skipped`` says what could not
+    be built here and why."""
+    gen = torch.Generator(device=device).manual_seed(m)
+    linear = torch.nn.Linear(k, n, bias=False, device=device, dtype=dtype)
+    x = torch.randn(m, k, device=device).to(dtype)
+    w = linear.weight.detach()
+    out = [Subject("nn.Linear", "dense", lambda i: linear(x)),
+           Subject("F.linear", "dense", lambda i: torch.nn.functional.linear(x, w))]
+    skipped: dict[str, str] = {}
+    with torch.no_grad():
+        for name, build in FAMILIES.items():
+            try:
+                out += build(device, dtype, m, k, n, gen, skipped)
+            except Exception as exc:  # one family that cannot be built here does not stop the rest
+                skipped[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out, skipped

@@ -1,0 +1,78 @@
+"""Launching the fused SVDQuant pre-GEMM (:mod:`.triton_source`) for the price of a launch.
+
+A :class:`Bucket` holds what a call decides once per prepared layer, padded row count
+(``M_pad``: the tile and the stream-K geometry follow it) and activation dtype: the tile,
+the grid, the constexprs, the compiled kernel bound to its launcher
+(:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonActQuantLora.forward``
+keeps buckets with the layer's LoRA tensor. Imports triton: loaded on the first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...formats.svdquant import SVDQuantAct
+from ...triton.buffers import KeptBuffers, stream_key
+from ...triton.launch import Launch, launch_state
+from .tile import Tile, launch_geometry, rank_block
+from .triton_source import act_quant_lora_kernel
+
+__all__ = ["VARYING", "Bucket", "launch_state"]
+
+#: The arguments that change between calls of a bucket and that Triton specialises: x,
+#: its row stride and M. (The outputs and workspaces are fresh allocations or kept
+#: buffers; q is not specialised; pointers a launch never reads are a fixed stand-in.)
+VARYING = (0, 1, 9)
+
+#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
+#: one buffer per device and stream, so concurrent streams never share tickets.
+_TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024)
+
+
+def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
+    if device.type != "cuda":
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    return _TICKETS.get(stream_key(device), size, device)
+
+
+class Bucket:
+    """One tile of one prepared layer at one ``M_pad``, dtype and device."""
+
+    def __init__(self, fmt: SVDQuantAct, prepared: Any, tile: Tile, m_pad: int, dtype: torch.dtype,
+                 device: torch.device, *, compiled: bool, interpreted: bool, sms: int, gpu_math: bool) -> None:
+        """``prepared``: the layer's ``SVDQuantWeights``; ``compiled``: CUDA without the
+        interpreter (PTX, a register cap); ``interpreted``: Triton's interpreter runs it;
+        ``sms``: the device's SM count; ``gpu_math``: the GPU's arithmetic paths."""
+        n, r = prepared.n, prepared.r
+        self.r, self.fp4, self.device, self.m_pad = r, fmt.fp4, device, m_pad
+        programs, self.row_tiles, self.slots = launch_geometry(tile, m_pad, n, sms)
+        if not compiled and tile.grid == 0:
+            programs = self.row_tiles  # the interpreter: whole row tiles, no partials
+        self.grid = (programs, 1, 1)
+        self.shared = bool(r) and programs > 1  # row tiles split between programs: partials and tickets
+        self.part_numel = self.row_tiles * self.slots * tile.bm * r
+        #: Stands in for the pointers a launch never reads (no smooth, no LoRA), in x's dtype.
+        self.unread = torch.empty(8, dtype=dtype, device=device)
+        self.rsmooth = prepared.rsmooth  # with lora_down, the weight this bucket was made for
+        self.rs = prepared.rsmooth if prepared.rsmooth is not None else self.unread
+        self.w = prepared.lora_down if r else self.unread
+        extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
+        self.launch = Launch(
+            act_quant_lora_kernel, device=device, varying=VARYING,
+            constexprs=dict(N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None,
+                            INTERPRETED=interpreted, GPU_MATH=gpu_math, PTX=compiled,
+                            TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r)),
+            options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra),
+        )
+
+    def __call__(self, x: torch.Tensor, m: int, qout: torch.Tensor, oscales: torch.Tensor, lora: torch.Tensor) -> None:
+        if self.shared:
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
+            tickets = _ticket_buffer(self.device, self.row_tiles)
+        else:
+            part = tickets = lora  # never read: no row tile is shared
+        scale_bits = oscales.view(torch.uint8 if self.fp4 else torch.int16)
+        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout.view(torch.int32), scale_bits,
+                    lora if self.r else self.unread, part, tickets, m, self.m_pad, self.slots)

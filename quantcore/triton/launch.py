@@ -1,0 +1,229 @@
+"""A Triton kernel launched for the price of a launch.
+
+``kernel[grid](*args, **constexprs)`` costs tens of microseconds of host time per call in
+Triton 3.6: it binds every argument to the signature, specialises each one (dtype and
+16-byte alignment of every pointer, ``== 1`` and divisibility by 16 of every integer),
+turns the specialisation and the options into a cache key, looks the compiled kernel up,
+and builds launch metadata for the profiler hooks. A layer calls the same kernel with the
+same constexprs and the same weight tensors every time: only the activation, the output
+and the row count change.
+
+:class:`Launch` holds one kernel with its constexprs and options fixed, for arguments of
+which only the positions named ``varying`` change between calls. Its first call per
+specialisation of those positions goes through ``kernel[grid]`` (which compiles or finds the
+binary and launches it) and keeps the ``CompiledKernel`` it returns; later calls compute the
+specialisation of the varying positions with Triton's own function (so a binary compiled
+for an aligned pointer, or for ``M == 1``, is never run on anything else) and call the
+compiled kernel's launcher directly: ``CompiledKernel.run(gx, gy, gz, stream, function,
+packed_metadata, launch_metadata, enter_hook, exit_hook, *every_argument)`` — the
+launcher takes the constexprs in their positions too and skips them. What Triton checks
+per call and this does not: that the fixed positions still specialise alike (the caller
+keeps them fixed: they are the weight's tensors and sizes, held with the prepared state)
+and that the kernel's global constants did not change (module constants, set at import).
+
+Under Triton's interpreter (``TRITON_INTERPRET=1``; the kernel object is then no
+``JITFunction``) every call takes the plain ``kernel[grid](...)`` path. What this relies on
+in Triton 3.6 is written down in docs/triton-launch.md.
+
+:func:`launch_state` keeps a dict per object (by identity, dropped with it) in which
+launchers keep what they decided for a weight. They key it by a tensor of the weight, not
+by the prepared-state object: the custom ops rebuild that object around the same tensors
+at every call, and a bucket checks that the tensors it was made for are the ones given.
+
+Imports triton: import this module where a kernel runs, not at ``import quantcore``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+__all__ = ["Launch", "launch_state"]
+
+Grid = tuple[int, int, int]
+
+
+_constexprs: dict[int, tuple[Any, list[str]]] = {}
+
+
+def _constexpr_names(fn: Any) -> list[str]:
+    """The ``tl.constexpr`` parameters of a ``@triton.jit`` function (compiled or
+    interpreted), read once per function."""
+    hit = _constexprs.get(id(fn))
+    if hit is None or hit[0] is not fn:
+        params = inspect.signature(fn.fn).parameters.values()
+        hit = _constexprs[id(fn)] = (fn, [p.name for p in params if "constexpr" in str(p.annotation)])
+    return hit[1]
+
+
+class _Cuda:
+    """What a launch asks the CUDA runtime, looked up on first use (the CPU build of torch
+    lacks the raw queries; tests replace all three): the current device, its current
+    stream, and the guard that makes another device current."""
+
+    device: Callable[[], int] | None = None
+    stream: Callable[[int], int] | None = None
+    guard: Callable[[int], Any] = torch.cuda.device
+
+    @classmethod
+    def load(cls) -> None:
+        cls.device = torch._C._cuda_getDevice  # type: ignore[attr-defined]
+        cls.stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
+
+
+class _Bound:
+    """One compiled kernel, ready to launch."""
+
+    __slots__ = ("function", "kernel", "metadata", "run")
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.run = kernel.run  # the launcher (loads the binary on first access)
+        self.function = kernel.function
+        self.metadata = kernel.packed_metadata
+
+
+def _hooks_active() -> bool:
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+def _key_function(fn: JITFunction, varying: Sequence[int], backend: Any) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """``key(args)``: Triton's specialisation of the varying positions, as its binder makes
+    it (the same native function, the same flags per parameter)."""
+    from triton._C.libtriton import native_specialize_impl
+
+    terms = []
+    for i in varying:
+        p = fn.params[i]
+        terms.append(f"spec(backend, args[{i}], {bool(p.is_const)}, {not p.do_not_specialize}, "
+                     f"{not p.do_not_specialize_on_alignment})")
+    src = f"def key(args):\n    return ({', '.join(terms)}{',' if terms else ''})\n"
+    scope: dict[str, Any] = {"spec": native_specialize_impl, "backend": backend}
+    exec(src, scope)  # generated from parameter positions, as Triton's own binder is
+    return scope["key"]  # type: ignore[no-any-return]
+
+
+class Launch:
+    """``fn`` with ``constexprs`` and ``options`` (``num_warps``, ``num_stages``, …) fixed,
+    launched on ``device`` with the runtime arguments in their order; only the positions in
+    ``varying`` may specialise differently from call to call (module docstring).
+
+    ``launch(grid, *args)`` with a 3-tuple grid. ``bound`` says how many compiled kernels
+    it holds (one per specialisation of the varying positions); ``fallback`` why it takes
+    the plain path on every call (the interpreter, or a disagreement with Triton's binder)."""
+
+    __slots__ = ("_bound", "_fn", "_index", "_key", "_kwargs", "_tail", "device", "fallback", "n_args", "varying")
+
+    def __init__(
+        self, fn: Any, *, constexprs: Mapping[str, Any], options: Mapping[str, Any] | None = None,
+        varying: Sequence[int] = (), device: torch.device,
+    ) -> None:
+        names = list(fn.arg_names)
+        consts = _constexpr_names(fn)
+        self.n_args = len(names) - len(consts)
+        if names[self.n_args:] != consts:
+            raise TypeError(f"{fn.__name__}: constexpr parameters must come last, got {names}")
+        unknown = sorted(set(constexprs) - set(consts))
+        missing = [n for n in consts if n not in constexprs]
+        if unknown or missing:
+            raise TypeError(f"{fn.__name__}: constexprs {unknown} unknown, {missing} missing")
+        if any(not 0 <= i < self.n_args for i in varying):
+            raise TypeError(f"{fn.__name__}: varying positions {list(varying)} outside its {self.n_args} arguments")
+        self._fn = fn
+        self._kwargs = {**constexprs, **(options or {})}
+        self._tail = tuple(constexprs[n] for n in consts)
+        self.varying = tuple(varying)
+        self.device = device
+        self._index = device.index if device.index is not None else 0
+        self._bound: dict[Any, _Bound] = {}
+        self._key: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+        if not isinstance(fn, JITFunction):
+            self.fallback = "Triton's interpreter"
+        elif device.type != "cuda":  # another backend's runtime (triton-ascend): its own launch path
+            self.fallback = f"not a CUDA device ({device.type})"
+        else:
+            self.fallback = ""
+        if not self.fallback and _Cuda.device is None:
+            _Cuda.load()
+
+    @property
+    def bound(self) -> int:
+        return len(self._bound)
+
+    def __call__(self, grid: Grid, *args: Any) -> None:
+        if self.fallback:
+            self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+            return
+        index = self._index
+        if _Cuda.device() != index:  # type: ignore[misc]
+            with _Cuda.guard(index):
+                self._launch(grid, args, index)
+            return
+        self._launch(grid, args, index)
+
+    def _launch(self, grid: Grid, args: tuple[Any, ...], index: int) -> None:
+        key = self._key(args) if self._key is not None else None
+        bound = self._bound.get(key)
+        if bound is None:
+            self._first(grid, args, index)
+            return
+        stream = _Cuda.stream(index)  # type: ignore[misc]
+        if _hooks_active():
+            meta = bound.kernel.launch_metadata(grid, stream, *args, *self._tail)
+            bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, meta,
+                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args, *self._tail)
+            return
+        bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, None, None, None,
+                  *args, *self._tail)
+
+    def _first(self, grid: Grid, args: tuple[Any, ...], index: int) -> None:
+        """Launch through ``kernel[grid]`` and keep the compiled kernel it ran."""
+        if len(args) != self.n_args:
+            raise TypeError(f"{self._fn.__name__}: {self.n_args} runtime arguments expected, got {len(args)}")
+        kernel = self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+        if hasattr(kernel, "result"):  # compiled asynchronously
+            kernel = kernel.result()
+        caches = self._fn.device_caches[index]
+        if self._key is None:
+            self._key = _key_function(self._fn, self.varying, caches[3])
+        key = self._key(args)
+        _, spec, _ = caches[4](*args, **self._kwargs)  # Triton's binder: what it compiled for
+        if tuple(spec[i] for i in self.varying) != key:
+            self.fallback = f"the specialisation of {self.varying} disagrees with Triton's binder: {key} vs {spec}"
+            return
+        self._bound[key] = _Bound(kernel)
+
+
+_states: dict[int, tuple[weakref.ref[Any], dict[Any, Any]]] = {}
+#: Re-entrant: a state's weakref callback may run (garbage collection) while this thread holds it.
+_states_lock = threading.RLock()
+
+
+def launch_state(owner: Any) -> dict[Any, Any]:
+    """A dict kept for ``owner`` (a weight's tensor) while it lives, keyed by its identity:
+    another object — a copy, a tensor moved to another device — gets its own."""
+    hit = _states.get(id(owner))
+    if hit is not None and hit[0]() is owner:
+        return hit[1]
+    with _states_lock:
+        key = id(owner)
+        state: dict[Any, Any] = {}
+
+        # The table and the lock are bound here: at interpreter exit the module's globals
+        # may be gone before the last tensors are.
+        def drop(ref: weakref.ref[Any], key: int = key, states: dict[Any, Any] = _states,
+                 lock: Any = _states_lock) -> None:
+            with lock:
+                if states.get(key, (None,))[0] is ref:
+                    del states[key]
+
+        _states[key] = (weakref.ref(owner, drop), state)
+        return state

@@ -1,0 +1,116 @@
+"""trtllm_moe_triton's bound launches (triton_launch.py): one bucket per tile, route-count
+power of two, dtype and variant, kept with the prepared weights; a fixed argument never
+changes its specialisation within a bucket; every call is still checked.
+
+The launches are replaced by a recorder (no GPU), with the planning of the interpreter
+and of a stand-in H100 (its shipped tile table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
+from quantcore.backends.trtllm_moe import triton_launch
+from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
+from quantcore.errors import KernelInputError
+from quantcore.formats.trtllm_moe import TRTLLMMoE
+
+
+class Recorder:
+    made: ClassVar[list[Recorder]] = []
+
+    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
+        self.fn, self.varying, self.constexprs = fn, tuple(varying), dict(constexprs)
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        Recorder.made.append(self)
+
+    def __call__(self, grid: Any, *args: Any) -> None:
+        self.calls.append((grid, args))
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
+    Recorder.made = []
+    monkeypatch.setattr(triton_launch, "Launch", Recorder)
+    return Recorder.made
+
+
+def _spec(fn: Any, pos: int, v: Any) -> Any:
+    """Triton's specialisation of argument ``pos`` (its ``do_not_specialize`` honoured)."""
+    kept = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())
+    kept |= {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
+    return native_specialize_impl(BaseBackend, v, False, fn.arg_names[pos] not in kept, True)
+
+
+def _weights(e: int = 8, k: int = 128, n: int = 128) -> tuple[TritonMoE, Any]:
+    fmt = TRTLLMMoE(group_size=64, scale_dtype=torch.bfloat16)
+    kernel = TritonMoE(fmt, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    return kernel, kernel.prepare(fmt.quantize(torch.randn(e, k, n, generator=gen) * 0.05), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("planning", ["interpreter", "gpu"])
+def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
+    recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, planning: str,
+) -> None:
+    if planning == "gpu":
+        monkeypatch.setattr(kernel_mod, "interpreted", lambda: False)
+        monkeypatch.setattr(kernel_mod, "_facts", lambda device: ("NVIDIA H100 80GB HBM3", 132))
+    kernel, w = _weights()
+    gen = torch.Generator().manual_seed(1)
+    for t in (1, 1, 2, 3, 9, 16, 40, 64, 65, 150):
+        # aligned rows; unaligned rows; rows 136 apart (a stride not divisible by 16)
+        for offset, width, weighted, ids_dtype in ((0, 128, False, torch.int32), (1, 128, True, torch.int64),
+                                                   (0, 136, True, torch.int32)):
+            flat = torch.randn(t * width + 8, generator=gen).to(torch.bfloat16)
+            x = flat[offset:offset + t * width].view(t, width)[:, :128]
+            ids = torch.randint(0, 8, (t, 2), generator=gen).to(ids_dtype)
+            rw = torch.rand(t, 2, generator=gen) if weighted else None
+            y = kernel.forward(x, ids, w, topk_weights=rw)
+            assert y.shape == ((t, 128) if weighted else (t, 2, 128))
+    gemms = [r for r in recorded if r.fn.__name__ == "moe_w8a16_kernel"]
+    assert {r.constexprs["SCHEDULED"] for r in gemms} == {False, True}
+    for launch in recorded:
+        for pos in range(len(launch.calls[0][1])):
+            if pos not in launch.varying:
+                specs = {repr(_spec(launch.fn, pos, args[pos])) for _, args in launch.calls}
+                assert len(specs) == 1, (launch.fn, pos, specs)
+    before = len(recorded)
+    kernel.forward(torch.randn(3, 128).bfloat16(), torch.zeros(3, 2, dtype=torch.int32), w)
+    assert len(recorded) == before  # the bucket of (3 × 2 routes) was kept
+
+
+def test_another_prepared_state_is_bound_anew(recorded: list[Recorder]) -> None:
+    kernel, w = _weights()
+    x, ids = torch.randn(2, 128).bfloat16(), torch.zeros(2, 2, dtype=torch.int32)
+    kernel.forward(x, ids, w)
+    kernel.forward(x, ids, w)
+    kernel.forward(x, ids, dataclasses.replace(w))  # the custom op rebuilds the state around the same tensors
+    assert len(recorded) == 1 and len(recorded[0].calls) == 3
+    kernel.forward(x, ids, dataclasses.replace(w, scales=w.scales.clone()))
+    assert len(recorded) == 2  # other scales: bound anew
+    _, other = _weights()
+    kernel.forward(x, ids, other)
+    assert len(recorded) == 3 and recorded[2].calls[0][1][3].data_ptr() == other.layout.data_ptr()
+
+
+def test_every_call_is_still_checked(recorded: list[Recorder]) -> None:
+    kernel, w = _weights(e=4)
+    x, ids = torch.randn(2, 128).bfloat16(), torch.zeros(2, 2, dtype=torch.int32)
+    kernel(x, ids, w)
+    with pytest.raises(KernelInputError, match="x: expected"):
+        kernel(torch.randn(2, 64).bfloat16(), ids, w)
+    with pytest.raises(KernelInputError, match="x: expected"):
+        kernel(x.float(), ids, w)
+    with pytest.raises(KernelInputError, match=r"x: expected .* on cpu, got .* on meta"):
+        kernel(torch.empty(2, 128, dtype=torch.bfloat16, device="meta"), ids, w)
+    with pytest.raises(KernelInputError, match=r"topk_ids: expected expert ids in \[0, 4\)"):
+        kernel(x, torch.full((2, 2), 4, dtype=torch.int32), w)
+    assert sum(len(r.calls) for r in recorded) == 1

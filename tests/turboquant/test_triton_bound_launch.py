@@ -1,0 +1,127 @@
+"""turboquant_triton's bound launches (fused.py): one bucket per path, dtypes and M
+bucket, kept with the layer's codebook; a fixed argument never changes its
+specialisation within a bucket; other passes (the offload path's views) or another state
+are bound anew; and the kernel's call still checks every activation.
+
+The launch is replaced by a recorder where the test is about those decisions (no GPU),
+with the planning of the interpreter and of a stand-in H100.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from quantcore.backends.turboquant_triton import TurboQuantTriton
+from quantcore.backends.turboquant_triton import fused as fused_mod
+from quantcore.conformance.interpreter import enable_interpreter_for
+from quantcore.errors import KernelInputError
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.ops.linear import linear_reference
+from quantcore.ops.tolerance import compare, tolerance_for
+
+INTERPRETER = enable_interpreter_for("cpu")
+
+
+class Recorder:
+    made: ClassVar[list[Recorder]] = []
+
+    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
+        self.fn, self.varying, self.device = fn, tuple(varying), device
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        Recorder.made.append(self)
+
+    def __call__(self, grid: Any, *args: Any) -> None:
+        self.calls.append((grid, args))
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
+    Recorder.made = []
+    monkeypatch.setattr(fused_mod, "Launch", Recorder)
+    return Recorder.made
+
+
+def _layer(fmt: TurboQuant, n: int = 96, k: int = 512, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any, Any]:
+    gen = torch.Generator().manual_seed(n + k)
+    t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
+    t["bias"] = torch.randn(n, generator=gen)
+    kernel = TurboQuantTriton(fmt, "cpu")
+    return kernel, kernel.prepare(t, dtype=dtype), t
+
+
+def _spec(v: Any) -> Any:
+    return native_specialize_impl(BaseBackend, v, False, True, True)
+
+
+@pytest.mark.parametrize("planning", ["interpreter", "gpu"])
+@pytest.mark.parametrize("fmt", [TurboQuant(group_size=64, residual=True),
+                                 TurboQuant(group_size=32, rotation_per_group=True)], ids=lambda f: f.slug)
+def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
+    recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, planning: str, fmt: TurboQuant,
+) -> None:
+    if planning == "gpu":
+        monkeypatch.setattr(fused_mod, "interpreting", lambda: False)
+        monkeypatch.setattr(fused_mod, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+        monkeypatch.setattr(fused_mod, "_paths", {})  # the H100's path thresholds, not a CPU's kept from before
+    kernel, prepared, _ = _layer(fmt)
+    base = torch.randn(300 * 512 + 8).to(torch.bfloat16)
+    for m in (1, 1, 2, 7, 16, 17, 40, 64, 100, 256, 300):
+        for offset in (0, 1):  # an aligned and an unaligned activation
+            y = kernel(base[offset:offset + m * 512].view(m, 512), prepared)
+            assert y.shape == (m, 96)
+    assert {r.fn.__name__ for r in recorded} >= {"gemv_kernel", "mma_kernel", "dequant_kernel"}
+    for launch in recorded:
+        for pos in range(len(launch.calls[0][1])):
+            if pos not in launch.varying:
+                specs = {repr(_spec(args[pos])) for _, args in launch.calls}
+                assert len(specs) == 1, (launch.fn, pos, specs)
+    before = len(recorded)
+    kernel(base[:512].view(1, 512), prepared)
+    assert len(recorded) == before  # every bucket kept
+
+
+def test_other_passes_and_another_state_are_bound_anew(recorded: list[Recorder]) -> None:
+    kernel, prepared, _ = _layer(TurboQuant(group_size=64, residual=True))
+    x = torch.randn(1, 512).to(torch.bfloat16)
+    kernel(x, prepared)
+    kernel(x, prepared)
+    assert len(recorded) == 1 and len(recorded[0].calls) == 2
+    # The custom op rebuilds the state objects around the same tensors at every call.
+    rebuilt = dataclasses.replace(prepared, passes=tuple(dataclasses.replace(p) for p in prepared.passes))
+    kernel(x, rebuilt)
+    assert len(recorded) == 1 and len(recorded[0].calls) == 3
+    views = prepared.passes[1].map(torch.clone)  # the offload path hands pass 2 in from a scratch view
+    kernel.run_passes(x, (prepared.passes[0], views), prepared, bias=prepared.bias, out_dtype=x.dtype)
+    assert len(recorded) == 2
+    kernel.run_passes(x, (prepared.passes[0], views), prepared, bias=prepared.bias, out_dtype=x.dtype)
+    kernel(x, prepared)
+    assert len(recorded) == 2  # each set of passes keeps its bucket
+    moved = dataclasses.replace(prepared, codebook=prepared.codebook.clone())
+    kernel(x, moved)
+    assert len(recorded) == 3 and recorded[2].calls[0][1][8] is moved.codebook
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+def test_after_binding_every_call_is_still_checked() -> None:
+    fmt = TurboQuant(group_size=64)
+    kernel, prepared, t = _layer(fmt, 40, 128)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    ref = linear_reference(x[:, :128], fmt.dequantize(t), t["bias"])
+    for _ in range(2):
+        assert compare(kernel(x[:, :128], prepared), ref, tolerance_for(torch.bfloat16)).ok  # strided: copied
+    with pytest.raises(KernelInputError, match=r"expected \[\.\.\., 128\]"):
+        kernel(x[:, :100], prepared)
+    with pytest.raises(KernelInputError, match="bf16/fp16/fp32"):
+        kernel(x[:, :128].double(), prepared)
+    with pytest.raises(KernelInputError, match="on meta"):
+        kernel(torch.empty(3, 128, dtype=torch.bfloat16, device="meta"), prepared)
+    with pytest.raises(KernelInputError, match="TurboQuantPrepared"):
+        kernel(x[:, :128], {"indices": t["indices"]})  # type: ignore[arg-type]
+    with pytest.raises(KernelInputError, match="split_halves"):
+        kernel(x[:, :128], dataclasses.replace(prepared, split_halves=True))

@@ -1,0 +1,88 @@
+"""The short table ``tp_linear_gpu.sh`` prints last: from the JSON it wrote under a results
+folder, per kernel and module the host µs per call against ``nn.Linear`` (and the
+CUDA-graph replay µs), per tensor-parallel case the speed over the unsharded block and
+the all-reduce's share, and whether each check passed.
+
+    python -m tools.probes.host_cost_table RESULTS_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HOST_TARGET = 1.3
+
+
+def _rows(folder: Path, suite: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in sorted(folder.rglob(f"{suite}.json")):
+        rows += json.loads(path.read_text()).get("rows", [])
+    return rows
+
+
+def overhead_lines(rows: list[dict[str, Any]]) -> list[str]:
+    by_case: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["role"] != "skipped" and r["case"].startswith(("host-", "graph-")):
+            by_case.setdefault(r["case"], {})[r["variant"]] = r["time_s"]
+    lines = []
+    for case, times in by_case.items():
+        base = times.get("nn.Linear")
+        if not base:
+            continue
+        graph = case.startswith("graph-")
+        cells = []
+        for name, t in times.items():
+            if name == "nn.Linear":
+                continue
+            flag = "" if graph or name == "F.linear" or t <= HOST_TARGET * base else " !"
+            cells.append(f"{name} {t * 1e6:.1f} ({t / base:.2f}×){flag}")
+        lines.append(f"{case:34s} nn.Linear {base * 1e6:6.1f} µs | " + " | ".join(cells))
+    return lines
+
+
+def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = {r["variant"]: r["time_s"] for r in rows if r["case"] == case and r["role"] != "skipped"}
+        tp = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp")), None)
+        if tp is None or "unsharded_mlp" not in mine:
+            continue
+        share = f"{100 * mine['all_reduce'] / tp:.0f}%" if "all_reduce" in mine else "—"
+        lines.append(f"{case:30s} tp {tp * 1e6:8.1f} µs  unsharded {mine['unsharded_mlp'] * 1e6:8.1f} µs  "
+                     f"speed-up {mine['unsharded_mlp'] / tp:.2f}×  all-reduce {share}")
+    return lines
+
+
+def check_lines(folder: Path) -> list[str]:
+    lines = []
+    for path in sorted(folder.glob("tp_check*.json")):
+        try:
+            report = json.loads(path.read_text().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            lines.append(f"{path.stem}: no report")
+            continue
+        lines.append(f"{path.stem}: {'PASS' if report.get('ok') else 'FAIL'} (world {report.get('world')}, "
+                     f"{report.get('backend')} on {report.get('device')}, kernels {report.get('kernels', '?')})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    folder = Path(args[0] if args else ".")
+    sections = [
+        ("host µs per call (eager) and CUDA-graph replay µs; ! = over 1.3× nn.Linear", overhead_lines(_rows(folder, "overhead"))),
+        ("tensor-parallel GPTQ-4 MLP block", tp_lines(_rows(folder, "tp_linear"))),
+        ("checks", check_lines(folder)),
+    ]
+    for title, lines in sections:
+        print(f"--- {title}")
+        print("\n".join(lines) if lines else "(none)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
