@@ -41,6 +41,8 @@ SHAPES = {
     "default": [{"M": m, "K": k, "N": n, "W": 2} for k, n in (_LLAMA, _LLAMA_70B) for m in (1, 16, 128)],
     "7b": [{"M": m, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2} for m in (1, 16, 128)],
     "70b": [{"M": m, "K": _LLAMA_70B[0], "N": _LLAMA_70B[1], "W": 2} for m in (1, 16, 128)],
+    # The 70B-class MLP over four GPUs: 28672 = 4 · 56 groups of 128, K = 8192 = 4 · 2048.
+    "70b-w4": [{"M": m, "K": _LLAMA_70B[0], "N": _LLAMA_70B[1], "W": 4} for m in (1, 16, 128)],
     "decode": [{"M": 1, "K": _LLAMA[0], "N": _LLAMA[1], "W": 2}],
     "small": [{"M": m, "K": 1024, "N": 2816, "W": 2} for m in (1, 16)],
     # Llama-2-13B's MLP: 13824 = 4 · 27 groups of 128 (7B's 11008 = 86 groups splits in 2, not 4).

@@ -8,12 +8,13 @@
 #   check     the tensor-parallel check (conformance/tp/processes.py: each layer of a GPTQ
 #             MLP block against the float64 golden and the unsharded kernels), world 2,
 #             NCCL, one process per GPU
-#   world4    the check with four ranks sharing the two GPUs (gloo: NCCL refuses two
-#             ranks on one GPU; if gloo cannot all-reduce CUDA tensors, again staged
-#             through the host)
+#   world4    the check with four ranks: NCCL, one process per GPU where there are four;
+#             else sharing the two GPUs (gloo: NCCL refuses two ranks on one GPU; if gloo
+#             cannot all-reduce CUDA tensors, again staged through the host)
 #   bench     `quantcore bench tp_linear`, world 2, NCCL: the 70B-class (8192 → 28672) and
 #             the 7B (4096 → 11008) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
-#             the unsharded block on one GPU in the same run, the all-reduce alone
+#             the unsharded block on one GPU in the same run, the all-reduce alone; with
+#             four GPUs also the 70B-class MLP over world 4
 #   gloo, conformance   (only when named) the bench with two ranks sharing GPU 0 through
 #             gloo; the tensor-parallel conformance matrix on cuda
 #
@@ -78,28 +79,37 @@ check() {
   return "$rc"
 }
 
-PARTS="${*:-overhead check world4 bench}"
+PARTS="${*:-overhead bench world4 check}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 if has overhead; then
-  run overhead 180 env CUDA_VISIBLE_DEVICES=0 python3 -m quantcore bench overhead --device cuda \
+  run overhead 150 env CUDA_VISIBLE_DEVICES=0 python3 -m quantcore bench overhead --device cuda \
       --shapes default --rounds 5 --out "$OUT/overhead"
 fi
-if has check && [ "$GPUS" -ge 2 ]; then
-  check tp_check_w2_nccl 2 nccl cuda:rank
+# bench NAME: one tp_linear shape set, world as the set says, NCCL one process per GPU.
+bench() {
+  run "bench-$1" 150 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
+      python3 -m quantcore bench tp_linear --device cuda --shapes "$1" --rounds 5 --out "$OUT/tp-nccl-$1"
+}
+# Most wanted first, each its own run (a cut-off part keeps the others): the 70B-class block
+# over two GPUs, over four where there are four, the checks, then the 7B block.
+if has bench && [ "$GPUS" -ge 2 ]; then
+  bench 70b
+  [ "$GPUS" -ge 4 ] && bench 70b-w4
 fi
-if has world4; then
+if has world4 && [ "$GPUS" -ge 4 ]; then
+  check tp_check_w4_nccl 4 nccl cuda:rank
+elif has world4; then
   if ! check tp_check_w4_shared 4 gloo cuda:shared; then
     say "world 4 on shared GPUs failed: again with the all-reduce staged through the host"
     check tp_check_w4_shared_staged 4 gloo cuda:shared --stage-host
   fi
 fi
+if has check && [ "$GPUS" -ge 2 ]; then
+  check tp_check_w2_nccl 2 nccl cuda:rank
+fi
 if has bench && [ "$GPUS" -ge 2 ]; then
-  # The 70B-class block first (the target shape), each its own run: a cut-off one keeps the other.
-  for shapes in 70b 7b; do
-    run "bench-$shapes" 200 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
-        python3 -m quantcore bench tp_linear --device cuda --shapes "$shapes" --rounds 5 --out "$OUT/tp-nccl-$shapes"
-  done
+  bench 7b
 fi
 if has gloo; then
   run gloo-one-gpu 200 env QUANTCORE_TP_BACKEND=gloo QUANTCORE_TP_DEVICE=cuda \
