@@ -1,5 +1,13 @@
 """Launching the kernel: the plan, the TMA descriptors, the grid and the split-K buffers.
-Imports triton (through kernels.py): load it only when a call runs (or a probe compiles)."""
+Imports triton (through kernels.py): load it only when a call runs (or a probe compiles).
+
+What depends only on the weight, the activation dtype and the plan is decided once and kept
+with the weight's packed tensor (:class:`_Bucket`, through
+:func:`quantcore.triton.launch.launch_state`): the plan, the weight's TMA descriptors, the
+split, the constexprs and the compiled kernel bound to its launcher
+(:class:`quantcore.triton.launch.Launch`). Per call: x's descriptor, M, the output, the
+split-K workspace and the grid.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from quantcore.probe.card import CardKey, card_key
-from quantcore.triton.buffers import grown
+from quantcore.triton.buffers import capturing, grown
+from quantcore.triton.launch import Launch, launch_state
 
 from .configs import SMEM_RESERVE, Shape, plan_for
 from .kernels import wgmma_kernel
@@ -20,6 +29,14 @@ from .layout import SLICE, TILE_N, HopperWeights, block_k
 from .plans import Plan
 
 __all__ = ["kernel_args", "linear", "plan_of", "prepare_x"]
+
+#: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
+#: Triton specialises: x's descriptor and M. y and the workspace are fresh allocations
+#: (aligned); the rest is the weight's.
+VARYING = (1, 8)
+#: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
+#: sizes repeat; a stream of ever new ones must not grow the table without bound).
+MAX_RUNS = 256
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
              torch.int16: gl.int16, torch.uint8: gl.uint8}
@@ -114,25 +131,95 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     """``(grid, positional args, constexprs + launch options)`` of one launch."""
     m = x.shape[0]
     n = w.out_features
-    bk = block_k(w.bits)
     steps, split, per_wait = split_steps(w, plan)
     w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
     bias = w.bias if w.bias is not None else w.scales
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
-    slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
-    const = dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=split > 1,
-                 HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
-                 STAGES=plan.stages, PER_WAIT=per_wait, num_warps=plan.num_warps)
+    const = dict(_constexprs(w, plan, split, per_wait), num_warps=plan.num_warps)
     return (tiles, split), args, const
 
 
+def _constexprs(w: HopperWeights, plan: Plan, split: int, per_wait: int) -> dict[str, Any]:
+    bk = block_k(w.bits)
+    slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
+    return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=split > 1,
+                HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
+                STAGES=plan.stages, PER_WAIT=per_wait)
+
+
+class _Bucket:
+    """One plan of one weight for one activation dtype and device: everything a call of
+    that plan launches that does not depend on the activation."""
+
+    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
+        self.plan, self.dtype, self.device = plan, dtype, device
+        #: The weight's tensors as bound: a state whose fields were replaced is bound again.
+        self.source = (w.qweight, w.scales, w.zeros, w.bias)
+        n = w.out_features
+        self.n = n
+        steps, self.split, per_wait = split_steps(w, plan)
+        self.n_tiles = -(-n // (TILE_N * plan.wg))
+        w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
+        self.w_desc = w_desc
+        self.mid = (s_desc, z_desc, w.bias if w.bias is not None else w.scales)
+        self.tail = (n, n, w.blocks, steps, self.split, w.sub_group)  # N, stride_ym (y is contiguous), …
+        self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, self.split, per_wait),
+                             options=dict(num_warps=plan.num_warps), varying=VARYING, device=device)
+        self.counters: torch.Tensor | None = None
+
+    def fits(self, w: HopperWeights) -> bool:
+        s = self.source
+        return s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+
+    def __call__(self, x2: torch.Tensor, w: HopperWeights) -> torch.Tensor:
+        m, n = x2.shape[0], self.n
+        x = prepare_x(x2)
+        y = torch.empty((m, n), dtype=self.dtype, device=self.device)
+        tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
+        if self.split > 1:
+            ws = torch.empty(self.split * m * n, dtype=torch.float32, device=self.device)
+            counters = self.counters
+            if counters is None or counters.numel() < tiles:
+                counters = _counters(w, tiles, self.device)
+                if not capturing(self.device):  # a buffer made during a capture is that graph's alone
+                    self.counters = counters
+        else:
+            ws = counters = w.scales
+        self.launch((tiles, self.split, 1), self.w_desc, x_descriptor(x, w.bits, self.plan.bm), *self.mid,
+                    y, ws, counters, m, *self.tail)
+        return y
+
+
+def _bucket(x2: torch.Tensor, w: HopperWeights) -> _Bucket:
+    # Kept with the packed weight tensor, not the state object: the custom op rebuilds the
+    # state object around the same tensors at every call.
+    state = launch_state(w.qweight)
+    key = (x2.dtype, x2.device)
+    runs: dict[int, _Bucket] | None = state.get(key)
+    if runs is None:
+        runs = state[key] = {}
+    m = x2.shape[0]
+    bucket = runs.get(m)
+    if bucket is None or not bucket.fits(w):
+        plan = plan_of(m, w, x2.device)
+        bucket = next((b for b in runs.values() if b.plan == plan and b.fits(w)), None)
+        if bucket is None:
+            bucket = _Bucket(w, x2.dtype, x2.device, plan)
+        if len(runs) >= MAX_RUNS:
+            runs.clear()
+        runs[m] = bucket
+    return bucket
+
+
 def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torch.Tensor:
-    """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] (already permuted by ret_idx)."""
+    """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] (already permuted by ret_idx); ``plan``
+    overrides the choice (tests, the probes) and takes Triton's own launch path."""
+    if plan is None:
+        return _bucket(x2, w)(x2, w)
     m = x2.shape[0]
     n = w.out_features
-    plan = plan or plan_of(m, w, x2.device)
     x = prepare_x(x2)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     _, split, _ = split_steps(w, plan)
