@@ -77,8 +77,9 @@ def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str]
         if missing or extra:
             why = "; ".join(filter(None, (missing and f"missing {', '.join(missing)}",
                                            extra and f"{', '.join(extra)} unknown")))
-            takes = ", ".join(required) + (f" (and optionally {', '.join(optional)})" if optional else "")
-            raise InvalidArgumentError(f"--shape {text}: this suite takes {takes} ({why}), e.g. {example}")
+            also = f"; optionally {', '.join(optional)}" if optional else ""
+            raise InvalidArgumentError(
+                f"--shape {text}: this suite takes {', '.join(required)} ({why}){also}, e.g. {example}")
     if any(v < 0 for v in shape.values()):
         raise InvalidArgumentError(f"--shape {text}: dims are non-negative integers")
     return shape

@@ -29,7 +29,7 @@ def cells_of(registry: Registry, kernel: str) -> list:
 def test_cells_are_every_case_times_every_kernel(registry: Registry) -> None:
     cells = collect_cells(formats=[SMALL], registry=registry)
     kernels = {c.kernel.cls.name for c in cells}
-    assert kernels == {"aten_cpu", "aten_cuda", "aten_xpu", "torch_fallback", "triton_int4"}
+    assert kernels == {"aten_cpu", "aten_cuda", "aten_xpu", "hopper_wgmma", "torch_fallback", "triton_int4"}
     ids = [c.id for c in cells]
     assert len(ids) == len(set(ids))
     assert "gptq4-g32-asym/aten_cpu/M1-K4096-N4096/bf16" in ids

@@ -4,7 +4,7 @@ seen before reuses its bucket, and a weight whose tensors were replaced is bound
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ from quantcore.formats.gptq import GPTQ
 class _Recorder:
     """Stands in for quantcore.triton.launch.Launch: records what a bucket launches."""
 
-    made: list[_Recorder] = []
+    made: ClassVar[list[_Recorder]] = []
 
     def __init__(self, fn: Any, *, constexprs: dict[str, Any], options: dict[str, Any], varying: Any,
                  device: torch.device) -> None:
