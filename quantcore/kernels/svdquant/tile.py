@@ -28,3 +28,10 @@ class Tile:
     maxnreg: int | None = None
     #: programs per SM when ``grid`` is 0
     per_sm: int = 2
+
+    def describe(self) -> str:
+        """Every field, in words: what a bench row or a log line names the tile by."""
+        programs = f"grid {self.grid}" if self.grid else f"{self.per_sm} programs/SM"
+        cap = f"maxnreg {self.maxnreg}" if self.maxnreg else "no register cap"
+        return (f"bm {self.bm}, bn {self.bn}, {self.num_warps} warps, {self.num_stages} stages, {programs}, "
+                f"tree {self.tree}, {cap}")

@@ -18,7 +18,10 @@ everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -267,16 +270,32 @@ class TritonActQuantLora(SVDQuantKernel):
         )
 
 
+def _median_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of ``fn()``: ``triton.testing.do_bench`` on a GPU; on a CPU (the
+    interpreter, where tuning only checks that every candidate runs) a few timed calls."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=40, return_mode="median")) / 1e3
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def tune_tile(
     kernel: TritonActQuantLora, x: torch.Tensor, prepared: SVDQuantWeights, configs: tuple[Tile, ...] = CONFIGS
 ) -> list[tuple[Tile, float]]:
-    """Time every valid candidate on this GPU (``triton.testing.do_bench``, median);
-    returns ``(tile, seconds)`` fastest first. Candidates that fail to compile are left out."""
-    from triton.testing import do_bench
-
+    """Time every valid candidate on ``x``'s device; returns ``(tile, seconds)`` fastest
+    first. Candidates :func:`check_tile` refuses or whose pipelined tiles exceed a block's
+    shared memory are left out, and so are those that fail to compile or run (out of
+    registers or shared memory on this GPU) — but if none is left, the error names each
+    candidate's failure, so a bug in the tuned path cannot pass for a GPU limit."""
     fmt = kernel.fmt
     assert isinstance(fmt, SVDQuantAct)
-    results = []
+    results, failures = [], []
     for tile in configs:
         try:
             check_tile(tile, fmt, prepared.r)
@@ -285,11 +304,13 @@ def tune_tile(
         if smem_bytes(tile, prepared.r) > 200 * 1024:  # beyond an H100 block's shared memory
             continue
         try:
-            ms = do_bench(lambda t=tile: kernel.forward(x, prepared, tile=t), warmup=10, rep=40, return_mode="median")
-        except Exception:  # a configuration out of registers or shared memory on this GPU
+            seconds = _median_seconds(lambda t=tile: kernel.forward(x, prepared, tile=t), x.device)
+        except Exception as exc:  # kept for the error below
+            failures.append(f"{tile.describe()}: {type(exc).__name__}: {exc}")
             continue
-        results.append((tile, float(ms) / 1e3))
+        results.append((tile, seconds))
     results.sort(key=lambda item: item[1])
     if not results:
-        raise KernelInputError(f"{kernel.name}: no tile in CONFIGS runs on {x.device}")
+        why = "; ".join(failures) or "every candidate was refused by check_tile or exceeds shared memory"
+        raise KernelInputError(f"{kernel.name}: no tile of {len(configs)} candidates runs on {x.device}: {why}")
     return results
