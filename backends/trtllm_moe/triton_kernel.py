@@ -17,7 +17,6 @@ call can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,11 +31,13 @@ from quantcore.kernels.trtllm_moe import ACT_DTYPES, TRTLLMMoEKernel
 from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import card_of
 from quantcore.problem import Problem
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
-from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
+from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile, uses_wgmma
 from .weights import load_expert_weights
 
 __all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "launch", "stored_row_order"]
@@ -81,16 +82,11 @@ def stored_row_order(k: int, device: torch.device) -> torch.Tensor:
     return (chunks + sigma.view(1, -1)).reshape(-1).to(device)
 
 
-@functools.lru_cache(maxsize=8)
-def _device_facts(index: int) -> tuple[str, int]:
-    props = torch.cuda.get_device_properties(index)
-    return props.name, props.multi_processor_count
-
-
-def _facts(device: torch.device) -> tuple[str | None, int]:
-    if device.type != "cuda" or interpreted():
-        return None, 4
-    return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
+def _facts(device: torch.device) -> tuple[CardKey | None, int]:
+    """The card the tables are keyed by (None off CUDA and under the interpreter) and the
+    SMs a persistent grid fills."""
+    card = card_of(device)
+    return card, card.sms if card is not None else 4
 
 
 def _pow2_at_least(v: int, low: int) -> int:
@@ -263,10 +259,11 @@ class TritonMoE(TRTLLMMoEKernel):
         if routes == 0:
             shape = (t, cols) if weighted else (t, topk, cols)
             return torch.zeros(shape, dtype=x.dtype, device=x.device)
-        name, _ = _facts(x.device)
-        tile = tile or pick_tile(routes, e, k, prepared.group_size, scale_dtype=prepared.scales.dtype, device_name=name,
+        card, _ = _facts(x.device)
+        tile = tile or pick_tile(routes, e, k, prepared.group_size, scale_dtype=prepared.scales.dtype, card=card,
                                  interpreted=interpreted())
-        check_tile(tile, routes, k, prepared.group_size, gated)
+        check_tile(tile, routes, k, prepared.group_size, gated, scale_dtype=prepared.scales.dtype,
+                   wgmma=uses_wgmma(card))
         rows = x.reshape(-1, k)
         if rows.stride(-1) != 1 or rows.stride(0) % 8:
             rows = rows.contiguous()

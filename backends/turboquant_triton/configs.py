@@ -1,30 +1,38 @@
-"""Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned on
-the named devices by ``tools/probes/turboquant_tune.py``, so a first call needs no
-autotuning) and the rule used where no table entry fits.
+"""Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned by
+``tools/probes/turboquant_tune.py``, so a first call needs no autotuning) and the rule
+used where no table entry fits.
 
-A configuration is looked up by a key holding everything that changes the kernel's
-geometry — kernel, device, K, N, group size, number of passes, activation dtype, and for
-the tensor-core kernel the M bucket — so a config tuned for one layer is never applied
-to a layer whose groups or passes differ (a past bug: a group-64 tile reused for group
-32 ran no step and returned zeros).
+Tables are keyed by the card's features (:class:`~quantcore.probe.card.CardKey`:
+architecture, SMs, shared memory per block, bandwidth class), never by a device name: a
+card without a table of its own takes the nearest table of its architecture
+(:mod:`quantcore.probe.card_tables`) — an H200 runs the H100's configurations, not the
+rule's — and a card of another architecture takes the rule.
 
-Tables: every ``tuned-*.json`` beside this file, then the file named by the environment
-variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (entries there win). Each holds a list of
-entries ``{"device", "kernel": "gemv" | "mma" | "paths", "K", "N", "d", "passes",
-"dtype", ["m_bucket"], "config": {...}}``.
+Within a card's table an entry is looked up by everything that changes the kernel's
+geometry — kernel, K, N, group size, number of passes, activation dtype, and for the
+tensor-core kernel the M bucket — so a config tuned for one layer is never applied to a
+layer whose groups or passes differ (a past bug: a group-64 tile reused for group 32 ran
+no step and returned zeros).
+
+Tables: every ``tuned-<card slug>.json`` beside this file, then the file named by the
+environment variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (its entries win over the shipped
+ones of the same card). Each is ``{"card": {...}, "entries": [{"kernel": "gemv" | "mma" |
+"paths", "K", "N", "d", "passes", "dtype", ["m_bucket"], "config": {...}}, ...]}``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import read_card_json, table_for
+
 __all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
-           "table"]
+           "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 
@@ -72,37 +80,47 @@ def _dtype_name(dtype: object) -> str:
 def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
     kind = entry["kernel"]
     if kind == "paths":
-        return (entry["device"], "paths")
-    key = (entry["device"], kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
+        return ("paths",)
+    key = (kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
     return (*key, entry["m_bucket"]) if kind == "mma" else key
 
 
-def _load(path: Path) -> dict[tuple[Any, ...], Any]:
-    out: dict[tuple[Any, ...], Any] = {}
-    for entry in json.loads(path.read_text()):
+Table = dict[tuple[Any, ...], Any]
+
+
+def _load(path: Path) -> tuple[CardKey, Table]:
+    card, data = read_card_json(path)
+    out: Table = {}
+    for entry in data["entries"]:
         cls = _KINDS[entry["kernel"]]
         names = {f.name for f in fields(cls)}
         out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
-    return out
+    return card, out
 
 
 @lru_cache(maxsize=4)
-def _tables(extra: str | None) -> dict[tuple[Any, ...], Any]:
-    merged: dict[tuple[Any, ...], Any] = {}
-    for path in sorted(Path(__file__).parent.glob("tuned-*.json")):
-        merged.update(_load(path))
-    if extra:
-        merged.update(_load(Path(extra)))
+def _tables(extra: str | None) -> dict[CardKey, Table]:
+    merged: dict[CardKey, Table] = {}
+    paths = sorted(Path(__file__).parent.glob("tuned-*.json")) + ([Path(extra)] if extra else [])
+    for path in paths:
+        card, entries = _load(path)
+        merged.setdefault(card, {}).update(entries)
     return merged
 
 
-def table() -> dict[tuple[Any, ...], Any]:
-    """The shipped entries plus the environment's file."""
+def tables() -> dict[CardKey, Table]:
+    """The shipped tables plus the environment's file, per card."""
     return _tables(os.environ.get(ENV) or None)
 
 
-def gemv_config(device: str, k: int, n: int, d: int, passes: int, dtype: object) -> GemvConfig:
-    hit = table().get((device, "gemv", k, n, d, passes, _dtype_name(dtype)))
+def table(card: CardKey | None) -> Table:
+    """The entries that serve ``card`` (its own table or the nearest of its
+    architecture); empty for no card (the CPU, the interpreter) or no such table."""
+    return table_for(tables(), card) or {}
+
+
+def gemv_config(card: CardKey | None, k: int, n: int, d: int, passes: int, dtype: object) -> GemvConfig:
+    hit = table(card).get(("gemv", k, n, d, passes, _dtype_name(dtype)))
     if isinstance(hit, GemvConfig):
         return hit
     groups = k // d
@@ -118,8 +136,8 @@ def m_bucket(m: int) -> int:
     return min(max(16, 1 << max(m - 1, 0).bit_length()), 4096)
 
 
-def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
-    hit = table().get((device, "mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
+def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
+    hit = table(card).get(("mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
     if isinstance(hit, MmaConfig):
         return hit
     if m <= 16:
@@ -129,6 +147,6 @@ def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: 
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
 
 
-def path_for(device: str) -> PathChoice:
-    hit = table().get((device, "paths"))
+def path_for(card: CardKey | None) -> PathChoice:
+    hit = table(card).get(("paths",))
     return hit if isinstance(hit, PathChoice) else PathChoice()

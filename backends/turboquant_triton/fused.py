@@ -22,6 +22,8 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import card_of
 
 from . import configs
 from .dequant import dequant_kernel
@@ -40,8 +42,9 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+def _card(device: torch.device) -> CardKey | None:
+    """What the tuned tables are keyed by (None on the CPU and under the interpreter)."""
+    return card_of(device)
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
@@ -62,7 +65,7 @@ def _gemv(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor,
     n = out.shape[1]
     groups = k // d
     device = x2d.device
-    cfg = config or configs.gemv_config(_device_name(device), k, n, d, len(passes), x2d.dtype)
+    cfg = config or configs.gemv_config(_card(device), k, n, d, len(passes), x2d.dtype)
     gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
     split = triton.cdiv(groups, gpc)
     chunks = max(1, min(triton.cdiv(n, cfg.br), round(cfg.ctas / split)))
@@ -93,7 +96,7 @@ def _mma(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, 
     n = out.shape[1]
     groups = k // d
     device = x2d.device
-    cfg = config or configs.mma_config(_device_name(device), m, k, n, d, len(passes), x2d.dtype)
+    cfg = config or configs.mma_config(_card(device), m, k, n, d, len(passes), x2d.dtype)
     tiles_n = triton.cdiv(n, cfg.block_n)
     tiles_m = triton.cdiv(m, cfg.block_m)
     # Split K only as far as needed to fill the GPU (each split costs a partial tile).
@@ -205,7 +208,7 @@ def fused_linear(
     if m == 0:
         return out
     if path is None:
-        choice = configs.path_for(_device_name(x2d.device))
+        choice = configs.path_for(_card(x2d.device))
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
     if path == "gemv":
         if m != 1:

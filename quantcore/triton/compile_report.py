@@ -108,7 +108,8 @@ class Instruction:
     operands: str
 
 
-_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# Modifiers may hold lower case (``HGMMA.64x256x16.F32``): the opcode runs to the first space.
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 
 
 def instructions(sass: str) -> list[Instruction]:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
+from quantcore.probe.card import card_key
 
 E, TOPK, K, N, GROUP = 8, 2, 4096, 28672, 128
 TOKENS = (1, 16, 64, 512, 4096)
@@ -194,15 +195,16 @@ def sweep(out_dir: Path, only: tuple[int, ...], jobs: int, wait_pid: int | None)
 
     t_start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
+    card = card_key(0)
     fmt = TRTLLMMoE(group_size=GROUP, sym=True, scale_dtype=torch.bfloat16)
-    shipped = {t: pick_tile(t * TOPK, E, K, GROUP, scale_dtype=torch.bfloat16, device_name=props.name) for t in only}
+    shipped = {t: pick_tile(t * TOPK, E, K, GROUP, scale_dtype=torch.bfloat16, card=card) for t in only}
     tried = {t: [shipped[t], *[c for c in candidates(t) if c != shipped[t]]] for t in only}
     extras = [(t, gated, sym, dname, group) for t, gated, sym, dname, group in (
         (512, True, True, "bfloat16", GROUP), (4096, True, True, "bfloat16", GROUP),
         (16, False, False, "bfloat16", GROUP), (4096, False, False, "bfloat16", GROUP),
         (16, False, True, "float16", 64), (512, False, True, "float16", 64)) if t in only]
     extra_tile = {(t, dname, group): pick_tile(t * TOPK, E, K, group, scale_dtype=getattr(torch, dname),
-                                               device_name=props.name) for t, _, _, dname, group in extras}
+                                               card=card) for t, _, _, dname, group in extras}
     tasks = [(t, tile, False, True, "bfloat16", GROUP) for t in only for tile in tried[t]]
     tasks += [(t, extra_tile[t, d, g], gated, sym, d, g) for t, gated, sym, d, g in extras]
     if 4096 in only:
