@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import triton
 
+from quantcore.probe.card_tables import cuda_card
 from quantcore.triton.buffers import KeptBuffers, grown
 
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_for
@@ -48,8 +49,7 @@ def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
         block_m = max(16, min(64, 1 << (m - 1).bit_length()))
         return Plan("mma", mma=dataclasses.replace(INTERPRETER_MMA, block_m=block_m))
     shape = Shape(m, w.in_features, w.out_features, w.bits, close_slices(w), _dtype_name(x2.dtype))
-    props = torch.cuda.get_device_properties(x2.device)
-    return plan_for(shape, props.name, props.multi_processor_count)
+    return plan_for(shape, cuda_card(x2.device))
 
 
 def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Tensor:

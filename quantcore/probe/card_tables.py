@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ..errors import InvalidArgumentError
 from .card import CardKey, card_key
 
-__all__ = ["H100_SXM", "card_fields", "card_of", "nearest_key", "read_card_json", "table_for"]
+__all__ = ["H100_SXM", "card_fields", "card_of", "cuda_card", "nearest_key", "read_card_json", "table_for"]
 
 T = TypeVar("T")
 
@@ -78,13 +78,22 @@ def _cuda_card(index: int) -> CardKey:
     return card_key(index)
 
 
+def cuda_card(device: Any) -> CardKey:
+    """The key of a CUDA device (``torch.device``, or None for the current one), read once
+    per device index."""
+    import torch
+
+    device = torch.device("cuda") if device is None else torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_card(index)
+
+
 def card_of(device: Any) -> CardKey | None:
-    """The key of a CUDA device (cached per index); None for any other device and under
-    Triton's interpreter, where no tuned table applies."""
+    """:func:`cuda_card` of a CUDA device; None for any other device and under Triton's
+    interpreter, where no tuned table applies."""
     import torch
 
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_card(index)
+    return cuda_card(device)

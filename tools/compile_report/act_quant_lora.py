@@ -67,8 +67,9 @@ def h100_tile(fp4: bool, n: int, r: int, m_pad: int = 4352) -> Tile:
 
     from quantcore.formats.svdquant import SVDQuantAct
     from quantcore.kernels.svdquant.configs import shipped_tile
+    from quantcore.probe.card_tables import H100_SXM
 
-    return (shipped_tile("NVIDIA H100 80GB HBM3", SVDQuantAct(fp4=fp4), m_pad, n, r, torch.bfloat16, True)
+    return (shipped_tile(H100_SXM, SVDQuantAct(fp4=fp4), m_pad, n, r, torch.bfloat16, True)
             or pick_tile(m_pad, n, r, fp4))
 
 

@@ -10,8 +10,8 @@ Tiles. A step is one ``bm × bn`` tile of x; ``grid`` programs share the
 trades the LoRA weight's re-reads (each row tile reads all of ``lora_down`` from L2)
 against the partials of row tiles split between programs. The tile for a call comes
 from, in order: ``QUANTCORE_SVDQUANT_TUNE=1`` (time :data:`CONFIGS` on the shape's first
-call, cached in-process); the shipped table for this GPU (:mod:`.configs`, keyed by
-everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
+call, cached in-process); the shipped table for this card or the nearest of its architecture (:mod:`.configs`,
+keyed by everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
 :func:`pick_tile` rule.
 """
 
@@ -32,6 +32,7 @@ from ...formats.svdquant import SVDQuantAct
 from ...kernel import Requirements, Support
 from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
+from ...probe.card_tables import card_of
 from ...problem import Problem
 from ...triton.buffers import KeptBuffers, stream_key
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
@@ -231,7 +232,7 @@ class TritonActQuantLora(SVDQuantKernel):
                     print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
 
-            shipped = shipped_tile(torch.cuda.get_device_name(x.device), fmt, m_pad, n, r, x.dtype, smooth)
+            shipped = shipped_tile(card_of(x.device), fmt, m_pad, n, r, x.dtype, smooth)
             if shipped is not None:
                 return shipped
         return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
