@@ -31,7 +31,7 @@ from typing import Any
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
-__all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
+__all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
            "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
@@ -40,13 +40,22 @@ ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 @dataclass(frozen=True)
 class GemvConfig:
     """Decode kernel: ``gpc`` groups per program, about ``ctas`` programs, ``br`` rows a
-    step, the row loop unrolled ``unroll`` times (3 = the prefetch depth: no moves)."""
+    step, the row loop unrolled ``unroll`` times (3 = the prefetch depth: no moves),
+    ``maxnreg``, a cap on registers per thread (None: the compiler's choice) — the
+    kernel is latency-bound, so a cap that lets more programs share an SM keeps more
+    index words in flight (same code and arithmetic, other register allocation) — and
+    ``prerotate``."""
 
     gpc: int = 8
     ctas: int = 396
     br: int = 8  # rows × 128 words = 4 words (one 16-byte vector) per thread at 8 warps
     warps: int = 8
     unroll: int = 3
+    maxnreg: int | None = None
+    #: a shared rotation applied once per call by a small kernel (gemv.rotate_kernel)
+    #: rather than by every program: no d² rotation read and no dot per program, one
+    #: launch more (the same float32 rows, bit for bit)
+    prerotate: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,20 @@ class PathChoice:
     gemv_max_m: int = 1
     mma_max_m: int = 256
 
+
+#: Decode variants for a GPU sweep to time beside the shipped configurations (not used
+#: unless a table names them): the shipped 4096 × 14336 one-pass geometry with the
+#: rotation once per call — on sm_90 (tools/compile_report): 101 instead of 128
+#: registers, 2 KB instead of 36 KB of shared memory, no dot and no 32 KB rotation read
+#: per program — and with a cap of 80 registers, which then spills nothing and lets three
+#: programs share an SM instead of two (5.3 instead of 4.8 instructions a weight in the
+#: row loop: the sweep decides); the default and the two-pass geometry rotated once.
+GEMV_VARIANTS = (
+    GemvConfig(gpc=8, ctas=264, br=16, warps=8, unroll=1, prerotate=True),
+    GemvConfig(gpc=8, ctas=264, br=16, warps=8, unroll=1, maxnreg=80, prerotate=True),
+    GemvConfig(gpc=8, ctas=396, br=8, warps=8, unroll=3, prerotate=True),
+    GemvConfig(gpc=8, ctas=264, br=8, warps=8, unroll=1, prerotate=True),
+)
 
 _KINDS = {"gemv": GemvConfig, "mma": MmaConfig, "paths": PathChoice}
 

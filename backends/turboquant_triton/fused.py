@@ -27,7 +27,7 @@ from quantcore.probe.card_tables import card_of
 
 from . import configs
 from .dequant import dequant_kernel
-from .gemv import gemv_kernel
+from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
 from .workspace import tickets
@@ -45,6 +45,16 @@ def interpreting() -> bool:
 def _card(device: torch.device) -> CardKey | None:
     """What the tuned tables are keyed by (None on the CPU and under the interpreter)."""
     return card_of(device)
+
+
+def _rotated_fp32(x2d: torch.Tensor, rotation: torch.Tensor, d: int, gpc: int, warps: int) -> torch.Tensor:
+    """x_rot of a decode row in float32, each split's ``gpc`` groups rotated once
+    (``prerotate``), by the decode kernel's own dot and warps."""
+    groups = x2d.shape[1] // d
+    out = torch.empty(1, x2d.shape[1], dtype=torch.float32, device=x2d.device)
+    rotate_kernel[(triton.cdiv(groups, gpc),)](x2d, rotation, out, N_GROUPS=groups, D=d, GPC=gpc,
+                                               DOT_FP32=_dot_fp32(x2d), num_warps=warps, num_stages=1)
+    return out
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
@@ -72,7 +82,11 @@ def _gemv(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor,
     rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
     chunks = triton.cdiv(n, rows_cta)
     shared = passes[0].rotation.shape[0] == 1
-    xs = [x2d if shared else rotate_input(x2d, p.rotation) for p in passes]
+    if shared and cfg.prerotate:
+        xs = [_rotated_fp32(x2d, p.rotation, d, gpc, cfg.warps) for p in passes]
+        shared = False
+    else:
+        xs = [x2d if shared else rotate_input(x2d, p.rotation) for p in passes]
     ws = torch.empty(split, n, dtype=torch.float32, device=device) if split > 1 else out
     tk = tickets(device, chunks) if split > 1 else codebook
     p1, p2 = passes[0], passes[-1]
@@ -85,7 +99,7 @@ def _gemv(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor,
         BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
         TWO_PASSES=len(passes) == 2, X_ROTATED=not shared, HAS_PARTIAL=partial is not None,
         HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(xs[0]), INTERPRET=interpreting(),
-        num_warps=cfg.warps, num_stages=1,
+        num_warps=cfg.warps, num_stages=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
     )
 
 

@@ -19,7 +19,13 @@ from quantcore.backends.triton_nvfp4 import TritonNVFP4  # noqa: E402
 from quantcore.benchmarks.suites import get_suite  # noqa: E402
 from quantcore.errors import KernelInputError  # noqa: E402
 from quantcore.formats.svdquant import SVDQuantAct  # noqa: E402
-from quantcore.kernels.svdquant.triton_kernel import CONFIGS, Tile, check_tile, smem_bytes, tune_tile  # noqa: E402
+from quantcore.kernels.svdquant.triton_kernel import (  # noqa: E402
+    CONFIGS,
+    Tile,
+    check_tile,
+    smem_bytes,
+    tune_tile,
+)
 from quantcore.ops.act_quant_lora import ActQuantLoraOutput, act_quant_lora_reference  # noqa: E402
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -77,7 +83,7 @@ def test_tune_tile_names_the_failures_when_nothing_runs(monkeypatch: pytest.Monk
         raise AttributeError("'Tile' object has no attribute 'nothing'")
 
     monkeypatch.setattr(kernel, "forward", broken)
-    with pytest.raises(KernelInputError, match=r"no tile of 10 candidates runs.*bm 64, bn 64.*AttributeError"):
+    with pytest.raises(KernelInputError, match=rf"no tile of {len(CONFIGS)} candidates runs.*bm 64, bn 64.*AttributeError"):
         tune_tile(kernel, x.to(DEVICE), prepared)
 
 

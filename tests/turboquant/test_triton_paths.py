@@ -71,6 +71,28 @@ def test_decode_kernel_with_a_rotation_per_group() -> None:
     _check(TurboQuant(group_size=64, rotation_per_group=True, residual=True), 48, 256, 1, "gemv")
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["one-pass", "residual"])
+def test_decode_prerotate_plan_is_bit_identical_to_the_fused_rotation(residual: bool) -> None:
+    """The ``prerotate`` plan (the shared rotation once per call, gemv.rotate_kernel) gives
+    the decode kernel the very rows its programs would compute: the same output bits, with
+    a ragged last split (10 groups, 4 a program) and more than 16 groups (two rotation
+    programs)."""
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    for k, gpc in ((640, 4), (1280, 8)):
+        fmt = TurboQuant(group_size=64, residual=residual)
+        t, prep = _layer(fmt, 40, k, seed=k)
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + 1)).to(torch.bfloat16)
+        fused, pre = (GemvConfig(gpc=gpc, ctas=9, br=8, warps=4, unroll=1, prerotate=flag) for flag in (False, True))
+        # float32 out: a rotation off by one ulp anywhere would show
+        ys = [fused_linear(x, prep.passes, prep.codebook, group_size=64, partial=None, bias=prep.bias,
+                           out_dtype=torch.float32, path="gemv", config=cfg) for cfg in (fused, pre)]
+        assert torch.equal(ys[0], ys[1]), (k, gpc)
+        ref = linear_reference(x, fmt.dequantize(t), t["bias"])
+        assert compare(ys[1].to(torch.bfloat16), ref, tolerance_for(torch.bfloat16)).ok
+
+
 def test_tensor_core_kernel_split_over_k_with_partial() -> None:
     from quantcore.backends.turboquant_triton.configs import MmaConfig
 

@@ -41,6 +41,9 @@ G = configs.GemvConfig
 Mm = configs.MmaConfig
 GEMV = [G(8, 396, 8, 8, 3), G(8, 264, 8, 8, 3), G(16, 264, 8, 8, 1), G(8, 264, 16, 8, 1), G(8, 396, 4, 4, 3)]
 GEMV_RES = [G(8, 264, 8, 8, 1), G(8, 132, 8, 8, 1), G(8, 396, 8, 8, 1), G(16, 264, 8, 8, 1)]
+# The plan variants (rotation once per call, a register cap): timed beside the above.
+GEMV += list(configs.GEMV_VARIANTS)
+GEMV_RES += [c for c in configs.GEMV_VARIANTS if c.unroll == 1]
 MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4, 4, 264)],
        128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
 CROSSOVER_M = (256, 512, 1024)

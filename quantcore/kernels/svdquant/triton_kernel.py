@@ -50,12 +50,15 @@ ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
 #: at R ≤ 128 (``python -m tools.compile_report act_quant_lora``); those whose pipelined tiles
-#: exceed shared memory for a rank are skipped.
+#: exceed shared memory for a rank are skipped. The last two fill the SMs at a small batch:
+#: the shipped M = 256 tiles launch one or two 4-warp programs an SM where four fit (128
+#: registers, 33–37 KB of shared memory each).
 CONFIGS = tuple(
     Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
     for bm, bn, warps, cap, per_sm in [
         (64, 64, 4, None, 2), (64, 64, 4, 168, 3), (64, 64, 4, 128, 4), (64, 128, 4, 168, 3), (128, 64, 8, 128, 2),
         (32, 128, 4, None, 1), (32, 64, 4, 128, 2), (16, 64, 4, 128, 2), (16, 128, 4, 128, 1), (64, 128, 4, None, 1),
+        (32, 128, 4, 128, 4), (16, 64, 4, 128, 4),
     ]
 )
 
