@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import table_for
 
 from .plans import Plan
 
@@ -66,9 +67,7 @@ def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], Plan]]:
 
 
 def plan_for(shape: Shape, card: CardKey) -> Plan:
-    tables = _tables()
-    key = card if card in tables else card.nearest(tables)
-    table = tables.get(key) if key is not None else None
+    table = table_for(_tables(), card)
     if table:
         ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
         below = [m for m in ms if m <= shape.m]

@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import read_card_json
 
 from .plans import Plan
 
@@ -28,8 +28,8 @@ def parse_table(data: dict) -> tuple[CardKey, Table]:
 def load_tables(folder: Path = Path(__file__).parent) -> dict[CardKey, Table]:
     tables: dict[CardKey, Table] = {}
     for path in sorted(folder.glob("tuned-*.json")):
-        card, plans = parse_table(json.loads(path.read_text()))
-        tables[card] = plans
+        card, data = read_card_json(path)
+        tables[card] = parse_table(data)[1]
     return tables
 
 

@@ -1,17 +1,23 @@
 """Which path and tile a call runs: the shipped tuned table, else a default rule.
 
 A plan is chosen from the problem alone (no autotuning at run time, so the first call
-costs one compile, not a search): ``plan_for(shape, device, sms)``, once per run of M
-between two of :func:`plan_breaks` (``launch.py`` keeps it with the weight). The key
+costs one compile, not a search): ``plan_for(shape, card)``, once per run of M between two
+of :func:`plan_breaks` (``launch.py`` keeps it with the weight). The key
 holds everything that changes a kernel's geometry: bits, the close-run of the groups
-(``CLOSE`` slices), K, N and M. The table (``tuned_h100.py``) was measured on an H100
-(``tools/probes/triton_int4_tiles.py``; numbers in README.md); other devices, and shapes missing from it, take
-:func:`default_plan`.
+(``CLOSE`` slices), K, N and M. Tables are keyed by the card's features
+(:class:`~quantcore.probe.card.CardKey`): the one shipped (``tuned_h100.py``) was measured
+on an H100 (``tools/probes/triton_int4_tiles.py``; numbers in README.md) and serves every
+sm_90 card without a table of its own (the nearest of the architecture,
+:mod:`quantcore.probe.card_tables`); other architectures, and shapes missing from the
+table, take :func:`default_plan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import table_for
 
 from .plans import GemvConfig, MmaConfig, Plan
 
@@ -45,11 +51,11 @@ INTERPRETER_MMA = MmaConfig(block_n=64, block_m=64, num_warps=4, num_stages=1, o
 DEQUANT_BLOCK_N = 64
 
 
-def _tuned() -> dict[str, dict[tuple[int, int, int, int, int], Plan]]:
-    """device name → {(bits, close, K, N, M): plan}, measured in bf16 (tuned_h100.py)."""
+def _tuned() -> dict[CardKey, dict[tuple[int, int, int, int, int], Plan]]:
+    """card → {(bits, close, K, N, M): plan}, measured in bf16 (tuned_h100.py)."""
     from . import tuned_h100
 
-    return {tuned_h100.DEVICE: tuned_h100.PLANS}
+    return {tuned_h100.CARD: tuned_h100.PLANS}
 
 
 def _pow2_at_least(v: int, lo: int, hi: int) -> int:
@@ -84,25 +90,25 @@ def default_plan(shape: Shape, sms: int) -> Plan:
 DEFAULT_BREAKS = (17, 33, 65, 129, 257, 1025)
 
 
-def plan_breaks(shape: Shape, device_name: str) -> tuple[int, ...]:
+def plan_breaks(shape: Shape, card: CardKey) -> tuple[int, ...]:
     """The Ms (increasing) at which :func:`plan_for` may answer differently for this
     shape's K, N, bits and close (its M is ignored): those of the rule, and for a measured
     shape each measured M and the first M more than 4× above it. Between two breaks the
     plan is one: a launcher decides it once per run of M (``launch.py``)."""
-    table = _tuned().get(device_name) or {}
+    table = table_for(_tuned(), card) or {}
     ms = [m for (b, c, k, n, m) in table if (b, c, k, n) == (shape.bits, shape.close, shape.k, shape.n)]
     return tuple(sorted({*DEFAULT_BREAKS, *ms, *(4 * m + 1 for m in ms)}))
 
 
-def plan_for(shape: Shape, device_name: str, sms: int) -> Plan:
+def plan_for(shape: Shape, card: CardKey) -> Plan:
     """The measured plan of the largest measured M at or below this one (at most 4× below:
-    further out, the rule), for this device, bits, groups, K and N; else the rule. fp16
-    takes the bf16 measurement: the same tiles and, per the sm90 report, the same
-    instruction counts."""
-    table = _tuned().get(device_name)
+    further out, the rule), for this card's table (or the nearest of its architecture),
+    bits, groups, K and N; else the rule. fp16 takes the bf16 measurement: the same tiles
+    and, per the sm90 report, the same instruction counts."""
+    table = table_for(_tuned(), card)
     if table:
         ms = sorted(m for (b, c, k, n, m) in table if (b, c, k, n) == (shape.bits, shape.close, shape.k, shape.n))
         below = [m for m in ms if m <= shape.m]
         if below and shape.m <= 4 * below[-1]:
             return table[(shape.bits, shape.close, shape.k, shape.n, below[-1])]
-    return default_plan(shape, sms)
+    return default_plan(shape, card.sms)

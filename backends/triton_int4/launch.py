@@ -22,6 +22,7 @@ import torch
 import triton
 
 from quantcore.errors import KernelInputError
+from quantcore.probe.card_tables import cuda_card
 from quantcore.tensors import describe
 from quantcore.triton.buffers import KeptBuffers, capturing, grown
 from quantcore.triton.launch import Launch, launch_state
@@ -71,14 +72,13 @@ def plan_of(x2: torch.Tensor, w: TritonIntWeights) -> Plan:
         # operands and few, large programs.
         block_m = max(16, min(64, 1 << (m - 1).bit_length()))
         return Plan("mma", mma=dataclasses.replace(INTERPRETER_MMA, block_m=block_m))
-    props = torch.cuda.get_device_properties(x2.device)
-    return plan_for(_shape(m, x2.dtype, w), props.name, props.multi_processor_count)
+    return plan_for(_shape(m, x2.dtype, w), cuda_card(x2.device))
 
 
 def _breaks(x2: torch.Tensor, w: TritonIntWeights) -> tuple[int, ...]:
     if interpreting():
         return INTERPRETER_BREAKS
-    return plan_breaks(_shape(1, x2.dtype, w), torch.cuda.get_device_properties(x2.device).name)
+    return plan_breaks(_shape(1, x2.dtype, w), cuda_card(x2.device))
 
 
 def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Tensor:

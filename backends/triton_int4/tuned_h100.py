@@ -1,4 +1,4 @@
-"""Plans measured on an NVIDIA H100 80GB HBM3 (the fastest of ``tools/probes/triton_int4_tiles.py``'s candidates,
+"""Plans measured on an NVIDIA H100 80GB HBM3, keyed by its card features (:data:`CARD`; the fastest of ``tools/probes/triton_int4_tiles.py``'s candidates,
 CUDA-graph replays, bf16 activations, GPTQ g128: ``benchmarks/results/probes/
 triton_int4_sweep-nvidia-h100-80gb-hbm3.json``), keyed by ``(bits, close, K, N, M)``.
 ``close`` is the slices per scale group (``launch.close_slices``): 4 at 4 bits and 2 at
@@ -7,11 +7,13 @@ the sweep; ``configs.plan_for`` says how M between the measured ones is served."
 
 from __future__ import annotations
 
+from quantcore.probe.card_tables import H100_SXM
+
 from .plans import MmaConfig, Plan
 
-__all__ = ["DEVICE", "PLANS"]
+__all__ = ["CARD", "PLANS"]
 
-DEVICE = "NVIDIA H100 80GB HBM3"
+CARD = H100_SXM
 
 # MmaConfig(block_n, block_m, split_k, num_warps, num_stages, operand, block_b)
 PLANS: dict[tuple[int, int, int, int, int], Plan] = {

@@ -1,11 +1,13 @@
 """Launch shapes of the Triton MoE kernel: what a tile is, the rules it must keep, and
-the shipped choice per device (no autotuning on a user's first call).
+the shipped choice per card (no autotuning on a user's first call).
 
 The choice depends on everything that changes the kernel's geometry: the routes per
 expert the call can expect (``R / E``: M per expert), N, K and the group size (a K-tile
-lies inside one group and divides K), symmetric or not, and the device. The compiled
-kernel is further specialised by Triton on every constexpr (K, group, tile, dtype,
-variant flags), so a new shape compiles once and never reuses another's binary.
+lies inside one group and divides K), symmetric or not, the scales' dtype, and the card
+(its :class:`~quantcore.probe.card.CardKey`: a card without a table takes the nearest
+of its architecture, :mod:`quantcore.probe.card_tables`). The compiled kernel is further
+specialised by Triton on every constexpr (K, group, tile, dtype, variant flags), so a
+new shape compiles once and never reuses another's binary.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 import torch
 
 from quantcore.errors import KernelInputError
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import H100_SXM, table_for
 
 __all__ = [
-    "CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least", "tile_table",
+    "CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least",
+    "tile_table", "uses_wgmma",
 ]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
@@ -75,8 +80,15 @@ def _pow2(v: int) -> bool:
     return v >= 16 and not v & (v - 1)
 
 
-def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = False) -> None:
-    """Refuse a tile the kernel cannot run, naming the rule."""
+def uses_wgmma(card: CardKey | None) -> bool:
+    """Whether Triton compiles the kernel's dots to Hopper's asynchronous wgmma there."""
+    return card is not None and card.arch == "sm_90"
+
+
+def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = False, *,
+               scale_dtype: torch.dtype | None = None, wgmma: bool = False) -> None:
+    """Refuse a tile the kernel cannot run, naming the rule. ``wgmma``: the call runs the
+    compiled kernel on sm_90 (:func:`uses_wgmma`)."""
     problems = []
     if tile.bk % CHUNK or group % tile.bk or k % tile.bk:
         problems.append(f"bk={tile.bk} must be a multiple of {CHUNK} dividing group_size={group} and K={k}")
@@ -90,12 +102,17 @@ def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = Fal
         problems.append(f"split_tail halves a scheduled M-tile: scheduled with bm >= 32, got {tile}")
     if gated and tile.bn < 32:
         problems.append(f"a gated tile pairs 16-row blocks: bn >= 32, got {tile.bn}")
+    if wgmma and tile.pre_scale and scale_dtype not in (None, torch.bfloat16):
+        problems.append(
+            f"pre_scale with {scale_dtype} scales on sm_90: the pipelined wgmmas read the dequantized weights from "
+            "registers that the compiled code rewrites for the next K-step while they are still in flight (wrong "
+            "results; README.md here, 'the 256-row fp16 tile'): use pre_scale=False")
     if problems:
         raise KernelInputError(f"tile {tile}: " + "; ".join(problems))
 
 
-#: (largest routes per expert, tile) in increasing order, per device name. The H100's is
-#: the tuned table of the last sweep (benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.json,
+#: (largest routes per expert, tile) in increasing order, per card. The H100's is the
+#: tuned table of the last sweep (benchmarks/results/trtllm_moe-NVIDIA-H100-80GB-HBM3.json,
 #: ``tuned_table``; every tile tried is in its ``rows``), except its last row: the sweep's
 #: fastest there was the persistent 256-row tile, 3.673 ms against 3.699 ms for this
 #: one-program-per-tile split-tail tile in the same run (0.7 %, inside the spread), and
@@ -107,40 +124,45 @@ _H100 = (
     (192, MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True)),
     (1 << 62, MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True)),
 )
-TABLES = {"NVIDIA H100 80GB HBM3": _H100}
+TABLES = {H100_SXM: _H100}
+#: What a card of an architecture without a table runs: the H100's table (the only one
+#: measured), its tiles being valid on every SM >= 8.0 GPU.
+RULE = _H100
 #: A JSON file ``{"table": [[limit, {MoETile fields}], ...]}`` that replaces the shipped
-#: table (what ``tools/probes/trtllm_moe_tiles.py`` writes for the device it ran on).
+#: table (what ``tools/probes/trtllm_moe_tiles.py`` writes for the card it ran on).
 ENV_TABLE = "QUANTCORE_TRTLLM_MOE_TILES"
-#: What the H100 computed wrong, on inputs the interpreter computes right (cause not
-#: established; the sweep JSON's ``wide_tile_matrix``): the persistent 256-row tile with
-#: fp16 scales, three cases of three (groups of 64 and 128, 16- and 32-bit scale loads),
-#: rel. errors 0.1 to 111; the one-program-per-tile 256-row tile was right for fp16 and
-#: bf16, groups of 64 and 128. The kernel before this one also failed at 256 rows with
-#: groups of 64. So: persistent programs only with bf16 scales, and 256-row tiles only
-#: where the conformance run put them (bf16 scales, groups of 128); elsewhere ``NARROW``.
+#: The 128-row tile that serves where the 256-row one has not been checked. On the H100
+#: the persistent 256-row tile computed wrong results with fp16 scales (the sweep JSON's
+#: ``wide_tile_matrix``: three cases of three, rel. errors 0.1 to 111); the cause is the
+#: register-operand wgmma hazard that :func:`check_tile` now refuses (every pre-scaled
+#: fp16 tile has it in its sm_90 code; README.md here). Until the post-scaled fp16
+#: 256-row tiles and the bf16 ones in groups of 64 have been checked and timed on a GPU,
+#: 256-row tiles stay where the conformance run put them (bf16 scales, groups of 128),
+#: persistent programs with bf16 scales, and elsewhere ``NARROW``.
 NARROW = MoETile(128, 128, 128, 8, 4, scheduled=True, persistent=0, split_tail=True)
 
 
-def tile_table(device_name: str | None) -> tuple[tuple[int, MoETile], ...]:
+def tile_table(card: CardKey | None) -> tuple[tuple[int, MoETile], ...]:
     path = os.environ.get(ENV_TABLE)
     if path:
         rows = json.loads(Path(path).read_text())["table"]
         return tuple((int(limit), MoETile(**spec)) for limit, spec in rows)
-    return TABLES.get(device_name or "", _H100)
+    return table_for(TABLES, card) or RULE
 
 
 def pick_tile(
     routes: int, experts: int, k: int, group: int, *, scale_dtype: torch.dtype | None = None,
-    device_name: str | None = None, interpreted: bool = False,
+    card: CardKey | None = None, interpreted: bool = False,
 ) -> MoETile:
-    """The shipped tile for a call of ``routes`` routes over ``experts`` experts."""
+    """The shipped tile for a call of ``routes`` routes over ``experts`` experts on
+    ``card`` (None: the rule, as on a card of an architecture without a table)."""
     bk_max = 128 if group % 128 == 0 and k % 128 == 0 else 64
     if interpreted:  # few programs: the interpreter pays mostly per program
         if routes <= SMALL_MAX_ROUTES:
             return MoETile(32, 64, 64, asm=False)
         return MoETile(128, 64, 64, scheduled=True, persistent=0, asm=False)
     per_expert = routes / max(1, experts)
-    tile = next(t for limit, t in tile_table(device_name) if per_expert <= limit)
+    tile = next(t for limit, t in tile_table(card) if per_expert <= limit)
     if not tile.scheduled and routes > SMALL_MAX_ROUTES:
         tile = replace(tile, scheduled=True)
     bf16 = scale_dtype in (None, torch.bfloat16)
@@ -148,4 +170,6 @@ def pick_tile(
         tile = NARROW
     if tile.scheduled and tile.persistent and not bf16:
         tile = replace(tile, persistent=0)
+    if not bf16 and uses_wgmma(card):
+        tile = replace(tile, pre_scale=False)  # what check_tile requires there
     return replace(tile, bk=min(tile.bk, bk_max))

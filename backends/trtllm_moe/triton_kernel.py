@@ -18,7 +18,6 @@ call can be captured in a CUDA graph.
 from __future__ import annotations
 
 import bisect
-import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,11 +32,21 @@ from quantcore.kernels.trtllm_moe import ACT_DTYPES, TRTLLMMoEKernel
 from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import card_of
 from quantcore.problem import Problem
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
-from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, pick_tile, pow2_at_least, tile_table
+from .tiles import (
+    CHUNK,
+    SMALL_MAX_ROUTES,
+    MoETile,
+    pick_tile,
+    pow2_at_least,
+    tile_table,
+    uses_wgmma,
+)
 from .weights import load_expert_weights
 
 __all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "stored_row_order"]
@@ -82,16 +91,11 @@ def stored_row_order(k: int, device: torch.device) -> torch.Tensor:
     return (chunks + sigma.view(1, -1)).reshape(-1).to(device)
 
 
-@functools.lru_cache(maxsize=8)
-def _device_facts(index: int) -> tuple[str, int]:
-    props = torch.cuda.get_device_properties(index)
-    return props.name, props.multi_processor_count
-
-
-def _facts(device: torch.device) -> tuple[str | None, int]:
-    if device.type != "cuda" or interpreted():
-        return None, 4
-    return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
+def _facts(device: torch.device) -> tuple[CardKey | None, int]:
+    """The card the tables are keyed by (None off CUDA and under the interpreter) and the
+    SMs a persistent grid fills."""
+    card = card_of(device)
+    return card, card.sms if card is not None else 4
 
 
 class TritonMoE(TRTLLMMoEKernel):
@@ -225,23 +229,24 @@ class TritonMoE(TRTLLMMoEKernel):
         if bucket is None or not bucket.fits(prepared):
             if tile is None:
                 tile = pick_tile(routes, prepared.num_experts, prepared.k, prepared.group_size,
-                                 scale_dtype=prepared.scales.dtype, device_name=state[device][1],
+                                 scale_dtype=prepared.scales.dtype, card=state[device][1],
                                  interpreted=interpreted())
-            bucket = state[key] = launcher.Bucket(prepared, tile, routes, device, sms=_facts(device)[1],
+            card, sms = _facts(device)
+            bucket = state[key] = launcher.Bucket(prepared, tile, routes, device, sms=sms, wgmma=uses_wgmma(card),
                                                   interpreted=interpreted(), gated=gated, weighted=weighted,
                                                   x_dtype=x_dtype)
         return bucket
 
 
-def _tile_runs(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[float, ...], str | None]:
+def _tile_runs(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[float, ...], CardKey | None]:
     """The route counts at which the shipped tile changes for this weight on ``device``
-    (:func:`.tiles.pick_tile`: routes per expert against the table's limits) and the
-    device name the table was read for."""
-    name, _ = _facts(device)
+    (:func:`.tiles.pick_tile`: routes per expert against the table's limits) and the card
+    the table was read for."""
+    card, _ = _facts(device)
     if interpreted():
-        return (), name
+        return (), card
     e = max(1, prepared.num_experts)
-    return tuple(limit * e for limit, _ in tile_table(name)), name
+    return tuple(limit * e for limit, _ in tile_table(card)), card
 
 
 def _launcher() -> Any:

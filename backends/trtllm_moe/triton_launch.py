@@ -33,11 +33,12 @@ class Bucket:
     the constexprs, the fixed arguments and the kernels bound to their launchers."""
 
     def __init__(self, prepared: Any, tile: MoETile, routes: int, device: torch.device, *, sms: int,
-                 interpreted: bool, gated: bool, weighted: bool, x_dtype: torch.dtype) -> None:
+                 wgmma: bool, interpreted: bool, gated: bool, weighted: bool, x_dtype: torch.dtype) -> None:
         """``prepared``: the kernel's ``TritonMoEWeights``; ``sms``: the device's SM count;
+        ``wgmma``: the dots compile to Hopper's asynchronous wgmma (:func:`.tiles.uses_wgmma`);
         ``interpreted``: Triton's interpreter runs the kernels (fp32 dots, no PTX)."""
         e, k, n = prepared.layout.shape
-        check_tile(tile, routes, k, prepared.group_size, gated)
+        check_tile(tile, routes, k, prepared.group_size, gated, scale_dtype=prepared.scales.dtype, wgmma=wgmma)
         self.tile, self.e, self.n, self.device = tile, e, n, device
         self.cols = n // 2 if gated else n
         self.n_tiles = -(-self.cols // (tile.bn // 2 if gated else tile.bn))

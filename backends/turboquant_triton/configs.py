@@ -1,30 +1,38 @@
-"""Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned on
-the named devices by ``tools/probes/turboquant_tune.py``, so a first call needs no
-autotuning) and the rule used where no table entry fits.
+"""Launch configurations of the TurboQuant Triton kernels: the shipped tables (tuned by
+``tools/probes/turboquant_tune.py``, so a first call needs no autotuning) and the rule
+used where no table entry fits.
 
-A configuration is looked up by a key holding everything that changes the kernel's
-geometry — kernel, device, K, N, group size, number of passes, activation dtype, and for
-the tensor-core kernel the M bucket — so a config tuned for one layer is never applied
-to a layer whose groups or passes differ (a past bug: a group-64 tile reused for group
-32 ran no step and returned zeros).
+Tables are keyed by the card's features (:class:`~quantcore.probe.card.CardKey`:
+architecture, SMs, shared memory per block, bandwidth class), never by a device name: a
+card without a table of its own takes the nearest table of its architecture
+(:mod:`quantcore.probe.card_tables`) — an H200 runs the H100's configurations, not the
+rule's — and a card of another architecture takes the rule.
 
-Tables: every ``tuned-*.json`` beside this file, then the file named by the environment
-variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (entries there win). Each holds a list of
-entries ``{"device", "kernel": "gemv" | "mma" | "paths", "K", "N", "d", "passes",
-"dtype", ["m_bucket"], "config": {...}}``.
+Within a card's table an entry is looked up by everything that changes the kernel's
+geometry — kernel, K, N, group size, number of passes, activation dtype, and for the
+tensor-core kernel the M bucket — so a config tuned for one layer is never applied to a
+layer whose groups or passes differ (a past bug: a group-64 tile reused for group 32 ran
+no step and returned zeros).
+
+Tables: every ``tuned-<card slug>.json`` beside this file, then the file named by the
+environment variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (its entries win over the shipped
+ones of the same card). Each is ``{"card": {...}, "entries": [{"kernel": "gemv" | "mma" |
+"paths", "K", "N", "d", "passes", "dtype", ["m_bucket"], "config": {...}}, ...]}``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
-           "table"]
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import read_card_json, table_for
+
+__all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
+           "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 
@@ -32,13 +40,22 @@ ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 @dataclass(frozen=True)
 class GemvConfig:
     """Decode kernel: ``gpc`` groups per program, about ``ctas`` programs, ``br`` rows a
-    step, the row loop unrolled ``unroll`` times (3 = the prefetch depth: no moves)."""
+    step, the row loop unrolled ``unroll`` times (3 = the prefetch depth: no moves),
+    ``maxnreg``, a cap on registers per thread (None: the compiler's choice) — the
+    kernel is latency-bound, so a cap that lets more programs share an SM keeps more
+    index words in flight (same code and arithmetic, other register allocation) — and
+    ``prerotate``."""
 
     gpc: int = 8
     ctas: int = 396
     br: int = 8  # rows × 128 words = 4 words (one 16-byte vector) per thread at 8 warps
     warps: int = 8
     unroll: int = 3
+    maxnreg: int | None = None
+    #: a shared rotation applied once per call by a small kernel (gemv.rotate_kernel)
+    #: rather than by every program: no d² rotation read and no dot per program, one
+    #: launch more (the same float32 rows, bit for bit)
+    prerotate: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,20 @@ class PathChoice:
     mma_max_m: int = 256
 
 
+#: Decode variants for a GPU sweep to time beside the shipped configurations (not used
+#: unless a table names them): the shipped 4096 × 14336 one-pass geometry with the
+#: rotation once per call — on sm_90 (tools/compile_report): 101 instead of 128
+#: registers, 2 KB instead of 36 KB of shared memory, no dot and no 32 KB rotation read
+#: per program — and with a cap of 80 registers, which then spills nothing and lets three
+#: programs share an SM instead of two (5.3 instead of 4.8 instructions a weight in the
+#: row loop: the sweep decides); the default and the two-pass geometry rotated once.
+GEMV_VARIANTS = (
+    GemvConfig(gpc=8, ctas=264, br=16, warps=8, unroll=1, prerotate=True),
+    GemvConfig(gpc=8, ctas=264, br=16, warps=8, unroll=1, maxnreg=80, prerotate=True),
+    GemvConfig(gpc=8, ctas=396, br=8, warps=8, unroll=3, prerotate=True),
+    GemvConfig(gpc=8, ctas=264, br=8, warps=8, unroll=1, prerotate=True),
+)
+
 _KINDS = {"gemv": GemvConfig, "mma": MmaConfig, "paths": PathChoice}
 
 
@@ -72,37 +103,47 @@ def _dtype_name(dtype: object) -> str:
 def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
     kind = entry["kernel"]
     if kind == "paths":
-        return (entry["device"], "paths")
-    key = (entry["device"], kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
+        return ("paths",)
+    key = (kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
     return (*key, entry["m_bucket"]) if kind == "mma" else key
 
 
-def _load(path: Path) -> dict[tuple[Any, ...], Any]:
-    out: dict[tuple[Any, ...], Any] = {}
-    for entry in json.loads(path.read_text()):
+Table = dict[tuple[Any, ...], Any]
+
+
+def _load(path: Path) -> tuple[CardKey, Table]:
+    card, data = read_card_json(path)
+    out: Table = {}
+    for entry in data["entries"]:
         cls = _KINDS[entry["kernel"]]
         names = {f.name for f in fields(cls)}
         out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
-    return out
+    return card, out
 
 
 @lru_cache(maxsize=4)
-def _tables(extra: str | None) -> dict[tuple[Any, ...], Any]:
-    merged: dict[tuple[Any, ...], Any] = {}
-    for path in sorted(Path(__file__).parent.glob("tuned-*.json")):
-        merged.update(_load(path))
-    if extra:
-        merged.update(_load(Path(extra)))
+def _tables(extra: str | None) -> dict[CardKey, Table]:
+    merged: dict[CardKey, Table] = {}
+    paths = sorted(Path(__file__).parent.glob("tuned-*.json")) + ([Path(extra)] if extra else [])
+    for path in paths:
+        card, entries = _load(path)
+        merged.setdefault(card, {}).update(entries)
     return merged
 
 
-def table() -> dict[tuple[Any, ...], Any]:
-    """The shipped entries plus the environment's file."""
+def tables() -> dict[CardKey, Table]:
+    """The shipped tables plus the environment's file, per card."""
     return _tables(os.environ.get(ENV) or None)
 
 
-def gemv_config(device: str, k: int, n: int, d: int, passes: int, dtype: object) -> GemvConfig:
-    hit = table().get((device, "gemv", k, n, d, passes, _dtype_name(dtype)))
+def table(card: CardKey | None) -> Table:
+    """The entries that serve ``card`` (its own table or the nearest of its
+    architecture); empty for no card (the CPU, the interpreter) or no such table."""
+    return table_for(tables(), card) or {}
+
+
+def gemv_config(card: CardKey | None, k: int, n: int, d: int, passes: int, dtype: object) -> GemvConfig:
+    hit = table(card).get(("gemv", k, n, d, passes, _dtype_name(dtype)))
     if isinstance(hit, GemvConfig):
         return hit
     groups = k // d
@@ -118,8 +159,8 @@ def m_bucket(m: int) -> int:
     return min(max(16, 1 << max(m - 1, 0).bit_length()), 4096)
 
 
-def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
-    hit = table().get((device, "mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
+def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
+    hit = table(card).get(("mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
     if isinstance(hit, MmaConfig):
         return hit
     if m <= 16:
@@ -129,6 +170,6 @@ def mma_config(device: str, m: int, k: int, n: int, d: int, passes: int, dtype: 
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
 
 
-def path_for(device: str) -> PathChoice:
-    hit = table().get((device, "paths"))
+def path_for(card: CardKey | None) -> PathChoice:
+    hit = table(card).get(("paths",))
     return hit if isinstance(hit, PathChoice) else PathChoice()

@@ -30,11 +30,13 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import card_of
 from quantcore.triton.launch import Launch, launch_state
 
 from . import configs
 from .dequant import dequant_kernel
-from .gemv import gemv_kernel
+from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
 from .workspace import tickets
@@ -53,23 +55,30 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-_names: dict[torch.device, str] = {}
 #: The path thresholds per device, read on the device's first call (configs.path_for).
 _paths: dict[torch.device, configs.PathChoice] = {}
 
 
-def _device_name(device: torch.device) -> str:
-    name = _names.get(device)
-    if name is None:
-        name = _names[device] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return name
+def _card(device: torch.device) -> CardKey | None:
+    """What the tuned tables are keyed by (None on the CPU and under the interpreter)."""
+    return card_of(device)
 
 
 def _path_choice(device: torch.device) -> configs.PathChoice:
     choice = _paths.get(device)
     if choice is None:
-        choice = _paths[device] = configs.path_for(_device_name(device))
+        choice = _paths[device] = configs.path_for(_card(device))
     return choice
+
+
+def _rotated_fp32(x2d: torch.Tensor, rotation: torch.Tensor, d: int, gpc: int, warps: int) -> torch.Tensor:
+    """x_rot of a decode row in float32, each split's ``gpc`` groups rotated once
+    (``prerotate``), by the decode kernel's own dot and warps."""
+    groups = x2d.shape[1] // d
+    out = torch.empty(1, x2d.shape[1], dtype=torch.float32, device=x2d.device)
+    rotate_kernel[(triton.cdiv(groups, gpc),)](x2d, rotation, out, N_GROUPS=groups, D=d, GPC=gpc,
+                                               DOT_FP32=_dot_fp32(x2d.dtype), num_warps=warps, num_stages=1)
+    return out
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
@@ -115,19 +124,27 @@ class _Gemv(_Bucket):
         super().__init__(passes, codebook, bias, device)
         n, k = self.n, self.k
         groups = k // d
-        cfg = cfg or configs.gemv_config(_device_name(device), k, n, d, len(passes), x_dtype)
-        gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
+        cfg = cfg or configs.gemv_config(_card(device), k, n, d, len(passes), x_dtype)
+        self.gpc = gpc = min(cfg.gpc, 1 << (groups - 1).bit_length(), 16)
+        self.warps, self.d = cfg.warps, d
         self.split = split = triton.cdiv(groups, gpc)
         chunks = max(1, min(triton.cdiv(n, cfg.br), round(cfg.ctas / split)))
         rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
         self.chunks = triton.cdiv(n, rows_cta)
-        self.shared = passes[0].rotation.shape[0] == 1
-        x_dot = x_dtype if self.shared else passes[0].rotation.dtype
+        shared = passes[0].rotation.shape[0] == 1
+        #: ``prerotate``: a shared rotation applied once per split in float32 by its own
+        #: launch, the decode kernel then reading x rotated.
+        self.prerotate = shared and cfg.prerotate
+        self.shared = shared and not self.prerotate
+        x_dot = x_dtype if self.shared else torch.float32 if self.prerotate else passes[0].rotation.dtype
         p1, p2 = self.p1, self.p2
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
                         codebook)
+        options: dict[str, int] = dict(num_warps=cfg.warps, num_stages=1)
+        if cfg.maxnreg and not interpreting():
+            options["maxnreg"] = cfg.maxnreg
         self.launch = Launch(
-            gemv_kernel, device=device, varying=GEMV_VARYING, options=dict(num_warps=cfg.warps, num_stages=1),
+            gemv_kernel, device=device, varying=GEMV_VARYING, options=options,
             constexprs=dict(
                 N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
                 ROWS_CTA=rows_cta, BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
@@ -136,12 +153,18 @@ class _Gemv(_Bucket):
             ),
         )
 
+    def _rotated(self, x2d: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        if self.prerotate:
+            return _rotated_fp32(x2d, rotation, self.d, self.gpc, self.warps)
+        return rotate_input(x2d, rotation)
+
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         if self.shared:
             x1 = x2 = x2d
         else:
-            x1 = rotate_input(x2d, self.p1.rotation)
-            x2 = x1 if self.p2 is self.p1 else rotate_input(x2d, self.p2.rotation)
+            x1 = self._rotated(x2d, self.p1.rotation)
+            x2 = x1 if self.p2 is self.p1 or self.p2.rotation is self.p1.rotation else self._rotated(
+                x2d, self.p2.rotation)
         if self.split > 1:
             ws = torch.empty((self.split, self.n), dtype=torch.float32, device=self.device)
             tk = tickets(self.device, self.chunks)
@@ -158,7 +181,7 @@ class _Mma(_Bucket):
         super().__init__(passes, codebook, bias, device)
         n, k = self.n, self.k
         self.groups = k // d
-        self.cfg = cfg or configs.mma_config(_device_name(device), m, k, n, d, len(passes), x_dtype)
+        self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
         p1, p2 = self.p1, self.p2
         self.weights = (_words(p1.indices), p1.scales, _words(p2.indices), p2.scales, codebook)

@@ -5,7 +5,9 @@ Grid ``(CHUNKS, SPLIT)``. Program (c, s) owns the row chunk c (``ROWS_CTA`` rows
 groups ``[s·GPC, (s+1)·GPC)`` of every pass:
 
 1. it rotates its slice of x once — a [16, d] × [d, d] ``tl.dot`` per pass with the GPC
-   groups as rows (shared rotation, R = 1), or loads the pre-rotated slice (R = G) —
+   groups as rows (shared rotation, R = 1), or loads the pre-rotated slice (R = G, or the
+   ``prerotate`` plan: :func:`rotate_kernel` rotated each split's groups once, bit for
+   bit the same rows, so the programs skip the dot and the d² rotation reads) —
    and splits it into the eight nibble planes (``lookup.rotated_planes``), held in
    registers for the rest of the program;
 2. it walks its rows ``BR`` at a time: loads the index words (16-byte vectors, the next
@@ -28,16 +30,18 @@ import triton.language as tl
 
 from .lookup import codebook_table, nibble_values, rotated_planes, to_output
 
-__all__ = ["gemv_kernel"]
+__all__ = ["gemv_kernel", "rotate_kernel"]
 
 
 @triton.jit
-def _planes(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
-            GPC: tl.constexpr, X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr):
-    """The eight nibble planes of x_rot for groups g0 … g0+GPC−1: [GPC·d/8] each."""
+def _rotated16(x_ptr, rot_ptr, g0, ROWS: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
+               X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """x_rot of groups g0 … g0+ROWS−1 as a [16, d] float32 tile (the other rows zero): one
+    ``[16, d] × [d, d]`` dot, or the pre-rotated slice. :func:`rotate_kernel` calls it
+    with the same operands, so its rows are bit for bit those of the fused rotation."""
     r16 = tl.arange(0, 16)
     g_of = g0 + r16
-    row_ok = (r16 < GPC) & (g_of < N_GROUPS)
+    row_ok = (r16 < ROWS) & (g_of < N_GROUPS)
     dd = tl.arange(0, D)
     xg = tl.load(x_ptr + g_of[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
     if X_ROTATED:
@@ -48,6 +52,29 @@ def _planes(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.c
             xr16 = tl.dot(xg.to(tl.float32), p.to(tl.float32), input_precision="ieee")
         else:
             xr16 = tl.dot(xg, p)
+    return xr16
+
+
+@triton.jit
+def rotate_kernel(x_ptr, rot_ptr, out_ptr, N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr,
+                  DOT_FP32: tl.constexpr):
+    """x_rot (float32) of the GPC groups of split s in program s, for the decode kernel's
+    ``prerotate`` plan: the rotation once per split instead of once per program of the
+    decode kernel, on the very operands that program would use (the same rows and zero
+    rows), so its results are the same bits on every device and under the interpreter."""
+    g0 = tl.program_id(0) * GPC
+    xr16 = _rotated16(x_ptr, rot_ptr, g0, GPC, N_GROUPS, D, False, DOT_FP32)
+    r16 = tl.arange(0, 16)
+    dd = tl.arange(0, D)
+    ok = (r16 < GPC) & (g0 + r16 < N_GROUPS)
+    tl.store(out_ptr + (g0 + r16)[:, None] * D + dd[None, :], xr16, mask=ok[:, None])
+
+
+@triton.jit
+def _planes(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
+            GPC: tl.constexpr, X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """The eight nibble planes of x_rot for groups g0 … g0+GPC−1: [GPC·d/8] each."""
+    xr16 = _rotated16(x_ptr, rot_ptr, g0, GPC, N_GROUPS, D, X_ROTATED, DOT_FP32)
     WPG: tl.constexpr = D // 8
     p0, p1, p2, p3, p4, p5, p6, p7 = rotated_planes(xr16, 16, WPG)
     # Rows GPC … 15 are zero: fold them away, then one row of CW = GPC·WPG words.

@@ -133,12 +133,14 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             yield case
 
 
-def _tuned_variant(kernel: Any, xs: list[torch.Tensor], prepared: Any, nbytes: int, flops: int, sets: int) -> Variant:
-    """The same kernel with the fastest tile of ``CONFIGS`` for this shape, timed here."""
-    from quantcore.kernels.svdquant.triton_kernel import tune_tile
+def _tuned_variant(kernel: Any, xs: list[torch.Tensor], prepared: Any, nbytes: int, flops: int, sets: int,
+                   configs: tuple[Any, ...] | None = None) -> Variant:
+    """The same kernel with the fastest tile of ``configs`` (default ``CONFIGS``) for this
+    shape, timed here."""
+    from quantcore.kernels.svdquant.triton_kernel import CONFIGS, tune_tile
 
-    best, _ = tune_tile(kernel, xs[0], prepared)[0]
-    note = f"tuned tile: bm {best.bm}, bn {best.bn}, split {best.split}, {best.num_warps} warps, {best.num_stages} stages"
+    best, _ = tune_tile(kernel, xs[0], prepared, CONFIGS if configs is None else configs)[0]
+    note = f"tuned tile: {best.describe()}"
     return Variant(f"{kernel.name}+tuned", "kernel", lambda i: kernel.forward(xs[i % len(xs)], prepared, tile=best),
                    nbytes, flops, sets, note)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = [
     "Compiled", "Instruction", "backward_loops", "bundled_tool", "compile_sm90", "innermost",
-    "instructions", "opcode_counts", "opcodes_in", "tools_available",
+    "instructions", "occupancy_sm90", "opcode_counts", "opcodes_in", "tools_available",
 ]
 
 #: Hopper, with the architecture-specific features (wgmma) Triton uses there.
@@ -108,7 +108,8 @@ class Instruction:
     operands: str
 
 
-_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# Modifiers may hold lower case (``HGMMA.64x256x16.F32``): the opcode runs to the first space.
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 
 
 def instructions(sass: str) -> list[Instruction]:
@@ -141,3 +142,17 @@ def opcodes_in(ins: Sequence[Instruction], span: tuple[int, int]) -> list[str]:
 def opcode_counts(opcodes: Iterable[str]) -> collections.Counter[str]:
     """How often each opcode occurs, without modifiers (``LDG.E.128`` counts as ``LDG``)."""
     return collections.Counter(op.split(".")[0] for op in opcodes)
+
+
+#: An sm_90 SM: registers, resident warps and blocks, shared memory (the 1 KB each block
+#: reserves included in the 228 KB).
+_SM90_REGS, _SM90_WARPS, _SM90_BLOCKS, _SM90_SMEM = 65536, 64, 32, 228 * 1024
+
+
+def occupancy_sm90(registers: int, warps: int, shared: int) -> int:
+    """Blocks of ``warps`` warps, ``registers`` per thread and ``shared`` bytes that one
+    Hopper SM holds at once (registers are allocated per warp in units of 256)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = (_SM90_REGS // max(per_warp, 1)) // warps
+    by_smem = _SM90_SMEM // (shared + 1024)
+    return max(0, min(by_regs, _SM90_WARPS // warps, _SM90_BLOCKS, by_smem))

@@ -62,7 +62,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
 def gpu_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan as on an H100 (table, rule, split-K, dequant) while the tensors stay on the CPU."""
     monkeypatch.setattr(launch_mod, "interpreting", lambda: False)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: H100)
+    monkeypatch.setattr(launch_mod, "cuda_card", lambda device: tuned_h100.CARD)
 
 
 def _prepared(fmt: GPTQ, k: int, n: int, device: str = "cpu") -> Any:
@@ -76,13 +76,13 @@ def _prepared(fmt: GPTQ, k: int, n: int, device: str = "cpu") -> Any:
 def test_the_plan_is_one_between_two_breaks(key: tuple[int, int, int, int]) -> None:
     bits, close, k, n = key
     shape = Shape(1, k, n, bits, close, "bf16")
-    breaks = plan_breaks(shape, tuned_h100.DEVICE)
+    breaks = plan_breaks(shape, tuned_h100.CARD)
     start = 1
     for m in range(1, 5000):
         if m in breaks:
             start = m
         here = dataclasses.replace(shape, m=m)
-        assert plan_for(here, tuned_h100.DEVICE, 132) == plan_for(dataclasses.replace(shape, m=start), tuned_h100.DEVICE, 132), m
+        assert plan_for(here, tuned_h100.CARD) == plan_for(dataclasses.replace(shape, m=start), tuned_h100.CARD), m
 
 
 @pytest.mark.parametrize("planning", ["interpreter", "gpu"])

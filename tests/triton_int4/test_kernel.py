@@ -24,6 +24,8 @@ from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.probe import probe
+from quantcore.probe.card import CardKey
+from quantcore.probe.card_tables import H100_SXM
 from quantcore.problem import Problem
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -160,13 +162,17 @@ def test_default_plans() -> None:
 
 def test_tuned_plans_serve_nearby_m() -> None:
     """The H100 table: M between measured ones takes the plan measured just below it;
-    other devices, group closes or shapes take the rule."""
-    h100 = "NVIDIA H100 80GB HBM3"
-    at = {m: plan_for(Shape(m, 4096, 14336, 4, 4, "bf16"), h100, 132) for m in (1, 2, 16, 24, 1024, 2048, 9000)}
-    assert at[2] == at[1] and at[24] == at[16] and at[1024] == plan_for(Shape(512, 4096, 14336, 4, 4, "bf16"), h100, 132)
+    an H200 (no table of its own) takes the H100's; another architecture, group closes
+    or shapes take the rule."""
+    h100 = H100_SXM
+    at = {m: plan_for(Shape(m, 4096, 14336, 4, 4, "bf16"), h100) for m in (1, 2, 16, 24, 1024, 2048, 9000)}
+    assert at[2] == at[1] and at[24] == at[16] and at[1024] == plan_for(Shape(512, 4096, 14336, 4, 4, "bf16"), h100)
     assert at[2048].path == "dequant" and at[9000].path == "dequant"
-    assert plan_for(Shape(16, 4096, 14336, 4, 4, "fp16"), h100, 132) == at[16]
+    assert plan_for(Shape(16, 4096, 14336, 4, 4, "fp16"), h100) == at[16]
     other = Shape(16, 4096, 14336, 4, 1, "bf16")  # g32 closes every slice: not measured
-    assert plan_for(other, h100, 132) == default_plan(other, 132)
-    assert plan_for(Shape(16, 4096, 14336, 4, 4, "bf16"), "NVIDIA A100", 108) == default_plan(
+    assert plan_for(other, h100) == default_plan(other, 132)
+    h200 = CardKey("sm_90", 132, 227, 4)
+    square = Shape(1, 4096, 4096, 4, 4, "bf16")  # where the table and the rule differ
+    assert plan_for(square, h200) == plan_for(square, h100) != default_plan(square, 132)
+    assert plan_for(Shape(16, 4096, 14336, 4, 4, "bf16"), CardKey("sm_80", 108, 163, 2)) == default_plan(
         Shape(16, 4096, 14336, 4, 4, "bf16"), 108)

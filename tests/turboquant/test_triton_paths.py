@@ -6,8 +6,10 @@ config tables keyed by the full geometry."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,6 +71,28 @@ def test_decode_kernel_with_a_rotation_per_group() -> None:
     _check(TurboQuant(group_size=64, rotation_per_group=True, residual=True), 48, 256, 1, "gemv")
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["one-pass", "residual"])
+def test_decode_prerotate_plan_is_bit_identical_to_the_fused_rotation(residual: bool) -> None:
+    """The ``prerotate`` plan (the shared rotation once per call, gemv.rotate_kernel) gives
+    the decode kernel the very rows its programs would compute: the same output bits, with
+    a ragged last split (10 groups, 4 a program) and more than 16 groups (two rotation
+    programs)."""
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    for k, gpc in ((640, 4), (1280, 8)):
+        fmt = TurboQuant(group_size=64, residual=residual)
+        t, prep = _layer(fmt, 40, k, seed=k)
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + 1)).to(torch.bfloat16)
+        fused, pre = (GemvConfig(gpc=gpc, ctas=9, br=8, warps=4, unroll=1, prerotate=flag) for flag in (False, True))
+        # float32 out: a rotation off by one ulp anywhere would show
+        ys = [fused_linear(x, prep.passes, prep.codebook, group_size=64, partial=None, bias=prep.bias,
+                           out_dtype=torch.float32, path="gemv", config=cfg) for cfg in (fused, pre)]
+        assert torch.equal(ys[0], ys[1]), (k, gpc)
+        ref = linear_reference(x, fmt.dequantize(t), t["bias"])
+        assert compare(ys[1].to(torch.bfloat16), ref, tolerance_for(torch.bfloat16)).ok
+
+
 def test_tensor_core_kernel_split_over_k_with_partial() -> None:
     from quantcore.backends.turboquant_triton.configs import MmaConfig
 
@@ -124,33 +148,56 @@ def test_wrong_path_and_pass_count_are_refused() -> None:
 
 def test_config_tables_key_the_whole_geometry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantcore.backends.turboquant_triton import configs
+    from quantcore.probe.card import CardKey
 
+    dev = CardKey("sm_89", 128, 99, 1)  # an architecture no shipped table has
     entries = [
-        {"device": "dev", "kernel": "gemv", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
+        {"kernel": "gemv", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
          "config": {"gpc": 4, "ctas": 99, "br": 8, "warps": 8, "unroll": 1}},
-        {"device": "dev", "kernel": "mma", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
+        {"kernel": "mma", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
          "m_bucket": 16, "config": {"block_n": 32, "block_m": 16, "gpc": 2, "warps": 4, "stages": 2, "ctas": 7}},
-        {"device": "dev", "kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": 64}},
+        {"kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": 64}},
     ]
     path = tmp_path / "tuned.json"
-    path.write_text(json.dumps(entries))
+    path.write_text(json.dumps({"card": dataclasses.asdict(dev), "entries": entries}))
     monkeypatch.setenv(configs.ENV, str(path))
-    assert configs.gemv_config("dev", 4096, 4096, 128, 1, torch.bfloat16).ctas == 99
-    # Another group size, pass count, dtype, shape or device: not this entry.
-    for args in (("dev", 4096, 4096, 64, 1, torch.bfloat16), ("dev", 4096, 4096, 128, 2, torch.bfloat16),
-                 ("dev", 4096, 4096, 128, 1, torch.float16), ("dev", 4096, 14336, 128, 1, torch.bfloat16),
-                 ("other", 4096, 4096, 128, 1, torch.bfloat16)):
+    assert configs.gemv_config(dev, 4096, 4096, 128, 1, torch.bfloat16).ctas == 99
+    # Another group size, pass count, dtype, shape or architecture: not this entry.
+    other = CardKey("sm_80", 108, 163, 2)
+    for args in ((dev, 4096, 4096, 64, 1, torch.bfloat16), (dev, 4096, 4096, 128, 2, torch.bfloat16),
+                 (dev, 4096, 4096, 128, 1, torch.float16), (dev, 4096, 14336, 128, 1, torch.bfloat16),
+                 (other, 4096, 4096, 128, 1, torch.bfloat16), (None, 4096, 4096, 128, 1, torch.bfloat16)):
         assert configs.gemv_config(*args).ctas != 99, args
-    assert configs.mma_config("dev", 9, 4096, 4096, 128, 1, torch.bfloat16).ctas == 7
-    assert configs.mma_config("dev", 17, 4096, 4096, 128, 1, torch.bfloat16).ctas != 7  # M bucket 32
-    assert configs.path_for("dev").mma_max_m == 64
-    assert configs.path_for("other") == configs.PathChoice()
+    assert configs.mma_config(dev, 9, 4096, 4096, 128, 1, torch.bfloat16).ctas == 7
+    assert configs.mma_config(dev, 17, 4096, 4096, 128, 1, torch.bfloat16).ctas != 7  # M bucket 32
+    assert configs.path_for(dev).mma_max_m == 64
+    # A card of the same architecture with more SMs takes this table: the nearest of sm_89.
+    assert configs.path_for(CardKey("sm_89", 142, 99, 1)).mma_max_m == 64
+    assert configs.path_for(other) == configs.PathChoice()
 
 
-def test_shipped_h100_table_loads() -> None:
+def test_shipped_h100_table_loads_and_serves_an_h200() -> None:
     from quantcore.backends.turboquant_triton import configs
+    from quantcore.probe.card import key_of_properties
+    from quantcore.probe.card_tables import H100_SXM
 
-    shipped = [k for k in configs.table() if k[0] == "NVIDIA H100 80GB HBM3"]
-    kinds = {k[1] for k in shipped}
+    shipped = configs.tables()[H100_SXM]
+    kinds = {k[0] for k in shipped}
     assert {"gemv", "mma", "paths"} <= kinds
-    assert all(k[4] == 128 for k in shipped if k[1] != "paths")  # tuned at d = 128 only
+    assert all(k[3] == 128 for k in shipped if k[0] != "paths")  # tuned at d = 128 only
+    # An H200 (no table of its own) runs the H100's configurations, not the rule's; an
+    # A100 (sm_80) the rule's.
+    h200 = key_of_properties(SimpleNamespace(major=9, minor=0, multi_processor_count=132,
+                                             shared_memory_per_block_optin=232448, memory_clock_rate=3201000,
+                                             memory_bus_width=6144))
+    a100 = key_of_properties(SimpleNamespace(major=8, minor=0, multi_processor_count=108,
+                                             shared_memory_per_block_optin=166912, memory_clock_rate=1593000,
+                                             memory_bus_width=5120))
+    assert h200.bandwidth_class == 4 and h200 not in configs.tables()
+    assert configs.table(h200) is shipped
+    tuned = shipped[("gemv", 4096, 14336, 128, 1, "bfloat16")]
+    assert configs.gemv_config(h200, 4096, 14336, 128, 1, torch.bfloat16) == tuned
+    assert configs.gemv_config(None, 4096, 14336, 128, 1, torch.bfloat16) != tuned  # the rule differs here
+    assert configs.table(a100) == {}
+    assert configs.gemv_config(a100, 4096, 14336, 128, 1, torch.bfloat16) == configs.gemv_config(
+        None, 4096, 14336, 128, 1, torch.bfloat16)

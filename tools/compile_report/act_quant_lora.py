@@ -17,6 +17,7 @@ from quantcore.triton.compile_report import (
     compile_sm90,
     innermost,
     instructions,
+    occupancy_sm90,
     opcodes_in,
 )
 
@@ -58,6 +59,7 @@ def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True,
     per_thread = tile.bm * tile.bn / (tile.num_warps * 32)
     return {"fp4": fp4, "N": n, "R": r, "tile": tile.__dict__, "registers": compiled.registers,
             "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "blocks_per_sm": occupancy_sm90(compiled.registers, tile.num_warps, compiled.shared),
             "instr_per_element": round(loop_instructions(compiled.sass) / per_thread, 1)}
 
 
@@ -67,8 +69,9 @@ def h100_tile(fp4: bool, n: int, r: int, m_pad: int = 4352) -> Tile:
 
     from quantcore.formats.svdquant import SVDQuantAct
     from quantcore.kernels.svdquant.configs import shipped_tile
+    from quantcore.probe.card_tables import H100_SXM
 
-    return (shipped_tile("NVIDIA H100 80GB HBM3", SVDQuantAct(fp4=fp4), m_pad, n, r, torch.bfloat16, True)
+    return (shipped_tile(H100_SXM, SVDQuantAct(fp4=fp4), m_pad, n, r, torch.bfloat16, True)
             or pick_tile(m_pad, n, r, fp4))
 
 

@@ -11,7 +11,10 @@ import collections
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
+from quantcore.probe.card_tables import H100_SXM
 from quantcore.triton.compile_report import (
     backward_loops,
     compile_sm90,
@@ -19,6 +22,7 @@ from quantcore.triton.compile_report import (
     opcode_counts,
     opcodes_in,
 )
+from quantcore.triton.wgmma_hazards import register_operand_hazards
 
 __all__ = ["SHAPE", "compile_one", "loop_mix", "report"]
 
@@ -70,18 +74,20 @@ def compile_one(
             "BAR", "WARPGROUP", "LDL", "STL")
     return {"tile": tile.describe(), "gated": gated, "sym": sym, "dtype": dtype, "registers": compiled.registers,
             "spill_stack": compiled.spill_stack, "shared": compiled.shared, "loop_instructions": count,
-            "per_weight_element": round(count / per_thread, 2), "mix": {op: mix[op] for op in keep if mix[op]}}
+            "per_weight_element": round(count / per_thread, 2), "mix": {op: mix[op] for op in keep if mix[op]},
+            "wgmma_hazards": len(register_operand_hazards(compiled.sass))}
 
 
 def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
-    """The shipped tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), and the
-    fused-SwiGLU, asymmetric and fp16 variants of the prefill tile."""
+    """The H100's tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), the
+    fused-SwiGLU and asymmetric variants of the prefill tile, and its fp16 tile."""
     rows = []
     for t in (1, 16, 64, 512, 4096):
-        tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"])
+        tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
         rows.append({"T": t, **compile_one(tile, sass_dir=sass_dir)})
-    prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"])
+    prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
     rows.append({"T": 4096, **compile_one(prefill, gated=True, sass_dir=sass_dir)})
     rows.append({"T": 4096, **compile_one(prefill, sym=False)})
-    rows.append({"T": 4096, **compile_one(prefill, dtype="fp16")})
+    fp16 = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], scale_dtype=torch.float16, card=H100_SXM)
+    rows.append({"T": 4096, **compile_one(fp16, dtype="fp16")})
     return rows

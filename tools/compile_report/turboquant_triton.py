@@ -13,6 +13,7 @@ from quantcore.triton.compile_report import (
     backward_loops,
     compile_sm90,
     instructions,
+    occupancy_sm90,
     opcode_counts,
     opcodes_in,
 )
@@ -29,14 +30,14 @@ _DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_pt
 
 
 def _compile(fn: Any, runtime: dict[str, str], const: dict[str, Any], warps: int, stages: int,
-             dump: Path | None = None) -> dict[str, Any]:
+             dump: Path | None = None, maxnreg: int | None = None) -> dict[str, Any]:
     # What the launcher would assume for 16-aligned pointers and strides.
-    compiled = compile_sm90(fn, runtime, const, options={"num_warps": warps, "num_stages": stages},
-                            divisible=[a for a in runtime if a != "M"])
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    compiled = compile_sm90(fn, runtime, const, options=options, divisible=[a for a in runtime if a != "M"])
     if dump is not None:
         dump.write_text(compiled.sass)
     return {"registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
-            "sass": compiled.sass}
+            "blocks_per_sm": occupancy_sm90(compiled.registers, warps, compiled.shared), "sass": compiled.sass}
 
 
 def _longest_loop(sass: str) -> Any:
@@ -53,29 +54,34 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     (K = 4096, d = 128; one pass, and two with ``everything``), the tensor-core kernel at
     its M tiles, the dequantization kernel."""
     from quantcore.backends.turboquant_triton import configs, dequant, gemv, mma
+    from quantcore.probe.card_tables import H100_SXM
 
-    rows = []
-    gemv_cfgs = {configs.GemvConfig(), configs.gemv_config("", 4096, 14336, 128, 2, "bfloat16")}
-    gemv_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.GemvConfig)}
+    rows: list[dict[str, Any]] = []
+    shipped = configs.table(H100_SXM).values()
+    gemv_cfgs = {configs.GemvConfig(), configs.gemv_config(None, 4096, 14336, 128, 2, "bfloat16")}
+    gemv_cfgs |= {c for c in shipped if isinstance(c, configs.GemvConfig)}
+    gemv_cfgs |= set(configs.GEMV_VARIANTS)
     for cfg in sorted(gemv_cfgs, key=str):
         for two in ((False, True) if everything else (False,)):
             if two and cfg.unroll > 1:
                 continue  # the two-pass kernels run unrolled once (registers): their own config
             const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
                          ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
-                         TWO_PASSES=two, X_ROTATED=False, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
+                         TWO_PASSES=two, X_ROTATED=cfg.prerotate, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
                          INTERPRET=False)
             runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
-            dump = sass_dir / f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{int(two)}.sass" if sass_dir else None
-            res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump)
+            if cfg.prerotate:  # the float32 rows gemv.rotate_kernel writes
+                runtime |= {"x_ptr": "*fp32", "x2_ptr": "*fp32"}
+            dump = sass_dir / f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{cfg.maxnreg}-r{int(cfg.prerotate)}-{int(two)}.sass" if sass_dir else None
+            res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump, cfg.maxnreg)
             loop = _longest_loop(res.pop("sass"))
             # weights a thread handles in one pass of the loop body (unrolled steps)
             weights = cfg.unroll * cfg.br * cfg.gpc * 128 * (2 if two else 1) / (32 * cfg.warps)
             rows.append({"kernel": "gemv", "passes": 1 + two, **cfg.__dict__, **res,
                          "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
                          "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
-    mma_cfgs = {configs.mma_config("", m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
-    mma_cfgs |= {c for c in configs.table().values() if isinstance(c, configs.MmaConfig)}
+    mma_cfgs = {configs.mma_config(None, m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
+    mma_cfgs |= {c for c in shipped if isinstance(c, configs.MmaConfig)}
     for cfg in sorted(mma_cfgs, key=str):
         const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                      TWO_PASSES=everything, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)

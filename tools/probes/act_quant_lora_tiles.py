@@ -49,6 +49,10 @@ def _tiles(big: bool) -> list[Tile]:
         for (bm, bn), cap, grid in itertools.product(
                 [(16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)], (None, 128), (33, 66, 132, 264)):
             out.append(Tile(bm, bn, 4, 3, grid, 1, cap))
+        # three and four 4-warp programs an SM (128 registers), the occupancy the compile
+        # report allows at M = 256, where the shipped tiles run one or two
+        for (bm, bn), grid in itertools.product([(16, 64), (16, 128), (32, 64), (32, 128)], (396, 528)):
+            out.append(Tile(bm, bn, 4, 3, grid, 1, 128))
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
+from quantcore.probe.card import card_key
 
 E, TOPK, K, N, GROUP = 8, 2, 4096, 28672, 128
 TOKENS = (1, 16, 64, 512, 4096)
@@ -57,14 +58,18 @@ def candidates(t: int) -> list[MoETile]:
             replace(wide, bk=128, num_stages=2)]
 
 
-#: Correctness only, at T = 4096: (dtype, group) × tiles, for the wide-tile question.
+#: Correctness only, at T = 4096: (dtype, group) × tiles, for the wide-tile question. With
+#: fp16 scales on sm_90 the kernel refuses pre-scaled tiles (backends/trtllm_moe/README.md):
+#: those rows record the refusal, the post-scaled ones the answer.
+_WIDE = (MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True),
+         MoETile(256, 128, 64, 8, 4, scheduled=True, scale_pairs=False),
+         MoETile(128, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True))
 MATRIX = [
-    (dname, group, tile)
+    (dname, group, variant)
     for dname, group in (("float16", 64), ("bfloat16", 64), ("float16", 128))
-    for tile in (MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True),
-                 MoETile(256, 128, 64, 8, 4, scheduled=True, scale_pairs=False),
-                 MoETile(128, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True))
+    for tile in _WIDE
     if not (group == 128 and tile.bm == 128)
+    for variant in ((tile, replace(tile, pre_scale=False)) if dname == "float16" else (tile,))
 ]
 
 
@@ -194,15 +199,16 @@ def sweep(out_dir: Path, only: tuple[int, ...], jobs: int, wait_pid: int | None)
 
     t_start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
+    card = card_key(0)
     fmt = TRTLLMMoE(group_size=GROUP, sym=True, scale_dtype=torch.bfloat16)
-    shipped = {t: pick_tile(t * TOPK, E, K, GROUP, scale_dtype=torch.bfloat16, device_name=props.name) for t in only}
+    shipped = {t: pick_tile(t * TOPK, E, K, GROUP, scale_dtype=torch.bfloat16, card=card) for t in only}
     tried = {t: [shipped[t], *[c for c in candidates(t) if c != shipped[t]]] for t in only}
     extras = [(t, gated, sym, dname, group) for t, gated, sym, dname, group in (
         (512, True, True, "bfloat16", GROUP), (4096, True, True, "bfloat16", GROUP),
         (16, False, False, "bfloat16", GROUP), (4096, False, False, "bfloat16", GROUP),
         (16, False, True, "float16", 64), (512, False, True, "float16", 64)) if t in only]
     extra_tile = {(t, dname, group): pick_tile(t * TOPK, E, K, group, scale_dtype=getattr(torch, dname),
-                                               device_name=props.name) for t, _, _, dname, group in extras}
+                                               card=card) for t, _, _, dname, group in extras}
     tasks = [(t, tile, False, True, "bfloat16", GROUP) for t in only for tile in tried[t]]
     tasks += [(t, extra_tile[t, d, g], gated, sym, d, g) for t, gated, sym, d, g in extras]
     if 4096 in only:

@@ -1,6 +1,6 @@
 """Tune the ``turboquant_triton`` launch configurations on this CUDA device and write the
 table ``configs.py`` reads (a developer's tool; its output is shipped as
-``backends/turboquant_triton/tuned-<device>.json``).
+``backends/turboquant_triton/tuned-<card slug>.json``, keyed by the card's features).
 
 For each layer shape and pass count: the decode kernel's candidates at M = 1, the
 tensor-core kernel's at M = 16 and 128, each checked against the float64 golden output
@@ -28,6 +28,8 @@ from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.formats.turboquant import TurboQuant
+from quantcore.probe.card import card_key
+from quantcore.probe.card_tables import card_fields
 from quantcore.timing import time_interleaved
 
 from .turboquant_paths import _rel_error, _weights
@@ -39,6 +41,9 @@ G = configs.GemvConfig
 Mm = configs.MmaConfig
 GEMV = [G(8, 396, 8, 8, 3), G(8, 264, 8, 8, 3), G(16, 264, 8, 8, 1), G(8, 264, 16, 8, 1), G(8, 396, 4, 4, 3)]
 GEMV_RES = [G(8, 264, 8, 8, 1), G(8, 132, 8, 8, 1), G(8, 396, 8, 8, 1), G(16, 264, 8, 8, 1)]
+# The plan variants (rotation once per call, a register cap): timed beside the above.
+GEMV += list(configs.GEMV_VARIANTS)
+GEMV_RES += [c for c in configs.GEMV_VARIANTS if c.unroll == 1]
 MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4, 4, 264)],
        128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
 CROSSOVER_M = (256, 512, 1024)
@@ -78,11 +83,19 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    device = torch.cuda.get_device_name()
+    card = card_key(0)
     dtype = configs._dtype_name(DTYPE)
     entries: list[dict[str, Any]] = []
     log: list[dict[str, Any]] = []
     t0 = time.time()
+
+    def write() -> None:
+        doc = {"card": card_fields(card), "measured_on": device, "source": "tools/probes/turboquant_tune.py",
+               "entries": entries}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"  wrote {args.out} (ship it as tuned-{card.slug}.json)", file=sys.stderr, flush=True)
 
     def record(kind: str, k: int, n: int, passes: int, ranked: list[tuple[float, str, Any]], m: int = 1) -> None:
         for t, path, cfg in ranked:
@@ -91,13 +104,12 @@ def main() -> int:
         best = next(((t, cfg) for t, path, cfg in ranked if path == kind), None)
         if best is None:
             return
-        entry = {"device": device, "kernel": kind, "K": k, "N": n, "d": 128, "passes": passes, "dtype": dtype,
+        entry = {"kernel": kind, "K": k, "N": n, "d": 128, "passes": passes, "dtype": dtype,
                  "config": dataclasses.asdict(best[1]), "us": round(best[0] * 1e6, 2)}
         if kind == "mma":
             entry["m_bucket"] = configs.m_bucket(m)
         entries.append(entry)
-        with open(args.out, "w") as f:  # after every entry: a cut-off run keeps what it tuned
-            json.dump(entries, f, indent=1)
+        write()  # after every entry: a cut-off run keeps what it tuned
         print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
 
@@ -110,16 +122,15 @@ def main() -> int:
     # Where dequantize + cuBLAS overtakes the tensor-core kernel (on the largest layer).
     mma_max = 128
     for m in CROSSOVER_M:
-        ranked = _time(4096, 14336, m, 1, [("mma", configs.mma_config("", m, 4096, 14336, 128, 1, DTYPE)),
+        ranked = _time(4096, 14336, m, 1, [("mma", configs.mma_config(None, m, 4096, 14336, 128, 1, DTYPE)),
                                            ("dequant", None)], args.rounds)
         for t, path, _ in ranked:
             log.append({"kernel": "crossover", "K": 4096, "N": 14336, "M": m, "passes": 1, "path": path, "us": t * 1e6})
         if ranked and ranked[0][1] == "mma":
             mma_max = m
         print(f"  crossover M{m}: {[(p, round(t * 1e6, 1)) for t, p, _ in ranked]}", file=sys.stderr, flush=True)
-    entries.append({"device": device, "kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": mma_max}})
-    with open(args.out, "w") as f:
-        json.dump(entries, f, indent=1)
+    entries.append({"kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": mma_max}})
+    write()
     with open(args.out.replace(".json", "") + "-log.json", "w") as f:
         json.dump({"device": device, "rows": log}, f, indent=1)
     print(json.dumps(entries, indent=None)[:3000])

@@ -1,6 +1,10 @@
 """Tiles measured on a GPU, shipped so a first call does not tune.
 
-``SHIPPED[device name][key]`` is a :class:`.tile.Tile`; the key holds
+``SHIPPED[card][key]`` is a :class:`.tile.Tile`. The card is a
+:class:`~quantcore.probe.card.CardKey` (architecture, SMs, shared memory per block,
+bandwidth class), so a card without a table of its own takes the nearest table of its
+architecture (an H200 the H100's) and a card of another architecture the rule
+(:mod:`quantcore.probe.card_tables`). The key holds
 everything that changes the compiled kernel or its geometry: format, N, R, the M
 bucket (M_pad rounded up to a power of two, so a batch of 4352 rows and one of 4096
 share a tile but 256 rows have their own), activation dtype, smooth on/off. A shape
@@ -15,6 +19,8 @@ import torch
 
 from ...dtypes import dtype_name
 from ...formats.svdquant import SVDQuantAct
+from ...probe.card import CardKey
+from ...probe.card_tables import H100_SXM, table_for
 from .tile import Tile
 
 __all__ = ["SHIPPED", "config_key", "shipped_tile"]
@@ -28,8 +34,8 @@ def config_key(fmt: SVDQuantAct, m_pad: int, n: int, r: int, dtype: torch.dtype,
 #: From the sweep on an H100 SXM (132 SMs), 2026-11-24 (README.md here: every candidate
 #: bit-exact against svdquant_torch); the time is that sweep's CUDA-graph median.
 #: Fields: bm, bn, warps, stages, grid (0: per SM), tree, register cap, programs per SM.
-SHIPPED: dict[str, dict[str, Tile]] = {
-    "NVIDIA H100 80GB HBM3": {
+SHIPPED: dict[CardKey, dict[str, Tile]] = {
+    H100_SXM: {
         "nvfp4-N3840-R32-M8192-bf16-smooth": Tile(64, 64, 4, 3, 0, 1, 168, 3),  # 30.5 µs
         "nvfp4-N3840-R128-M8192-bf16-smooth": Tile(64, 64, 4, 3, 0, 1, None, 2),  # 44.7 µs
         "nvfp4-N10240-R32-M8192-bf16-smooth": Tile(64, 64, 4, 3, 0, 1, 168, 3),  # 66.7 µs
@@ -50,6 +56,7 @@ SHIPPED: dict[str, dict[str, Tile]] = {
 }
 
 
-def shipped_tile(device_name: str, fmt: SVDQuantAct, m_pad: int, n: int, r: int, dtype: torch.dtype,
+def shipped_tile(card: CardKey | None, fmt: SVDQuantAct, m_pad: int, n: int, r: int, dtype: torch.dtype,
                  smooth: bool) -> Tile | None:
-    return SHIPPED.get(device_name, {}).get(config_key(fmt, m_pad, n, r, dtype, smooth))
+    table = table_for(SHIPPED, card) or {}
+    return table.get(config_key(fmt, m_pad, n, r, dtype, smooth))

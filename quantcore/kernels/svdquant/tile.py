@@ -29,6 +29,13 @@ class Tile:
     #: programs per SM when ``grid`` is 0
     per_sm: int = 2
 
+    def describe(self) -> str:
+        """Every field, in words: what a bench row or a log line names the tile by."""
+        programs = f"grid {self.grid}" if self.grid else f"{self.per_sm} programs/SM"
+        cap = f"maxnreg {self.maxnreg}" if self.maxnreg else "no register cap"
+        return (f"bm {self.bm}, bn {self.bn}, {self.num_warps} warps, {self.num_stages} stages, {programs}, "
+                f"tree {self.tree}, {cap}")
+
 
 def rank_block(r: int) -> int:
     """The accumulator's width: R rounded up to a power of two, at least 16 (tl.dot)."""

@@ -10,15 +10,18 @@ Tiles. A step is one ``bm × bn`` tile of x; ``grid`` programs share the
 trades the LoRA weight's re-reads (each row tile reads all of ``lora_down`` from L2)
 against the partials of row tiles split between programs. The tile for a call comes
 from, in order: ``QUANTCORE_SVDQUANT_TUNE=1`` (time :data:`CONFIGS` on the shape's first
-call, cached in-process); the shipped table for this GPU (:mod:`.configs`, keyed by
-everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
+call, cached in-process); the shipped table for this card or the nearest of its architecture (:mod:`.configs`,
+keyed by everything that changes the kernel: format, N, R, M bucket, dtype, smooth); the
 :func:`pick_tile` rule.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -29,6 +32,7 @@ from ...formats.svdquant import SVDQuantAct
 from ...kernel import Requirements, Support
 from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
+from ...probe.card_tables import card_of
 from ...problem import Problem
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 from .configs import shipped_tile
@@ -45,12 +49,15 @@ ENV_TUNE = "QUANTCORE_SVDQUANT_TUNE"
 
 #: Candidates for :func:`tune_tile` on a GPU. Each compiles for sm_90 without spilling
 #: at R ≤ 128 (``python -m tools.compile_report act_quant_lora``); those whose pipelined tiles
-#: exceed shared memory for a rank are skipped.
+#: exceed shared memory for a rank are skipped. The last two fill the SMs at a small batch:
+#: the shipped M = 256 tiles launch one or two 4-warp programs an SM where four fit (128
+#: registers, 33–37 KB of shared memory each).
 CONFIGS = tuple(
     Tile(bm, bn, warps, 3, 0, 1, cap, per_sm)
     for bm, bn, warps, cap, per_sm in [
         (64, 64, 4, None, 2), (64, 64, 4, 168, 3), (64, 64, 4, 128, 4), (64, 128, 4, 168, 3), (128, 64, 8, 128, 2),
         (32, 128, 4, None, 1), (32, 64, 4, 128, 2), (16, 64, 4, 128, 2), (16, 128, 4, 128, 1), (64, 128, 4, None, 1),
+        (32, 128, 4, 128, 4), (16, 64, 4, 128, 4),
     ]
 )
 
@@ -212,7 +219,7 @@ class TritonActQuantLora(SVDQuantKernel):
                     print(f"{self.name}: tuned {key[1:]} -> {_tuned[key]}", file=sys.stderr)
                 return _tuned[key]
 
-            shipped = shipped_tile(torch.cuda.get_device_name(x.device), fmt, m_pad, n, r, x.dtype, smooth)
+            shipped = shipped_tile(card_of(x.device), fmt, m_pad, n, r, x.dtype, smooth)
             if shipped is not None:
                 return shipped
         return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
@@ -231,16 +238,32 @@ def _launcher() -> Any:
 _LAUNCHER: Any = None
 
 
+def _median_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of ``fn()``: ``triton.testing.do_bench`` on a GPU; on a CPU (the
+    interpreter, where tuning only checks that every candidate runs) a few timed calls."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=40, return_mode="median")) / 1e3
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def tune_tile(
     kernel: TritonActQuantLora, x: torch.Tensor, prepared: SVDQuantWeights, configs: tuple[Tile, ...] = CONFIGS
 ) -> list[tuple[Tile, float]]:
-    """Time every valid candidate on this GPU (``triton.testing.do_bench``, median);
-    returns ``(tile, seconds)`` fastest first. Candidates that fail to compile are left out."""
-    from triton.testing import do_bench
-
+    """Time every valid candidate on ``x``'s device; returns ``(tile, seconds)`` fastest
+    first. Candidates :func:`check_tile` refuses or whose pipelined tiles exceed a block's
+    shared memory are left out, and so are those that fail to compile or run (out of
+    registers or shared memory on this GPU) — but if none is left, the error names each
+    candidate's failure, so a bug in the tuned path cannot pass for a GPU limit."""
     fmt = kernel.fmt
     assert isinstance(fmt, SVDQuantAct)
-    results = []
+    results, failures = [], []
     for tile in configs:
         try:
             check_tile(tile, fmt, prepared.r)
@@ -249,11 +272,13 @@ def tune_tile(
         if smem_bytes(tile, prepared.r) > 200 * 1024:  # beyond an H100 block's shared memory
             continue
         try:
-            ms = do_bench(lambda t=tile: kernel.forward(x, prepared, tile=t), warmup=10, rep=40, return_mode="median")
-        except Exception:  # a configuration out of registers or shared memory on this GPU
+            seconds = _median_seconds(lambda t=tile: kernel.forward(x, prepared, tile=t), x.device)
+        except Exception as exc:  # kept for the error below
+            failures.append(f"{tile.describe()}: {type(exc).__name__}: {exc}")
             continue
-        results.append((tile, float(ms) / 1e3))
+        results.append((tile, seconds))
     results.sort(key=lambda item: item[1])
     if not results:
-        raise KernelInputError(f"{kernel.name}: no tile in CONFIGS runs on {x.device}")
+        why = "; ".join(failures) or "every candidate was refused by check_tile or exceeds shared memory"
+        raise KernelInputError(f"{kernel.name}: no tile of {len(configs)} candidates runs on {x.device}: {why}")
     return results
