@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 from typing import Any, ClassVar
 
 import pytest
@@ -29,8 +28,6 @@ from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
-
-H100 = types.SimpleNamespace(name=tuned_h100.DEVICE, multi_processor_count=132)
 
 
 def _spec(v: Any) -> Any:

@@ -21,6 +21,7 @@ from quantcore.backends.trtllm_moe import triton_launch
 from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
+from quantcore.probe.card_tables import H100_SXM
 
 
 class Recorder:
@@ -62,7 +63,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
 ) -> None:
     if planning == "gpu":
         monkeypatch.setattr(kernel_mod, "interpreted", lambda: False)
-        monkeypatch.setattr(kernel_mod, "_facts", lambda device: ("NVIDIA H100 80GB HBM3", 132))
+        monkeypatch.setattr(kernel_mod, "_facts", lambda device: (H100_SXM, 132))
     kernel, w = _weights()
     gen = torch.Generator().manual_seed(1)
     for t in (1, 1, 2, 3, 9, 16, 40, 64, 65, 150):

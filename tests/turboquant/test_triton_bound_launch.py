@@ -24,6 +24,7 @@ from quantcore.errors import KernelInputError
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
+from quantcore.probe.card_tables import H100_SXM
 
 INTERPRETER = enable_interpreter_for("cpu")
 
@@ -67,7 +68,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
 ) -> None:
     if planning == "gpu":
         monkeypatch.setattr(fused_mod, "interpreting", lambda: False)
-        monkeypatch.setattr(fused_mod, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+        monkeypatch.setattr(fused_mod, "_card", lambda device: H100_SXM)
         monkeypatch.setattr(fused_mod, "_paths", {})  # the H100's path thresholds, not a CPU's kept from before
     kernel, prepared, _ = _layer(fmt)
     base = torch.randn(300 * 512 + 8).to(torch.bfloat16)
