@@ -207,6 +207,7 @@ def wgmma_kernel(
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
+    IN_FLIGHT: gl.constexpr,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -261,21 +262,45 @@ def wgmma_kernel(
                    tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    for j in range(0, n_iter, PER_WAIT):
-        for u in gl.static_range(PER_WAIT):
-            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
-        # Every group is waited for before the next registers are written: ptxas keeps a
-        # wgmma's register operands only up to the next wait, whatever it leaves in flight
-        # (README.md: leaving groups in flight across blocks computed wrong). The second
-        # block of a pair is dequantized while the first one's groups run.
+    if IN_FLIGHT:
+        # Two blocks per trip, each followed by a wait that leaves its own groups in flight
+        # and retires the previous block's. Their operands are different values, so different
+        # PTX registers: no instruction writes a register an unretired wgmma reads, and
+        # ptxas keeps each until the wait that retires it (tools/probes/
+        # hopper_wgmma_hazards.py checks the SASS). With one block per trip the next
+        # trip's operands are the same PTX registers, rewritten while the previous groups
+        # still read them — the ``deps`` of a wait do not prevent that: they reach PTX as
+        # a comment. The launcher gives every program an even block count.
+        for j in range(0, n_iter, 2):
+            for u in gl.static_range(2):
+                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+                acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
+                # The previous block's groups are done: once every warp is here, its stage
+                # (weights and the x tiles those groups read) goes back to TMA.
+                gl.thread_barrier()
+                done = j + u - 1
+                if done >= 0 and done + STAGES < n_iter:
+                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
+                           blk0 + done + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD,
+                           Z_PAD)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
-        for u in gl.static_range(PER_WAIT):
-            nxt = j + u + STAGES
-            if nxt < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
-                       blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    else:
+        for j in range(0, n_iter, PER_WAIT):
+            for u in gl.static_range(PER_WAIT):
+                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+            # Every group is waited for before the next registers are written: ptxas keeps a
+            # wgmma's register operands only up to the next wait, whatever it leaves in flight
+            # (README.md: leaving groups in flight across blocks computed wrong). The second
+            # block of a pair is dequantized while the first one's groups run.
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
+            for u in gl.static_range(PER_WAIT):
+                nxt = j + u + STAGES
+                if nxt < n_iter:
+                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
+                           blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
 

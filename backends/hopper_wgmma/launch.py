@@ -4,7 +4,7 @@ Imports triton (through kernels.py): load it only when a call runs (or a probe c
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -19,7 +19,7 @@ from .kernels import wgmma_kernel
 from .layout import SLICE, TILE_N, HopperWeights, block_k
 from .plans import Plan
 
-__all__ = ["kernel_args", "linear", "plan_of", "prepare_x"]
+__all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
              torch.int16: gl.int16, torch.uint8: gl.uint8}
@@ -100,13 +100,28 @@ def _counters(w: HopperWeights, tiles: int, device: torch.device) -> torch.Tenso
     return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
 
 
-def split_steps(w: HopperWeights, plan: Plan) -> tuple[int, int, int]:
-    """``(blocks per program, programs along K, blocks per wait)``: pairs of blocks only
-    where every program gets an even count."""
+class Walk(NamedTuple):
+    """How the programs of one launch walk K."""
+
+    #: Blocks per program (the last one may get fewer).
+    steps: int
+    #: Programs along K.
+    split: int
+    #: Blocks between two full waits (1 or 2).
+    per_wait: int
+    #: Whether each block's wgmma groups stay in flight while the next one is dequantized.
+    in_flight: bool
+
+
+def split_steps(w: HopperWeights, plan: Plan) -> Walk:
+    """The walk of ``plan`` over ``w``: pairs of blocks (per wait, or in flight) only where
+    every program gets an even count, else one block per wait."""
     steps = triton.cdiv(w.blocks, plan.split)
-    per_wait = plan.per_wait if w.blocks % 2 == 0 else 1
-    steps += steps % per_wait
-    return steps, triton.cdiv(w.blocks, steps), per_wait
+    pairs = w.blocks % 2 == 0
+    per_wait = plan.per_wait if pairs else 1
+    in_flight = plan.in_flight and pairs
+    steps += steps % (2 if per_wait == 2 or in_flight else 1)
+    return Walk(steps, triton.cdiv(w.blocks, steps), per_wait, in_flight)
 
 
 def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, ws: torch.Tensor,
@@ -115,7 +130,7 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     m = x.shape[0]
     n = w.out_features
     bk = block_k(w.bits)
-    steps, split, per_wait = split_steps(w, plan)
+    steps, split, per_wait, in_flight = split_steps(w, plan)
     w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
     bias = w.bias if w.bias is not None else w.scales
@@ -124,7 +139,8 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
     const = dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
-                 STAGES=plan.stages, PER_WAIT=per_wait, num_warps=plan.num_warps)
+                 STAGES=plan.stages, PER_WAIT=per_wait, IN_FLIGHT=in_flight,
+                 num_warps=plan.num_warps)
     return (tiles, split), args, const
 
 
@@ -135,7 +151,7 @@ def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torc
     plan = plan or plan_of(m, w, x2.device)
     x = prepare_x(x2)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    _, split, _ = split_steps(w, plan)
+    split = split_steps(w, plan).split
     if split > 1:
         tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
         ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
