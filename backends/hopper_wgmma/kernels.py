@@ -17,14 +17,18 @@ a ring of ``STAGES`` shared-memory stages that TMA fills: the block's weight wor
 3. per slice of 32 inputs, dequantize in registers — one LOP3 and two packed FMAs per
    pair of codes (``(q − z)·s`` in the activation dtype) — and issue ``wgmma``
    asynchronously: slice i+1 is dequantized while slice i multiplies;
-4. after ``PER_WAIT`` blocks (1 or 2: the second block's dequantization overlaps the
-   first one's multiplies), wait for every group, then hand the stages back to TMA,
-   ``STAGES`` blocks ahead.
+4. either (``IN_FLIGHT``) wait until only this block's groups are in flight — retiring
+   the previous block's, whose stage goes back to TMA — so the next block is dequantized
+   while this one multiplies; or, after ``PER_WAIT`` blocks (1 or 2), wait for every
+   group and hand the stages back, ``STAGES`` blocks ahead.
 
-Why not leave groups in flight across the wait: ptxas keeps a wgmma's register
-operands reserved only up to the next ``wgmma.wait_group``, whatever count it leaves
-outstanding, and reuses them for the next block's operands while the groups still read
-them (README.md: such plans computed wrong, unrepeatably, from 128-row tiles on).
+An in-flight wgmma reads its A registers until the wait that retires it, so nothing may
+write them before. The deps of ``warpgroup_mma_wait`` do not see to that: Triton lowers
+them to a comment in the PTX, which ptxas ignores. What does is the walk itself: two
+blocks per trip, so the operands of consecutive blocks are different values, hence
+different PTX registers, and none is rewritten before its wait (with one block per trip
+the next trip's operands *are* the same PTX registers — such plans computed wrong,
+README.md). ``tools/probes/hopper_wgmma_hazards.py`` checks the SASS for it.
 
 Split-K (programs over K runs of one tile) stores fp32 partials; the last program of a
 tile to arrive sums them in split order (deterministic, one launch, no zeroed buffer).
@@ -213,8 +217,9 @@ def wgmma_kernel(
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
     block's slices, each a ``[BM, 32]`` tile); ``s_desc``/``z_desc``: scale and
     zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
-    ``PER_WAIT`` blocks (1 or 2; 2 needs an even block count per program) are issued
-    between two waits."""
+    ``IN_FLIGHT``: a wait per block leaves its groups in flight; else ``PER_WAIT`` blocks
+    (1 or 2) between two full waits. Both pairs of blocks need an even block count per
+    program."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -263,14 +268,8 @@ def wgmma_kernel(
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
     if IN_FLIGHT:
-        # Two blocks per trip, each followed by a wait that leaves its own groups in flight
-        # and retires the previous block's. Their operands are different values, so different
-        # PTX registers: no instruction writes a register an unretired wgmma reads, and
-        # ptxas keeps each until the wait that retires it (tools/probes/
-        # hopper_wgmma_hazards.py checks the SASS). With one block per trip the next
-        # trip's operands are the same PTX registers, rewritten while the previous groups
-        # still read them — the ``deps`` of a wait do not prevent that: they reach PTX as
-        # a comment. The launcher gives every program an even block count.
+        # Two blocks per trip (the module's docstring says why); the launcher gives every
+        # program an even block count.
         for j in range(0, n_iter, 2):
             for u in gl.static_range(2):
                 acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
@@ -290,10 +289,8 @@ def wgmma_kernel(
             for u in gl.static_range(PER_WAIT):
                 acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
                              BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
-            # Every group is waited for before the next registers are written: ptxas keeps a
-            # wgmma's register operands only up to the next wait, whatever it leaves in flight
-            # (README.md: leaving groups in flight across blocks computed wrong). The second
-            # block of a pair is dequantized while the first one's groups run.
+            # Every group is done before the stages go back; the second block of a pair is
+            # dequantized while the first one's groups run.
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
             for u in gl.static_range(PER_WAIT):

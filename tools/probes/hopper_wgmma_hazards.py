@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 __all__ = ["Hazard", "Instr", "operand_hazards", "parse_sass"]
 
-_LINE = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_LINE = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 _REG = re.compile(r"^R(\d+)$")
 # Opcodes whose first register operand is read, not written (stores, reductions,
 # control flow, barriers, TMA).
@@ -66,9 +66,9 @@ def _width(ins: Instr) -> int:
     op = ins.op
     if ".128" in op:
         return 4
-    if ins.base == "LDSM":
+    if ins.base == "LDSM":  # LDSM.16.M88.4: four 8x8 matrices, one register each; no count: one
         tail = op.rsplit(".", 1)[-1]
-        return int(tail) if tail.isdigit() else 4
+        return int(tail) if tail.isdigit() else 1
     if ".64" in op or ".WIDE" in op or ins.base in ("DADD", "DMUL", "DFMA") or ".F64" in op:
         return 2
     if ins.base == "CS2R":

@@ -1,7 +1,8 @@
 """Compile ``hopper_wgmma`` for sm_90a on any machine (no GPU) and read what the compiler
 made: registers, spill stack, shared memory, and in the main loop the HGMMAs, the
 ``WARPGROUP.DEPBAR`` waits (how many wgmma groups stay in flight), barriers, shared and
-global load widths, and instructions per weight code.
+global load widths, and instructions per weight code; and ``hazards``, the writes to a
+register an in-flight HGMMA still reads (``hopper_wgmma_hazards.py``), which must be 0.
 
     python -m tools.probes.hopper_wgmma_sass [--sass DIR]
 
@@ -26,6 +27,8 @@ import torch
 from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.formats.gptq import GPTQ
+
+from .hopper_wgmma_hazards import operand_hazards
 
 __all__ = ["compile_plan", "loop_profile"]
 
@@ -107,12 +110,15 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
         return int(hit.group(1)) if hit else -1
 
     codes = 64 * plan.wg * 512 // bits
+    hazards = operand_hazards(sass)
     return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
             "sym": sym, "registers": get("REG"), "spill_stack": get("STACK"), "shared": compiled.metadata.shared,
-            **loop_profile(sass, codes, 128 * plan.wg), "sass": sass}
+            **loop_profile(sass, codes, 128 * plan.wg), "hazards": len(hazards),
+            "first_hazards": [h.__dict__ for h in hazards[:4]], "sass": sass}
 
 
-#: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits.
+#: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits, each
+#: group waited for at a block's end, or left in flight.
 REPORT: list[tuple[Plan, dict[str, Any]]] = [
     (Plan(1, 16, 4, 4), {}),
     (Plan(1, 16, 4, 4), {"sym": False}),
@@ -125,6 +131,13 @@ REPORT: list[tuple[Plan, dict[str, Any]]] = [
     (Plan(2, 128, 4, 1), {}),
     (Plan(2, 256, 3, 1), {}),
     (Plan(2, 256, 3, 1), {"sym": False}),
+    (Plan(1, 16, 4, 4, in_flight=True), {}),
+    (Plan(1, 16, 4, 4, in_flight=True), {"bits": 8}),
+    (Plan(1, 64, 4, 2, in_flight=True), {"group": 32, "sym": False}),
+    (Plan(2, 128, 4, 1, in_flight=True), {}),
+    (Plan(2, 128, 4, 1, in_flight=True), {"bits": 8, "dtype": torch.float16}),
+    (Plan(2, 256, 3, 1, in_flight=True), {}),
+    (Plan(2, 256, 3, 1, in_flight=True), {"sym": False}),
 ]
 
 
