@@ -40,27 +40,29 @@ def _tool(name: str) -> Path:
 
 
 def _loop(sass: str) -> list[str]:
-    """Opcodes of the backward-branch loop holding the most HGMMAs (the walk over K)."""
-    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s*([^;]*);", sass)
+    """Instructions (opcode and operands) of the backward-branch loop holding the most
+    HGMMAs (the walk over K)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);", sass)
     best: list[str] = []
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op.startswith("BRA") and target and int(target.group(1), 16) < int(addr, 16):
             lo, hi = int(target.group(1), 16), int(addr, 16)
-            body = [o for a, o, _ in ins if lo <= int(a, 16) <= hi]
+            body = [f"{o} {r}".strip() for a, o, r in ins if lo <= int(a, 16) <= hi]
             if sum(o.startswith("HGMMA") for o in body) > sum(o.startswith("HGMMA") for o in best):
                 best = body
     return best
 
 
 def loop_profile(sass: str, codes_per_iteration: int, threads: int) -> dict[str, Any]:
-    ops = _loop(sass)
+    body = _loop(sass)
+    ops = [line.split()[0] for line in body]
     hist = collections.Counter(op.split(".")[0] for op in ops)
     return {
         "loop_instructions": len(ops),
         "instr_per_code": round(len(ops) * threads / max(codes_per_iteration, 1), 2),
         "hgmma": sum(op.startswith("HGMMA") for op in ops),
-        "depbar": [op for op in ops if op.startswith("WARPGROUP.DEPBAR")],
+        "depbar": [line for line in body if line.startswith("WARPGROUP.DEPBAR")],
         "bar_sync": sum(op.startswith("BAR.SYNC") for op in ops),
         "lds128": sum(op.startswith("LDS") and ".128" in op for op in ops),
         "ldg": sum(op.startswith("LDG") for op in ops),
