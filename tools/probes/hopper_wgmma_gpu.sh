@@ -30,14 +30,14 @@ for step in "$@"; do
     check) timeout "${CHECK_S:-170}" $sweep --only check --repeat "${REPEAT:-1}" > "$out/check.log" 2>&1
            grep -v "^FAIL" "$out/check.log" | tail -3; grep "^FAIL" "$out/check.log" | cut -c1-400 | head -15 ;;
     prep*) IFS=: read -r _ bits ms <<< "$step"
-           pids=()
+           pids=(); gpus=$(nvidia-smi -L | wc -l)  # the processes spread over the host's GPUs
            for ((i = 0; i < ${CHECK_SHARDS:-8}; i++)); do
-             timeout "${PREP_S:-170}" $sweep --only check --shard "$i/${CHECK_SHARDS:-8}" --repeat "${REPEAT:-2}" \
-               > "$out/check-$i.log" 2>&1 & pids+=($!)
+             CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout "${PREP_S:-170}" $sweep --only check \
+               --shard "$i/${CHECK_SHARDS:-8}" --repeat "${REPEAT:-2}" > "$out/check-$i.log" 2>&1 & pids+=($!)
            done
            for ((i = 0; i < ${WARM_SHARDS:-6}; i++)); do
-             timeout "${PREP_S:-170}" $sweep --only warm --shard "$i/${WARM_SHARDS:-6}" --bits "${bits:-4}" \
-               ${ms:+--ms "$ms"} > "$out/warm-$i.log" 2>&1 & pids+=($!)
+             CUDA_VISIBLE_DEVICES=$(((i + 1) % gpus)) timeout "${PREP_S:-170}" $sweep --only warm \
+               --shard "$i/${WARM_SHARDS:-6}" --bits "${bits:-4}" ${ms:+--ms "$ms"} > "$out/warm-$i.log" 2>&1 & pids+=($!)
            done
            wait "${pids[@]}"
            tail -qn1 "$out"/check-*.log "$out"/warm-*.log

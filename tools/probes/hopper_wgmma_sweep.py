@@ -492,10 +492,7 @@ def main(argv: list[str]) -> int:
     if args.only == "warm":
         run_warm(out, args.bits, ms, shapes, args.shard)
         return 0
-    props = torch.cuda.get_device_properties(0)
-    key = card_key(0)
-    info = {"device": props.name, "card": key.slug, "card_key": key.__dict__, "torch": torch.__version__,
-            "triton": _triton_version()}
+    info = _device_info()
     (out / "device.json").write_text(json.dumps(info))
     print(info, flush=True)
     if args.only in (None, "check"):
@@ -505,10 +502,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _triton_version() -> str:
+def _device_info() -> dict[str, Any]:
     import triton
 
-    return triton.__version__
+    key = card_key(0) if DEVICE == "cuda" else CardKey("cpu", 0, 0, 0)
+    name = torch.cuda.get_device_properties(0).name if DEVICE == "cuda" else "cpu (a rehearsal)"
+    return {"device": name, "card": key.slug, "card_key": key.__dict__, "torch": torch.__version__,
+            "triton": triton.__version__}
 
 
 if __name__ == "__main__":
