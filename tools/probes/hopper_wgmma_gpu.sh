@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# hopper_wgmma on an sm_90 machine; every output lands in OUTDIR:
+# hopper_wgmma on an sm_90 machine; every output lands in OUTDIR/results.tgz (after each
+# step, so a call cut short keeps what was done), the merged JSON files also beside it
+# (a device call returns only a few files):
 #   bash tools/probes/hopper_wgmma_gpu.sh OUTDIR STEP ...
 # check: tools/probes/hopper_wgmma_sweep.py's check in one process;
 # prep[:BITS[:MS]]: the check in CHECK_SHARDS processes (each cell REPEAT times) side by
@@ -8,8 +10,14 @@
 # bench:SUITE: that suite's "hopper" shapes, every kernel and cuBLAS in one run (CUDA
 #   graphs, 3 rounds); ncu:M,K,N: the profile of tools/probes/hopper_wgmma_ncu.py's launch.
 set -uo pipefail
-out=$1; shift
-mkdir -p "$out"
+dest=$1; shift
+mkdir -p "$dest"
+out=$(mktemp -d)
+keep() {
+  tar -czf "$dest/results.tgz" -C "$out" .
+  cp "$out"/check.json "$out"/time-*.json "$out"/device.json "$dest"/ 2> /dev/null || true
+}
+trap keep EXIT
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 if ! python3 -c "import quantcore.backends.hopper_wgmma" 2> /dev/null; then
@@ -30,7 +38,7 @@ for step in "$@"; do
     check) timeout "${CHECK_S:-170}" $sweep --only check --repeat "${REPEAT:-1}" > "$out/check.log" 2>&1
            grep -v "^FAIL" "$out/check.log" | tail -3; grep "^FAIL" "$out/check.log" | cut -c1-400 | head -15 ;;
     prep*) IFS=: read -r _ bits ms <<< "$step"
-           pids=(); gpus=$(nvidia-smi -L | wc -l)  # the processes spread over the host's GPUs
+           pids=(); gpus=$(nvidia-smi -L 2> /dev/null | wc -l); ((gpus > 0)) || gpus=1  # spread over the GPUs
            for ((i = 0; i < ${CHECK_SHARDS:-8}; i++)); do
              CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout "${PREP_S:-170}" $sweep --only check \
                --shard "$i/${CHECK_SHARDS:-8}" --repeat "${REPEAT:-2}" > "$out/check-$i.log" 2>&1 & pids+=($!)
@@ -63,4 +71,5 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
   echo "[$step: $((SECONDS - t0))s]"
+  keep
 done
