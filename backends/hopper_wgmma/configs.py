@@ -5,6 +5,8 @@ Tables are keyed by :class:`quantcore.probe.card.CardKey` — architecture, SMs,
 memory per block, bandwidth class — not by a device name, so an H100 NVL finds the H100
 SXM table and an H200 its own. Within a table the key is ``(bits, K, N, M)``; a call takes
 the plan of the largest measured M at or below its own (at most 4× below), else the rule.
+A shape the card's own table did not measure (a table may cover only what one device
+call timed) is looked up in the next nearest table.
 fp16 takes the bf16 plans (the same tiles and instruction counts). No autotuning at run
 time: a first call compiles one kernel and times nothing.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantcore.probe.card import CardKey
-from quantcore.probe.card_tables import table_for
 
 from .plans import Plan
 
@@ -66,11 +67,26 @@ def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], Plan]]:
     return load_tables()
 
 
+def _nearest_first(card: CardKey, keys: list[CardKey]) -> list[CardKey]:
+    """``keys`` of ``card``'s architecture, this card's own first, then by nearness."""
+    left, order = list(keys), []
+    while (key := card.nearest(left)) is not None:
+        order.append(key)
+        left.remove(key)
+    return order
+
+
 def plan_for(shape: Shape, card: CardKey) -> Plan:
-    table = table_for(_tables(), card)
-    if table:
+    """The plan of the nearest table that measured this (bits, K, N) — the card's own
+    first — at the largest M at or below the call's (at most 4× below); else the rule."""
+    tables = _tables()
+    for key in _nearest_first(card, list(tables)):
+        table = tables[key]
         ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
+        if not ms:
+            continue  # this table did not measure the shape: ask the next one
         below = [m for m in ms if m <= shape.m]
         if below and shape.m <= 4 * below[-1]:
             return table[(shape.bits, shape.k, shape.n, below[-1])]
+        break
     return default_plan(shape, card)

@@ -17,14 +17,18 @@ a ring of ``STAGES`` shared-memory stages that TMA fills: the block's weight wor
 3. per slice of 32 inputs, dequantize in registers — one LOP3 and two packed FMAs per
    pair of codes (``(q − z)·s`` in the activation dtype) — and issue ``wgmma``
    asynchronously: slice i+1 is dequantized while slice i multiplies;
-4. after ``PER_WAIT`` blocks (1 or 2: the second block's dequantization overlaps the
-   first one's multiplies), wait for every group, then hand the stages back to TMA,
-   ``STAGES`` blocks ahead.
+4. either (``IN_FLIGHT``) wait until only this block's groups are in flight — retiring
+   the previous block's, whose stage goes back to TMA — so the next block is dequantized
+   while this one multiplies; or, after ``PER_WAIT`` blocks (1 or 2), wait for every
+   group and hand the stages back, ``STAGES`` blocks ahead.
 
-Why not leave groups in flight across the wait: ptxas keeps a wgmma's register
-operands reserved only up to the next ``wgmma.wait_group``, whatever count it leaves
-outstanding, and reuses them for the next block's operands while the groups still read
-them (README.md: such plans computed wrong, unrepeatably, from 128-row tiles on).
+An in-flight wgmma reads its A registers until the wait that retires it, so nothing may
+write them before. The deps of ``warpgroup_mma_wait`` do not see to that: Triton lowers
+them to a comment in the PTX, which ptxas ignores. What does is the walk itself: two
+blocks per trip, so the operands of consecutive blocks are different values, hence
+different PTX registers, and none is rewritten before its wait (with one block per trip
+the next trip's operands *are* the same PTX registers — such plans computed wrong,
+README.md). ``tools/probes/hopper_wgmma_hazards.py`` checks the SASS for it.
 
 Split-K (programs over K runs of one tile) stores fp32 partials; the last program of a
 tile to arrive sums them in split order (deterministic, one launch, no zeroed buffer).
@@ -207,13 +211,15 @@ def wgmma_kernel(
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
+    IN_FLIGHT: gl.constexpr,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
     block's slices, each a ``[BM, 32]`` tile); ``s_desc``/``z_desc``: scale and
     zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
-    ``PER_WAIT`` blocks (1 or 2; 2 needs an even block count per program) are issued
-    between two waits."""
+    ``IN_FLIGHT``: a wait per block leaves its groups in flight; else ``PER_WAIT`` blocks
+    (1 or 2) between two full waits. Both pairs of blocks need an even block count per
+    program."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -261,21 +267,37 @@ def wgmma_kernel(
                    tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    for j in range(0, n_iter, PER_WAIT):
-        for u in gl.static_range(PER_WAIT):
-            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
-        # Every group is waited for before the next registers are written: ptxas keeps a
-        # wgmma's register operands only up to the next wait, whatever it leaves in flight
-        # (README.md: leaving groups in flight across blocks computed wrong). The second
-        # block of a pair is dequantized while the first one's groups run.
+    if IN_FLIGHT:
+        # Two blocks per trip (the module's docstring says why); the launcher gives every
+        # program an even block count.
+        for j in range(0, n_iter, 2):
+            for u in gl.static_range(2):
+                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+                acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
+                # The previous block's groups are done: once every warp is here, its stage
+                # (weights and the x tiles those groups read) goes back to TMA.
+                gl.thread_barrier()
+                done = j + u - 1
+                if done >= 0 and done + STAGES < n_iter:
+                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
+                           blk0 + done + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD,
+                           Z_PAD)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
-        for u in gl.static_range(PER_WAIT):
-            nxt = j + u + STAGES
-            if nxt < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
-                       blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    else:
+        for j in range(0, n_iter, PER_WAIT):
+            for u in gl.static_range(PER_WAIT):
+                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+            # Every group is done before the stages go back; the second block of a pair is
+            # dequantized while the first one's groups run.
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # every warp has read these stages: hand them back to TMA
+            for u in gl.static_range(PER_WAIT):
+                nxt = j + u + STAGES
+                if nxt < n_iter:
+                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, nxt % STAGES,
+                           blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
 

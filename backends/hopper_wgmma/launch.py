@@ -12,7 +12,7 @@ split-K workspace and the grid.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -28,7 +28,7 @@ from .kernels import wgmma_kernel
 from .layout import SLICE, TILE_N, HopperWeights, block_k
 from .plans import Plan
 
-__all__ = ["kernel_args", "linear", "plan_of", "prepare_x"]
+__all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
 #: Triton specialises: x's descriptor and M. y and the workspace are fresh allocations
@@ -117,13 +117,28 @@ def _counters(w: HopperWeights, tiles: int, device: torch.device) -> torch.Tenso
     return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
 
 
-def split_steps(w: HopperWeights, plan: Plan) -> tuple[int, int, int]:
-    """``(blocks per program, programs along K, blocks per wait)``: pairs of blocks only
-    where every program gets an even count."""
+class Walk(NamedTuple):
+    """How the programs of one launch walk K."""
+
+    #: Blocks per program (the last one may get fewer).
+    steps: int
+    #: Programs along K.
+    split: int
+    #: Blocks between two full waits (1 or 2).
+    per_wait: int
+    #: Whether each block's wgmma groups stay in flight while the next one is dequantized.
+    in_flight: bool
+
+
+def split_steps(w: HopperWeights, plan: Plan) -> Walk:
+    """The walk of ``plan`` over ``w``: pairs of blocks (per wait, or in flight) only where
+    every program gets an even count, else one block per wait."""
     steps = triton.cdiv(w.blocks, plan.split)
-    per_wait = plan.per_wait if w.blocks % 2 == 0 else 1
-    steps += steps % per_wait
-    return steps, triton.cdiv(w.blocks, steps), per_wait
+    pairs = w.blocks % 2 == 0
+    per_wait = plan.per_wait if pairs else 1
+    in_flight = plan.in_flight and pairs
+    steps += steps % (2 if per_wait == 2 or in_flight else 1)
+    return Walk(steps, triton.cdiv(w.blocks, steps), per_wait, in_flight)
 
 
 def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, ws: torch.Tensor,
@@ -131,22 +146,23 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     """``(grid, positional args, constexprs + launch options)`` of one launch."""
     m = x.shape[0]
     n = w.out_features
-    steps, split, per_wait = split_steps(w, plan)
+    walk = split_steps(w, plan)
+    steps, split = walk.steps, walk.split
     w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
     bias = w.bias if w.bias is not None else w.scales
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
-    const = dict(_constexprs(w, plan, split, per_wait), num_warps=plan.num_warps)
+    const = dict(_constexprs(w, plan, walk), num_warps=plan.num_warps)
     return (tiles, split), args, const
 
 
-def _constexprs(w: HopperWeights, plan: Plan, split: int, per_wait: int) -> dict[str, Any]:
+def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     bk = block_k(w.bits)
     slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
-    return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=split > 1,
+    return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                 HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
-                STAGES=plan.stages, PER_WAIT=per_wait)
+                STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight)
 
 
 class _Bucket:
@@ -159,13 +175,14 @@ class _Bucket:
         self.source = (w.qweight, w.scales, w.zeros, w.bias)
         n = w.out_features
         self.n = n
-        steps, self.split, per_wait = split_steps(w, plan)
+        walk = split_steps(w, plan)
+        self.split = walk.split
         self.n_tiles = -(-n // (TILE_N * plan.wg))
         w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
         self.w_desc = w_desc
         self.mid = (s_desc, z_desc, w.bias if w.bias is not None else w.scales)
-        self.tail = (n, n, w.blocks, steps, self.split, w.sub_group)  # N, stride_ym (y is contiguous), …
-        self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, self.split, per_wait),
+        self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
+        self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, walk),
                              options=dict(num_warps=plan.num_warps), varying=VARYING, device=device)
         self.counters: torch.Tensor | None = None
 
@@ -222,7 +239,7 @@ def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torc
     n = w.out_features
     x = prepare_x(x2)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    _, split, _ = split_steps(w, plan)
+    split = split_steps(w, plan).split
     if split > 1:
         tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
         ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)

@@ -26,12 +26,15 @@ class Plan:
     stages: int
     #: Programs splitting K (1: none).
     split: int = 1
-    #: Blocks issued between two waits for the tensor cores (1 or 2).
+    #: Blocks issued between two waits for every wgmma group (1 or 2).
     per_wait: int = 1
+    #: Leave each block's wgmma groups in flight while the next block is dequantized (a
+    #: wait per block retires the one before); excludes ``per_wait`` 2.
+    in_flight: bool = False
 
     def __post_init__(self) -> None:
         if (self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1
-                or self.per_wait not in (1, 2)):
+                or self.per_wait not in (1, 2) or (self.in_flight and self.per_wait != 1)):
             raise ValueError(f"hopper_wgmma plan out of range: {self}")
 
     @property

@@ -70,9 +70,47 @@ def test_the_rule_gives_valid_plans_that_fit(m: int, bits: int, k: int, n: int) 
 
 def test_plans_out_of_range_are_refused() -> None:
     for bad in [dict(wg=3, bm=16, stages=4), dict(wg=1, bm=24, stages=4), dict(wg=1, bm=16, stages=1),
-                dict(wg=1, bm=16, stages=4, split=0), dict(wg=1, bm=16, stages=4, per_wait=3)]:
+                dict(wg=1, bm=16, stages=4, split=0), dict(wg=1, bm=16, stages=4, per_wait=3),
+                dict(wg=1, bm=16, stages=4, per_wait=2, in_flight=True)]:
         with pytest.raises(ValueError, match="out of range"):
             Plan(**bad)
+
+
+def test_a_shape_the_own_table_lacks_comes_from_the_next_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 table that timed only 4-bit shapes answers those; 8-bit ones come from the
+    H200's table, not the rule; a shape neither measured takes the rule."""
+    own, other = Plan(1, 16, 4, 2, in_flight=True), Plan(1, 64, 5, 1)
+    tables = {H100: {(4, 4096, 4096, 16): own}, H200: {(4, 4096, 4096, 16): other, (8, 4096, 4096, 16): other}}
+    monkeypatch.setattr("quantcore.backends.hopper_wgmma.configs._tables", lambda: tables)
+    assert plan_for(Shape(16, 4096, 4096, 4), H100) == own
+    assert plan_for(Shape(16, 4096, 4096, 8), H100) == other
+    assert plan_for(Shape(16, 4096, 4096, 4), H200) == other
+    assert plan_for(Shape(16, 4096, 1024, 4), H100) == default_plan(Shape(16, 4096, 1024, 4), H100)
+    # A shape the own table measured, but only at an M far below: the rule, not another table.
+    assert plan_for(Shape(512, 4096, 4096, 4), H100) == default_plan(Shape(512, 4096, 4096, 4), H100)
+
+
+@pytest.mark.parametrize(("blocks", "plan", "walk"), [
+    (32, Plan(2, 256, 3, 1, in_flight=True), (32, 1, 1, True)),
+    (32, Plan(1, 16, 8, 3, in_flight=True), (12, 3, 1, True)),  # 11 blocks each rounded up to even
+    (33, Plan(1, 16, 8, 1, in_flight=True), (33, 1, 1, False)),  # an odd count: a full wait per block
+    (32, Plan(1, 16, 8, 4, per_wait=2), (8, 4, 2, False)),
+    (9, Plan(1, 16, 8, 2, per_wait=2), (5, 2, 1, False)),
+])
+def test_pairs_of_blocks_only_where_every_program_gets_an_even_count(blocks: int, plan: Plan, walk: tuple) -> None:
+    from quantcore.backends.hopper_wgmma.launch import split_steps
+
+    class _Weights:  # the one field the walk reads
+        pass
+
+    w = _Weights()
+    w.blocks = blocks
+    got = split_steps(w, plan)  # type: ignore[arg-type]
+    assert tuple(got) == walk
+    counts = [min(got.steps, blocks - p * got.steps) for p in range(got.split)]
+    assert sum(counts) == blocks and min(counts) > 0
+    if got.in_flight or got.per_wait == 2:
+        assert all(c % 2 == 0 for c in counts)
 
 
 def _cost(cls: type, m: int) -> float:

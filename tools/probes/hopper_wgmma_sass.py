@@ -1,7 +1,8 @@
 """Compile ``hopper_wgmma`` for sm_90a on any machine (no GPU) and read what the compiler
 made: registers, spill stack, shared memory, and in the main loop the HGMMAs, the
 ``WARPGROUP.DEPBAR`` waits (how many wgmma groups stay in flight), barriers, shared and
-global load widths, and instructions per weight code.
+global load widths, and instructions per weight code; and ``hazards``, the writes to a
+register an in-flight HGMMA still reads (``hopper_wgmma_hazards.py``), which must be 0.
 
     python -m tools.probes.hopper_wgmma_sass [--sass DIR]
 
@@ -27,6 +28,8 @@ from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.formats.gptq import GPTQ
 
+from .hopper_wgmma_hazards import operand_hazards
+
 __all__ = ["compile_plan", "loop_profile"]
 
 
@@ -37,27 +40,29 @@ def _tool(name: str) -> Path:
 
 
 def _loop(sass: str) -> list[str]:
-    """Opcodes of the backward-branch loop holding the most HGMMAs (the walk over K)."""
-    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s*([^;]*);", sass)
+    """Instructions (opcode and operands) of the backward-branch loop holding the most
+    HGMMAs (the walk over K)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);", sass)
     best: list[str] = []
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op.startswith("BRA") and target and int(target.group(1), 16) < int(addr, 16):
             lo, hi = int(target.group(1), 16), int(addr, 16)
-            body = [o for a, o, _ in ins if lo <= int(a, 16) <= hi]
+            body = [f"{o} {r}".strip() for a, o, r in ins if lo <= int(a, 16) <= hi]
             if sum(o.startswith("HGMMA") for o in body) > sum(o.startswith("HGMMA") for o in best):
                 best = body
     return best
 
 
 def loop_profile(sass: str, codes_per_iteration: int, threads: int) -> dict[str, Any]:
-    ops = _loop(sass)
+    body = _loop(sass)
+    ops = [line.split()[0] for line in body]
     hist = collections.Counter(op.split(".")[0] for op in ops)
     return {
         "loop_instructions": len(ops),
         "instr_per_code": round(len(ops) * threads / max(codes_per_iteration, 1), 2),
         "hgmma": sum(op.startswith("HGMMA") for op in ops),
-        "depbar": [op for op in ops if op.startswith("WARPGROUP.DEPBAR")],
+        "depbar": [line for line in body if line.startswith("WARPGROUP.DEPBAR")],
         "bar_sync": sum(op.startswith("BAR.SYNC") for op in ops),
         "lds128": sum(op.startswith("LDS") and ".128" in op for op in ops),
         "ldg": sum(op.startswith("LDG") for op in ops),
@@ -107,12 +112,15 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
         return int(hit.group(1)) if hit else -1
 
     codes = 64 * plan.wg * 512 // bits
+    hazards = operand_hazards(sass)
     return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
             "sym": sym, "registers": get("REG"), "spill_stack": get("STACK"), "shared": compiled.metadata.shared,
-            **loop_profile(sass, codes, 128 * plan.wg), "sass": sass}
+            **loop_profile(sass, codes, 128 * plan.wg), "hazards": len(hazards),
+            "first_hazards": [h.__dict__ for h in hazards[:4]], "sass": sass}
 
 
-#: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits.
+#: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits, each
+#: group waited for at a block's end, or left in flight.
 REPORT: list[tuple[Plan, dict[str, Any]]] = [
     (Plan(1, 16, 4, 4), {}),
     (Plan(1, 16, 4, 4), {"sym": False}),
@@ -125,6 +133,13 @@ REPORT: list[tuple[Plan, dict[str, Any]]] = [
     (Plan(2, 128, 4, 1), {}),
     (Plan(2, 256, 3, 1), {}),
     (Plan(2, 256, 3, 1), {"sym": False}),
+    (Plan(1, 16, 4, 4, in_flight=True), {}),
+    (Plan(1, 16, 4, 4, in_flight=True), {"bits": 8}),
+    (Plan(1, 64, 4, 2, in_flight=True), {"group": 32, "sym": False}),
+    (Plan(2, 128, 4, 1, in_flight=True), {}),
+    (Plan(2, 128, 4, 1, in_flight=True), {"bits": 8, "dtype": torch.float16}),
+    (Plan(2, 256, 3, 1, in_flight=True), {}),
+    (Plan(2, 256, 3, 1, in_flight=True), {"sym": False}),
 ]
 
 
