@@ -31,9 +31,11 @@ from .plans import Plan
 __all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
-#: Triton specialises: x's descriptor and M. y and the workspace are fresh allocations
-#: (aligned); the rest is the weight's.
-VARYING = (1, 8)
+#: Triton specialises: M. x's descriptor changes its base only: what Triton specialises of
+#: a descriptor (dtype, box, layout) is the bucket's, and TMA needs the base 16-byte aligned
+#: whatever the binary (``prepare_x`` sees to it). y and the workspace are fresh
+#: allocations (aligned); the rest is the weight's.
+VARYING = (8,)
 #: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
 #: sizes repeat; a stream of ever new ones must not grow the table without bound).
 MAX_RUNS = 256
