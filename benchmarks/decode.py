@@ -22,6 +22,7 @@ import copy
 import inspect
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 import quantcore
+from quantcore.errors import QuantCoreWarning
 from quantcore.formats.base import Format
 
 __all__ = [
@@ -97,7 +99,10 @@ def reference_copy(model: nn.Module, fmt: Format | None = None, *, fuse: bool = 
     when ``fmt`` is given: the float dequantize-then-matmul reference."""
     ref = copy.deepcopy(model).float()
     if fmt is not None:
-        quantcore.quantize_(ref, fmt, filter_fn=_not_head, dtype=torch.float32, fuse=fuse, prefer="torch_fallback")
+        with warnings.catch_warnings():  # the dense copies are the point here: no warning about them
+            warnings.simplefilter("ignore", QuantCoreWarning)
+            quantcore.quantize_(ref, fmt, filter_fn=_not_head, dtype=torch.float32, fuse=fuse,
+                                prefer="torch_fallback")
     return ref
 
 
