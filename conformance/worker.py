@@ -12,8 +12,8 @@ CI machine's 2 cores (docs/conformance.md):
   gigabytes for a 4096 × 11008 weight) is fresh memory from the system, faulted in and
   zeroed 4 KiB at a time: 120 of the matrix's 326 CPU-seconds were system time. torch
   puts tensors of 2 MiB and more in transparent huge pages when ``THP_MEM_ALLOC_ENABLE``
-  is set before its first allocation, which a forked worker has not made: a fault per
-  2 MiB instead of 512.
+  is set before the process's first CPU allocation, which the matrix's parent has not
+  made when it forks its workers: a fault per 2 MiB instead of 512.
 
 Both settings are this process's alone. The verdicts are the same; the interpreter's fp32
 ``tl.dot`` sums in another order on one BLAS thread, so a few interpreter cells report an
@@ -32,39 +32,30 @@ __all__ = ["huge_pages_for_tensors", "one_blas_thread", "set_up_worker"]
 THP_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 #: OpenBLAS's setter as NumPy's wheels export it (plain, 64-bit interface, SciPy's build).
 _OPENBLAS_SETTERS = ("openblas_set_num_threads", "openblas_set_num_threads64_", "scipy_openblas_set_num_threads64_")
-_HUGE_PAGE = 2 * 2**20
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def set_up_worker(threads: int) -> None:
-    """What a forked worker runs before its first cell."""
-    huge_pages_for_tensors()  # first: it must precede this process's first allocation
+    """What a forked worker runs before its first cell. Threads first: a pool the parent
+    started is not usable in a forked child, so nothing here may need one."""
     import torch
 
     torch.set_num_threads(threads)
     one_blas_thread(threads)
+    huge_pages_for_tensors()
 
 
 def huge_pages_for_tensors() -> bool:
     """Ask torch to put large CPU tensors in transparent huge pages (unless the user set
-    ``THP_MEM_ALLOC_ENABLE``); whether a large tensor now gets them."""
+    ``THP_MEM_ALLOC_ENABLE``); whether the kernel offers them to a process that asks. It
+    takes effect only in a process that has not yet allocated a CPU tensor (a worker
+    forked before any cell ran), and allocates nothing itself."""
     os.environ.setdefault(THP_VARIABLE, "1")
-    import torch
-
-    before = _huge_page_bytes()
-    probe = torch.ones(4 * _HUGE_PAGE, dtype=torch.uint8)
-    return _huge_page_bytes() > before and bool(probe[-1])
-
-
-def _huge_page_bytes() -> int:
-    """This process's anonymous memory in transparent huge pages (0 where it cannot say)."""
     try:
-        with open("/proc/self/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # not Linux, or an old kernel
-        pass
-    return 0
+        with open(_THP_MODE) as mode:
+            return "[never]" not in mode.read()
+    except OSError:  # not Linux, or a kernel without them
+        return False
 
 
 def one_blas_thread(threads: int = 1) -> bool:
