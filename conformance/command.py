@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="summary rows: one per family (gptq4, awq4, …; the default) or every format variant")
     view = parser.add_mutually_exclusive_group()
     view.add_argument("--matrix", action="store_true",
-                      help="the summary as formats × kernels, one column per kernel (wide: the README's table)")
+                      help="the summary as formats × kernels, one column per kernel (wide)")
     view.add_argument("--detail", action="store_true", help="one row per cell instead of the summary")
 
 

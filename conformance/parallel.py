@@ -6,7 +6,8 @@ threads: a torch thread pool mostly waits (spinning) on such work. Cells sharing
 weights go to one worker as a group, so each golden quantization still runs once, and
 the biggest groups go first so no worker is left with a long one at the end.
 
-Workers are forked after the cells are collected (the registry, the cases and every
+Each worker sets itself up for many small calls (:mod:`.worker`: one BLAS thread, large
+tensors in huge pages) and drops a group's cached weights once the group has run. Workers are forked after the cells are collected (the registry, the cases and every
 plugin are loaded once, in the parent) and before anything has run: nothing in the
 parent has started a thread pool a child could inherit half-locked. Where fork is not
 available, or on an accelerator (whose runtime must not be forked), cells run here,
@@ -23,7 +24,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from .runner import Cell, CellResult, run_cell
+from .runner import Cell, CellResult, forget_cached, run_cell
+from .worker import set_up_worker
 
 __all__ = ["default_jobs", "run_cells"]
 
@@ -49,14 +51,10 @@ def _group_cost(cells: Sequence[Cell], indices: list[int]) -> float:
     return weight * len(indices) + 2e7 * interpreted
 
 
-def _init_worker(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def _run_group(indices: list[int]) -> list[tuple[int, CellResult]]:
-    return [(i, run_cell(_CELLS[i], _DEVICE)) for i in indices]
+    results = [(i, run_cell(_CELLS[i], _DEVICE)) for i in indices]
+    forget_cached()  # no other group shares this one's weights: their memory goes back now
+    return results
 
 
 def run_cells(
@@ -90,7 +88,7 @@ def run_cells(
             done(cells[i], result)
 
     try:
-        with ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), _init_worker, (threads,)) as pool:
+        with ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), set_up_worker, (threads,)) as pool:
             futures = [pool.submit(_run_group, group) for group in ordered]
             for future in as_completed(futures):
                 for i, result in future.result():

@@ -31,7 +31,7 @@ def summary_table(
 
     ``layout="list"`` (the default) is one line per (format, kernel) pair that has cells,
     a few columns wide, so it fits a terminal; ``"matrix"`` is formats × kernels, one
-    column per kernel (wide: the README's table)."""
+    column per kernel (wide)."""
     if layout == "matrix":
         return _matrix(results, group=group, tablefmt=tablefmt)
     if layout != "list":

@@ -17,7 +17,7 @@ from quantcore.ops.harness import get_harness
 from quantcore.probe import normalize_device, probe
 from quantcore.registry import KernelEntry, Registry, default_registry
 
-__all__ = ["Cell", "CellResult", "collect_cells", "run_cell", "run_matrix"]
+__all__ = ["Cell", "CellResult", "collect_cells", "forget_cached", "run_cell", "run_matrix"]
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
@@ -104,6 +104,9 @@ class _LRU:
         self._data: OrderedDict[Any, _Outcome] = OrderedDict()
         self._size = size
 
+    def clear(self) -> None:
+        self._data.clear()
+
     def get(self, key: Any, make: Callable[[], Any]) -> _Outcome:
         if key in self._data:
             self._data.move_to_end(key)
@@ -124,6 +127,14 @@ _weights = _LRU(size=2)
 _prepared = _LRU(size=4)
 #: A case's activations and golden output: the same for every kernel that runs the case.
 _inputs = _LRU(size=64)
+
+
+def forget_cached() -> None:
+    """Drop every cached golden weight, input and prepared state: for a caller that has run
+    all the cells sharing them (a worker at the end of a weight group), so their memory
+    goes back before the next group."""
+    for cache in (_weights, _prepared, _inputs):
+        cache.clear()
 
 
 def run_cell(cell: Cell, device: str = "cpu") -> CellResult:

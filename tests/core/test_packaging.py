@@ -1,6 +1,6 @@
 """Packaging: every package folder is installed without a hand-kept list, a built-in
-backend is its folder plus one entry-point line, and the README's backend table says
-what the registry holds."""
+backend is its folder plus one entry-point line, and the backends table (docs/backends.md)
+says what the registry holds."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def test_every_backend_folder_that_registers_kernels_has_an_entry_point() -> Non
         assert registers, f"{name} registers no kernel: code backends share belongs in quantcore/kernels"
 
 
-def _readme_backend_rows() -> dict[str, tuple[set[str], bool]]:
-    """``{plugin: (kernels, from examples/)}`` from the README's Backends table."""
-    text = (ROOT / "README.md").read_text()
+def _documented_backend_rows() -> dict[str, tuple[set[str], bool]]:
+    """``{plugin: (kernels, from examples/)}`` from the backends table of docs/backends.md."""
+    text = (ROOT / "docs" / "backends.md").read_text()
     table = text[text.index("| backend (entry point) | kernels |"):].split("\n\n", 1)[0]
     rows = {}
     for line in table.splitlines()[2:]:
@@ -68,14 +68,14 @@ def _readme_backend_rows() -> dict[str, tuple[set[str], bool]]:
     return rows
 
 
-def test_readme_backend_table_matches_the_registry() -> None:
-    rows = _readme_backend_rows()
+def test_backends_table_matches_the_registry() -> None:
+    rows = _documented_backend_rows()
     registry = Registry().load()
     plugins = {p.name: set(p.kernels) for p in registry.plugins() if p.name not in NOT_BACKENDS}
     for name, (kernels, example) in rows.items():
         if example and name not in plugins:
             continue  # the example plugin is not installed here
-        assert name in plugins, f"README lists {name}, which no installed plugin is called"
-        assert kernels == plugins[name], f"{name}: README says {sorted(kernels)}, the registry {sorted(plugins[name])}"
+        assert name in plugins, f"docs/backends.md lists {name}, which no installed plugin is called"
+        assert kernels == plugins[name], f"{name}: docs/backends.md says {sorted(kernels)}, the registry {sorted(plugins[name])}"
     missing = sorted(set(plugins) - set(rows))
-    assert not missing, f"plugins without a row in the README's Backends table: {missing}"
+    assert not missing, f"plugins without a row in the table of docs/backends.md: {missing}"
