@@ -41,8 +41,8 @@ import torch
 from torch import nn
 
 from ..binding import CALLERS_FAULT, call_failed, prepare_best
-from ..custom_ops import call_op, flatten, make_spec, resolve, traced
-from ..errors import InvalidArgumentError, KernelInputError, TensorFormatError
+from ..custom_ops import call_op, flatten, make_spec, resolve, traced, unflatten
+from ..errors import InvalidArgumentError, KernelInputError, QuantCoreError, TensorFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..ops import get_op
@@ -163,8 +163,12 @@ class QuantModule(nn.Module):
         self.kernel, self.prepared, self._blocked = kernel, prepared, None
 
     def _free_name(self, name: str) -> str:
-        taken = hasattr(type(self), name) or name in self.__dict__ or name in self._modules or name.startswith(SOURCE)
-        return f"state_{name}" if taken else name
+        return f"state_{name}" if self._taken(name) or name.startswith(SOURCE) else name
+
+    def _taken(self, name: str) -> bool:
+        """Whether a buffer called ``name`` would shadow something of the module."""
+        return hasattr(type(self), name) or name in self.__dict__ or name in self._modules \
+            or name in self._parameters or (name in self._buffers and name not in self._names)
 
     def _source(self) -> dict[str, torch.Tensor]:
         """The kept checkpoint tensors (empty unless ``keep_source``)."""
@@ -175,9 +179,24 @@ class QuantModule(nn.Module):
             del self._buffers[name]
 
     def _rebuild(self) -> None:
-        """The prepared state again, on the buffers as they are now (after a move or a load)."""
-        if self._spec and all(self._buffers.get(n) is not None for n in self._names):
-            self.prepared = resolve(self._spec).prepared(self.state_tensors())
+        """The prepared state again, on the buffers as they are now (after a move or a
+        load), checked against the kernel's schema where the kernel can run them."""
+        if not self._spec or self._blocked is not None:
+            return
+        state = [self._buffers.get(n) for n in self._names]
+        if any(t is None for t in state):
+            missing = [n for n, t in zip(self._names, state, strict=True) if t is None]
+            self.prepared, self._blocked = None, f"{type(self).__name__}: buffer {missing[0]} of the prepared state is missing"
+            return
+        r = resolve(self._spec)
+        try:
+            if state and state[0].device.type == "meta":  # shapes only: for tracing, nothing runs
+                self.prepared = unflatten(r.tree, state, allowed=r.allowed)
+            else:
+                self.prepared = r.prepared(state, where=type(self).__name__, names=list(self._names))
+        except QuantCoreError as exc:
+            self.prepared, self._blocked = None, str(exc)
+            raise
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names]
@@ -227,41 +246,99 @@ class QuantModule(nn.Module):
         return {"version": EXTRA_STATE_VERSION, "spec": self._spec, "names": list(self._names)}
 
     def set_extra_state(self, state: Any) -> None:
-        pass  # read in _load_from_state_dict, before the buffers it describes are loaded
+        """Torch calls this after the buffers were loaded; ``_load_from_state_dict`` read
+        and checked the same state before. Called on its own, it takes only the layout the
+        module holds now, checked against its buffers."""
+        spec, names = self._read_extra(state, type(self).__name__)
+        if (spec, names) != (self._spec, self._names):
+            raise TensorFormatError(
+                f"{type(self).__name__}: _extra_state: describes another prepared state than the module holds; "
+                "load it with load_state_dict, together with its buffers"
+            )
 
     def _load_from_state_dict(
         self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any, strict: bool,
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:
-        extra = state_dict.get(prefix + "_extra_state")
-        if isinstance(extra, dict) and extra.get("spec") and (
-            extra["spec"] != self._spec or tuple(extra["names"]) != self._names
-        ):
-            self._restructure(extra, state_dict, prefix)
+        where = prefix.rstrip(".") or type(self).__name__
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            spec, names = self._read_extra(state_dict[key], where)
+        else:
+            spec, names = self._spec, self._names
+        if spec:
+            given = [state_dict.get(prefix + n) for n in names]
+            if key in state_dict or any(t is not None for t in given):
+                if key not in state_dict:  # some buffers of the layout held now
+                    given = [self._buffers.get(n) if t is None else t for n, t in zip(names, given, strict=True)]
+                assign = bool(local_metadata.get("assign_to_params_buffers", False))
+                self._check_incoming(spec, names, given, prefix, where, assign)
+                if (spec, names) != (self._spec, self._names):
+                    self._restructure(spec, names, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         self._loaded()
 
-    def _restructure(self, extra: Mapping[str, Any], state_dict: Mapping[str, Any], prefix: str) -> None:
-        """Take the buffer layout (and kernel) the incoming state dict describes."""
+    def _read_extra(self, extra: Any, where: str) -> tuple[str, tuple[str, ...]]:
+        """The (spec, buffer names) an ``_extra_state`` describes, for this module's format
+        and dims; each field checked."""
+        if not isinstance(extra, Mapping):
+            raise TensorFormatError(f"{where}._extra_state: expected a dict with version, spec and names, "
+                                    f"got {type(extra).__name__}")
         if extra.get("version") != EXTRA_STATE_VERSION:
-            raise TensorFormatError(f"{prefix}_extra_state: version {extra.get('version')}, expected {EXTRA_STATE_VERSION}")
-        r = resolve(extra["spec"])
-        where = prefix.rstrip(".") or type(self).__name__
+            raise TensorFormatError(f"{where}._extra_state: version {extra.get('version')!r}, "
+                                    f"expected {EXTRA_STATE_VERSION}")
+        spec, names = extra.get("spec"), extra.get("names")
+        if spec == "" and names == []:
+            return "", ()  # a module saved before it had a weight
+        if not isinstance(spec, str) or not isinstance(names, (list, tuple)):
+            raise TensorFormatError(f"{where}._extra_state: expected spec (a string) and names (a list), "
+                                    f"got {type(spec).__name__} and {type(names).__name__}")
+        bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or n.startswith(SOURCE)
+               or n == "_extra_state" or (n not in self._names and self._taken(n))]
+        if bad or len(set(names)) != len(names):
+            raise TensorFormatError(f"{where}._extra_state: names: expected distinct buffer names, got {bad or names!r}")
+        r = resolve(spec)
         if r.fmt != self.format or any(r.dims.get(k) != v for k, v in self.dims.items()):
             raise TensorFormatError(
                 f"{where}: the state dict holds a {r.fmt.slug} weight of {r.dims}, the module is "
                 f"{self.format.slug} of {self.dims}"
             )
+        if r.kernel_cls.op != self.op.name:
+            raise TensorFormatError(f"{where}._extra_state: spec names a {r.kernel_cls.op} kernel, the module runs "
+                                    f"{self.op.name}")
+        return spec, tuple(names)
+
+    def _check_incoming(self, spec: str, names: tuple[str, ...], given: list[Any], prefix: str, where: str,
+                        assign: bool) -> None:
+        """The incoming buffers against the kernel's schema, before any is loaded: where
+        the module will hold them (the state dict's device with ``assign=True``)."""
+        missing = [n for n, t in zip(names, given, strict=True) if t is None]
+        if missing:
+            raise TensorFormatError(f"{prefix}{missing[0]}: missing from the state dict; its _extra_state names "
+                                    f"this buffer of the prepared state")
+        for n, t in zip(names, given, strict=True):
+            if not isinstance(t, torch.Tensor):
+                raise TensorFormatError(f"{prefix}{n}: expected a tensor, got {type(t).__name__}")
+        r = resolve(spec)
+        device = given[0].device if assign and given else self._device
+        if device.type == "meta" or device.type not in r.kernel_cls.requires.device_types:
+            device = None  # the kernel cannot run there: checked where it can (_rebuild)
+        if device is not None:
+            state = [t if t.device == device else t.to(device) for t in given]
+            r.prepared(state, where=where, names=[prefix + n for n in names], device=device)
+
+    def _restructure(self, spec: str, names: tuple[str, ...], state_dict: Mapping[str, Any], prefix: str) -> None:
+        """Take the buffer layout (and kernel) the incoming state dict describes."""
         for name in self._names:
             self._buffers.pop(name, None)
-        self._names = tuple(extra["names"])
+        self._names = names
         for name in self._names:
             incoming = state_dict.get(prefix + name)
             if isinstance(incoming, torch.Tensor):
                 self.register_buffer(name, torch.empty_like(incoming, device=self._device))
-        self._spec = extra["spec"]
-        self.kernel, self._blocked = r.kernel(self._device), None
+        self._spec = spec
+        self.kernel, self._blocked = resolve(spec).kernel(self._device), None
         self._drop_source()  # it belongs to the weight this state replaces
 
     def _loaded(self) -> None:

@@ -125,6 +125,7 @@ def compare_outputs(output: object, golden: ActQuantLoraOutput, fmt: SVDQuantAct
 
 class ActQuantLoraHarness(OpHarness):
     op = "act_quant_lora"
+    weight_options = ("smooth",)
 
     def weights(self, case: Case) -> LayerWeights:
         n, r = case.problem["N"], case.problem["R"]

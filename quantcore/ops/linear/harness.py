@@ -30,6 +30,7 @@ class LinearInputs:
 
 class LinearHarness(OpHarness):
     op = "linear"
+    weight_options = ("bias",)
 
     def weights(self, case: Case) -> LinearWeights:
         k, n = case.problem["K"], case.problem["N"]

@@ -92,6 +92,9 @@ class MoEHarness(OpHarness):
             return MoEInputs(x, topk_ids, None, moe_gemm_reference(x, topk_ids, weights.up, None))
         return MoEInputs(x, topk_ids, topk_weights, moe_gemm_reference(x, topk_ids, weights.up, topk_weights))
 
+    def stored(self, weights: MoEWeights) -> dict[str, torch.Tensor]:
+        return weights.up.tensors
+
     def prepare(self, kernel: Kernel, case: Case, weights: MoEWeights) -> object:
         def one(experts: GoldenExperts) -> object:
             tensors = {name: t.to(kernel.device) for name, t in experts.tensors.items()}
