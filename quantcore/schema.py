@@ -20,6 +20,10 @@ The patterns:
                                the pattern of each value (a per-dtype cache);
 ``Fields(cls, **fields)``      an instance of exactly ``cls`` whose every dataclass field
                                matches (every field must be given);
+``Depends(cls, build)``        an instance of exactly ``cls`` matching ``build(value)``: the
+                               pattern read off the value's own plain fields (a sub-group
+                               size prepare chose, that other shapes follow);
+``Satisfies(test, what)``      a value for which ``test`` holds (``what`` says which);
 ``ANY``                        anything (use sparingly: nothing checks it);
 
 and plain values, tuples, lists and dicts, which match themselves element by element.
@@ -37,7 +41,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ANY", "DictOf", "Fields", "Maybe", "OneOf", "TensorSpec", "describe_tensor", "mismatch"]
+__all__ = ["ANY", "Depends", "DictOf", "Fields", "Maybe", "OneOf", "Satisfies", "TensorSpec", "describe_tensor", "mismatch"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,18 @@ class Fields:
         return f"Fields({self.cls.__name__}, {self.fields!r})"
 
 
+@dataclass(frozen=True)
+class Depends:
+    cls: type
+    build: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Satisfies:
+    test: Callable[[Any], bool]
+    what: str
+
+
 class _Any:
     def __repr__(self) -> str:
         return "ANY"
@@ -141,6 +157,20 @@ def mismatch(pattern: Any, value: Any, path: str = "", *, name: Callable[[torch.
             if found:
                 return found
         return None
+    if isinstance(pattern, Satisfies):
+        try:
+            ok = bool(pattern.test(value))
+        except Exception:  # a test on a value of the wrong type
+            ok = False
+        return None if ok else f"{where}: expected {pattern.what}, got {_kind(value)}"
+    if isinstance(pattern, Depends):
+        if type(value) is not pattern.cls:
+            return f"{where}: expected a {pattern.cls.__name__}, got {_kind(value)}"
+        try:
+            built = pattern.build(value)
+        except Exception as exc:  # plain fields of the wrong type or range
+            return f"{where}: its fields do not describe a {pattern.cls.__name__} ({type(exc).__name__}: {exc})"
+        return mismatch(built, value, path, name=name)
     if isinstance(pattern, Fields):
         if type(value) is not pattern.cls:
             return f"{where}: expected a {pattern.cls.__name__}, got {_kind(value)}"

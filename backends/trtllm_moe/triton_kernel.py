@@ -33,11 +33,12 @@ from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.schema import Fields
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import CHUNK, SMALL_MAX_ROUTES, MoETile, check_tile, pick_tile
-from .weights import load_expert_weights
+from .weights import expert_schema, load_expert_weights
 
 __all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "launch", "stored_row_order"]
 
@@ -201,6 +202,9 @@ class TritonMoE(TRTLLMMoEKernel):
         if n is not None and n % 32:
             return Support.no(f"N={n}: the MoE layout needs N % 32 == 0")
         return Support.yes()
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> Fields:
+        return expert_schema(TritonMoEWeights, self.fmt, dims, "layout")  # type: ignore[arg-type]
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

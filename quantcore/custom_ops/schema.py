@@ -133,12 +133,13 @@ def _path_name(prepared: Any, t: torch.Tensor) -> str:
 
 def restore(
     kernel: Kernel, tree: Any, state: Sequence[Any], dims: Mapping[str, int], *, where: str,
-    allowed: Sequence[str], names: Sequence[str] | None = None,
+    allowed: Sequence[str], names: Sequence[str] | None = None, one_device: bool = True,
 ) -> Any:
     """The prepared object ``tree`` describes with ``state`` in place of its tensors,
     checked against ``kernel``'s schema for a weight of ``dims`` (the op's weight dims).
     ``allowed``: the packages the tree may name classes from; ``names``: the buffers
-    ``state`` came from, for the messages."""
+    ``state`` came from, for the messages; ``one_device=False`` lets some stay in host
+    memory (an offloaded pass)."""
     labels = list(names) if names is not None else [f"state[{i}]" for i in range(len(state))]
     for label, t in zip(labels, state, strict=False):
         if not isinstance(t, torch.Tensor):
@@ -147,7 +148,7 @@ def restore(
     if count != len(state):
         raise TensorFormatError(f"{where}: the spec's state names {count} tensor(s), {len(state)} came")
     devices = {t.device for t in state}
-    if len(devices) > 1:
+    if one_device and len(devices) > 1:
         by_device = ", ".join(f"{label} on {t.device}" for label, t in zip(labels, state, strict=True))
         raise TensorFormatError(f"{where}: expected every buffer on one device, got {by_device}")
     weight_dims = get_op(kernel.op).weight_dims

@@ -53,7 +53,7 @@ class Resolved:
 
     def prepared(
         self, state: Sequence[torch.Tensor], *, where: str = "spec", names: Sequence[str] | None = None,
-        device: torch.device | None = None,
+        device: torch.device | None = None, one_device: bool = True,
     ) -> Any:
         """The prepared state on ``state``, checked against the kernel's schema for the
         spec's dims (:mod:`.schema`) once per set of tensors; ``names`` are the buffers the
@@ -63,7 +63,7 @@ class Resolved:
             return unflatten(self.tree, state, allowed=self.allowed)
         where_device = device if device is not None else (state[0].device if state else torch.device("cpu"))
         prepared = restore(self.kernel(where_device), self.tree, state, self.dims, where=where,
-                           allowed=self.allowed, names=names)
+                           allowed=self.allowed, names=names, one_device=one_device)
         with _lock:
             if len(self._checked) >= _CHECKED_MAX:
                 self._checked.clear()

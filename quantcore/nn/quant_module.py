@@ -193,7 +193,8 @@ class QuantModule(nn.Module):
             if state and state[0].device.type == "meta":  # shapes only: for tracing, nothing runs
                 self.prepared = unflatten(r.tree, state, allowed=r.allowed)
             else:
-                self.prepared = r.prepared(state, where=type(self).__name__, names=list(self._names))
+                self.prepared = r.prepared(state, where=type(self).__name__, names=list(self._names),
+                                           one_device=not any(self._stays(n) for n in self._names))
         except QuantCoreError as exc:
             self.prepared, self._blocked = None, str(exc)
             raise
