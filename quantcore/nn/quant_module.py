@@ -42,7 +42,7 @@ from torch import nn
 
 from ..binding import CALLERS_FAULT, call_failed, prepare_best
 from ..custom_ops import call_op, flatten, make_spec, resolve, traced, unflatten
-from ..errors import InvalidArgumentError, KernelInputError, QuantCoreError, TensorFormatError
+from ..errors import InvalidArgumentError, KernelInputError, PluginError, QuantCoreError, TensorFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..ops import get_op
@@ -108,6 +108,8 @@ class QuantModule(nn.Module):
         self.passed_over: list[tuple[str, str]] = []
         self._spec = ""
         self._names: tuple[str, ...] = ()
+        #: The kernel whose first output was found of the op's shape and dtype.
+        self._output_checked: Kernel | None = None
         self._prefer = _preferences(prefer)
         self._device = _concrete(device if device is not None else "cpu")
         #: Why an eager call cannot run now (no weight yet, or moved where the kernel cannot
@@ -218,24 +220,36 @@ class QuantModule(nn.Module):
             return call_op(self.op.name, self._spec, self.state_tensors(), *inputs, **options)
         if self._blocked is not None:
             raise KernelInputError(self._blocked)
+        kernel = self.kernel
         try:
-            return self.kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
+            out = kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
         except Exception as exc:
             if not self.keep_source or isinstance(exc, CALLERS_FAULT) or not self._source():
                 raise
-            self._replace_failed(self.kernel, exc)  # type: ignore[arg-type]
+            self._replace_failed(kernel, exc)  # type: ignore[arg-type]
             return self.forward(*inputs, **options)
+        if self._output_checked is not kernel:  # its first call: is the answer of the op's shape?
+            wrong = self.op.output_problem(self.format, self.dims, inputs, options, out)
+            if wrong:
+                why = f"its first call returned a wrong result: {wrong}"
+                if not self.keep_source or not self._source():
+                    raise PluginError(f"{kernel.name}: {why} (build the module with keep_source=True to fall back)")
+                self._replace_failed(kernel, None, why)  # type: ignore[arg-type]
+                return self.forward(*inputs, **options)
+            self._output_checked = kernel
+        return out
 
-    def _replace_failed(self, kernel: Kernel, exc: Exception) -> None:
-        """``kernel`` raised in a call: recorded as failed on this device, and the next
-        candidate prepared from the kept source (a failed call produced no output, so
-        running it again on another kernel is safe)."""
+    def _replace_failed(self, kernel: Kernel, exc: Exception | None, reason: str = "") -> None:
+        """``kernel`` raised in a call (or answered what its op never returns:
+        ``reason``): recorded as failed on this device, and the next candidate prepared
+        from the kept source (a failed call produced no usable output, so running it again
+        on another kernel is safe)."""
         with _replacing:
             if self.kernel is not kernel:  # another thread replaced it already
                 return
             device, registry = normalize_device(self._device), default_registry()
             call_failed(self.format, device, self.problem(), kernel, exc, registry=registry,
-                        passed_over=self.passed_over)
+                        passed_over=self.passed_over, reason=reason)
             kernel, prepared = prepare_best(self.format, device, self._source(), problem=self.problem(),
                                             dtype=self.dtype, prefer=self._prefer, registry=registry,
                                             passed_over=self.passed_over)
