@@ -79,9 +79,30 @@ def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str]
                                            extra and f"{', '.join(extra)} unknown")))
             takes = ", ".join(required) + (f" (and optionally {', '.join(optional)})" if optional else "")
             raise InvalidArgumentError(f"--shape {text}: this suite takes {takes} ({why}), e.g. {example}")
-    if any(v < 0 for v in shape.values()):
-        raise InvalidArgumentError(f"--shape {text}: dims are non-negative integers")
+    from quantcore.problem import MAX_DIM
+
+    bad = [f"{k}={v}" for k, v in shape.items() if not 0 < v <= MAX_DIM]
+    if bad:
+        raise InvalidArgumentError(f"--shape {text}: dims are integers in [1, {MAX_DIM}], got {', '.join(bad)}")
     return shape
+
+
+#: The dims of a shape that size the weights a suite builds (the others size activations).
+_WEIGHT_DIMS = ("E", "K", "N", "R")
+
+
+def check_shape_fits(shape: dict[str, int], device: str) -> None:
+    """Refuse, before any allocation, a shape whose weights could not be held here."""
+    from quantcore.tuning import BYTES_PER_WEIGHT, memory_bytes
+
+    weight = 1
+    for dim in _WEIGHT_DIMS:
+        weight *= shape.get(dim, 1)
+    need, have = weight * BYTES_PER_WEIGHT, memory_bytes(device)
+    if need > have // 2:
+        said = ",".join(f"{k}={v}" for k, v in shape.items())
+        raise InvalidArgumentError(f"--shape {said}: its weights need about {need / 2**30:.3g} GiB, more than half of "
+                                   f"the {have / 2**30:.3g} GiB this {device} has")
 
 
 def suite_dims(suite: ModuleType) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -113,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             plot = args.plot and str(Path(args.plot).with_name(f"{Path(args.plot).stem}-{name}.png"))
             codes.append(run(argparse.Namespace(**{**vars(args), "suite": name, "plot": plot})))
         return max(codes)
+    if args.rounds < 1:
+        raise InvalidArgumentError(f"--rounds: expected a positive number of rounds, got {args.rounds}")
     suite = get_suite(args.suite)
     out = results_folder(args)
     if args.shape:
@@ -124,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidArgumentError(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {name!r}")
             shapes += [s for s in suite.SHAPES[name] if s not in shapes]
     check_device(args.device)
+    for shape in shapes:
+        check_shape_fits(shape, args.device)
     caps = probe(args.device)
     ceil = ceilings(args.device, remeasure=args.remeasure)
     # Suites that time subprocesses or side streams opt out of graph capture.

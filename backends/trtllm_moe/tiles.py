@@ -10,14 +10,13 @@ variant flags), so a new shape compiles once and never reuses another's binary.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
-from quantcore.errors import KernelInputError
+from quantcore.errors import InvalidArgumentError, KernelInputError
+from quantcore.files import read_json
 
 __all__ = ["CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "tile_table"]
 
@@ -117,8 +116,12 @@ NARROW = MoETile(128, 128, 128, 8, 4, scheduled=True, persistent=0, split_tail=T
 def tile_table(device_name: str | None) -> tuple[tuple[int, MoETile], ...]:
     path = os.environ.get(ENV_TABLE)
     if path:
-        rows = json.loads(Path(path).read_text())["table"]
-        return tuple((int(limit), MoETile(**spec)) for limit, spec in rows)
+        data = read_json(path, error=InvalidArgumentError)
+        try:
+            return tuple((int(limit), MoETile(**spec)) for limit, spec in data["table"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"{ENV_TABLE}={path}: expected {{'table': [[routes, tile], ...]}} "
+                                       f"({type(exc).__name__}: {exc})") from None
     return TABLES.get(device_name or "", _H100)
 
 

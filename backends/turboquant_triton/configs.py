@@ -16,12 +16,14 @@ entries ``{"device", "kernel": "gemv" | "mma" | "paths", "K", "N", "d", "passes"
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from quantcore.errors import InvalidArgumentError
+from quantcore.files import read_json
 
 __all__ = ["GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
            "table"]
@@ -79,10 +81,14 @@ def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
 
 def _load(path: Path) -> dict[tuple[Any, ...], Any]:
     out: dict[tuple[Any, ...], Any] = {}
-    for entry in json.loads(path.read_text()):
-        cls = _KINDS[entry["kernel"]]
-        names = {f.name for f in fields(cls)}
-        out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
+    for entry in read_json(path, error=InvalidArgumentError):
+        try:
+            cls = _KINDS[entry["kernel"]]
+            names = {f.name for f in fields(cls)}
+            out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgumentError(f"{ENV}={path}: an entry is not a tuned config ({type(exc).__name__}: "
+                                       f"{exc}): {str(entry)[:80]}") from None
     return out
 
 

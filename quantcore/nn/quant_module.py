@@ -42,11 +42,17 @@ from torch import nn
 
 from ..binding import CALLERS_FAULT, call_failed, prepare_best
 from ..custom_ops import call_op, flatten, make_spec, resolve, traced, unflatten
-from ..errors import InvalidArgumentError, KernelInputError, PluginError, QuantCoreError, TensorFormatError
+from ..errors import (
+    InvalidArgumentError,
+    KernelInputError,
+    PluginError,
+    QuantCoreError,
+    TensorFormatError,
+)
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..ops import get_op
-from ..probe import normalize_device
+from ..probe import normalize_device, probe
 from ..problem import Problem
 from ..registry import default_registry
 
@@ -112,6 +118,10 @@ class QuantModule(nn.Module):
         self._output_checked: Kernel | None = None
         self._prefer = _preferences(prefer)
         self._device = _concrete(device if device is not None else "cpu")
+        if self._device.type != "meta":
+            caps = probe(self._device)
+            if not caps.available:
+                raise InvalidArgumentError(f"device: {self._device} is not available here ({caps.reason})")
         #: Why an eager call cannot run now (no weight yet, or moved where the kernel cannot
         #: run); None when it can.
         self._blocked: str | None = self._no_weight()
@@ -214,6 +224,8 @@ class QuantModule(nn.Module):
     # --- calling ---------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **options: Any) -> Any:
+        if not inputs:
+            raise KernelInputError(f"{type(self).__name__}: expected the op's inputs {list(self.op.inputs)}, got none")
         if traced(inputs[0]):
             if not self._spec:
                 raise KernelInputError(self._no_weight())
@@ -420,7 +432,10 @@ def _preferences(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
 def _concrete(device: str | torch.device) -> torch.device:
     """``cuda`` as the ``cuda:N`` it means now, so that a move to where the module is
     already is recognised as none."""
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"device: expected a device such as 'cpu' or 'cuda:0', got {device!r} ({exc})") from None
     if d.type == "cuda" and d.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return d

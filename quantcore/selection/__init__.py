@@ -76,6 +76,7 @@ def explain(
     what was measured."""
     reg = registry or default_registry()
     fmt = _format(format, problem, reg, tune)
+    _check_prefer(reg, prefer)
     dev, overrides = normalize_device(device), Overrides.read(prefer, allow_dense)
     ranking = _rank(reg, fmt, dev, problem, overrides, tune=tune)
     by_batch: tuple[tuple[int, str | None], ...] = ()
@@ -116,6 +117,7 @@ def get_kernel(
     if hit is not None:
         return hit
     fmt = _format(format, problem, reg, tune)
+    _check_prefer(reg, prefer)
     dev = normalize_device(device)
     stamp = state.stamp()
     ranking = _rank(reg, fmt, dev, problem, Overrides.read(prefer, allow_dense), tune=tune, act=True)
@@ -140,6 +142,7 @@ def ranked(
     """The kernels that can run, best first, for those about to prepare them in turn
     (:func:`quantcore.bind`): a kernel whose own checks raised is recorded as failed on
     ``device``, refused from then on."""
+    _check_prefer(registry, prefer)
     return _rank(registry, fmt, device, problem, Overrides.read(prefer, allow_dense), act=True).usable
 
 
@@ -186,6 +189,21 @@ def _explanation(reg: Registry, fmt: Format, device: str, problem: Problem | Non
 
 def _first_name(ranking: Ranking) -> str | None:
     return ranking.first.name if ranking.first is not None else None
+
+
+def _check_prefer(registry: Registry, prefer: object) -> None:
+    """``prefer=`` names kernels or plugins the registry holds (for any format): a name it
+    does not know is a typo, which would otherwise be ignored in silence."""
+    if prefer is None:
+        return
+    names = [prefer] if isinstance(prefer, str) else prefer
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"prefer: expected a kernel name or a sequence of names, got {prefer!r:.80}")
+    known = {e.cls.name for e in registry.kernels()} | {p.name for p in registry.plugins()}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidArgumentError(f"prefer: no registered kernel or plugin is called {', '.join(map(repr, unknown))}; "
+                                   f"kernels: {', '.join(sorted({e.cls.name for e in registry.kernels()}))}")
 
 
 def _format(format: str | Format, problem: Problem | None, registry: Registry, tune: bool) -> Format:
