@@ -13,11 +13,13 @@ short). Needs the optional ``safetensors`` package (``pip install quantcore[io]`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,6 +29,7 @@ from torch import nn
 from ...errors import TensorFormatError
 from ...formats.turboquant.format import TurboQuant
 from ...kernels.turboquant.base import ACT_DTYPES
+from ...problem import MAX_DIM
 from .module import TurboQuantLinear
 from .offload import Pass2OffloadPool
 
@@ -177,19 +180,15 @@ def load_quantized(
     """Turn ``model`` (the unquantized architecture, possibly on ``meta``) into the saved
     quantized model: the listed Linears become TurboQuantLinears, then every tensor is
     loaded. ``cpu_offload_pass2`` overrides the saved configuration's choice."""
-    safetensors = _safetensors()
-    with safetensors.safe_open(os.fspath(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get(METADATA_KEY)
-    if raw is None:
-        raise TensorFormatError(f"{path}: no '{METADATA_KEY}' metadata; not written by save_quantized")
-    meta = json.loads(raw)
-    if meta.get("format") != TurboQuant.name:
-        raise TensorFormatError(f"{path}: format {meta.get('format')!r}, expected {TurboQuant.name!r}")
-    config = TurboQuantConfig.from_json(meta["config"])
+    from ...checkpoint.shards import open_shard, read_shard
+
+    with contextlib.ExitStack() as stack:
+        raw = (open_shard(Path(path), stack).metadata() or {}).get(METADATA_KEY)
+    config, modules = _read_metadata(path, raw)
     fmt = config.format()
     target = torch.device(device) if device is not None else None
     layers: dict[str, TurboQuantLinear] = {}
-    for name, spec in meta["modules"].items():
+    for name, spec in modules.items():
         try:
             old = model.get_submodule(name)
         except AttributeError:
@@ -203,7 +202,7 @@ def load_quantized(
         layer_dtype = dtype or (old.weight.dtype if old.weight.dtype in ACT_DTYPES else None)
         layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
                                         device=here, dtype=layer_dtype)
-    state = safetensors.load_file(os.fspath(path), device="cpu")
+    state = read_shard(Path(path))
     for name, layer in layers.items():
         prefix = name + "."
         layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
@@ -223,6 +222,42 @@ def load_quantized(
     if offload:
         enable_pass2_offload(model)
     return model
+
+
+def _read_metadata(path: str | os.PathLike[str], raw: object) -> tuple[TurboQuantConfig, dict[str, dict[str, Any]]]:
+    """The configuration and the module list ``save_quantized`` wrote, each field checked."""
+    if raw is None:
+        raise TensorFormatError(f"{path}: no '{METADATA_KEY}' metadata; not written by save_quantized")
+    try:
+        meta = json.loads(str(raw))
+    except ValueError as exc:
+        raise TensorFormatError(f"{path}: metadata '{METADATA_KEY}' is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise TensorFormatError(f"{path}: metadata '{METADATA_KEY}': expected a JSON object, got {type(meta).__name__}")
+    if meta.get("format") != TurboQuant.name:
+        raise TensorFormatError(f"{path}: format {meta.get('format')!r}, expected {TurboQuant.name!r}")
+    config_json, modules = meta.get("config"), meta.get("modules")
+    names = {f.name for f in fields(TurboQuantConfig)}
+    if not isinstance(config_json, dict) or not set(config_json) <= names:
+        raise TensorFormatError(f"{path}: metadata config: expected an object with some of {sorted(names)}, "
+                                f"got {str(config_json)[:80]}")
+    try:
+        config = TurboQuantConfig.from_json(config_json)
+        config.format()
+    except TensorFormatError as exc:
+        raise TensorFormatError(f"{path}: metadata config: {exc}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TensorFormatError(f"{path}: metadata config: {type(exc).__name__}: {exc}") from None
+    if not isinstance(modules, dict):
+        raise TensorFormatError(f"{path}: metadata modules: expected an object, got {type(modules).__name__}")
+    for name, spec in modules.items():
+        ok = isinstance(spec, dict) and all(
+            type(spec.get(k)) is int and 0 < spec[k] <= MAX_DIM for k in ("in_features", "out_features")
+        ) and isinstance(spec.get("bias"), bool)
+        if not ok:
+            raise TensorFormatError(f"{path}: metadata modules[{name!r}]: expected in_features and out_features "
+                                    f"(positive integers) and bias (a bool), got {str(spec)[:80]}")
+    return config, modules
 
 
 def _safetensors() -> Any:
