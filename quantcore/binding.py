@@ -241,15 +241,19 @@ def bind(
         if hit is not None:
             return hit
         lock = _locks.setdefault(key, threading.Lock())
-    with lock:
-        with _guard:
-            hit = _lookup(key)
-        if hit is not None:
-            return hit
-        made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs,
-                           allow_dense=allow_dense)
-        with _guard:
-            _bound[key] = weakref.ref(made)
-            weakref.finalize(made, _evict, key)
-            _locks.pop(key, None)
-        return made
+    try:
+        with lock:
+            with _guard:
+                hit = _lookup(key)
+            if hit is not None:
+                return hit
+            made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs,
+                               allow_dense=allow_dense)
+            with _guard:
+                _bound[key] = weakref.ref(made)
+                weakref.finalize(made, _evict, key)
+            return made
+    finally:
+        with _guard:  # bound or failed, the key's lock is done with (threads holding it still finish)
+            if _locks.get(key) is lock:
+                del _locks[key]

@@ -22,6 +22,7 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.transforms.turboquant_passes import aligned
 
 from . import configs
 from .dequant import dequant_kernel
@@ -45,10 +46,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous)."""
-    if not indices.is_contiguous():
-        indices = indices.contiguous()
-    return indices.view(torch.int32)
+    """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous and aligned)."""
+    return aligned(indices).view(torch.int32)
 
 
 def _dot_fp32(x: torch.Tensor) -> bool:

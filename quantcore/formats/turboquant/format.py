@@ -222,8 +222,17 @@ class TurboQuant(Format):
         self, tensors: Mapping[str, torch.Tensor], prefix: str, n: int, k: int, groups: int, where: str
     ) -> None:
         d = self.group_size
+        # Every shape first, then values: a small tensor of the wrong shape is refused
+        # before a large one is scanned.
         indices = require_tensor(
             prefix + "indices", tensors[prefix + "indices"], shape=(n, k // 2), dtypes=(torch.uint8,), where=where
+        )
+        norms = require_tensor(
+            prefix + "norms", tensors[prefix + "norms"], shape=(n, groups), dtypes=(self.norm_dtype,), where=where
+        )
+        rotation = require_tensor(
+            prefix + "rotation", tensors[prefix + "rotation"],
+            shape=(self.num_rotations(k), d, d), dtypes=(torch.float32,), where=where,
         )
         if self.bits < 4:
             top = max(int((indices & 0xF).max()), int((indices >> 4).max()))
@@ -232,15 +241,8 @@ class TurboQuant(Format):
                     f"{where}: {prefix}indices: expected values below {self.levels} for bits={self.bits}, "
                     f"found {top}"
                 )
-        norms = require_tensor(
-            prefix + "norms", tensors[prefix + "norms"], shape=(n, groups), dtypes=(self.norm_dtype,), where=where
-        )
         if not torch.isfinite(norms).all():
             raise TensorFormatError(f"{where}: {prefix}norms: contains NaN or Inf")
-        rotation = require_tensor(
-            prefix + "rotation", tensors[prefix + "rotation"],
-            shape=(self.num_rotations(k), d, d), dtypes=(torch.float32,), where=where,
-        )
         r = rotation.float()
         eye = torch.eye(d, device=r.device)
         off = (r @ r.transpose(-1, -2) - eye).abs().amax().item()
