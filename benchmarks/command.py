@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
 
 
+#: Dims that are sizes, never 0 (R, a LoRA rank, may be; flags such as ``fp16`` are 0 or 1).
+_SIZES = ("M", "K", "N", "E", "T", "topk")
+
+
 def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str] = ()) -> dict[str, int]:
     """``M=1,K=4096,N=4096`` → ``{"M": 1, …}``; with ``required``, every one of those and
     nothing but them and ``optional``."""
@@ -81,9 +85,10 @@ def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str]
             raise InvalidArgumentError(f"--shape {text}: this suite takes {takes} ({why}), e.g. {example}")
     from quantcore.problem import MAX_DIM
 
-    bad = [f"{k}={v}" for k, v in shape.items() if not 0 < v <= MAX_DIM]
+    bad = [f"{k}={v}" for k, v in shape.items() if not 0 <= v <= MAX_DIM or (v == 0 and k in _SIZES)]
     if bad:
-        raise InvalidArgumentError(f"--shape {text}: dims are integers in [1, {MAX_DIM}], got {', '.join(bad)}")
+        raise InvalidArgumentError(f"--shape {text}: sizes are integers in [1, {MAX_DIM}] (a LoRA rank R or a flag "
+                                   f"may be 0), got {', '.join(bad)}")
     return shape
 
 

@@ -66,6 +66,6 @@ def read_json(path: str | os.PathLike[str], *, limit: int = MAX_TEXT_BYTES,
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise error(f"{Path(path)}: not valid JSON ({exc})") from None
+        raise error(f"{Path(path)}: not valid JSON ({type(exc).__name__}: {exc})") from None
     except RecursionError:
         raise error(f"{Path(path)}: JSON nested too deeply") from None

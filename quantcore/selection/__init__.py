@@ -18,13 +18,14 @@ at every batch size), and builds one :class:`Explanation` per call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
 
 from .. import measured, tuning
 from ..cost import BATCH_SIZES, batch_dim, device_rates, with_batch
-from ..errors import InvalidArgumentError, NoKernelError, UnknownFormatError
+from ..errors import InvalidArgumentError, NoKernelError, QuantCoreWarning, UnknownFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..probe import normalize_device, probe
@@ -192,8 +193,10 @@ def _first_name(ranking: Ranking) -> str | None:
 
 
 def _check_prefer(registry: Registry, prefer: object) -> None:
-    """``prefer=`` names kernels or plugins the registry holds (for any format): a name it
-    does not know is a typo, which would otherwise be ignored in silence."""
+    """``prefer=`` must name a kernel or plugin the registry holds (for any format). A
+    list may also name ones not installed here (one list for several machines): those
+    are warned about once; a preference naming nothing known is an error (a typo would
+    otherwise be ignored in silence)."""
     if prefer is None:
         return
     names = [prefer] if isinstance(prefer, str) else prefer
@@ -201,9 +204,21 @@ def _check_prefer(registry: Registry, prefer: object) -> None:
         raise InvalidArgumentError(f"prefer: expected a kernel name or a sequence of names, got {prefer!r:.80}")
     known = {e.cls.name for e in registry.kernels()} | {p.name for p in registry.plugins()}
     unknown = [n for n in names if n not in known]
-    if unknown:
+    if not unknown:
+        return
+    kernels = ", ".join(sorted({e.cls.name for e in registry.kernels()}))
+    if len(unknown) == len(names):
         raise InvalidArgumentError(f"prefer: no registered kernel or plugin is called {', '.join(map(repr, unknown))}; "
-                                   f"kernels: {', '.join(sorted({e.cls.name for e in registry.kernels()}))}")
+                                   f"kernels: {kernels}")
+    for name in unknown:
+        if name not in _warned_prefer:
+            _warned_prefer.add(name)
+            warnings.warn(f"prefer: no registered kernel or plugin is called {name!r}; it is skipped (kernels: "
+                          f"{kernels})", QuantCoreWarning, stacklevel=4)
+
+
+#: Unknown ``prefer`` names already warned about.
+_warned_prefer: set[str] = set()
 
 
 def _format(format: str | Format, problem: Problem | None, registry: Registry, tune: bool) -> Format:
