@@ -22,7 +22,7 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
-from quantcore.transforms.turboquant_passes import aligned
+from quantcore.tensors import laid_out
 
 from . import configs
 from .dequant import dequant_kernel
@@ -47,7 +47,7 @@ def _device_name(device: torch.device) -> str:
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
     """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous and aligned)."""
-    return aligned(indices).view(torch.int32)
+    return laid_out(indices).view(torch.int32)
 
 
 def _dot_fp32(x: torch.Tensor) -> bool:

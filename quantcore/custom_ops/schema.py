@@ -27,6 +27,7 @@ from ..ops import get_op
 from ..ops.case import Case
 from ..ops.harness import get_harness
 from ..schema import describe_tensor, mismatch
+from ..tensors import laid_out
 from .state import flatten, tensor_count, unflatten
 
 __all__ = ["check_prepared", "expected_schema", "restore"]
@@ -155,7 +156,8 @@ def restore(
     missing = [d for d in weight_dims if not isinstance(dims.get(d), int)]
     if missing:
         raise TensorFormatError(f"{where}: the spec's dims {json.dumps(dict(dims))} lack {missing}")
-    prepared = unflatten(tree, state, allowed=allowed, where=where)
+    state = [laid_out(t) for t in state]
+    prepared = unflatten(tree, state, allowed=allowed, where=f"{where}: the spec's state tree")
     check_prepared(kernel, {d: dims[d] for d in weight_dims}, prepared, where=where,
                    names={id(t): label for t, label in zip(state, labels, strict=True)})
     return prepared

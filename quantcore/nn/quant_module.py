@@ -55,6 +55,7 @@ from ..ops import get_op
 from ..probe import normalize_device, probe
 from ..problem import Problem
 from ..registry import default_registry
+from ..tensors import laid_out
 
 __all__ = ["SOURCE", "QuantModule"]
 
@@ -300,6 +301,10 @@ class QuantModule(nn.Module):
                     given = [self._buffers.get(n) if t is None else t for n, t in zip(names, given, strict=True)]
                 assign = bool(local_metadata.get("assign_to_params_buffers", False))
                 self._check_incoming(spec, names, given, prefix, where, assign)
+                if assign:  # kept as they come: views become laid-out copies (torch passes a dict of our own)
+                    for n, t in zip(names, given, strict=True):
+                        if prefix + n in state_dict:
+                            state_dict[prefix + n] = laid_out(t)  # type: ignore[index]
                 if (spec, names) != (self._spec, self._names):
                     self._restructure(spec, names, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
@@ -349,6 +354,9 @@ class QuantModule(nn.Module):
                 raise TensorFormatError(f"{prefix}{n}: expected a tensor, got {type(t).__name__}")
         r = resolve(spec)
         device = given[0].device if assign and given else self._device
+        for n, t in zip(names, given, strict=True):
+            if t.device.type == "meta" and device.type != "meta":
+                raise TensorFormatError(f"{prefix}{n}: a meta tensor holds no data to load into a module on {device}")
         if device.type == "meta" or device.type not in r.kernel_cls.requires.device_types:
             device = None  # the kernel cannot run there: checked where it can (_rebuild)
         if device is not None:

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from ..formats.turboquant.format import TurboQuant
-from ..tensors import ieee_div
+from ..tensors import ieee_div, laid_out
 from ..transform import Transform
 
-__all__ = ["ALIGNMENT", "PassData", "TurboQuantPassTransform", "aligned", "split_halves_order"]
+__all__ = ["PassData", "TurboQuantPassTransform", "split_halves_order"]
 
 
 @dataclass(frozen=True)
@@ -54,18 +54,6 @@ class PassData:
         return PassData(**{name: fn(name, t) for name, t in self.tensors().items()})
 
 
-#: Bytes a prepared tensor's start is aligned to: kernels read indices as 16-byte vectors.
-ALIGNMENT = 16
-
-
-def aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous and starting on an :data:`ALIGNMENT`-byte boundary (a view at a
-    storage offset is copied once, here, instead of refused by a kernel)."""
-    if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
-
-
 def split_halves_order(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[0, 2, 4, …, d−2, 1, 3, …, d−1]``: where each rotated coordinate goes."""
     return torch.cat((torch.arange(0, d, 2, device=device), torch.arange(1, d, 2, device=device)))
@@ -85,7 +73,7 @@ class TurboQuantPassTransform(Transform[Mapping[str, torch.Tensor], PassData]):
         if self.split_halves:
             rhs = rhs[:, :, split_halves_order(d, rhs.device)]
         return PassData(
-            indices=aligned(src["indices"]),
+            indices=laid_out(src["indices"]),
             scales=ieee_div(src["norms"].to(torch.float32), math.sqrt(d)).contiguous(),
             rotation=rhs.contiguous(),
         )
