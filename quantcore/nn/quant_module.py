@@ -354,9 +354,11 @@ class QuantModule(nn.Module):
                 raise TensorFormatError(f"{prefix}{n}: expected a tensor, got {type(t).__name__}")
         r = resolve(spec)
         device = given[0].device if assign and given else self._device
-        for n, t in zip(names, given, strict=True):
-            if t.device.type == "meta" and device.type != "meta":
-                raise TensorFormatError(f"{prefix}{n}: a meta tensor holds no data to load into a module on {device}")
+        on_meta = [t.device.type == "meta" for t in given]
+        if any(on_meta) and not (all(on_meta) and device.type == "meta"):
+            n = names[on_meta.index(True)]
+            raise TensorFormatError(f"{prefix}{n}: a meta tensor holds no data, and the state's other buffers (or the "
+                                    f"module, on {self._device}) do")
         if device.type == "meta" or device.type not in r.kernel_cls.requires.device_types:
             device = None  # the kernel cannot run there: checked where it can (_rebuild)
         if device is not None:

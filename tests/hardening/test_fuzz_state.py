@@ -253,7 +253,8 @@ def run_example(entry: KernelEntry, data: st.DataObject) -> None:
     dims = dict(module.dims)
     inputs = place(oracle.nominal(data, case.format.validate(tensors), case.act_dtype), DEVICE)
     fields = [f.name for f in dataclasses.fields(case.format)]  # type: ignore[arg-type]
-    names = [*(k for k in module.state_dict() if k != "_extra_state"), *NAMES, *fields, *dims, "stray"]
+    names = [*(k for k in module.state_dict() if k != "_extra_state"), *NAMES, *fields, *dims, *oracle.arg_names,
+             "stray"]
 
     def load_and_call() -> Any:
         if assign:
