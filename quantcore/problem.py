@@ -63,7 +63,8 @@ class Problem:
     def of(
         cls, format: Format, dims: Mapping[str, int], dtype: torch.dtype, op: str | None = None
     ) -> Problem:
-        return cls(format=format, dims=tuple(dims.items()), act_dtype=dtype, op=op or format.op)
+        pairs = tuple(dims.items()) if isinstance(dims, Mapping) else dims  # anything else: refused by check_dims
+        return cls(format=format, dims=pairs, act_dtype=dtype, op=op or getattr(format, "op", ""))  # type: ignore[arg-type]
 
     def __getitem__(self, name: str) -> int:
         for k, v in self.dims:

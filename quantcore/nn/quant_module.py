@@ -53,7 +53,7 @@ from ..formats.base import Format
 from ..kernel import Kernel
 from ..ops import get_op
 from ..probe import normalize_device, probe
-from ..problem import Problem
+from ..problem import Problem, check_dims
 from ..registry import default_registry
 from ..tensors import laid_out
 
@@ -104,7 +104,7 @@ class QuantModule(nn.Module):
         self.op = op
         self.format = fmt
         #: The problem dims of the weight (K, N for a linear; E, K, N for a MoE GEMM, …).
-        self.dims = dict(dims)
+        self.dims = dict(check_dims(dims))
         #: The activation dtype the kernel was chosen and prepared for.
         self.dtype = dtype
         self.keep_source = keep_source
