@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import TensorFormatError
+from ...errors import QuantCoreError, TensorFormatError
 from ...formats.turboquant.format import TurboQuant
 from ...kernels.turboquant.base import ACT_DTYPES
 from ...problem import MAX_DIM
@@ -205,7 +205,10 @@ def load_quantized(
     state = read_shard(Path(path))
     for name, layer in layers.items():
         prefix = name + "."
-        layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        try:
+            layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        except QuantCoreError as exc:
+            raise type(exc)(f"{path}: {name}: {exc}") from None
     rest = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
     for name, layer in layers.items():
         _replace(model, name, layer)
