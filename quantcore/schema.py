@@ -142,6 +142,8 @@ def mismatch(pattern: Any, value: Any, path: str = "", *, name: Callable[[torch.
     if isinstance(pattern, Maybe):
         return None if value is None else mismatch(pattern.pattern, value, path, name=name)
     if isinstance(pattern, OneOf):
+        if not pattern.options:
+            return f"{where}: nothing matches (the kernel prepares no such weight)"
         problems = [mismatch(option, value, path, name=name) for option in pattern.options]
         if not all(problems):
             return None

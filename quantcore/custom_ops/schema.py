@@ -94,8 +94,8 @@ def _derive(kernel: Kernel, dims: Mapping[str, int]) -> Derived:
         for dtype in (None, *FLOAT_DTYPES):
             try:
                 state = flatten(kernel.prepare(stored, dtype=dtype), where=f"{kernel.name}.prepare()")
-            except QuantCoreError as exc:
-                refusals.append(str(exc))
+            except Exception as exc:  # a kernel that cannot prepare here: no schema, said below
+                refusals.append(f"{type(exc).__name__}: {exc}")
                 continue
             variants.add((state.tree, tuple((t.dtype, tuple(t.shape)) for t in state.tensors)))
     if not variants:
@@ -158,6 +158,15 @@ def restore(
         raise TensorFormatError(f"{where}: the spec's dims {json.dumps(dict(dims))} lack {missing}")
     state = [laid_out(t) for t in state]
     prepared = unflatten(tree, state, allowed=allowed, where=f"{where}: the spec's state tree")
+    # The tree must be the one flatten writes for this object: each tensor referenced, in
+    # the order first met, shared only where prepare shared it. A tree whose indices were
+    # moved (one buffer read for another of the same shape) is not.
+    canonical = flatten(prepared, where=where)
+    given = tree if isinstance(tree, str) else json.dumps(tree, sort_keys=True, separators=(",", ":"))
+    if canonical.tree != given or len(canonical.tensors) != len(state) or \
+            any(a is not b for a, b in zip(canonical.tensors, state, strict=True)):
+        raise TensorFormatError(f"{where}: the spec's state tree refers to its tensors otherwise than prepare does "
+                                "(a tensor index moved, one left unused or one read twice)")
     check_prepared(kernel, {d: dims[d] for d in weight_dims}, prepared, where=where,
                    names={id(t): label for t, label in zip(state, labels, strict=True)})
     return prepared

@@ -22,6 +22,7 @@ import torch
 from ..errors import KernelInputError, PluginError, QuantCoreError, TensorFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
+from ..problem import MAX_DIM
 from ..registry import default_registry
 from .schema import restore
 from .state import FlattenedState, class_path, flatten, unflatten
@@ -131,8 +132,9 @@ def _read(spec: str) -> Resolved:
     ref, dims = data.get("kernel"), data.get("dims")
     if not isinstance(ref, dict) or not all(isinstance(ref.get(k), str) for k in ("format", "op", "name")):
         raise bad("'kernel' must name format, op and name")
-    if not isinstance(dims, dict) or not all(isinstance(k, str) and type(v) is int for k, v in dims.items()):
-        raise bad("'dims' must map dim names to integers")
+    if not isinstance(dims, dict) or not all(isinstance(k, str) and type(v) is int and 0 <= v <= MAX_DIM
+                                             for k, v in dims.items()):
+        raise bad(f"'dims' must map dim names to sizes in [0, {MAX_DIM}]")
     if not isinstance(data.get("fmt"), dict) or "state" not in data:
         raise bad("'fmt' and 'state' are required")
     cls = default_registry().kernel(ref["format"], ref["op"], ref["name"]).cls

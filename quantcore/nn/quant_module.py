@@ -363,7 +363,13 @@ class QuantModule(nn.Module):
             device = None  # the kernel cannot run there: checked where it can (_rebuild)
         if device is not None:
             state = [t if t.device == device else t.to(device) for t in given]
-            r.prepared(state, where=where, names=[prefix + n for n in names], device=device)
+            prepared = r.prepared(state, where=where, names=[prefix + n for n in names], device=device)
+            # A buffer is named after its place in the prepared state (_adopt): names
+            # swapped between two buffers of one shape would load each into the other's place.
+            canonical = flatten(prepared, where=where).names
+            if any(n not in (c, f"state_{c}") for n, c in zip(names, canonical, strict=True)):
+                raise TensorFormatError(f"{where}._extra_state: names {list(names)} do not name the places of the "
+                                        f"prepared state they fill ({list(canonical)})")
 
     def _restructure(self, spec: str, names: tuple[str, ...], state_dict: Mapping[str, Any], prefix: str) -> None:
         """Take the buffer layout (and kernel) the incoming state dict describes."""
@@ -375,7 +381,8 @@ class QuantModule(nn.Module):
             if isinstance(incoming, torch.Tensor):
                 self.register_buffer(name, torch.empty_like(incoming, device=self._device))
         self._spec = spec
-        self.kernel, self._blocked = resolve(spec).kernel(self._device), None
+        kernel_cls = resolve(spec).kernel_cls
+        self.kernel, self._blocked = resolve(spec).kernel(self._device), self._cannot_run(kernel_cls, self._device)
         self._drop_source()  # it belongs to the weight this state replaces
 
     def _loaded(self) -> None:
@@ -418,16 +425,21 @@ class QuantModule(nn.Module):
                     self._bind(source)
                     return
                 kernel_cls = type(self.kernel)
-                if device.type == "meta" or device.type in kernel_cls.requires.device_types:
-                    self.kernel, self._blocked = kernel_cls(self.format, device), None
-                else:
-                    self._blocked = (
-                        f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
-                        f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
-                        f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
-                        "after a move)"
-                    )
+                self._blocked = self._cannot_run(kernel_cls, device)
+                if self._blocked is None:
+                    self.kernel = kernel_cls(self.format, device)
         self._rebuild()
+
+    def _cannot_run(self, kernel_cls: type[Kernel], device: torch.device) -> str | None:
+        """Why ``kernel_cls`` cannot run this module's weight on ``device``, or None."""
+        if device.type == "meta" or device.type in kernel_cls.requires.device_types:
+            return None
+        return (
+            f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
+            f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
+            f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
+            "after a move)"
+        )
 
     def extra_repr(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())

@@ -153,7 +153,8 @@ def test_the_hugging_face_cache_layout_still_loads(pristine: Path, tmp_path: Pat
         assert torch.equal(linked(ids).logits, plain(ids).logits)
 
 
-@pytest.mark.parametrize("spoil", ["not JSON", "a list", "modules a list", "bits a string", "in_features a string"])
+@pytest.mark.parametrize("spoil", ["not JSON", "a list", "modules a list", "bits a string", "in_features a string",
+                                   "group_size huge", "offload without a residual pass"])
 def test_a_turboquant_file_with_bad_metadata_is_a_tensor_format_error(spoil: str, tmp_path: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -178,6 +179,10 @@ def test_a_turboquant_file_with_bad_metadata_is_a_tensor_format_error(spoil: str
             meta["modules"] = []
         elif spoil == "bits a string":
             meta["config"]["bits"] = "four"
+        elif spoil == "group_size huge":  # found by the nightly fuzz: a refusal that named no file
+            meta["config"]["group_size"] = 2**70
+        elif spoil == "offload without a residual pass":
+            meta["config"]["cpu_offload_pass2"] = True
         else:
             meta["modules"]["0"]["in_features"] = "64"
         raw = json.dumps(meta)

@@ -138,6 +138,26 @@ def test_a_state_of_views_loads_as_laid_out_copies() -> None:
     assert torch.equal(target(x), layer(x))
 
 
+def test_a_state_of_a_kernel_that_cannot_run_here_blocks_the_module() -> None:
+    """Found by the nightly state fuzz: a spec naming a CUDA-only kernel, loaded on a CPU,
+    derived that kernel's schema by preparing on the CPU (a raw AssertionError)."""
+    from quantcore.formats.trtllm_moe import TRTLLMMoE
+    from quantcore.nn.quant_module import QuantModule
+
+    fmt = TRTLLMMoE(sym=False, scale_dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    t = fmt.quantize(torch.randn(1, 128, 256, generator=gen) * 0.05)
+    module = QuantModule(fmt, t, dtype=torch.bfloat16, prefer="trtllm_moe_torch")
+    state = dict(module.state_dict())
+    state["_extra_state"] = {**state["_extra_state"],
+                             "spec": state["_extra_state"]["spec"].replace('"trtllm_moe_torch"', '"tensorrt_llm"')}
+    target = QuantModule(fmt, t, dtype=torch.bfloat16, prefer="trtllm_moe_torch")
+    target.load_state_dict(state)
+    assert target.kernel is not None and target.kernel.name == "tensorrt_llm"
+    with pytest.raises(KernelInputError, match=r"tensorrt_llm prepared this .* and cannot run it on cpu"):
+        target(torch.randn(1, 128, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
+
+
 def test_set_extra_state_alone_takes_only_the_layout_the_module_holds() -> None:
     layer = QuantLinear(FMT, weights(), dtype=torch.float32)
     extra = layer.get_extra_state()

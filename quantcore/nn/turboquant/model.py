@@ -200,19 +200,25 @@ def load_quantized(
             )
         here = target or (old.weight.device if old.weight.device.type != "meta" else torch.device("cpu"))
         layer_dtype = dtype or (old.weight.dtype if old.weight.dtype in ACT_DTYPES else None)
-        layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
-                                        device=here, dtype=layer_dtype)
+        try:
+            layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
+                                            device=here, dtype=layer_dtype)
+        except QuantCoreError as exc:  # what the file says cannot be built
+            raise TensorFormatError(f"{path}: module {name!r}: {exc}") from None
     state = read_shard(Path(path))
     for name, layer in layers.items():
         prefix = name + "."
         try:
             layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-        except QuantCoreError as exc:
-            raise type(exc)(f"{path}: {name}: {exc}") from None
+        except QuantCoreError as exc:  # the file's tensors for this layer
+            raise TensorFormatError(f"{path}: {name}: {exc}") from None
     rest = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
     for name, layer in layers.items():
         _replace(model, name, layer)
-    model.load_state_dict(rest, strict=False, assign=True)
+    try:
+        model.load_state_dict(rest, strict=False, assign=True)
+    except RuntimeError as exc:  # torch's size mismatch, listed for every tensor
+        raise TensorFormatError(f"{path}: {str(exc).splitlines()[-1].strip()}") from None
     if strict:
         left = [k for k, v in model.state_dict().items()
                 if isinstance(v, torch.Tensor) and v.device.type == "meta"]
@@ -223,7 +229,10 @@ def load_quantized(
     model.quantcore_config = config  # type: ignore[assignment]
     offload = config.cpu_offload_pass2 if cpu_offload_pass2 is None else cpu_offload_pass2
     if offload:
-        enable_pass2_offload(model)
+        try:
+            enable_pass2_offload(model)
+        except QuantCoreError as exc:  # the file's configuration asks for what its layers lack
+            raise TensorFormatError(f"{path}: {exc}") from None
     return model
 
 
