@@ -4,6 +4,7 @@ fixed example (the fuzz suites beside this file generate their kind)."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import subprocess
 import sys
@@ -156,6 +157,34 @@ def test_a_state_of_a_kernel_that_cannot_run_here_blocks_the_module() -> None:
     assert target.kernel is not None and target.kernel.name == "tensorrt_llm"
     with pytest.raises(KernelInputError, match=r"tensorrt_llm prepared this .* and cannot run it on cpu"):
         target(torch.randn(1, 128, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("tamper", ["index moved", "names swapped"])
+def test_buffers_of_one_shape_cannot_stand_in_for_each_other(tamper: str) -> None:
+    """Found by the nightly state fuzz: pass 2's ``scales`` pointed at pass 1's (same
+    shape, same dtype) in the spec's tree, and the layer computed a wrong result."""
+    from quantcore.nn.turboquant import TurboQuantLinear
+
+    fmt = TurboQuant(bits=2, group_size=128, residual=True)
+    gen = torch.Generator().manual_seed(0)
+    layer = TurboQuantLinear.from_linear(torch.nn.Linear(256, 96), fmt, generator=gen, dtype=torch.float32)
+    state = dict(layer.state_dict())
+    extra = dict(state["_extra_state"])
+    state["_extra_state"] = extra
+    names = list(extra["names"])
+    if tamper == "index moved":
+        spec = json.loads(extra["spec"])
+        spec["state"]["f"]["passes"]["t"][1]["f"]["scales"]["T"] = names.index("passes_0_scales")
+        extra["spec"] = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        match = "refers to its tensors otherwise than prepare does"
+    else:
+        i, j = names.index("passes_0_scales"), names.index("passes_1_scales")
+        names[i], names[j] = names[j], names[i]
+        extra["names"] = names
+        match = "do not name the places of the prepared state"
+    target = TurboQuantLinear(256, 96, fmt, dtype=torch.float32)
+    with pytest.raises(TensorFormatError, match=match):
+        target.load_state_dict(state)
 
 
 def test_set_extra_state_alone_takes_only_the_layout_the_module_holds() -> None:
