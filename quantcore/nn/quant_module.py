@@ -56,12 +56,10 @@ from ..probe import normalize_device, probe
 from ..problem import Problem, check_dims
 from ..registry import default_registry
 from ..tensors import laid_out
+from .incoming import EXTRA_STATE_VERSION, SOURCE, TAKEN_PREFIX, check_incoming, read_extra_state
 
 __all__ = ["SOURCE", "QuantModule"]
 
-EXTRA_STATE_VERSION = 1
-#: Buffer-name prefix of the kept source tensors (never in the state dict).
-SOURCE = "source_"
 #: Held while a module replaces a kernel that failed in a call (threads calling one module).
 _replacing = threading.Lock()
 
@@ -176,7 +174,7 @@ class QuantModule(nn.Module):
         self.kernel, self.prepared, self._blocked = kernel, prepared, None
 
     def _free_name(self, name: str) -> str:
-        return f"state_{name}" if self._taken(name) or name.startswith(SOURCE) else name
+        return f"{TAKEN_PREFIX}{name}" if self._taken(name) or name.startswith(SOURCE) else name
 
     def _taken(self, name: str) -> bool:
         """Whether a buffer called ``name`` would shadow something of the module."""
@@ -312,64 +310,12 @@ class QuantModule(nn.Module):
         self._loaded()
 
     def _read_extra(self, extra: Any, where: str) -> tuple[str, tuple[str, ...]]:
-        """The (spec, buffer names) an ``_extra_state`` describes, for this module's format
-        and dims; each field checked."""
-        if not isinstance(extra, Mapping):
-            raise TensorFormatError(f"{where}._extra_state: expected a dict with version, spec and names, "
-                                    f"got {type(extra).__name__}")
-        if extra.get("version") != EXTRA_STATE_VERSION:
-            raise TensorFormatError(f"{where}._extra_state: version {extra.get('version')!r}, "
-                                    f"expected {EXTRA_STATE_VERSION}")
-        spec, names = extra.get("spec"), extra.get("names")
-        if spec == "" and names == []:
-            return "", ()  # a module saved before it had a weight
-        if not isinstance(spec, str) or not isinstance(names, (list, tuple)):
-            raise TensorFormatError(f"{where}._extra_state: expected spec (a string) and names (a list), "
-                                    f"got {type(spec).__name__} and {type(names).__name__}")
-        bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or n.startswith(SOURCE)
-               or n == "_extra_state" or (n not in self._names and self._taken(n))]
-        if bad or len(set(names)) != len(names):
-            raise TensorFormatError(f"{where}._extra_state: names: expected distinct buffer names, got {bad or names!r}")
-        r = resolve(spec)
-        if r.fmt != self.format or any(r.dims.get(k) != v for k, v in self.dims.items()):
-            raise TensorFormatError(
-                f"{where}: the state dict holds a {r.fmt.slug} weight of {r.dims}, the module is "
-                f"{self.format.slug} of {self.dims}"
-            )
-        if r.kernel_cls.op != self.op.name:
-            raise TensorFormatError(f"{where}._extra_state: spec names a {r.kernel_cls.op} kernel, the module runs "
-                                    f"{self.op.name}")
-        return spec, tuple(names)
+        return read_extra_state(extra, where, fmt=self.format, dims=self.dims, op=self.op.name,
+                                usable=lambda n: n in self._names or not self._taken(n))
 
     def _check_incoming(self, spec: str, names: tuple[str, ...], given: list[Any], prefix: str, where: str,
                         assign: bool) -> None:
-        """The incoming buffers against the kernel's schema, before any is loaded: where
-        the module will hold them (the state dict's device with ``assign=True``)."""
-        missing = [n for n, t in zip(names, given, strict=True) if t is None]
-        if missing:
-            raise TensorFormatError(f"{prefix}{missing[0]}: missing from the state dict; its _extra_state names "
-                                    f"this buffer of the prepared state")
-        for n, t in zip(names, given, strict=True):
-            if not isinstance(t, torch.Tensor):
-                raise TensorFormatError(f"{prefix}{n}: expected a tensor, got {type(t).__name__}")
-        r = resolve(spec)
-        device = given[0].device if assign and given else self._device
-        on_meta = [t.device.type == "meta" for t in given]
-        if any(on_meta) and not (all(on_meta) and device.type == "meta"):
-            n = names[on_meta.index(True)]
-            raise TensorFormatError(f"{prefix}{n}: a meta tensor holds no data, and the state's other buffers (or the "
-                                    f"module, on {self._device}) do")
-        if device.type == "meta" or device.type not in r.kernel_cls.requires.device_types:
-            device = None  # the kernel cannot run there: checked where it can (_rebuild)
-        if device is not None:
-            state = [t if t.device == device else t.to(device) for t in given]
-            prepared = r.prepared(state, where=where, names=[prefix + n for n in names], device=device)
-            # A buffer is named after its place in the prepared state (_adopt): names
-            # swapped between two buffers of one shape would load each into the other's place.
-            canonical = flatten(prepared, where=where).names
-            if any(n not in (c, f"state_{c}") for n, c in zip(names, canonical, strict=True)):
-                raise TensorFormatError(f"{where}._extra_state: names {list(names)} do not name the places of the "
-                                        f"prepared state they fill ({list(canonical)})")
+        check_incoming(spec, names, given, prefix=prefix, where=where, assign=assign, module_device=self._device)
 
     def _restructure(self, spec: str, names: tuple[str, ...], state_dict: Mapping[str, Any], prefix: str) -> None:
         """Take the buffer layout (and kernel) the incoming state dict describes."""
