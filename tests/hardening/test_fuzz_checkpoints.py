@@ -314,3 +314,63 @@ def test_spoiled_turboquant_files(turboquant_file: Path, data: st.DataObject, tm
                          timeout=TIMEOUT_S, context=f"{where} spoiled")
     assert outcome == "handled" or where != "nothing"
 
+
+
+# --- quantization configs ------------------------------------------------------------------------
+
+CONFIGS = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": False,
+             "static_groups": False, "checkpoint_format": "gptq", "pack_dtype": "int32",
+             "meta": {"quantizer": ["gptqmodel:2.0"]}},
+    "awq": {"w_bit": 4, "q_group_size": 128, "zero_point": True, "version": "gemm"},
+    "compressed-tensors": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head", "re:.*gate$"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 128,
+            "actorder": None, "dynamic": False}}},
+    },
+    "quantcore": {"quant_method": "quantcore", "checkpoint": {"quant_method": "gptq", "bits": 8, "group_size": -1}},
+}
+
+
+def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path] if path else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, (*path, i))
+    return out
+
+
+@settings(max_examples=examples("fast"))
+@given(data=st.data())
+def test_malformed_quantization_configs(data: st.DataObject) -> None:
+    from quantcore.checkpoint.config import format_from_config, scheme_from_config
+
+    kind = data.draw(st.sampled_from(sorted(CONFIGS)), label="config")
+    cfg = copy.deepcopy(CONFIGS[kind])
+    edits = []
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        path = data.draw(st.sampled_from(_paths(cfg) or [("x",)]), label="where")
+        node = cfg
+        try:
+            for key in path[:-1]:
+                node = node[key]
+            if data.draw(st.booleans(), label="delete") and isinstance(node, dict):
+                node.pop(path[-1], None)
+                edits.append(f"del {list(path)}")
+            else:
+                node[path[-1]] = _json_value(data, "value")
+                edits.append(f"{list(path)} = {node[path[-1]]!r}")
+        except (KeyError, IndexError, TypeError):  # an earlier edit replaced a parent
+            continue
+    source = "config.json"
+    door = data.draw(st.sampled_from(("scheme", "format")), label="door")
+
+    def read() -> Any:
+        return (scheme_from_config if door == "scheme" else format_from_config)(cfg, source)
+
+    attempt(f"checkpoint:config {door}", read, names=(source,), context=lambda: f"{kind}: {'; '.join(edits)}")
