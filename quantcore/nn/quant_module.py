@@ -11,7 +11,8 @@ a plain attribute. So:
 * ``state_dict()`` is the prepared state plus, as ``_extra_state``, the op spec naming the
   kernel and how its tensors fit together; ``load_state_dict`` rebuilds any module of
   the same shape from it, including a skeleton built on ``meta`` and loaded with
-  ``assign=True``, whatever kernel it had before;
+  ``assign=True``, whatever kernel it had before — after checking every buffer and the
+  spec against what that kernel's ``prepare`` makes (:mod:`.incoming`);
 * ``.to()`` / ``.cuda()`` move the buffers and never cast them (a dtype change would
   corrupt a kernel's layout: integer codes stay, float scales keep their precision);
   where the kernel cannot run on the new device the module says so at its next call,
