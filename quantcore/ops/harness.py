@@ -22,13 +22,16 @@ __all__ = ["OpHarness", "get_harness"]
 
 class OpHarness(ABC):
     op: str
-    #: Boolean case options that add stored tensors to a weight (a linear's ``bias``).
+    #: Boolean case options that add to what :meth:`weights` draws (a linear's ``bias``, a
+    #: MoE's second GEMM): part of ``Case.weight_key``, and the variants a derived prepared
+    #: schema is made of.
     weight_options: tuple[str, ...] = ()
 
     @abstractmethod
     def weights(self, case: Case) -> Any:
         """The stored tensors (and whatever golden data depends on them only). Cached
-        per ``case.weight_key``, so keep it a function of the weight-defining fields."""
+        per ``case.weight_key``, so keep it a function of the weight-defining fields
+        (seeded from ``case.seed_key``)."""
 
     def stored(self, weights: Any) -> Mapping[str, torch.Tensor]:
         """The stored tensors of one weight in what :meth:`weights` returned (what a

@@ -256,6 +256,24 @@ def test_the_matrix_judges_what_a_user_sees(behaviour: str, reason: str) -> None
     assert reason in result.reason
 
 
+def test_a_case_without_a_bias_never_shares_weights_drawn_with_one() -> None:
+    """Found by the nightly matrix fuzz: cases that differ only by ``bias`` shared one
+    weight key, so a cell of the case without it could be judged against a golden drawn
+    without the bias and weights (drawn again by the other case) with it."""
+    from quantcore.conformance.runner import _inputs, _stored, _weights
+
+    plain = next(c for c in seeds_for("gptq", "linear") if not c.option("bias"))
+    biased = next(c for c in seeds_for("gptq", "linear") if c.option("bias") and c.seed_key == plain.seed_key)
+    assert plain.weight_key != biased.weight_key
+    entry = KernelEntry(evil_kernel("correct"), "p")
+    for cache in (_weights, _stored, _inputs):
+        cache._data.clear()
+    for case in (plain, biased, plain):
+        _weights._data.clear()  # evicted between cells, as a longer run does
+        _stored._data.clear()
+        assert run_cell(Cell(case, entry), "cpu").status == PASS
+
+
 @pytest.mark.parametrize("behaviour", ["wrong shape", "wrong dtype"])
 def test_a_wrong_first_answer_is_a_fallback_with_a_warning(behaviour: str, registry: Registry,
                                                            caplog: pytest.LogCaptureFixture,

@@ -69,10 +69,11 @@ def draw_experts(fmt: Format, e: int, k: int, n: int, gen: torch.Generator) -> G
 
 class MoEHarness(OpHarness):
     op = "moe"
+    weight_options = ("ffn",)
 
     def weights(self, case: Case) -> MoEWeights:
         e, k, n = (case.problem[d] for d in ("E", "K", "N"))
-        gen = case.generator(f"{case.weight_key}/W")
+        gen = case.generator(f"{case.seed_key}/W")
         up = draw_experts(case.format, e, k, n, gen)
         down = draw_experts(case.format, e, n // 2, k, gen) if case.option("ffn") else None
         return MoEWeights(up, down)
