@@ -24,6 +24,7 @@ from ..formats.base import Format
 from ..kernel import Kernel
 from ..problem import MAX_DIM
 from ..registry import default_registry
+from ..tensors import laid_out
 from .schema import restore
 from .state import FlattenedState, class_path, flatten, unflatten
 
@@ -43,7 +44,7 @@ class Resolved:
     tree: Any
     allowed: tuple[str, ...]
     _kernels: dict[torch.device, Kernel] = field(default_factory=dict)
-    #: (data_ptr, dtype, shape, device) of each tensor of the states already checked.
+    #: (data_ptr, dtype, shape, stride, device) of each tensor of the states already checked.
     _checked: set[tuple[Any, ...]] = field(default_factory=set)
 
     def kernel(self, device: torch.device) -> Kernel:
@@ -59,16 +60,18 @@ class Resolved:
         """The prepared state on ``state``, checked against the kernel's schema for the
         spec's dims (:mod:`.schema`) once per set of tensors; ``names`` are the buffers the
         tensors came from, for the messages."""
-        key = tuple((t.data_ptr(), t.dtype, t.shape, t.device) for t in state if isinstance(t, torch.Tensor))
+        key = tuple((t.data_ptr(), t.dtype, t.shape, t.stride(), t.device) for t in state
+                    if isinstance(t, torch.Tensor))
         if len(key) == len(state) and key in self._checked:
             return unflatten(self.tree, state, allowed=self.allowed)
         where_device = device if device is not None else (state[0].device if state else torch.device("cpu"))
         prepared = restore(self.kernel(where_device), self.tree, state, self.dims, where=where,
                            allowed=self.allowed, names=names, one_device=one_device)
-        with _lock:
-            if len(self._checked) >= _CHECKED_MAX:
-                self._checked.clear()
-            self._checked.add(key)
+        if all(laid_out(t) is t for t in state):  # a state that needed copies is checked (and copied) each time
+            with _lock:
+                if len(self._checked) >= _CHECKED_MAX:
+                    self._checked.clear()
+                self._checked.add(key)
         return prepared
 
 

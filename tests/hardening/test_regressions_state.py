@@ -204,6 +204,15 @@ def test_the_custom_op_checks_the_state_it_is_given() -> None:
     state = layer.state_tensors()
     with pytest.raises(TensorFormatError, match="state\\[0\\]: expected uint8 \\[64, 64\\], got uint8 \\[63, 64\\]"):
         call_op("linear", layer._spec, [state[0][:-1], *state[1:]], torch.randn(2, 128))
+    # Views (as an exported program's buffers may be) are laid out on every call, not
+    # only the first: the op reads its operands' storage.
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(6))
+    views = []
+    for t in state:
+        wide = torch.zeros(t.numel() * 2, dtype=t.dtype).as_strided(t.shape, [s * 2 for s in t.stride()])
+        views.append(wide.copy_(t))
+    for _ in range(2):
+        assert torch.equal(call_op("linear", layer._spec, views, x), layer(x))
 
 
 # --- plugins -----------------------------------------------------------------------------------
