@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from quantcore.errors import InvalidArgumentError
+from quantcore.files import read_json
 from quantcore.measured import cache_dir
 from quantcore.probe import probe
 from quantcore.timing import time_interleaved
@@ -59,11 +61,17 @@ def ceilings(device: str, *, remeasure: bool = False) -> Ceilings:
     path = cache_file()
     if path.exists():
         try:
-            cache = json.loads(path.read_text())
-        except json.JSONDecodeError:
+            found = read_json(path, limit=1 << 20, error=InvalidArgumentError)
+            cache = found if isinstance(found, dict) else {}
+        except InvalidArgumentError:  # not a cache this wrote: measured again, and rewritten
             cache = {}
+    if not isinstance(cache.get(key), dict):
+        cache.pop(key, None)
     if not remeasure and key in cache:
-        return Ceilings(**cache[key])  # type: ignore[arg-type]
+        try:
+            return Ceilings(**cache[key])  # type: ignore[arg-type]
+        except TypeError:  # an entry of another version: measured again
+            pass
     result = measure(device)
     cache[key] = asdict(result)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true", help="measure the device's ceilings again")
 
 
+#: Dims that are sizes, never 0 (R, a LoRA rank, may be; flags such as ``fp16`` are 0 or 1).
+_SIZES = ("M", "K", "N", "E", "T", "topk")
+
+
 def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str] = ()) -> dict[str, int]:
     """``M=1,K=4096,N=4096`` → ``{"M": 1, …}``; with ``required``, every one of those and
     nothing but them and ``optional``."""
@@ -80,9 +84,31 @@ def parse_shape(text: str, required: Sequence[str] = (), optional: Sequence[str]
             also = f"; optionally {', '.join(optional)}" if optional else ""
             raise InvalidArgumentError(
                 f"--shape {text}: this suite takes {', '.join(required)} ({why}){also}, e.g. {example}")
-    if any(v < 0 for v in shape.values()):
-        raise InvalidArgumentError(f"--shape {text}: dims are non-negative integers")
+    from quantcore.problem import MAX_DIM
+
+    bad = [f"{k}={v}" for k, v in shape.items() if not 0 <= v <= MAX_DIM or (v == 0 and k in _SIZES)]
+    if bad:
+        raise InvalidArgumentError(f"--shape {text}: sizes are integers in [1, {MAX_DIM}] (a LoRA rank R or a flag "
+                                   f"may be 0), got {', '.join(bad)}")
     return shape
+
+
+#: The dims of a shape that size the weights a suite builds (the others size activations).
+_WEIGHT_DIMS = ("E", "K", "N", "R")
+
+
+def check_shape_fits(shape: dict[str, int], device: str) -> None:
+    """Refuse, before any allocation, a shape whose weights could not be held here."""
+    from quantcore.tuning import BYTES_PER_WEIGHT, memory_bytes
+
+    weight = 1
+    for dim in _WEIGHT_DIMS:
+        weight *= shape.get(dim, 1)
+    need, have = weight * BYTES_PER_WEIGHT, memory_bytes(device)
+    if need > have // 2:
+        said = ",".join(f"{k}={v}" for k, v in shape.items())
+        raise InvalidArgumentError(f"--shape {said}: its weights need about {need / 2**30:.3g} GiB, more than half of "
+                                   f"the {have / 2**30:.3g} GiB this {device} has")
 
 
 def suite_dims(suite: ModuleType) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -114,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             plot = args.plot and str(Path(args.plot).with_name(f"{Path(args.plot).stem}-{name}.png"))
             codes.append(run(argparse.Namespace(**{**vars(args), "suite": name, "plot": plot})))
         return max(codes)
+    if args.rounds < 1:
+        raise InvalidArgumentError(f"--rounds: expected a positive number of rounds, got {args.rounds}")
     suite = get_suite(args.suite)
     out = results_folder(args)
     if args.shape:
@@ -125,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidArgumentError(f"--shapes: expected one of {sorted(suite.SHAPES)}, got {name!r}")
             shapes += [s for s in suite.SHAPES[name] if s not in shapes]
     check_device(args.device)
+    for shape in shapes:
+        check_shape_fits(shape, args.device)
     caps = probe(args.device)
     ceil = ceilings(args.device, remeasure=args.remeasure)
     # Suites that time subprocesses or side streams opt out of graph capture.

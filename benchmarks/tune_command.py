@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quantcore.cli.output import emit_json
+from quantcore.errors import InvalidArgumentError
 
 HELP = "measure the kernels for problems on this device; cache the times, export them as a shipped table"
 
@@ -50,7 +51,7 @@ def _problems(args: argparse.Namespace) -> list[Any]:
         for name in args.suite.split(","):
             suite = get_suite(name)
             if not hasattr(suite, "problems"):
-                raise SystemExit(f"--suite: {name} times no kernel problems (it has no problems())")
+                raise InvalidArgumentError(f"--suite: {name} times no kernel problems (it has no problems())")
             shapes: list[dict[str, int]] = []
             for set_name in args.shapes.split(","):
                 if set_name not in suite.SHAPES:
@@ -59,15 +60,21 @@ def _problems(args: argparse.Namespace) -> list[Any]:
             out += suite.problems(shapes)
         return out
     if not args.format:
-        raise SystemExit("quantcore tune: give a format (and its dims) or --suite")
+        raise InvalidArgumentError("format: give a format (and its dims) or --suite")
     fmt = get_format(args.format, **parse_params(args.param))
     dims = {k: v for k, v in (("K", args.K), ("N", args.N)) if v is not None}
-    for pair in args.dim:
-        key, _, value = pair.partition("=")
-        dims[key.strip()] = int(value)
-    batches = [int(m) for m in args.M.split(",") if m.strip()] or [None]
+    for key, value in parse_params(args.dim).items():
+        dims[key] = _integer(f"--dim {key}", value)
+    batches = [_integer("-M", m) for m in args.M.split(",") if m.strip()] or [None]
     return [Problem.of(fmt, {**dims, **({"M": m} if m is not None else {})}, parse_dtype(args.dtype))
             for m in batches]
+
+
+def _integer(option: str, text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"{option}: expected an integer, got {text.strip()!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from quantcore.selection import explain
     from quantcore.tuning import tuned
 
+    if args.export and Path(args.export).is_dir():
+        raise InvalidArgumentError(f"--export {args.export}: a directory; expected the path of the table to write")
     problems = _problems(args)
     device = normalize_device(args.device)
     caps = probe(device)

@@ -17,6 +17,8 @@ from quantcore.ops.harness import get_harness
 from quantcore.probe import normalize_device, probe
 from quantcore.registry import KernelEntry, Registry, default_registry
 
+from .untouched import written_inputs
+
 __all__ = ["Cell", "CellResult", "collect_cells", "forget_cached", "run_cell", "run_matrix"]
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -122,8 +124,13 @@ class _LRU:
             self._data.popitem(last=False)
         return outcome
 
+    def forget(self, key: Any) -> None:
+        self._data.pop(key, None)
+
 
 _weights = _LRU(size=2)
+#: A copy of each cached weight's stored tensors, taken before any kernel saw them.
+_stored = _LRU(size=2)
 _prepared = _LRU(size=4)
 #: A case's activations and golden output: the same for every kernel that runs the case.
 _inputs = _LRU(size=64)
@@ -148,7 +155,10 @@ def run_cell(cell: Cell, device: str = "cpu") -> CellResult:
         shape=case.shape_id,
         dtype=cell.id.rsplit("/", 1)[-1],
     )
-    reason = _refusal(cls, dev, case)
+    try:
+        reason = _refusal(cls, dev, case)
+    except Exception as exc:  # a kernel whose own checks raise is broken, not excused
+        return CellResult(**base, status=FAIL, reason=f"check raised {_err(exc)}")
     if reason:
         return CellResult(**base, status=SKIP, reason=reason)
     harness = get_harness(case.op)
@@ -161,6 +171,7 @@ def run_cell(cell: Cell, device: str = "cpu") -> CellResult:
         if drawn.error is not None:
             raise drawn.error
         inputs = copy.deepcopy(drawn.value)  # each cell its own: a kernel that wrote into x would fail alone
+        stored = _stored.get(case.weight_key, lambda: {n: t.clone() for n, t in harness.stored(weights).items()})
     except Exception as exc:  # the golden side itself failed: a FAIL of the case, loudly
         return CellResult(**base, status=FAIL, reason=f"golden reference raised {_err(exc)}")
     kernel = cls(case.format, torch.device(dev))
@@ -176,6 +187,11 @@ def run_cell(cell: Cell, device: str = "cpu") -> CellResult:
         run_s = time.perf_counter() - t0
     except Exception as exc:
         return CellResult(**base, status=FAIL, reason=f"call raised {_err(exc)}", prepare_s=prep_s)
+    written = written_inputs(drawn.value, inputs, harness.stored(weights), stored.value)
+    if written:
+        _weights.forget(case.weight_key)  # the cached weights are the ones written into
+        _stored.forget(case.weight_key)
+        return CellResult(**base, status=FAIL, reason=written, prepare_s=prep_s, run_s=run_s)
     verdict = harness.judge(output, case, inputs)
     return CellResult(
         **base,
@@ -196,14 +212,11 @@ def _synchronize(device: str) -> None:
 
 
 def _refusal(cls: Any, device: str, case: Case) -> str:
-    try:
-        reason = cls.check_device(probe(device))
-        if reason:
-            return reason
-        ok, why = cls.supports(case.problem)
-        return "" if ok else why
-    except Exception as exc:
-        return f"check raised {_err(exc)}"
+    reason = cls.check_device(probe(device))
+    if reason:
+        return str(reason)
+    ok, why = cls.supports(case.problem)
+    return "" if ok else str(why)
 
 
 def _err(exc: BaseException) -> str:

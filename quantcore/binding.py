@@ -40,6 +40,7 @@ from .errors import (
 )
 from .formats.base import Format
 from .kernel import Kernel
+from .ops import get_op
 from .probe import normalize_device
 from .problem import Problem
 from .registry import Registry, default_registry
@@ -101,13 +102,14 @@ def prepare_best(
 
 
 def call_failed(
-    fmt: Format, device: str, problem: Problem | None, kernel: Kernel, exc: Exception, *,
-    registry: Registry, passed_over: list[tuple[str, str]],
+    fmt: Format, device: str, problem: Problem | None, kernel: Kernel, exc: Exception | None, *,
+    registry: Registry, passed_over: list[tuple[str, str]], reason: str = "",
 ) -> None:
-    """A kernel raised in a call (not for the caller's input): recorded as failed on
-    ``device``, so no selection offers it there again, and passed over for this weight."""
+    """A kernel raised in a call (not for the caller's input), or answered what its op
+    never returns (``reason``): recorded as failed on ``device``, so no selection offers
+    it there again, and passed over for this weight."""
     op = problem.op if problem is not None else fmt.op
-    reason = f"call raised {_short(exc)}"
+    reason = reason or f"call raised {_short(exc)}"
     selection_state(registry).record_failure(fmt.name, op, kernel.name, device, reason)
     _fell_back(fmt, device, passed_over, kernel.name, reason)
 
@@ -144,6 +146,8 @@ class BoundKernel:
         self._lock = threading.Lock()
         #: (kernel, reason) for every candidate passed over while binding this weight.
         self.passed_over: list[tuple[str, str]] = []
+        self._output_checked: Kernel | None = None
+        self._weight_dims: dict[str, int] | None = None
         self.kernel, self.prepared = self._prepare()
 
     def _prepare(self) -> tuple[Kernel, Any]:
@@ -157,16 +161,31 @@ class BoundKernel:
         state after their inputs)."""
         kernel, prepared = self.kernel, self.prepared
         try:
-            return kernel(*inputs, prepared, **options)  # type: ignore[operator]
+            out = kernel(*inputs, prepared, **options)  # type: ignore[operator]
         except CALLERS_FAULT:
             raise
         except Exception as exc:
-            with self._lock:
-                if self.kernel is kernel:  # no other thread has replaced it yet
-                    call_failed(self.fmt, self.device, self.problem, kernel, exc, registry=self._registry,
-                                passed_over=self.passed_over)
-                    self.kernel, self.prepared = self._prepare()
+            self._replace(kernel, exc, "")
             return self(*inputs, **options)
+        if self._output_checked is not kernel:  # its first call: is the answer of the op's shape?
+            wrong = get_op(kernel.op).output_problem(self.fmt, self._dims(), inputs, options, out)
+            if wrong:
+                self._replace(kernel, None, f"its first call returned a wrong result: {wrong}")
+                return self(*inputs, **options)
+            self._output_checked = kernel
+        return out
+
+    def _replace(self, kernel: Kernel, exc: Exception | None, reason: str) -> None:
+        with self._lock:
+            if self.kernel is kernel:  # no other thread has replaced it yet
+                call_failed(self.fmt, self.device, self.problem, kernel, exc, registry=self._registry,
+                            passed_over=self.passed_over, reason=reason)
+                self.kernel, self.prepared = self._prepare()
+
+    def _dims(self) -> dict[str, int]:
+        if self._weight_dims is None:
+            self._weight_dims = self.fmt.validate(self._source)
+        return self._weight_dims
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.name} {self.fmt.slug} on {self.device}>"
@@ -222,15 +241,19 @@ def bind(
         if hit is not None:
             return hit
         lock = _locks.setdefault(key, threading.Lock())
-    with lock:
-        with _guard:
-            hit = _lookup(key)
-        if hit is not None:
-            return hit
-        made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs,
-                           allow_dense=allow_dense)
-        with _guard:
-            _bound[key] = weakref.ref(made)
-            weakref.finalize(made, _evict, key)
-            _locks.pop(key, None)
-        return made
+    try:
+        with lock:
+            with _guard:
+                hit = _lookup(key)
+            if hit is not None:
+                return hit
+            made = BoundKernel(format, device, tensors, problem=problem, dtype=dtype, registry=reg, prefer=prefs,
+                               allow_dense=allow_dense)
+            with _guard:
+                _bound[key] = weakref.ref(made)
+                weakref.finalize(made, _evict, key)
+            return made
+    finally:
+        with _guard:  # bound or failed, the key's lock is done with (threads holding it still finish)
+            if _locks.get(key) is lock:
+                del _locks[key]

@@ -139,6 +139,20 @@ class Kernel(ABC):
     ) -> Any:
         """Validate stored tensors and transform them into this kernel's runtime layout."""
 
+    def prepared_schema(self, dims: Mapping[str, int]) -> Any:
+        """What ``prepare`` makes for a weight of ``dims`` (the op's weight dims: K and N of
+        a linear), as a schema (:mod:`quantcore.schema`): a prepared state handed back (a
+        state dict, a custom op's arguments) is checked against it before any op reads it.
+
+        None, the default, means *derive it*: the weights the op's harness draws for these
+        dims are prepared in every activation dtype (with and without the op's optional
+        tensors) and a state must equal one of the results in structure, dtypes and
+        shapes (:mod:`quantcore.custom_ops.schema`). That is exact but costs a
+        quantization per shape, and refuses a state whose structure depends on the
+        weight's values (an optional tensor prepare leaves out for some weights): a
+        kernel with such a state declares its schema here."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.fmt.slug} on {self.device}>"
 

@@ -11,8 +11,9 @@ costs (:mod:`quantcore.cost`):
 * the **shipped** tables, ``quantcore/tables/<device>.json``: made on that device with
   ``quantcore tune … --export``, used whatever the versions.
 
-A malformed file — unreadable, truncated JSON, wrong keys or values, another device's
-table — is ignored with one warning naming it (on the ``quantcore`` logger), never a crash
+A malformed file — unreadable, not a regular file (a FIFO would block the reader), larger
+than a table can be, truncated JSON, wrong keys or values, another device's table — is
+ignored with one warning naming it (on the ``quantcore`` logger), never a crash
 or a wrong choice; a kernel a table names that is no longer registered has its times
 ignored, with one warning. Writers take a file lock and replace the file atomically, so
 concurrent processes never leave a torn or half-merged cache.
@@ -36,6 +37,8 @@ import torch
 
 from .cost import shape_class
 from .dtypes import dtype_name
+from .errors import InvalidArgumentError
+from .files import read_json, regular_file
 from .problem import Problem
 
 __all__ = [
@@ -55,6 +58,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SCHEMA = "quantcore.kernel-times/1"
+#: A table larger than this is not one quantcore wrote (a full one holds a few thousand entries).
+MAX_TABLE_BYTES = 16 << 20
 SHIPPED = Path(__file__).resolve().parent / "tables"
 LOCK_TIMEOUT_S = 60.0
 
@@ -85,7 +90,8 @@ def device_slug(name: str) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("QUANTCORE_CACHE", Path.home() / ".cache" / "quantcore"))
+    """``$QUANTCORE_CACHE``, or ``~/.cache/quantcore`` when it is unset or empty."""
+    return Path(os.environ.get("QUANTCORE_CACHE", "").strip() or Path.home() / ".cache" / "quantcore")
 
 
 def cache_file(device_name: str) -> Path:
@@ -175,9 +181,10 @@ def _table(path: Path, device_name: str, kind: str) -> dict[str, Measurement] | 
             return hit[1]
         entries: dict[str, Measurement] | None
         try:
-            entries = _parse(json.loads(path.read_text()), device_name, f"{kind} {path.name}")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, _Malformed) as exc:
-            _warn_once(path, f"malformed kernel-times table ({type(exc).__name__}: {exc})")
+            entries = _parse(read_json(path, limit=MAX_TABLE_BYTES, error=InvalidArgumentError), device_name,
+                             f"{kind} {path.name}")
+        except (InvalidArgumentError, _Malformed) as exc:
+            _warn_once(path, f"malformed kernel-times table ({exc})")
             entries = None
         _tables[path] = (signature, entries)
         return entries
@@ -236,9 +243,10 @@ def _update(path: Path, device_name: str, entries: Mapping[str, Measurement]) ->
         current: dict[str, Any] = {}
         if path.exists():
             try:
-                current = {k: m.as_json() for k, m in _parse(json.loads(path.read_text()), device_name, "").items()}
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError, _Malformed) as exc:
-                _warn_once(path, f"malformed kernel-times table, rewritten ({type(exc).__name__}: {exc})")
+                table = read_json(path, limit=MAX_TABLE_BYTES, error=InvalidArgumentError)
+                current = {k: m.as_json() for k, m in _parse(table, device_name, "").items()}
+            except (InvalidArgumentError, _Malformed) as exc:
+                _warn_once(path, f"malformed kernel-times table, rewritten ({exc})")
         current.update({k: m.as_json() for k, m in entries.items()})
         data = {"schema": SCHEMA, "device_name": device_name, "entries": dict(sorted(current.items()))}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -266,12 +274,16 @@ def export(path: Path, device_name: str, entries: Mapping[str, Measurement]) -> 
     """Write (or merge into) a table to ship: ``quantcore tune … --export PATH``. Refuses to
     merge into another device's table."""
     path = Path(path)
+    if path.exists():
+        regular_file(path, error=InvalidArgumentError)  # a directory or a FIFO is not a table
     try:
-        other = json.loads(path.read_text()).get("device_name")
-    except (OSError, ValueError, AttributeError):
+        found = read_json(path, limit=MAX_TABLE_BYTES, error=InvalidArgumentError)
+        other = found.get("device_name") if isinstance(found, dict) else None
+    except InvalidArgumentError:
         other = None
     if isinstance(other, str) and other != device_name:
-        from .errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"--export {path}: a table for {other!r}, not for this device ({device_name!r})")
-    _update(path, device_name, entries)
+    try:
+        _update(path, device_name, entries)
+    except OSError as exc:
+        raise InvalidArgumentError(f"--export {path}: cannot be written ({exc.strerror or exc})") from None

@@ -8,9 +8,15 @@ from dataclasses import dataclass, field
 import torch
 
 from .dtypes import dtype_name
+from .errors import InvalidArgumentError
 from .formats.base import Format
 
-__all__ = ["Problem"]
+__all__ = ["MAX_DIM", "Problem"]
+
+#: The largest size a problem dim may have: far above any model's (a vocabulary of a few
+#: hundred thousand, prefills of a million tokens), far below what would overflow an
+#: index or ask for an allocation no machine has.
+MAX_DIM = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -28,9 +34,17 @@ class Problem:
     op: str = field(default="")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.format, Format):
+            raise InvalidArgumentError(f"problem format: expected a Format instance, got {self.format!r:.80}")
+        if not isinstance(self.act_dtype, torch.dtype) or not self.act_dtype.is_floating_point:
+            raise InvalidArgumentError(
+                f"problem dtype: expected a floating-point torch.dtype (torch.bfloat16, ...), got {self.act_dtype!r}"
+            )
+        if not isinstance(self.op, str):
+            raise InvalidArgumentError(f"problem op: expected an op name, got {self.op!r:.80}")
         if not self.op:
             object.__setattr__(self, "op", self.format.op)
-        object.__setattr__(self, "dims", tuple(sorted(self.dims)))
+        object.__setattr__(self, "dims", tuple(sorted(check_dims(self.dims))))
 
     @classmethod
     def linear(
@@ -49,7 +63,8 @@ class Problem:
     def of(
         cls, format: Format, dims: Mapping[str, int], dtype: torch.dtype, op: str | None = None
     ) -> Problem:
-        return cls(format=format, dims=tuple(dims.items()), act_dtype=dtype, op=op or format.op)
+        pairs = tuple(dims.items()) if isinstance(dims, Mapping) else dims  # anything else: refused by check_dims
+        return cls(format=format, dims=pairs, act_dtype=dtype, op=op or getattr(format, "op", ""))  # type: ignore[arg-type]
 
     def __getitem__(self, name: str) -> int:
         for k, v in self.dims:
@@ -71,3 +86,26 @@ class Problem:
         return sorted(
             self.dims, key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0])
         )
+
+
+def check_dims(dims: object) -> list[tuple[str, int]]:
+    """``(name, size)`` pairs, each size an integer in ``[0, MAX_DIM]``; anything else is an
+    :class:`~quantcore.errors.InvalidArgumentError` naming the dim."""
+    try:
+        pairs = list(dims.items()) if hasattr(dims, "items") else list(dims)  # type: ignore[union-attr, call-overload]
+    except TypeError:
+        raise InvalidArgumentError(f"problem dims: expected a mapping of dim names to sizes, got {dims!r:.80}") from None
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise InvalidArgumentError(f"problem dims: expected (name, size) pairs, got {pair!r:.80}")
+        name, size = pair
+        if isinstance(size, bool) or not hasattr(size, "__index__"):
+            raise InvalidArgumentError(f"{name}: expected an integer size, got {size!r:.40}")
+        size = int(size.__index__())
+        if not 0 <= size <= MAX_DIM:
+            raise InvalidArgumentError(f"{name}: expected a size in [0, {MAX_DIM}], got {size}")
+        out.append((name, size))
+    if len({n for n, _ in out}) != len(out):
+        raise InvalidArgumentError(f"problem dims: a dim named twice in {out}")
+    return out

@@ -9,10 +9,12 @@ import torch
 from .errors import KernelInputError, TensorFormatError, UnsupportedProblemError
 
 __all__ = [
+    "ALIGNMENT",
     "check_activation",
     "check_stored",
     "describe",
     "ieee_div",
+    "laid_out",
     "reject_unknown",
     "require_float_weight",
     "require_representable",
@@ -20,6 +22,20 @@ __all__ = [
     "require_tensors",
     "stored_on",
 ]
+
+
+#: Bytes a prepared tensor's start is aligned to: what any kernel's vector loads need.
+ALIGNMENT = 16
+
+
+def laid_out(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``prepare`` lays a tensor out: contiguous, its start aligned to
+    :data:`ALIGNMENT` bytes. A view (non-contiguous, at a storage offset) that an op would
+    read as if it were laid out — ``aten._weight_int4pack_mm_for_cpu`` reads the storage,
+    Triton kernels load 16-byte vectors — is copied, once, where it comes in."""
+    if t.device.type == "meta" or (t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def describe(t: torch.Tensor) -> str:

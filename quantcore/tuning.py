@@ -19,6 +19,7 @@ runs in serving engines.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ import torch
 
 from . import measured
 from .cost import batch_dim, shape_class
+from .errors import InvalidArgumentError
+from .ops import get_op
 from .ops.case import Case
 from .ops.harness import get_harness
 from .probe import probe
@@ -35,7 +38,7 @@ from .problem import Problem
 from .registry import Registry
 from .timing import time_interleaved
 
-__all__ = ["TuneResult", "cache_path", "shape_class", "tuned"]
+__all__ = ["BYTES_PER_WEIGHT", "TuneResult", "cache_path", "check_fits", "memory_bytes", "shape_class", "tuned"]
 
 _lock = threading.Lock()
 #: Prepared copies per candidate, at most.
@@ -67,6 +70,8 @@ def tuned(
     name = probe(device).name or device
     with _lock:
         hit = None if fresh else measured.lookup_cached(problem, name)
+        if hit is None or not hit.covers(candidates):
+            check_fits(problem, device)
         if hit is not None and hit.covers(candidates) and (not graph or hit.timing == "cuda-graph"):
             seconds = {k: v for k, v in hit.seconds.items() if k in candidates}
             refused = {k: v for k, v in hit.refused.items() if k in candidates}
@@ -75,6 +80,36 @@ def tuned(
         measured.store(problem, name, measured.Measurement(
             result.seconds, result.refused, result.timing, measured.versions()))
         return result
+
+
+#: Bytes the tuner holds per weight element at most: the float32 draw, the golden float64
+#: dequantization and the stored and prepared copies.
+BYTES_PER_WEIGHT = 24
+
+
+def check_fits(problem: Problem, device: str) -> None:
+    """Refuse, before anything is allocated, a problem whose weights the tuner could not
+    hold in half this machine's memory (``K = N = 2^24`` would ask for exabytes)."""
+    weight = 1
+    for dim in get_op(problem.op).weight_dims:
+        weight *= max(problem.get(dim) or 1, 1)
+    need = weight * BYTES_PER_WEIGHT
+    have = memory_bytes(device)
+    if need > have // 2:
+        dims = " × ".join(f"{d}={problem.get(d)}" for d in get_op(problem.op).weight_dims)
+        raise InvalidArgumentError(
+            f"problem: tuning a {dims} weight needs about {need / 2**30:.3g} GiB, more than half of the "
+            f"{have / 2**30:.3g} GiB this {device} has"
+        )
+
+
+def memory_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 34
 
 
 def _sets(weights: object, device: str) -> int:

@@ -13,7 +13,7 @@ below; a group marked independent may not import its own siblings either)::
     kernels                        kernel bases, costs and kernels more than one backend uses
     transforms, ops                shared transforms; ops with their golden references and judge
     formats, problem, kernel, transform, cost
-    probe, tensors, dtypes, errors, timing, triton
+    probe, tensors, dtypes, errors, timing, triton, schema, files
 
 An entry in a layer ending in ``.*`` makes each package under that prefix a sibling of
 its own (``quantcore.backends.aten_cpu``, ``quantcore.backends.awq_cpu``, ...).
@@ -60,7 +60,7 @@ LAYERS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("quantcore.transforms", "quantcore.ops"), False),
     (("quantcore.formats", "quantcore.problem", "quantcore.kernel", "quantcore.transform", "quantcore.cost"), False),
     (("quantcore.probe", "quantcore.tensors", "quantcore.triton", "quantcore.dtypes", "quantcore.errors",
-      "quantcore.timing"), False),
+      "quantcore.timing", "quantcore.schema", "quantcore.files"), False),
 )
 
 #: Entry-point group -> the highest layer (a prefix of :data:`LAYERS`) its targets may sit in,

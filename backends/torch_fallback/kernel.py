@@ -10,17 +10,20 @@ import torch
 
 from quantcore.cost import Cost, linear_cost
 from quantcore.dtypes import dtype_name
-from quantcore.errors import KernelInputError
+from quantcore.errors import KernelInputError, UnsupportedProblemError
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.schema import Fields, Maybe, OneOf, TensorSpec
 from quantcore.tensors import check_activation, stored_on
 
-__all__ = ["DenseWeight", "DequantLinear", "fallback_for"]
+__all__ = ["DenseWeight", "DequantLinear", "fallback_for", "holding_dtype"]
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Mantissa bits: a weight can serve an activation of its own precision or less.
 _PRECISION = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
+#: The largest finite value of each dtype.
+_MAX = {d: torch.finfo(d).max for d in FLOAT_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,10 @@ class DequantLinear(LinearKernel):
             raise KernelInputError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
         # float64, rounded once: a format whose dequantization sums (TurboQuant's rotation)
         # then gives the same bits on every device, whatever order its BLAS sums in.
-        weight = self.fmt.dequantize(tensors, dtype=torch.float64).to(dtype)
+        dense = self.fmt.dequantize(tensors, dtype=torch.float64)
         bias = tensors.get("bias")
-        return DenseWeight(weight, bias.to(dtype) if bias is not None else None)
+        dtype = holding_dtype(dense, dtype, bias)
+        return DenseWeight(dense.to(dtype), bias.to(dtype) if bias is not None else None)
 
     def __call__(self, x: torch.Tensor, prepared: DenseWeight) -> torch.Tensor:
         if type(prepared) is not DenseWeight:
@@ -82,10 +86,40 @@ class DequantLinear(LinearKernel):
                 f"weight prepare made; prepare with dtype={x.dtype} (or none: float32)"
             )
         bias = prepared.bias
-        if x.dtype != w.dtype:
-            w = w.to(x.dtype)
-            bias = bias.to(x.dtype) if bias is not None else None
-        return torch.nn.functional.linear(x, w, bias)
+        if x.dtype == w.dtype:
+            return torch.nn.functional.linear(x, w, bias)
+        if _MAX[x.dtype] < _MAX[w.dtype] / 2:
+            # x's exponent range is narrower than the weight's (float16): the weight's
+            # values may not fit it, so multiply in the weight's dtype, round the result once.
+            return torch.nn.functional.linear(x.to(w.dtype), w, bias).to(x.dtype)
+        return torch.nn.functional.linear(x, w.to(x.dtype), bias.to(x.dtype) if bias is not None else None)
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> OneOf:
+        k, n = dims["K"], dims["N"]
+        return OneOf(*(Fields(DenseWeight, weight=TensorSpec((n, k), (d,)), bias=Maybe(TensorSpec((n,), (d,))))
+                       for d in FLOAT_DTYPES))
+
+
+def holding_dtype(dense: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.dtype:
+    """``dtype``, or the narrowest wider one (float32) whose range holds every finite value
+    of the dense weight (and bias): a copy in a dtype too narrow would turn finite weights
+    into Inf. Refused when even float32 cannot hold them."""
+    top = max(_finite_max(dense), _finite_max(bias))
+    for candidate in (dtype, torch.float32):
+        if top <= _MAX[candidate]:
+            return candidate
+    raise UnsupportedProblemError(
+        f"weight: dequantized values reach {top:.3g}, beyond float32's range ({_MAX[torch.float32]:.3g}): "
+        "torch_fallback keeps at most a float32 copy"
+    )
+
+
+def _finite_max(t: torch.Tensor | None) -> float:
+    if t is None or t.numel() == 0:
+        return 0.0
+    a = t.detach().abs().double()
+    a = a[torch.isfinite(a)]
+    return float(a.max()) if a.numel() else 0.0
 
 
 def fallback_for(format_name: str) -> type[DequantLinear]:

@@ -16,11 +16,12 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import LinearKernel, Requirements, Support
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.schema import Depends
 from quantcore.tensors import stored_on
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
 from quantcore.triton.checks import check_x
 
-from .layout import SLICE, SUPPORTED_BITS, GPTQToTritonInt, TritonIntWeights
+from .layout import SLICE, SUPPORTED_BITS, GPTQToTritonInt, TritonIntWeights, triton_int_schema
 
 __all__ = ["ACT_DTYPES", "INTERPRETER_MAX_WEIGHTS", "TritonInt4AWQ", "TritonInt4GPTQ"]
 
@@ -100,6 +101,12 @@ class TritonInt4GPTQ(LinearKernel):
     def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
         return self.fmt, tensors  # type: ignore[return-value]
 
+    def _gptq_format(self) -> GPTQ:
+        return self.fmt  # type: ignore[return-value]
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> Depends:
+        return triton_int_schema(self._gptq_format(), dims["K"], dims["N"])
+
     def prepare(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> TritonIntWeights:
         if dtype is not None and dtype not in ACT_DTYPES:
             names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
@@ -151,3 +158,6 @@ class TritonInt4AWQ(TritonInt4GPTQ):
     def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
         fmt: AWQ = self.fmt  # type: ignore[assignment]
         return gptq_format_for(fmt), AWQToGPTQ(fmt).apply(tensors)
+
+    def _gptq_format(self) -> GPTQ:
+        return gptq_format_for(self.fmt)  # type: ignore[arg-type]

@@ -48,6 +48,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
+
 __all__ = ["dequant_kernel", "gemv_kernel", "mma_kernel"]
 
 #: The bits of 1.0 in fp32: OR-ed with a code at mantissa bit P it reads 1 + q·2^(P−23).

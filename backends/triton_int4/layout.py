@@ -48,6 +48,8 @@ import torch
 
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
+from quantcore.formats.grouping import SCALE_DTYPES
+from quantcore.schema import Depends, Fields, Maybe, Satisfies, TensorSpec
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
 
@@ -64,6 +66,7 @@ __all__ = [
     "padded_k",
     "pairs",
     "sub_group_size",
+    "triton_int_schema",
 ]
 
 #: Words of one block of one output row, whatever the bit width (64 bytes).
@@ -166,6 +169,31 @@ class TritonIntWeights:
         """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
         ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def triton_int_schema(fmt: GPTQ, k: int, n: int) -> Depends:
+    """The prepared schema (:mod:`quantcore.schema`) of a K × N weight of ``fmt``: the
+    sub-group size prepare chose fixes the group map's length; the group map and
+    ``ret_idx`` index the scales and the inputs."""
+    bits = fmt.bits
+    kp, groups = padded_k(k, bits), fmt.num_groups(k)
+    index = TensorSpec((k,), (torch.int64,), bounds=(0, k))
+
+    def build(p: TritonIntWeights) -> Fields:
+        sg = p.sub_group if type(p.sub_group) is int and p.sub_group > 0 else SLICE
+        return Fields(
+            TritonIntWeights,
+            qweight=TensorSpec((n, kp * bits // 32), (torch.int32,)),
+            scales=TensorSpec((groups, n), SCALE_DTYPES),
+            zeros=Maybe(TensorSpec((groups, n), (torch.uint8,))),
+            group_map=Maybe(TensorSpec((-(-kp // sg),), (torch.int32,), bounds=(0, groups))),
+            sub_group=Satisfies(lambda v: type(v) is int and 0 < v <= kp and v % SLICE == 0,
+                                f"a multiple of {SLICE} up to {kp}"),
+            bits=bits, in_features=k, out_features=n, ret_idx=Maybe(index),
+            bias=Maybe(TensorSpec((n,), SCALE_DTYPES)), runtime={},
+        )
+
+    return Depends(TritonIntWeights, build)
 
 
 class GPTQToTritonInt(Transform[Mapping[str, torch.Tensor], TritonIntWeights]):

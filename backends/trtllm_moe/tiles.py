@@ -12,14 +12,13 @@ new shape compiles once and never reuses another's binary.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
-from quantcore.errors import KernelInputError
+from quantcore.errors import InvalidArgumentError, KernelInputError
+from quantcore.files import read_json
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import H100_SXM, table_for
 
@@ -145,8 +144,12 @@ NARROW = MoETile(128, 128, 128, 8, 4, scheduled=True, persistent=0, split_tail=T
 def tile_table(card: CardKey | None) -> tuple[tuple[int, MoETile], ...]:
     path = os.environ.get(ENV_TABLE)
     if path:
-        rows = json.loads(Path(path).read_text())["table"]
-        return tuple((int(limit), MoETile(**spec)) for limit, spec in rows)
+        data = read_json(path, error=InvalidArgumentError)
+        try:
+            return tuple((int(limit), MoETile(**spec)) for limit, spec in data["table"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"{ENV_TABLE}={path}: expected {{'table': [[routes, tile], ...]}} "
+                                       f"({type(exc).__name__}: {exc})") from None
     return table_for(TABLES, card) or RULE
 
 

@@ -20,8 +20,9 @@ from quantcore.kernels.trtllm_moe.cost import moe_bytes, moe_flops, touched_expe
 from quantcore.ops.moe import check_routing
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.schema import Fields
 
-from .weights import ExpertWeights, load_expert_weights
+from .weights import ExpertWeights, expert_schema, load_expert_weights
 
 __all__ = ["TorchMoE"]
 
@@ -54,6 +55,9 @@ class TorchMoE(TRTLLMMoEKernel):
         # matmul (~6 % of the bf16 tensor-core rate on the H100: trtllm_moe.json).
         return Cost(moe_bytes(problem, per_weight=17.0), moe_flops(problem), 0.5, 0.06,
                     3 * touched_experts(problem), "fit to benchmarks/results")
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> Fields:
+        return expert_schema(ExpertWeights, self.fmt, dims, "qweight")  # type: ignore[arg-type]
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

@@ -35,6 +35,7 @@ from quantcore.probe import Capabilities
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
 from quantcore.problem import Problem
+from quantcore.schema import Fields
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
@@ -47,7 +48,7 @@ from .tiles import (
     tile_table,
     uses_wgmma,
 )
-from .weights import load_expert_weights
+from .weights import expert_schema, load_expert_weights
 
 __all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "stored_row_order"]
 
@@ -137,6 +138,9 @@ class TritonMoE(TRTLLMMoEKernel):
         if n is not None and n % 32:
             return Support.no(f"N={n}: the MoE layout needs N % 32 == 0")
         return Support.yes()
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> Fields:
+        return expert_schema(TritonMoEWeights, self.fmt, dims, "layout")  # type: ignore[arg-type]
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

@@ -58,6 +58,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
+
 __all__ = ["MAGIC", "moe_w8a16_kernel", "route_schedule_kernel", "word_codes"]
 
 #: 2²³ + 128: the float32 ``0x4B000000 | u`` minus this is the signed code q.

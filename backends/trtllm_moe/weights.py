@@ -11,9 +11,10 @@ import torch
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.kernels.trtllm_moe import ACT_DTYPES
+from quantcore.schema import Fields, TensorSpec
 from quantcore.tensors import stored_on
 
-__all__ = ["ExpertWeights", "load_expert_weights"]
+__all__ = ["ExpertWeights", "expert_schema", "load_expert_weights"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class ExpertWeights:
     @property
     def n(self) -> int:
         return self.qweight.shape[2]
+
+
+def expert_schema(cls: type, fmt: TRTLLMMoE, dims: Mapping[str, int], codes: str) -> Fields:
+    """The prepared schema (:mod:`quantcore.schema`) of experts kept as stored, the int8
+    codes ``[E, K, N]`` (in field ``codes``, possibly re-laid out in place) with their
+    group scales and, when asymmetric, zeros."""
+    e, k, n = dims["E"], dims["K"], dims["N"]
+    group = TensorSpec((e, fmt.num_groups(k), n), (fmt.scale_dtype,))
+    return Fields(cls, **{codes: TensorSpec((e, k, n), (torch.int8,))}, scales=group,
+                  zeros=None if fmt.sym else group, group_size=fmt.group_size)
 
 
 def load_expert_weights(

@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from quantcore.errors import InvalidArgumentError
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
@@ -114,10 +115,17 @@ Table = dict[tuple[Any, ...], Any]
 def _load(path: Path) -> tuple[CardKey, Table]:
     card, data = read_card_json(path)
     out: Table = {}
-    for entry in data["entries"]:
-        cls = _KINDS[entry["kernel"]]
-        names = {f.name for f in fields(cls)}
-        out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise InvalidArgumentError(f"{path}: expected \"entries\": a list of tuned configs, got {type(entries).__name__}")
+    for entry in entries:
+        try:
+            cls = _KINDS[entry["kernel"]]
+            names = {f.name for f in fields(cls)}
+            out[_key(entry)] = cls(**{k: v for k, v in entry["config"].items() if k in names})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgumentError(f"{path}: an entry is not a tuned config ({type(exc).__name__}: "
+                                       f"{exc}): {str(entry)[:80]}") from None
     return card, out
 
 

@@ -17,7 +17,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
 from .lookup import codebook_table, nibble_values
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
 
 __all__ = ["dequant_kernel"]
 

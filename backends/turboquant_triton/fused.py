@@ -32,6 +32,7 @@ import triton
 from quantcore.kernels.turboquant.base import PassData, rotate_input
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
+from quantcore.tensors import laid_out
 from quantcore.triton.launch import Launch, launch_state
 
 from . import configs
@@ -82,10 +83,8 @@ def _rotated_fp32(x2d: torch.Tensor, rotation: torch.Tensor, d: int, gpc: int, w
 
 
 def _words(indices: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous)."""
-    if not indices.is_contiguous():
-        indices = indices.contiguous()
-    return indices.view(torch.int32)
+    """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous and aligned)."""
+    return laid_out(indices).view(torch.int32)
 
 
 def _dot_fp32(dtype: torch.dtype) -> bool:

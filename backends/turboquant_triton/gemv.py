@@ -28,7 +28,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
 from .lookup import codebook_table, nibble_values, rotated_planes, to_output
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
 
 __all__ = ["gemv_kernel", "rotate_kernel"]
 

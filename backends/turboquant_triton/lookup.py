@@ -38,6 +38,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
+
 __all__ = ["codebook_table", "nibble_values", "rotated_planes", "to_output"]
 
 

@@ -23,8 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.triton.interpreter import serialize_launches
+
 from .gemv import _release
 from .lookup import codebook_table, nibble_values, to_output
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
 
 __all__ = ["mma_kernel"]
 

@@ -17,11 +17,11 @@ and read (:mod:`.scheme`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import TensorFormatError
+from ..files import read_json
 from ..formats.awq import AWQ
 from ..formats.base import Format
 from ..formats.gptq import GPTQ
@@ -41,13 +41,12 @@ def read_quant_config(folder: str | Path) -> tuple[dict[str, Any], str]:
     folder = Path(folder)
     for name in CONFIG_FILES:
         path = folder / name
-        if not path.is_file():
+        if not path.exists():
             continue
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise TensorFormatError(f"{path}: not valid JSON ({exc})") from None
+        data = read_json(path)
         if name == "config.json":
+            if not isinstance(data, dict):
+                raise TensorFormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
             data = data.get("quantization_config")
             if data is None:
                 continue

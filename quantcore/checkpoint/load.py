@@ -33,7 +33,6 @@ prepared as one (:mod:`quantcore.nn.fuse`).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +46,10 @@ from ..nn.linear import QuantLinear
 from .config import read_quant_config, scheme_from_config
 from .dense_copies import warn_dense_copies
 from .scheme import CheckpointScheme
+from .shards import INDEX, get_tensor, inside, open_shard, read_index, shard_names
 
 __all__ = ["build_layers", "load_quantized", "plan_layers"]
 
-INDEX = "model.safetensors.index.json"
 
 
 def load_quantized(
@@ -139,29 +138,17 @@ class _Shards:
     """Every shard of a folder open at once; ``where[name]`` is the file holding a tensor."""
 
     def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
-        try:
-            from safetensors import safe_open
-        except ImportError:  # pragma: no cover - depends on the environment
-            raise ImportError("loading checkpoints needs safetensors: pip install 'quantcore[io]'") from None
         index_path = folder / INDEX
-        if index_path.is_file():
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise TensorFormatError(f"{index_path}: expected JSON with a 'weight_map' ({exc})") from None
-            files = sorted(set(weight_map.values()))
-        else:
-            weight_map = None
-            files = sorted(p.name for p in folder.glob("*.safetensors"))
-            if not files:
-                raise TensorFormatError(f"{folder}: no *.safetensors files")
+        weight_map = read_index(folder)
         self.files: dict[str, Any] = {}
+        self.paths: dict[str, Path] = {}
         self.where: dict[str, str] = {}
-        for file in files:
-            if not (folder / file).is_file():
+        for file in shard_names(folder, weight_map):
+            path = inside(folder, file, index_path)
+            if not path.exists():
                 raise TensorFormatError(f"{index_path}: names shard {file}, which is not in {folder}")
-            handle = stack.enter_context(safe_open(str(folder / file), framework="pt", device="cpu"))
-            self.files[file] = handle
+            handle = open_shard(path, stack)
+            self.files[file], self.paths[file] = handle, path
             for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                 if name in self.where:
                     raise TensorFormatError(f"{folder}: tensor {name} is in {self.where[name]} and again in {file}")
@@ -176,7 +163,8 @@ class _Shards:
                 raise TensorFormatError(f"{folder / self.where[extra[0]]}: holds {extra[0]}, which {INDEX} does not list")
 
     def get(self, name: str) -> torch.Tensor:
-        return self.files[self.where[name]].get_tensor(name)  # type: ignore[no-any-return]
+        file = self.where[name]
+        return get_tensor(self.files[file], self.paths[file], name)
 
     def file_of(self, name: str) -> str:
         return self.where.get(name, "?")
@@ -339,11 +327,15 @@ def _build(folder: Path, dtype: torch.dtype) -> nn.Module:
         import transformers
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError("building a model from a folder needs transformers; or pass the model itself") from None
-    config = transformers.AutoConfig.from_pretrained(str(folder))
-    with _params_on_meta():
-        # transformers 5 renamed torch_dtype to dtype (4.x only knows the old name).
-        key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-        model = transformers.AutoModelForCausalLM.from_config(config, **{key: dtype})
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder))
+        with _params_on_meta():
+            # transformers 5 renamed torch_dtype to dtype (4.x only knows the old name).
+            key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+            model = transformers.AutoModelForCausalLM.from_config(config, **{key: dtype})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # transformers' own, on its config
+        raise TensorFormatError(f"{folder / 'config.json'}: transformers cannot build a model from it "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     return model.eval()
 
 

@@ -24,6 +24,7 @@ from ..formats.base import Format
 from .config import read_quant_config, scheme_from_config
 from .producer import V1Reader, detect_producer
 from .scheme import GPTQ_TENSORS, CheckpointScheme, SingleFormatScheme
+from .shards import INDEX, inside, read_index, read_shard, shard_names
 
 __all__ = ["Checkpoint", "load_checkpoint"]
 
@@ -54,16 +55,13 @@ class Checkpoint:
 
 def _read_shards(folder: Path, where: dict[str, Path] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of every shard; ``where`` (when given) gets the file of each."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("reading checkpoints needs safetensors: pip install 'quantcore[io]'") from None
-    shards = sorted(folder.glob("*.safetensors"))
-    if not shards:
-        raise TensorFormatError(f"{folder}: no *.safetensors files")
+    weight_map = read_index(folder)
     tensors: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        for name, t in load_file(str(shard)).items():
+    for file in shard_names(folder, weight_map):
+        shard = inside(folder, file, folder / INDEX)
+        if not shard.exists():
+            raise TensorFormatError(f"{folder / INDEX}: names shard {file}, which is not in {folder}")
+        for name, t in read_shard(shard).items():
             if name in tensors:
                 raise TensorFormatError(f"{folder}: tensor {name} appears in more than one shard (again in {shard.name})")
             tensors[name] = t

@@ -42,9 +42,11 @@ def _implied(what: str, expected: object, prefix: str, detail: str) -> TensorFor
 def check_against_config(fmt: Format, prefix: str, t: dict[str, torch.Tensor]) -> None:
     """Config/tensor disagreements, said in the config's terms (bits, group_size)."""
     qweight, scales = t.get("qweight"), t.get("scales")
-    if qweight is None or scales is None or qweight.dim() != 2 or scales.dim() != 2:
-        return  # validate() names what is missing or misshapen
-    if isinstance(fmt, GPTQ) and "g_idx" in t:
+    if not isinstance(qweight, torch.Tensor) or not isinstance(scales, torch.Tensor) or qweight.dim() != 2 \
+            or scales.dim() != 2 or qweight.is_floating_point() or qweight.is_complex() or qweight.dtype == torch.bool \
+            or 0 in qweight.shape or 0 in scales.shape:
+        return  # validate() names what is missing, misshapen, empty or of the wrong dtype
+    if isinstance(fmt, GPTQ) and isinstance(t.get("g_idx"), torch.Tensor) and t["g_idx"].numel():
         in_features = t["g_idx"].numel()
         lanes_bits = qweight.shape[0] * torch.iinfo(qweight.dtype).bits
         if lanes_bits != in_features * fmt.bits:

@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `quantcore list | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a path the user named: unreadable, a directory, no space left
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"quantcore {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["emit_json"]
 
 
@@ -17,7 +19,13 @@ def emit_json(data: Any, path: str | None) -> None:
     text = json.dumps(data, indent=1, default=str)
     if path == "-":
         sys.stdout.write(text + "\n")
-    else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidArgumentError(f"--json {path}: a directory; expected the path of a file to write")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text + "\n")
+    except OSError as exc:
+        raise InvalidArgumentError(f"--json {path}: cannot be written ({exc.strerror or exc})") from None
+    print(f"wrote {path}", file=sys.stderr)

@@ -5,6 +5,7 @@ implementation.
 
 ``state.py``  a prepared state as tensors + a static tree (flatten / unflatten)
 ``spec.py``   the string naming the kernel, its format, dims and state tree; read back
+``schema.py`` a state handed back, checked against what the kernel's prepare makes
 ``ops.py``    the ops, defined from the op kinds' declarations; :class:`KernelOp` for
               engines' own modules
 

@@ -10,6 +10,7 @@ registry) runs as well.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -18,10 +19,13 @@ from typing import Any
 
 import torch
 
-from ..errors import KernelInputError, PluginError
+from ..errors import KernelInputError, PluginError, QuantCoreError, TensorFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
+from ..problem import MAX_DIM
 from ..registry import default_registry
+from ..tensors import laid_out
+from .schema import restore
 from .state import FlattenedState, class_path, flatten, unflatten
 
 __all__ = ["SPEC_VERSION", "Resolved", "make_spec", "resolve"]
@@ -40,6 +44,8 @@ class Resolved:
     tree: Any
     allowed: tuple[str, ...]
     _kernels: dict[torch.device, Kernel] = field(default_factory=dict)
+    #: (data_ptr, dtype, shape, stride, device) of each tensor of the states already checked.
+    _checked: set[tuple[Any, ...]] = field(default_factory=set)
 
     def kernel(self, device: torch.device) -> Kernel:
         k = self._kernels.get(device)
@@ -47,9 +53,30 @@ class Resolved:
             k = self._kernels[device] = self.kernel_cls(self.fmt, device)
         return k
 
-    def prepared(self, state: Sequence[torch.Tensor]) -> Any:
-        return unflatten(self.tree, state, allowed=self.allowed)
+    def prepared(
+        self, state: Sequence[torch.Tensor], *, where: str = "spec", names: Sequence[str] | None = None,
+        device: torch.device | None = None, one_device: bool = True,
+    ) -> Any:
+        """The prepared state on ``state``, checked against the kernel's schema for the
+        spec's dims (:mod:`.schema`) once per set of tensors; ``names`` are the buffers the
+        tensors came from, for the messages."""
+        key = tuple((t.data_ptr(), t.dtype, t.shape, t.stride(), t.device) for t in state
+                    if isinstance(t, torch.Tensor))
+        if len(key) == len(state) and key in self._checked:
+            return unflatten(self.tree, state, allowed=self.allowed)
+        where_device = device if device is not None else (state[0].device if state else torch.device("cpu"))
+        prepared = restore(self.kernel(where_device), self.tree, state, self.dims, where=where,
+                           allowed=self.allowed, names=names, one_device=one_device)
+        if all(laid_out(t) is t for t in state):  # a state that needed copies is checked (and copied) each time
+            with _lock:
+                if len(self._checked) >= _CHECKED_MAX:
+                    self._checked.clear()
+                self._checked.add(key)
+        return prepared
 
+
+#: States remembered as checked per spec, at most (a model's layers share few specs).
+_CHECKED_MAX = 4096
 
 _resolved: dict[str, Resolved] = {}
 _lock = threading.Lock()
@@ -89,20 +116,44 @@ def resolve(spec: str) -> Resolved:
 
 
 def _read(spec: str) -> Resolved:
+    """A spec from elsewhere (a file, another process): every field checked, the format
+    rebuilt through its constructor so its parameters are validated as any other."""
+    def bad(why: str) -> TensorFormatError:
+        return TensorFormatError(f"spec: {why} (expected the JSON quantcore.custom_ops.make_spec writes, "
+                                 f"got {str(spec)[:80]!r})")
+
+    if not isinstance(spec, str):
+        raise bad(f"a {type(spec).__name__}, not a string")
     try:
         data = json.loads(spec)
-        ref = data["kernel"]
-        version = data["v"]
-    except (ValueError, KeyError, TypeError):
-        raise KernelInputError(f"spec: expected the JSON quantcore.custom_ops.make_spec writes, got {spec[:80]!r}") from None
-    if version != SPEC_VERSION:
-        raise KernelInputError(f"spec: version {version}, this quantcore reads version {SPEC_VERSION}")
+    except ValueError:
+        raise bad("not JSON") from None
+    if not isinstance(data, dict):
+        raise bad("not a JSON object")
+    if data.get("v") != SPEC_VERSION:
+        raise KernelInputError(f"spec: version {data.get('v')!r}, this quantcore reads version {SPEC_VERSION}")
+    ref, dims = data.get("kernel"), data.get("dims")
+    if not isinstance(ref, dict) or not all(isinstance(ref.get(k), str) for k in ("format", "op", "name")):
+        raise bad("'kernel' must name format, op and name")
+    if not isinstance(dims, dict) or not all(isinstance(k, str) and type(v) is int and 0 <= v <= MAX_DIM
+                                             for k, v in dims.items()):
+        raise bad(f"'dims' must map dim names to sizes in [0, {MAX_DIM}]")
+    if not isinstance(data.get("fmt"), dict) or "state" not in data:
+        raise bad("'fmt' and 'state' are required")
     cls = default_registry().kernel(ref["format"], ref["op"], ref["name"]).cls
     allowed = _allowed(cls)
-    fmt = unflatten(data["fmt"], (), allowed=allowed)
-    if not isinstance(fmt, Format):
-        raise KernelInputError(f"spec: 'fmt' describes a {type(fmt).__name__}, not a Format")
-    return Resolved(cls, fmt, dict(data["dims"]), data["state"], allowed)
+    read = unflatten(data["fmt"], (), allowed=allowed, where="spec 'fmt'")
+    if not isinstance(read, Format) or not dataclasses.is_dataclass(read):
+        raise bad(f"'fmt' describes a {type(read).__name__}, not a Format")
+    if type(read).name != cls.format:
+        raise bad(f"'fmt' is a {type(read).name} format, the kernel {cls.name} runs {cls.format}")
+    try:  # the constructor validates what unflatten set field by field
+        fmt = type(read)(**{f.name: getattr(read, f.name) for f in dataclasses.fields(read) if f.init})
+    except QuantCoreError as exc:
+        raise TensorFormatError(f"spec 'fmt': {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise bad(f"'fmt': {exc}") from None
+    return Resolved(cls, fmt, dict(dims), data["state"], allowed)
 
 
 def _allowed(cls: type[Kernel]) -> tuple[str, ...]:

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from ..errors import PluginError
+from ..errors import PluginError, QuantCoreError, TensorFormatError
 
-__all__ = ["FlattenedState", "class_path", "flatten", "resolve_class", "unflatten"]
+__all__ = ["FlattenedState", "class_path", "flatten", "resolve_class", "tensor_count", "unflatten"]
 
 #: What a tree node may be: JSON values, with tensors as {"T": index}.
 Tree = Any
@@ -119,41 +119,123 @@ def flatten(obj: Any, *, where: str = "prepared") -> FlattenedState:
                           _unique(names))
 
 
-def unflatten(tree: str | Tree, tensors: Iterable[torch.Tensor], *, allowed: Iterable[str] = ("quantcore",)) -> Any:
-    """The object :func:`flatten` described, with ``tensors`` in place of its own."""
-    node = json.loads(tree) if isinstance(tree, str) else tree
+def unflatten(
+    tree: str | Tree, tensors: Iterable[torch.Tensor], *, allowed: Iterable[str] = ("quantcore",),
+    where: str = "prepared-state tree",
+) -> Any:
+    """The object :func:`flatten` described, with ``tensors`` in place of its own. A tree
+    is data (it may come from a file): one that :func:`flatten` cannot have written is a
+    :class:`~quantcore.errors.TensorFormatError` naming ``where``."""
+    try:
+        node = json.loads(tree) if isinstance(tree, str) else tree
+    except ValueError as exc:
+        raise TensorFormatError(f"{where}: not a prepared-state tree ({exc})") from None
     ts = list(tensors)
     allow = tuple(allowed)
 
+    def bad(n: Any, why: str) -> TensorFormatError:
+        return TensorFormatError(f"{where}: {why}: {json.dumps(n, default=repr)[:80]}")
+
     def build(n: Tree) -> Any:
+        if isinstance(n, list):
+            raise bad(n, "a bare list is not a node")
         if not isinstance(n, dict):
             return n
         if "T" in n:
-            return ts[n["T"]]
+            i = n["T"]
+            if type(i) is not int or not 0 <= i < len(ts):
+                raise bad(n, f"tensor index out of range (0..{len(ts) - 1})")
+            return ts[i]
         if "f" in n and len(n) == 1:
-            return float(n["f"])
+            try:
+                return float(n["f"])
+            except (TypeError, ValueError):
+                raise bad(n, "not a float") from None
         if "dtype" in n:
-            return _dtype(n["dtype"])
-        if "t" in n:
-            return tuple(build(v) for v in n["t"])
-        if "l" in n:
-            return [build(v) for v in n["l"]]
+            if not isinstance(n["dtype"], str):
+                raise bad(n, "not a dtype name")
+            return _dtype(n["dtype"], where)
+        for key in ("t", "l"):
+            if key in n:
+                items = n[key]
+                if not isinstance(items, list):
+                    raise bad(n, "expected a list of items")
+                built = [build(v) for v in items]
+                return tuple(built) if key == "t" else built
         if "D" in n:
-            return {_hashable(build(k)): build(v) for k, v in n["D"]}
+            pairs = n["D"]
+            if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise bad(n, "expected a list of [key, value] pairs")
+            out = {}
+            for k, v in pairs:
+                key = _hashable(build(k))
+                try:
+                    hash(key)
+                except TypeError:
+                    raise bad(n, "a dict key that cannot be hashed") from None
+                out[key] = build(v)
+            return out
         if "obj" in n:
-            cls = resolve_class(n["obj"], allow)
-            return cls.__quantcore_unflatten__(build(n["v"]))  # type: ignore[attr-defined]
+            cls = _resolve(n["obj"], allow, where)
+            hook = getattr(cls, "__quantcore_unflatten__", None)
+            if hook is None:
+                raise bad(n, f"{n['obj']} has no __quantcore_unflatten__")
+            value = build(n.get("v"))
+            try:
+                return hook(value)
+            except QuantCoreError:
+                raise
+            except Exception as exc:  # the class's own code, on data from a file
+                raise bad(n, f"{n['obj']}.__quantcore_unflatten__ raised {type(exc).__name__}: {exc}") from None
         if "nt" in n:
-            return resolve_class(n["nt"], allow)(*(build(v) for v in n["f"]))
+            cls = _resolve(n["nt"], allow, where)
+            items = n.get("f")
+            fields = getattr(cls, "_fields", None)
+            if not (issubclass(cls, tuple) and isinstance(fields, tuple)) or not isinstance(items, list) \
+                    or len(items) != len(fields):
+                raise bad(n, f"not a named tuple of {n['nt']}")
+            return cls(*(build(v) for v in items))
         if "dc" in n:
-            cls = resolve_class(n["dc"], allow)
+            cls = _resolve(n["dc"], allow, where)
+            fields = n.get("f")
+            if not dataclasses.is_dataclass(cls) or not isinstance(fields, dict) \
+                    or set(fields) != {f.name for f in dataclasses.fields(cls)}:
+                raise bad(n, f"not the fields of dataclass {n['dc']}")
             obj: Any = object.__new__(cls)
-            for name, v in n["f"].items():
+            for name, v in fields.items():
                 object.__setattr__(obj, name, build(v))
             return obj
-        raise PluginError(f"prepared-state tree: unknown node {n!r:.80}")
+        raise bad(n, "unknown node")
 
     return build(node)
+
+
+def tensor_count(tree: str | Tree) -> int:
+    """How many tensors a tree refers to (one more than its largest index)."""
+    try:
+        node = json.loads(tree) if isinstance(tree, str) else tree
+    except ValueError:
+        return -1
+    top = -1
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            if type(n.get("T")) is int:
+                top = max(top, n["T"])
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    return top + 1
+
+
+def _resolve(path: Any, allowed: tuple[str, ...], where: str) -> type:
+    if not isinstance(path, str):
+        raise TensorFormatError(f"{where}: a class path must be a string, got {path!r:.80}")
+    try:
+        return resolve_class(path, allowed)
+    except PluginError as exc:
+        raise TensorFormatError(f"{where}: {exc}") from None
 
 
 def resolve_class(path: str, allowed: tuple[str, ...] = ("quantcore",)) -> type:
@@ -177,10 +259,10 @@ def resolve_class(path: str, allowed: tuple[str, ...] = ("quantcore",)) -> type:
     return obj
 
 
-def _dtype(name: str) -> torch.dtype:
+def _dtype(name: str, where: str = "prepared-state tree") -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise PluginError(f"prepared-state tree: unknown dtype {name!r}")
+        raise TensorFormatError(f"{where}: unknown dtype {name!r}")
     return dtype
 
 

@@ -19,9 +19,9 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.quantizers.auto import register_quantization_config
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint.config import QUANTCORE_METHOD, read_quant_config
+from ..checkpoint.config import QUANTCORE_METHOD, read_quant_config, unwrap
 from ..checkpoint.producer import V1_RULES
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, TensorFormatError
 
 __all__ = ["QuantCoreConfig", "config_for"]
 
@@ -52,6 +52,11 @@ class QuantCoreConfig(QuantizationConfigMixin):
                                        "quantize (a format for a dense model), not both")
         if v1_zeros is not None and v1_zeros not in V1_RULES:
             raise InvalidArgumentError(f"QuantCoreConfig v1_zeros: expected one of {V1_RULES}, got {v1_zeros!r}")
+        if checkpoint is not None and not isinstance(checkpoint, dict):
+            raise InvalidArgumentError(f"QuantCoreConfig checkpoint: expected the checkpoint's quantization config "
+                                       f"(a dict), got {checkpoint!r:.80}")
+        if prefer is not None and (isinstance(prefer, str) or not all(isinstance(p, str) for p in prefer)):
+            raise InvalidArgumentError(f"QuantCoreConfig prefer: expected a list of kernel names, got {prefer!r:.80}")
         if quantize is not None and not (isinstance(quantize, dict) and isinstance(quantize.get("name"), str)):
             raise InvalidArgumentError(f"QuantCoreConfig quantize: expected format parameters with a 'name' "
                                        f"(e.g. {{'name': 'gptq', 'bits': 4}}), got {quantize!r}")
@@ -73,9 +78,12 @@ def config_for(path: str | Path, **options: Any) -> PretrainedConfig:
     """The model config of a quantized checkpoint folder, its quantization config handed
     to quantcore: pass it as ``from_pretrained(path, config=...)``. ``options`` are
     :class:`QuantCoreConfig`'s (``v1_zeros``, ``prefer``)."""
-    config = AutoConfig.from_pretrained(str(path))
-    checkpoint, _ = read_quant_config(path)
-    if checkpoint.get("quant_method") == QUANTCORE_METHOD:
-        checkpoint = checkpoint["checkpoint"]
+    checkpoint, source = read_quant_config(path)  # refuses a malformed config.json first, naming it
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # transformers' own, on its config
+        raise TensorFormatError(f"{Path(path) / 'config.json'}: transformers cannot read it "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    checkpoint = unwrap(checkpoint, str(Path(path) / source))
     config.quantization_config = QuantCoreConfig(checkpoint=checkpoint, **options).to_dict()
     return config

@@ -147,30 +147,28 @@ class QuantCoreHfQuantizer(HfQuantizer):
         if self.folder is None or name not in self.planned:
             raise InvalidArgumentError(f"{name}: quantcore cannot save this layer: it was neither loaded from a "
                                        "checkpoint nor quantized while loading")
-        from safetensors import safe_open
-
-        from ..checkpoint.load import INDEX
-        return _read_layer(self.folder, INDEX, name, self.scheme.leaves, safe_open)
+        return _read_layer(self.folder, name, self.scheme.leaves)
 
 
-def _read_layer(folder: Path, index: str, name: str, leaves: tuple[str, ...], safe_open: Any) -> dict[str, torch.Tensor]:
+def _read_layer(folder: Path, name: str, leaves: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """One layer's tensors, re-read from the shards it was loaded from."""
-    import json
+    import contextlib
 
-    index_path = folder / index
-    if index_path.is_file():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-    else:
-        weight_map = {}
-        for file in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(file), framework="pt") as handle:
-                weight_map.update(dict.fromkeys(handle.keys(), file.name))
-    out = {}
-    for leaf in leaves:
-        key = f"{name}.{leaf}"
-        if key in weight_map:
-            with safe_open(str(folder / weight_map[key]), framework="pt") as handle:
-                out[leaf] = handle.get_tensor(key)
+    from ..checkpoint.shards import INDEX, get_tensor, inside, open_shard, read_index, shard_names
+
+    weight_map = read_index(folder)
+    out: dict[str, torch.Tensor] = {}
+    with contextlib.ExitStack() as stack:
+        handles = {}
+        for file in shard_names(folder, weight_map):
+            path = inside(folder, file, folder / INDEX)
+            handles[file] = (open_shard(path, stack), path)
+        for leaf in leaves:
+            key = f"{name}.{leaf}"
+            for file, (handle, path) in handles.items():
+                if (weight_map is None or weight_map.get(key) == file) and key in handle.keys():  # noqa: SIM118
+                    out[leaf] = get_tensor(handle, path, key)
+                    break
     return out
 
 

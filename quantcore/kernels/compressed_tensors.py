@@ -70,6 +70,9 @@ class ViaGPTQ(LinearKernel):
         tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
         return self.gptq.prepare(self.transform.apply(tensors), dtype=dtype)
 
+    def prepared_schema(self, dims: Mapping[str, int]) -> Any:
+        return self.gptq.prepared_schema(dims)
+
     def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
         return self.gptq(x, prepared)  # type: ignore[operator]
 

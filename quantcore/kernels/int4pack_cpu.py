@@ -6,6 +6,7 @@ format and brings the weight into the op's layout (``prepare``): GPTQ directly
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
@@ -14,8 +15,9 @@ from ..cost import Cost
 from ..kernel import LinearKernel, Requirements, Support
 from ..probe import Capabilities
 from ..problem import Problem
+from ..schema import OneOf, TensorSpec
 from ..transforms.int4pack_cpu import N_ALIGN, OP_GROUP_SIZES, Int4PackCPU
-from ..transforms.packed import expect_prepared, int4pack_cost, int4pack_supports
+from ..transforms.packed import expect_prepared, int4pack_cost, int4pack_supports, packed_schema
 
 __all__ = ["ACT_DTYPES", "Int4PackCpuKernel"]
 
@@ -45,6 +47,14 @@ class Int4PackCpuKernel(LinearKernel):
         # dense matmul is faster there — but keeps 4× the memory.
         return int4pack_cost(problem, group_sizes=OP_GROUP_SIZES, bandwidth=0.4, compute=0.4,
                              note="fit to benchmarks/results/amd-epyc")
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> OneOf:
+        k, n = dims["K"], dims["N"]
+        return packed_schema(
+            Int4PackCPU, k, n, group_sizes=OP_GROUP_SIZES, act_dtypes=ACT_DTYPES,
+            weight=lambda g: TensorSpec((n, k // 2), (torch.uint8,)),
+            meta=lambda g, dtypes: TensorSpec((k // g, n, 2), dtypes),
+        )
 
     def __call__(self, x: torch.Tensor, prepared: Int4PackCPU) -> torch.Tensor:
         expect_prepared(prepared, Int4PackCPU, self.name)

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..formats.base import Format
+from ..problem import check_dims
 from .quant_module import QuantModule
 
 __all__ = ["QuantLinear"]
@@ -44,6 +45,8 @@ class QuantLinear(QuantModule):
     ) -> None:
         if tensors is None and (in_features is None or out_features is None):
             raise InvalidArgumentError("QuantLinear: give the checkpoint's tensors, or in_features and out_features")
+        if tensors is None:
+            check_dims({"in_features": in_features, "out_features": out_features})
         dims = None if tensors is not None else {"K": in_features, "N": out_features}
         super().__init__(fmt, tensors, dims=dims, device=device, dtype=dtype, prefer=prefer,  # type: ignore[arg-type]
                          keep_source=keep_source)

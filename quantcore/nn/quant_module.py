@@ -11,7 +11,8 @@ a plain attribute. So:
 * ``state_dict()`` is the prepared state plus, as ``_extra_state``, the op spec naming the
   kernel and how its tensors fit together; ``load_state_dict`` rebuilds any module of
   the same shape from it, including a skeleton built on ``meta`` and loaded with
-  ``assign=True``, whatever kernel it had before;
+  ``assign=True``, whatever kernel it had before — after checking every buffer and the
+  spec against what that kernel's ``prepare`` makes (:mod:`.incoming`);
 * ``.to()`` / ``.cuda()`` move the buffers and never cast them (a dtype change would
   corrupt a kernel's layout: integer codes stay, float scales keep their precision);
   where the kernel cannot run on the new device the module says so at its next call,
@@ -41,20 +42,25 @@ import torch
 from torch import nn
 
 from ..binding import CALLERS_FAULT, call_failed, prepare_best
-from ..custom_ops import call_op, flatten, make_spec, resolve, traced
-from ..errors import InvalidArgumentError, KernelInputError, TensorFormatError
+from ..custom_ops import call_op, flatten, make_spec, resolve, traced, unflatten
+from ..errors import (
+    InvalidArgumentError,
+    KernelInputError,
+    PluginError,
+    QuantCoreError,
+    TensorFormatError,
+)
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..ops import get_op
-from ..probe import normalize_device
-from ..problem import Problem
+from ..probe import normalize_device, probe
+from ..problem import Problem, check_dims
 from ..registry import default_registry
+from ..tensors import laid_out
+from .incoming import EXTRA_STATE_VERSION, SOURCE, TAKEN_PREFIX, check_incoming, read_extra_state
 
 __all__ = ["SOURCE", "QuantModule"]
 
-EXTRA_STATE_VERSION = 1
-#: Buffer-name prefix of the kept source tensors (never in the state dict).
-SOURCE = "source_"
 #: Held while a module replaces a kernel that failed in a call (threads calling one module).
 _replacing = threading.Lock()
 
@@ -97,7 +103,7 @@ class QuantModule(nn.Module):
         self.op = op
         self.format = fmt
         #: The problem dims of the weight (K, N for a linear; E, K, N for a MoE GEMM, …).
-        self.dims = dict(dims)
+        self.dims = dict(check_dims(dims))
         #: The activation dtype the kernel was chosen and prepared for.
         self.dtype = dtype
         self.keep_source = keep_source
@@ -108,8 +114,14 @@ class QuantModule(nn.Module):
         self.passed_over: list[tuple[str, str]] = []
         self._spec = ""
         self._names: tuple[str, ...] = ()
+        #: The kernel whose first output was found of the op's shape and dtype.
+        self._output_checked: Kernel | None = None
         self._prefer = _preferences(prefer)
         self._device = _concrete(device if device is not None else "cpu")
+        if self._device.type != "meta":
+            caps = probe(self._device)
+            if not caps.available:
+                raise InvalidArgumentError(f"device: {self._device} is not available here ({caps.reason})")
         #: Why an eager call cannot run now (no weight yet, or moved where the kernel cannot
         #: run); None when it can.
         self._blocked: str | None = self._no_weight()
@@ -163,8 +175,12 @@ class QuantModule(nn.Module):
         self.kernel, self.prepared, self._blocked = kernel, prepared, None
 
     def _free_name(self, name: str) -> str:
-        taken = hasattr(type(self), name) or name in self.__dict__ or name in self._modules or name.startswith(SOURCE)
-        return f"state_{name}" if taken else name
+        return f"{TAKEN_PREFIX}{name}" if self._taken(name) or name.startswith(SOURCE) else name
+
+    def _taken(self, name: str) -> bool:
+        """Whether a buffer called ``name`` would shadow something of the module."""
+        return hasattr(type(self), name) or name in self.__dict__ or name in self._modules \
+            or name in self._parameters or (name in self._buffers and name not in self._names)
 
     def _source(self) -> dict[str, torch.Tensor]:
         """The kept checkpoint tensors (empty unless ``keep_source``)."""
@@ -175,9 +191,25 @@ class QuantModule(nn.Module):
             del self._buffers[name]
 
     def _rebuild(self) -> None:
-        """The prepared state again, on the buffers as they are now (after a move or a load)."""
-        if self._spec and all(self._buffers.get(n) is not None for n in self._names):
-            self.prepared = resolve(self._spec).prepared(self.state_tensors())
+        """The prepared state again, on the buffers as they are now (after a move or a
+        load), checked against the kernel's schema where the kernel can run them."""
+        if not self._spec or self._blocked is not None:
+            return
+        state = [self._buffers.get(n) for n in self._names]
+        if any(t is None for t in state):
+            missing = [n for n, t in zip(self._names, state, strict=True) if t is None]
+            self.prepared, self._blocked = None, f"{type(self).__name__}: buffer {missing[0]} of the prepared state is missing"
+            return
+        r = resolve(self._spec)
+        try:
+            if state and state[0].device.type == "meta":  # shapes only: for tracing, nothing runs
+                self.prepared = unflatten(r.tree, state, allowed=r.allowed)
+            else:
+                self.prepared = r.prepared(state, where=type(self).__name__, names=list(self._names),
+                                           one_device=not any(self._stays(n) for n in self._names))
+        except QuantCoreError as exc:
+            self.prepared, self._blocked = None, str(exc)
+            raise
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names]
@@ -192,30 +224,44 @@ class QuantModule(nn.Module):
     # --- calling ---------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **options: Any) -> Any:
+        if not inputs:
+            raise KernelInputError(f"{type(self).__name__}: expected the op's inputs {list(self.op.inputs)}, got none")
         if traced(inputs[0]):
             if not self._spec:
                 raise KernelInputError(self._no_weight())
             return call_op(self.op.name, self._spec, self.state_tensors(), *inputs, **options)
         if self._blocked is not None:
             raise KernelInputError(self._blocked)
+        kernel = self.kernel
         try:
-            return self.kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
+            out = kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
         except Exception as exc:
             if not self.keep_source or isinstance(exc, CALLERS_FAULT) or not self._source():
                 raise
-            self._replace_failed(self.kernel, exc)  # type: ignore[arg-type]
+            self._replace_failed(kernel, exc)  # type: ignore[arg-type]
             return self.forward(*inputs, **options)
+        if self._output_checked is not kernel:  # its first call: is the answer of the op's shape?
+            wrong = self.op.output_problem(self.format, self.dims, inputs, options, out)
+            if wrong:
+                why = f"its first call returned a wrong result: {wrong}"
+                if not self.keep_source or not self._source():
+                    raise PluginError(f"{kernel.name}: {why} (build the module with keep_source=True to fall back)")
+                self._replace_failed(kernel, None, why)  # type: ignore[arg-type]
+                return self.forward(*inputs, **options)
+            self._output_checked = kernel
+        return out
 
-    def _replace_failed(self, kernel: Kernel, exc: Exception) -> None:
-        """``kernel`` raised in a call: recorded as failed on this device, and the next
-        candidate prepared from the kept source (a failed call produced no output, so
-        running it again on another kernel is safe)."""
+    def _replace_failed(self, kernel: Kernel, exc: Exception | None, reason: str = "") -> None:
+        """``kernel`` raised in a call (or answered what its op never returns:
+        ``reason``): recorded as failed on this device, and the next candidate prepared
+        from the kept source (a failed call produced no usable output, so running it again
+        on another kernel is safe)."""
         with _replacing:
             if self.kernel is not kernel:  # another thread replaced it already
                 return
             device, registry = normalize_device(self._device), default_registry()
             call_failed(self.format, device, self.problem(), kernel, exc, registry=registry,
-                        passed_over=self.passed_over)
+                        passed_over=self.passed_over, reason=reason)
             kernel, prepared = prepare_best(self.format, device, self._source(), problem=self.problem(),
                                             dtype=self.dtype, prefer=self._prefer, registry=registry,
                                             passed_over=self.passed_over)
@@ -227,41 +273,63 @@ class QuantModule(nn.Module):
         return {"version": EXTRA_STATE_VERSION, "spec": self._spec, "names": list(self._names)}
 
     def set_extra_state(self, state: Any) -> None:
-        pass  # read in _load_from_state_dict, before the buffers it describes are loaded
+        """Torch calls this after the buffers were loaded; ``_load_from_state_dict`` read
+        and checked the same state before. Called on its own, it takes only the layout the
+        module holds now, checked against its buffers."""
+        spec, names = self._read_extra(state, type(self).__name__)
+        if (spec, names) != (self._spec, self._names):
+            raise TensorFormatError(
+                f"{type(self).__name__}: _extra_state: describes another prepared state than the module holds; "
+                "load it with load_state_dict, together with its buffers"
+            )
 
     def _load_from_state_dict(
         self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any, strict: bool,
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:
-        extra = state_dict.get(prefix + "_extra_state")
-        if isinstance(extra, dict) and extra.get("spec") and (
-            extra["spec"] != self._spec or tuple(extra["names"]) != self._names
-        ):
-            self._restructure(extra, state_dict, prefix)
+        where = prefix.rstrip(".") or type(self).__name__
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            spec, names = self._read_extra(state_dict[key], where)
+        else:
+            spec, names = self._spec, self._names
+        if spec:
+            given = [state_dict.get(prefix + n) for n in names]
+            if key in state_dict or any(t is not None for t in given):
+                if key not in state_dict:  # some buffers of the layout held now
+                    given = [self._buffers.get(n) if t is None else t for n, t in zip(names, given, strict=True)]
+                assign = bool(local_metadata.get("assign_to_params_buffers", False))
+                self._check_incoming(spec, names, given, prefix, where, assign)
+                if assign:  # kept as they come: views become laid-out copies (torch passes a dict of our own)
+                    for n, t in zip(names, given, strict=True):
+                        if prefix + n in state_dict:
+                            state_dict[prefix + n] = laid_out(t)  # type: ignore[index]
+                if (spec, names) != (self._spec, self._names):
+                    self._restructure(spec, names, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         self._loaded()
 
-    def _restructure(self, extra: Mapping[str, Any], state_dict: Mapping[str, Any], prefix: str) -> None:
+    def _read_extra(self, extra: Any, where: str) -> tuple[str, tuple[str, ...]]:
+        return read_extra_state(extra, where, fmt=self.format, dims=self.dims, op=self.op.name,
+                                usable=lambda n: n in self._names or not self._taken(n))
+
+    def _check_incoming(self, spec: str, names: tuple[str, ...], given: list[Any], prefix: str, where: str,
+                        assign: bool) -> None:
+        check_incoming(spec, names, given, prefix=prefix, where=where, assign=assign, module_device=self._device)
+
+    def _restructure(self, spec: str, names: tuple[str, ...], state_dict: Mapping[str, Any], prefix: str) -> None:
         """Take the buffer layout (and kernel) the incoming state dict describes."""
-        if extra.get("version") != EXTRA_STATE_VERSION:
-            raise TensorFormatError(f"{prefix}_extra_state: version {extra.get('version')}, expected {EXTRA_STATE_VERSION}")
-        r = resolve(extra["spec"])
-        where = prefix.rstrip(".") or type(self).__name__
-        if r.fmt != self.format or any(r.dims.get(k) != v for k, v in self.dims.items()):
-            raise TensorFormatError(
-                f"{where}: the state dict holds a {r.fmt.slug} weight of {r.dims}, the module is "
-                f"{self.format.slug} of {self.dims}"
-            )
         for name in self._names:
             self._buffers.pop(name, None)
-        self._names = tuple(extra["names"])
+        self._names = names
         for name in self._names:
             incoming = state_dict.get(prefix + name)
             if isinstance(incoming, torch.Tensor):
                 self.register_buffer(name, torch.empty_like(incoming, device=self._device))
-        self._spec = extra["spec"]
-        self.kernel, self._blocked = r.kernel(self._device), None
+        self._spec = spec
+        kernel_cls = resolve(spec).kernel_cls
+        self.kernel, self._blocked = resolve(spec).kernel(self._device), self._cannot_run(kernel_cls, self._device)
         self._drop_source()  # it belongs to the weight this state replaces
 
     def _loaded(self) -> None:
@@ -304,16 +372,21 @@ class QuantModule(nn.Module):
                     self._bind(source)
                     return
                 kernel_cls = type(self.kernel)
-                if device.type == "meta" or device.type in kernel_cls.requires.device_types:
-                    self.kernel, self._blocked = kernel_cls(self.format, device), None
-                else:
-                    self._blocked = (
-                        f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
-                        f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
-                        f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
-                        "after a move)"
-                    )
+                self._blocked = self._cannot_run(kernel_cls, device)
+                if self._blocked is None:
+                    self.kernel = kernel_cls(self.format, device)
         self._rebuild()
+
+    def _cannot_run(self, kernel_cls: type[Kernel], device: torch.device) -> str | None:
+        """Why ``kernel_cls`` cannot run this module's weight on ``device``, or None."""
+        if device.type == "meta" or device.type in kernel_cls.requires.device_types:
+            return None
+        return (
+            f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
+            f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
+            f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
+            "after a move)"
+        )
 
     def extra_repr(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
@@ -328,7 +401,10 @@ def _preferences(prefer: str | Sequence[str] | None) -> tuple[str, ...]:
 def _concrete(device: str | torch.device) -> torch.device:
     """``cuda`` as the ``cuda:N`` it means now, so that a move to where the module is
     already is recognised as none."""
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"device: expected a device such as 'cpu' or 'cuda:0', got {device!r} ({exc})") from None
     if d.type == "cuda" and d.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return d

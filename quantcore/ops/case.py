@@ -60,10 +60,21 @@ class Case:
         return f"{self.format.slug}/{kernel}/{self.shape_id}/{dtype_name(self.act_dtype)}"
 
     @property
-    def weight_key(self) -> str:
+    def seed_key(self) -> str:
+        """What the weights' random draw is seeded from: format, weight dims and seed."""
         dims = dict(self.dims)
         shape = "-".join(f"{d}{dims[d]}" for d in self.weight_dims if d in dims)
         return f"{self.format.slug}/{shape}/s{self.seed}"
+
+    @property
+    def weight_key(self) -> str:
+        """Cases whose weights are the same share it: the seed key and the options that add
+        to the weights (a linear's bias: the harness's ``weight_options``). A case without
+        the bias must never be judged against weights drawn for the case with it."""
+        from .kinds import get_op  # the op kinds import this module
+
+        adds = get_op(self.op).harness.weight_options
+        return self.seed_key + "".join(f"+{k}" for k, v in self.options if v and k in adds)
 
     def generator(self, salt: str) -> torch.Generator:
         """Deterministic per (case part, seed): the same case draws the same tensors on

@@ -6,7 +6,10 @@ matrix and tuning share them and are op-agnostic."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from quantcore.kernel import Kernel
 
@@ -19,11 +22,21 @@ __all__ = ["OpHarness", "get_harness"]
 
 class OpHarness(ABC):
     op: str
+    #: Boolean case options that add to what :meth:`weights` draws (a linear's ``bias``, a
+    #: MoE's second GEMM): part of ``Case.weight_key``, and the variants a derived prepared
+    #: schema is made of.
+    weight_options: tuple[str, ...] = ()
 
     @abstractmethod
     def weights(self, case: Case) -> Any:
         """The stored tensors (and whatever golden data depends on them only). Cached
-        per ``case.weight_key``, so keep it a function of the weight-defining fields."""
+        per ``case.weight_key``, so keep it a function of the weight-defining fields
+        (seeded from ``case.seed_key``)."""
+
+    def stored(self, weights: Any) -> Mapping[str, torch.Tensor]:
+        """The stored tensors of one weight in what :meth:`weights` returned (what a
+        kernel's ``prepare`` takes)."""
+        return weights.tensors  # type: ignore[no-any-return]
 
     @abstractmethod
     def inputs(self, case: Case, weights: Any) -> Any:

@@ -43,6 +43,28 @@ class Op:
     #: Dims a valid problem may set to 0 (the LoRA rank of ``act_quant_lora``: no branch).
     may_be_zero: tuple[str, ...] = ()
 
+    def output_problem(self, fmt: Any, dims: Any, inputs: Any, options: Any, out: Any) -> str:
+        """Why ``out``, a kernel's answer to ``inputs``, is not what this op returns (the
+        output rule's shapes and dtypes, computed on meta copies of the inputs), or ""."""
+        import torch
+
+        def meta(t: Any) -> Any:
+            return t.to("meta") if isinstance(t, torch.Tensor) else t
+
+        want = self.output(fmt, dims, *map(meta, inputs), **{k: meta(v) for k, v in options.items()})
+        wants = tuple(want) if isinstance(want, tuple) else (want,)
+        gots = tuple(out) if isinstance(out, tuple) else (out,)
+        if len(gots) != len(wants):
+            return f"returned {len(gots)} value(s), expected {len(wants)}"
+        for i, (got, exp) in enumerate(zip(gots, wants, strict=True)):
+            which = f"output {i}" if len(wants) > 1 else "the output"
+            if not isinstance(got, torch.Tensor):
+                return f"{which} is a {type(got).__name__}, expected a tensor"
+            if got.shape != exp.shape or got.dtype != exp.dtype:
+                return (f"{which} is {str(got.dtype).removeprefix('torch.')} {list(got.shape)}, expected "
+                        f"{str(exp.dtype).removeprefix('torch.')} {list(exp.shape)}")
+        return ""
+
     @property
     def schema(self) -> str:
         """The custom op's schema: the inputs, the optional tensors, then the prepared

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+import types
 
 import torch
 
@@ -67,3 +69,15 @@ def probe(device: str | torch.device = "cpu") -> Capabilities:
 def clear_cache() -> None:
     """Forget probed devices (tests; after changing TRITON_INTERPRET)."""
     _probe_cached.cache_clear()
+
+
+class _CallableModule(types.ModuleType):
+    """``quantcore.probe`` is both this package and the function: importing the package
+    (which any ``from quantcore.probe import ...`` does) sets it as the attribute
+    ``quantcore.probe``, where ``quantcore.probe("cuda")`` must keep working."""
+
+    def __call__(self, device: str | torch.device = "cpu") -> Capabilities:
+        return probe(device)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgumentError
+from ..files import read_json
 from .card import CardKey, card_key
 
 __all__ = ["H100_SXM", "card_fields", "card_of", "cuda_card", "nearest_key", "read_card_json", "table_for"]
@@ -58,7 +58,7 @@ def card_fields(card: CardKey) -> dict[str, Any]:
 
 def read_card_json(path: Path) -> tuple[CardKey, dict[str, Any]]:
     """A JSON table's card and the whole document; the card is checked where it enters."""
-    data = json.loads(Path(path).read_text())
+    data = read_json(path, error=InvalidArgumentError)
     card = data.get("card") if isinstance(data, dict) else None
     names = {f.name for f in dataclasses.fields(CardKey)}
     if not isinstance(card, dict) or set(card) != names:

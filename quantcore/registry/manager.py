@@ -5,6 +5,12 @@ escape. A registry that serves many vendors cannot let one broken plugin hide th
 others, so contributions are collected implementation by implementation: a plugin
 that fails to import, raises in a hook or returns something that is not a Format or
 Kernel class is recorded as broken with its error, and the rest load.
+
+Names are owned. quantcore's own plugins load first, and the kernel and format names
+they register are theirs: another plugin that registers one of them (whatever the
+format, whatever the order of the entry points) is recorded broken for it, and the
+built-in keeps running. Between other plugins the first to load (by entry-point name)
+keeps a name.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import pluggy
 
 from ..errors import PluginError, UnknownFormatError
 from ..formats.base import Format
-from ..kernel import Kernel
+from ..kernel import Kernel, Requirements
 from ..ops.case import Case
 from .hookspecs import PROJECT, QuantcoreSpecs
 
@@ -58,6 +64,8 @@ class PluginInfo:
     kernels: list[str] = field(default_factory=list)
     broken: list[BrokenPlugin] = field(default_factory=list)
     blocked: bool = False
+    #: One of quantcore's own plugins (an entry point of the quantcore distribution).
+    builtin: bool = False
 
     @property
     def status(self) -> str:
@@ -123,7 +131,8 @@ class Registry:
             self._load_group(self._cases_group)
 
     def _load_group(self, group: str) -> None:
-        for ep in sorted(_entry_points(group), key=lambda e: e.name):
+        # quantcore's own first: the names they register are theirs whatever the others are called.
+        for ep in sorted(_entry_points(group), key=lambda e: (not _builtin(e), e.name)):
             dist = getattr(ep, "dist", None)
             source = f"entry point {dist.name} {dist.version}" if dist else "entry point"
             if ep.name in self.blocked:
@@ -150,7 +159,7 @@ class Registry:
                 )
                 self._plugins[ep.name] = info
                 continue
-            self._register(module, ep.name, source)
+            self._register(module, ep.name, source, builtin=_builtin(ep))
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register a plugin object or module at run time (tests, notebooks)."""
@@ -178,8 +187,8 @@ class Registry:
     def _changed(self) -> None:
         self.generation += 1
 
-    def _register(self, plugin: object, name: str, source: str) -> None:
-        info = PluginInfo(name, source)
+    def _register(self, plugin: object, name: str, source: str, *, builtin: bool = False) -> None:
+        info = PluginInfo(name, source, builtin=builtin)
         self._plugins[name] = info
         try:
             self.pm.register(plugin, name=name)
@@ -218,6 +227,9 @@ class Registry:
                 BrokenPlugin(info.name, "validate", f"quantcore_formats returned {fmt!r}, not a Format subclass with a name")
             )
             return
+        if not fmt.name:
+            info.broken.append(BrokenPlugin(info.name, "validate", f"quantcore_formats returned {fmt!r} with an empty name"))
+            return
         owner = self._formats.get(fmt.name)
         if owner is not None and owner[0] is not fmt:
             info.broken.append(
@@ -244,8 +256,24 @@ class Registry:
                 )
             )
             return
+        builtin = self._builtin_kernel(kernel.name)
+        if builtin is not None and not info.builtin and builtin.cls is not kernel:
+            info.broken.append(BrokenPlugin(
+                info.name, "validate",
+                f"kernel name {kernel.name!r} belongs to quantcore's plugin {builtin.plugin!r} (for "
+                f"{builtin.cls.format}/{builtin.cls.op}); {kernel.__module__}.{kernel.__qualname__} must take another name",
+            ))
+            return
         self._kernels[key] = KernelEntry(kernel, info.name)
         info.kernels.append(kernel.name)
+
+    def _builtin_kernel(self, name: str) -> KernelEntry | None:
+        """A kernel of quantcore's own plugins called ``name`` (for any format)."""
+        for entry in self._kernels.values():
+            owner = self._plugins.get(entry.plugin)
+            if entry.cls.name == name and owner is not None and owner.builtin:
+                return entry
+        return None
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -325,12 +353,32 @@ def _kernel_problem(kernel: object) -> str:
     if inspect.isabstract(kernel):
         missing = ", ".join(sorted(getattr(kernel, "__abstractmethods__", ())))
         return f"abstract (does not implement {missing})"
-    for attr, kind in (("name", str), ("format", str), ("op", str), ("priority", int)):
-        if not isinstance(getattr(kernel, attr, None), kind):
-            return f"class attribute {attr!r} must be a {kind.__name__}"
-    if not hasattr(kernel, "requires"):
-        return "no 'requires' (Requirements)"
+    for attr, kind in (("name", str), ("format", str), ("op", str), ("priority", int), ("description", str)):
+        value = getattr(kernel, attr, None)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"class attribute {attr!r} must be a {kind.__name__}, got {value!r:.60}"
+    if not kernel.name or not kernel.format:
+        return "class attributes 'name' and 'format' must not be empty"
+    requires = getattr(kernel, "requires", None)
+    if not isinstance(requires, Requirements):
+        return f"'requires' must be a quantcore.Requirements, got {requires!r:.60}"
+    if not isinstance(requires.device_types, (set, frozenset)) or not requires.device_types \
+            or not all(isinstance(d, str) for d in requires.device_types):
+        return f"'requires.device_types' must be a non-empty set of device type names, got {requires.device_types!r:.60}"
+    for attr in ("packages", "aten_ops"):
+        value = getattr(requires, attr)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            return f"'requires.{attr}' must be a tuple of names, got {value!r:.60}"
+    for attr in ("min_capability", "max_capability"):
+        cc = getattr(requires, attr)
+        if cc is not None and not (isinstance(cc, tuple) and len(cc) == 2 and all(type(v) is int for v in cc)):
+            return f"'requires.{attr}' must be None or a (major, minor) pair, got {cc!r:.60}"
     return ""
+
+
+def _builtin(ep: importlib.metadata.EntryPoint) -> bool:
+    dist = getattr(ep, "dist", None)
+    return dist is not None and dist.name == "quantcore"
 
 
 def _entry_points(group: str) -> Iterable[importlib.metadata.EntryPoint]:

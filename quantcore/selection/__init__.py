@@ -18,13 +18,14 @@ at every batch size), and builds one :class:`Explanation` per call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
 
 from .. import measured, tuning
 from ..cost import BATCH_SIZES, batch_dim, device_rates, with_batch
-from ..errors import InvalidArgumentError, NoKernelError, UnknownFormatError
+from ..errors import InvalidArgumentError, NoKernelError, QuantCoreWarning, UnknownFormatError
 from ..formats.base import Format
 from ..kernel import Kernel
 from ..probe import normalize_device, probe
@@ -76,6 +77,7 @@ def explain(
     what was measured."""
     reg = registry or default_registry()
     fmt = _format(format, problem, reg, tune)
+    _check_prefer(reg, prefer)
     dev, overrides = normalize_device(device), Overrides.read(prefer, allow_dense)
     ranking = _rank(reg, fmt, dev, problem, overrides, tune=tune)
     by_batch: tuple[tuple[int, str | None], ...] = ()
@@ -116,6 +118,7 @@ def get_kernel(
     if hit is not None:
         return hit
     fmt = _format(format, problem, reg, tune)
+    _check_prefer(reg, prefer)
     dev = normalize_device(device)
     stamp = state.stamp()
     ranking = _rank(reg, fmt, dev, problem, Overrides.read(prefer, allow_dense), tune=tune, act=True)
@@ -140,6 +143,7 @@ def ranked(
     """The kernels that can run, best first, for those about to prepare them in turn
     (:func:`quantcore.bind`): a kernel whose own checks raised is recorded as failed on
     ``device``, refused from then on."""
+    _check_prefer(registry, prefer)
     return _rank(registry, fmt, device, problem, Overrides.read(prefer, allow_dense), act=True).usable
 
 
@@ -186,6 +190,35 @@ def _explanation(reg: Registry, fmt: Format, device: str, problem: Problem | Non
 
 def _first_name(ranking: Ranking) -> str | None:
     return ranking.first.name if ranking.first is not None else None
+
+
+def _check_prefer(registry: Registry, prefer: object) -> None:
+    """``prefer=`` must name a kernel or plugin the registry holds (for any format). A
+    list may also name ones not installed here (one list for several machines): those
+    are warned about once; a preference naming nothing known is an error (a typo would
+    otherwise be ignored in silence)."""
+    if prefer is None:
+        return
+    names = [prefer] if isinstance(prefer, str) else prefer
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"prefer: expected a kernel name or a sequence of names, got {prefer!r:.80}")
+    known = {e.cls.name for e in registry.kernels()} | {p.name for p in registry.plugins()}
+    unknown = [n for n in names if n not in known]
+    if not unknown:
+        return
+    kernels = ", ".join(sorted({e.cls.name for e in registry.kernels()}))
+    if len(unknown) == len(names):
+        raise InvalidArgumentError(f"prefer: no registered kernel or plugin is called {', '.join(map(repr, unknown))}; "
+                                   f"kernels: {kernels}")
+    for name in unknown:
+        if name not in _warned_prefer:
+            _warned_prefer.add(name)
+            warnings.warn(f"prefer: no registered kernel or plugin is called {name!r}; it is skipped (kernels: "
+                          f"{kernels})", QuantCoreWarning, stacklevel=4)
+
+
+#: Unknown ``prefer`` names already warned about.
+_warned_prefer: set[str] = set()
 
 
 def _format(format: str | Format, problem: Problem | None, registry: Registry, tune: bool) -> Format:

@@ -20,9 +20,13 @@ from ..errors import KernelInputError
 from ..formats.gptq import GPTQ
 from ..kernel import Support
 from ..problem import Problem
+from ..schema import DictOf, Fields, Maybe, OneOf, TensorSpec
 from ..tensors import check_activation
 
-__all__ = ["PackedLinear", "expect_prepared", "int4pack_cost", "int4pack_supports"]
+__all__ = ["PackedLinear", "expect_prepared", "int4pack_cost", "int4pack_supports", "packed_schema"]
+
+#: Dtypes a checkpoint's bias is kept in.
+BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(kw_only=True)
@@ -70,6 +74,33 @@ class PackedLinear:
         if bias is not None:
             y.add_(bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def packed_schema(
+    cls: type[PackedLinear],
+    k: int,
+    n: int,
+    *,
+    group_sizes: tuple[int, ...],
+    act_dtypes: tuple[torch.dtype, ...],
+    weight: Callable[[int], TensorSpec],
+    meta: Callable[[int, tuple[torch.dtype, ...]], TensorSpec],
+    **fields: Any,
+) -> OneOf:
+    """The prepared schema (:mod:`quantcore.schema`) of a ``cls`` for a K × N weight:
+    one layout per op group size that divides K (the sub-group prepare chose), ``weight(g)``
+    the packed codes, ``meta(g, dtypes)`` the per-group metadata (as prepared, and as cast
+    for each activation dtype), ``fields`` any further field of ``cls``."""
+    index = TensorSpec((k,), (torch.int64,), bounds=(0, k))
+    return OneOf(*(
+        Fields(
+            cls, weight=weight(g), group_size=g, ret_idx=Maybe(index), bias=Maybe(TensorSpec((n,), BIAS_DTYPES)),
+            in_features=k, out_features=n,
+            by_dtype=DictOf(act_dtypes, lambda d, g=g: (meta(g, (d,)), Maybe(TensorSpec((n,), (d,))))),
+            **{cls.META: meta(g, (torch.float32,))}, **fields,
+        )
+        for g in group_sizes if g > 0 and k % g == 0
+    ))
 
 
 def expect_prepared(prepared: Any, cls: type[PackedLinear], kernel: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..formats.turboquant.format import TurboQuant
-from ..tensors import ieee_div
+from ..tensors import ieee_div, laid_out
 from ..transform import Transform
 
 __all__ = ["PassData", "TurboQuantPassTransform", "split_halves_order"]
@@ -73,7 +73,7 @@ class TurboQuantPassTransform(Transform[Mapping[str, torch.Tensor], PassData]):
         if self.split_halves:
             rhs = rhs[:, :, split_halves_order(d, rhs.device)]
         return PassData(
-            indices=src["indices"].contiguous(),
+            indices=laid_out(src["indices"]),
             scales=ieee_div(src["norms"].to(torch.float32), math.sqrt(d)).contiguous(),
             rotation=rhs.contiguous(),
         )

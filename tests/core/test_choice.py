@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from quantcore.binding import bind
+from quantcore.errors import InvalidArgumentError
 from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 from quantcore.registry import Registry
@@ -144,8 +145,10 @@ def test_a_cost_needing_a_missing_dim_is_no_estimate(registry: Registry) -> None
     expl = explain(FMT, "cpu", problem=Problem.linear(FMT, M=1), registry=registry)
     assert expl.selected.kernel == "aten_cpu" and expl.selected.reason.startswith("highest priority")
     assert not any(c.status == "refused" and "cost" in c.reason for c in expl.candidates)
-    # A negative dim is the caller's mistake: no estimate, and no kernel blamed for it.
-    explain(FMT, "cpu", problem=Problem.linear(FMT, M=-3, K=4096, N=4096), registry=registry)
+    # A negative dim is the caller's mistake: refused when the problem is built, and no
+    # kernel blamed for it.
+    with pytest.raises(InvalidArgumentError, match=r"M: expected a size in \[0, 16777216\], got -3"):
+        explain(FMT, "cpu", problem=Problem.linear(FMT, M=-3, K=4096, N=4096), registry=registry)
     assert not selection_state(registry).failures
 
 

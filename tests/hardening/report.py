@@ -1,12 +1,14 @@
 """Run the fuzz and fault suites in one profile and print what they counted.
 
-    python -m tests.hardening.report              # the nightly profile (> 10,000 cases)
-    python -m tests.hardening.report --profile ci # what CI runs on every push
+    python -m tests.hardening.report              # the nightly profile (> 20,000 cases)
+    python -m tests.hardening.report --profile ci # what CI runs on every push (> 6,000)
+    python -m tests.hardening.report --profile ci --json benchmarks/results/hardening/fuzz-ci-cpu.json
 
 Runs ``pytest tests/hardening`` with ``QUANTCORE_FUZZ_PROFILE`` set (extra arguments go
-to pytest, e.g. ``-n 4``), then prints cases run, refused, handled and crashes from the
-report the run wrote (``fuzz/tally.py``). Exits non-zero if a test failed or a worker
-crashed.
+to pytest, e.g. ``-n 4``), then prints cases run, refused, handled, crashes, hangs,
+foreign exceptions, unnamed refusals and silently wrong results, and the counts by
+category, from the report the run wrote (``fuzz/tally.py``). Exits non-zero if a test
+failed, a worker crashed or any case failed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from .fuzz.tally import FAILURES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
             print("no fuzz report was written (did the run reach its end?)", file=sys.stderr)
             return rc or 1
         data = json.loads(report.read_text())
+    failed = {kind: data.get(kind, 0) for kind in FAILURES}
     print(f"\nprofile {data['profile']}: cases run {data['cases']}, refused {data['refused']}, "
-          f"handled {data['handled']}, crashes {data['crashes']}; pytest exit status {rc}")
-    return rc or (1 if data["crashes"] else 0)
+          f"handled {data['handled']}, crashes {data['crashes']}, "
+          + ", ".join(f"{kind} {n}" for kind, n in failed.items()) + f"; pytest exit status {rc}")
+    for row in data.get("categories", []):
+        print(f"  {row['category']:<12} refused {row['refused']:>6}  handled {row['handled']:>6}")
+    return rc or (1 if data["crashes"] or any(failed.values()) else 0)
 
 
 if __name__ == "__main__":

@@ -184,11 +184,15 @@ class TurboQuant(Format):
         )
         if not torch.isfinite(codebook).all():
             raise TensorFormatError(f"{where}: codebook: contains NaN or Inf")
+        # Every shape first, then values: a small tensor of the wrong shape is refused
+        # before a large one is scanned.
         for prefix in self.passes:
-            self._validate_pass(tensors, prefix, n, k, groups, where)
+            self._pass_shapes(tensors, prefix, n, k, groups, where)
         bias = tensors.get("bias")
         if bias is not None:
             require_tensor("bias", bias, shape=(n,), dtypes=_BIAS_DTYPES, where=where)
+        for prefix in self.passes:
+            self._pass_values(tensors, prefix, where)
         devices = {t.device for t in tensors.values()}
         if len(devices) > 1:
             raise TensorFormatError(f"{where}: tensors on several devices {sorted(map(str, devices))}")
@@ -221,10 +225,23 @@ class TurboQuant(Format):
     def _validate_pass(
         self, tensors: Mapping[str, torch.Tensor], prefix: str, n: int, k: int, groups: int, where: str
     ) -> None:
+        self._pass_shapes(tensors, prefix, n, k, groups, where)
+        self._pass_values(tensors, prefix, where)
+
+    def _pass_shapes(
+        self, tensors: Mapping[str, torch.Tensor], prefix: str, n: int, k: int, groups: int, where: str
+    ) -> None:
         d = self.group_size
-        indices = require_tensor(
-            prefix + "indices", tensors[prefix + "indices"], shape=(n, k // 2), dtypes=(torch.uint8,), where=where
-        )
+        require_tensor(prefix + "indices", tensors[prefix + "indices"], shape=(n, k // 2), dtypes=(torch.uint8,),
+                       where=where)
+        require_tensor(prefix + "norms", tensors[prefix + "norms"], shape=(n, groups), dtypes=(self.norm_dtype,),
+                       where=where)
+        require_tensor(prefix + "rotation", tensors[prefix + "rotation"], shape=(self.num_rotations(k), d, d),
+                       dtypes=(torch.float32,), where=where)
+
+    def _pass_values(self, tensors: Mapping[str, torch.Tensor], prefix: str, where: str) -> None:
+        d = self.group_size
+        indices, norms, rotation = (tensors[prefix + t] for t in ("indices", "norms", "rotation"))
         if self.bits < 4:
             top = max(int((indices & 0xF).max()), int((indices >> 4).max()))
             if top >= self.levels:
@@ -232,15 +249,8 @@ class TurboQuant(Format):
                     f"{where}: {prefix}indices: expected values below {self.levels} for bits={self.bits}, "
                     f"found {top}"
                 )
-        norms = require_tensor(
-            prefix + "norms", tensors[prefix + "norms"], shape=(n, groups), dtypes=(self.norm_dtype,), where=where
-        )
         if not torch.isfinite(norms).all():
             raise TensorFormatError(f"{where}: {prefix}norms: contains NaN or Inf")
-        rotation = require_tensor(
-            prefix + "rotation", tensors[prefix + "rotation"],
-            shape=(self.num_rotations(k), d, d), dtypes=(torch.float32,), where=where,
-        )
         r = rotation.float()
         eye = torch.eye(d, device=r.device)
         off = (r @ r.transpose(-1, -2) - eye).abs().amax().item()

@@ -15,6 +15,7 @@ from ...formats.svdquant.numerics import fdiv
 from ...kernel import Support
 from ...ops.act_quant_lora import ACT_DTYPES, ActQuantLoraKernel, check_activation
 from ...problem import Problem
+from ...schema import Fields, Maybe, OneOf, TensorSpec
 from ...tensors import stored_on
 
 __all__ = ["SVDQuantKernel", "SVDQuantWeights", "allocate_outputs"]
@@ -93,6 +94,13 @@ class SVDQuantKernel(ActQuantLoraKernel):
             dtype=dtype,
             fmt=fmt,
         )
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> OneOf:
+        n, r = dims["N"], dims["R"]
+        return OneOf(*(Fields(
+            SVDQuantWeights, lora_down=TensorSpec((n, r), (d,)), rsmooth=Maybe(TensorSpec((n,), (torch.float32,))),
+            dtype=d, fmt=self.fmt,
+        ) for d in ACT_DTYPES))
 
     def check_call(self, x: Any, prepared: Any) -> int:
         """Validate a call; returns M."""

@@ -65,6 +65,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...triton.interpreter import serialize_launches
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
+
 __all__ = ["act_quant_lora_kernel", "div6_rn", "div7_rn", "e2m1_code", "e2m1_index", "e4m3_scale_bits", "e4m3_value"]
 
 #: 1.5 · 2²³: adding it to |y| ≤ 2²² rounds y to an integer, ties to even.

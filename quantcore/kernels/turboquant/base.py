@@ -29,6 +29,7 @@ from ...errors import KernelInputError
 from ...formats.turboquant.format import PASS_TENSORS, TurboQuant
 from ...kernel import LinearKernel, Support
 from ...problem import Problem
+from ...schema import Fields, Maybe, OneOf, TensorSpec
 from ...tensors import check_activation, stored_on
 from ...transforms.turboquant_passes import PassData, TurboQuantPassTransform
 
@@ -150,6 +151,24 @@ class TurboQuantLinearKernel(LinearKernel):
             out_features=dims["N"],
             group_size=fmt.group_size,
             split_halves=self.split_halves,
+        )
+
+    def prepared_schema(self, dims: Mapping[str, int]) -> Fields:
+        fmt = self.fmt
+        assert isinstance(fmt, TurboQuant)
+        k, n, d = dims["K"], dims["N"], fmt.group_size
+        one_pass = OneOf(*(Fields(
+            PassData,
+            indices=TensorSpec((n, k // 2), (torch.uint8,)),
+            scales=TensorSpec((n, k // d), (torch.float32,)),
+            rotation=TensorSpec((fmt.num_rotations(k), d, d), (rotation,)),
+        ) for rotation in ACT_DTYPES))
+        return Fields(
+            TurboQuantPrepared,
+            passes=tuple(one_pass for _ in fmt.passes),
+            codebook=TensorSpec((CODEBOOK_SLOTS,), (torch.float32,)),
+            bias=Maybe(TensorSpec((n,), (torch.float32,))),
+            in_features=k, out_features=n, group_size=d, split_halves=self.split_halves, cache={},
         )
 
     # --- running --------------------------------------------------------------------------

@@ -13,20 +13,23 @@ short). Needs the optional ``safetensors`` package (``pip install quantcore[io]`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...errors import TensorFormatError
+from ...errors import QuantCoreError, TensorFormatError
 from ...formats.turboquant.format import TurboQuant
 from ...kernels.turboquant.base import ACT_DTYPES
+from ...problem import MAX_DIM
 from .module import TurboQuantLinear
 from .offload import Pass2OffloadPool
 
@@ -177,19 +180,15 @@ def load_quantized(
     """Turn ``model`` (the unquantized architecture, possibly on ``meta``) into the saved
     quantized model: the listed Linears become TurboQuantLinears, then every tensor is
     loaded. ``cpu_offload_pass2`` overrides the saved configuration's choice."""
-    safetensors = _safetensors()
-    with safetensors.safe_open(os.fspath(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get(METADATA_KEY)
-    if raw is None:
-        raise TensorFormatError(f"{path}: no '{METADATA_KEY}' metadata; not written by save_quantized")
-    meta = json.loads(raw)
-    if meta.get("format") != TurboQuant.name:
-        raise TensorFormatError(f"{path}: format {meta.get('format')!r}, expected {TurboQuant.name!r}")
-    config = TurboQuantConfig.from_json(meta["config"])
+    from ...checkpoint.shards import open_shard, read_shard
+
+    with contextlib.ExitStack() as stack:
+        raw = (open_shard(Path(path), stack).metadata() or {}).get(METADATA_KEY)
+    config, modules = _read_metadata(path, raw)
     fmt = config.format()
     target = torch.device(device) if device is not None else None
     layers: dict[str, TurboQuantLinear] = {}
-    for name, spec in meta["modules"].items():
+    for name, spec in modules.items():
         try:
             old = model.get_submodule(name)
         except AttributeError:
@@ -201,16 +200,25 @@ def load_quantized(
             )
         here = target or (old.weight.device if old.weight.device.type != "meta" else torch.device("cpu"))
         layer_dtype = dtype or (old.weight.dtype if old.weight.dtype in ACT_DTYPES else None)
-        layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
-                                        device=here, dtype=layer_dtype)
-    state = safetensors.load_file(os.fspath(path), device="cpu")
+        try:
+            layers[name] = TurboQuantLinear(spec["in_features"], spec["out_features"], fmt, bias=spec["bias"],
+                                            device=here, dtype=layer_dtype)
+        except QuantCoreError as exc:  # what the file says cannot be built
+            raise TensorFormatError(f"{path}: module {name!r}: {exc}") from None
+    state = read_shard(Path(path))
     for name, layer in layers.items():
         prefix = name + "."
-        layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        try:
+            layer.load_tensors({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        except QuantCoreError as exc:  # the file's tensors for this layer
+            raise TensorFormatError(f"{path}: {name}: {exc}") from None
     rest = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
     for name, layer in layers.items():
         _replace(model, name, layer)
-    model.load_state_dict(rest, strict=False, assign=True)
+    try:
+        model.load_state_dict(rest, strict=False, assign=True)
+    except RuntimeError as exc:  # torch's size mismatch, listed for every tensor
+        raise TensorFormatError(f"{path}: {str(exc).splitlines()[-1].strip()}") from None
     if strict:
         left = [k for k, v in model.state_dict().items()
                 if isinstance(v, torch.Tensor) and v.device.type == "meta"]
@@ -221,8 +229,47 @@ def load_quantized(
     model.quantcore_config = config  # type: ignore[assignment]
     offload = config.cpu_offload_pass2 if cpu_offload_pass2 is None else cpu_offload_pass2
     if offload:
-        enable_pass2_offload(model)
+        try:
+            enable_pass2_offload(model)
+        except QuantCoreError as exc:  # the file's configuration asks for what its layers lack
+            raise TensorFormatError(f"{path}: {exc}") from None
     return model
+
+
+def _read_metadata(path: str | os.PathLike[str], raw: object) -> tuple[TurboQuantConfig, dict[str, dict[str, Any]]]:
+    """The configuration and the module list ``save_quantized`` wrote, each field checked."""
+    if raw is None:
+        raise TensorFormatError(f"{path}: no '{METADATA_KEY}' metadata; not written by save_quantized")
+    try:
+        meta = json.loads(str(raw))
+    except ValueError as exc:
+        raise TensorFormatError(f"{path}: metadata '{METADATA_KEY}' is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise TensorFormatError(f"{path}: metadata '{METADATA_KEY}': expected a JSON object, got {type(meta).__name__}")
+    if meta.get("format") != TurboQuant.name:
+        raise TensorFormatError(f"{path}: format {meta.get('format')!r}, expected {TurboQuant.name!r}")
+    config_json, modules = meta.get("config"), meta.get("modules")
+    names = {f.name for f in fields(TurboQuantConfig)}
+    if not isinstance(config_json, dict) or not set(config_json) <= names:
+        raise TensorFormatError(f"{path}: metadata config: expected an object with some of {sorted(names)}, "
+                                f"got {str(config_json)[:80]}")
+    try:
+        config = TurboQuantConfig.from_json(config_json)
+        config.format()
+    except TensorFormatError as exc:
+        raise TensorFormatError(f"{path}: metadata config: {exc}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TensorFormatError(f"{path}: metadata config: {type(exc).__name__}: {exc}") from None
+    if not isinstance(modules, dict):
+        raise TensorFormatError(f"{path}: metadata modules: expected an object, got {type(modules).__name__}")
+    for name, spec in modules.items():
+        ok = isinstance(spec, dict) and all(
+            type(spec.get(k)) is int and 0 < spec[k] <= MAX_DIM for k in ("in_features", "out_features")
+        ) and isinstance(spec.get("bias"), bool)
+        if not ok:
+            raise TensorFormatError(f"{path}: metadata modules[{name!r}]: expected in_features and out_features "
+                                    f"(positive integers) and bias (a bool), got {str(spec)[:80]}")
+    return config, modules
 
 
 def _safetensors() -> Any:

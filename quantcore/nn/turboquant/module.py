@@ -23,6 +23,7 @@ from ...custom_ops import traced
 from ...errors import KernelInputError, TensorFormatError
 from ...formats.turboquant.format import TurboQuant
 from ...kernels.turboquant import TurboQuantLinearKernel, TurboQuantPrepared
+from ...problem import check_dims
 from ...transforms.turboquant_passes import TurboQuantPassTransform
 from ..quant_module import QuantModule
 from .offload import OffloadedPass, Pass2OffloadPool
@@ -47,6 +48,7 @@ class TurboQuantLinear(QuantModule):
         dtype: torch.dtype | None = None,
         keep_source: bool = False,
     ) -> None:
+        check_dims({"in_features": in_features, "out_features": out_features})
         if in_features % fmt.group_size:
             raise KernelInputError(
                 f"in_features={in_features} is not a multiple of group_size={fmt.group_size}"

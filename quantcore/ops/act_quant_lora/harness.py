@@ -125,10 +125,11 @@ def compare_outputs(output: object, golden: ActQuantLoraOutput, fmt: SVDQuantAct
 
 class ActQuantLoraHarness(OpHarness):
     op = "act_quant_lora"
+    weight_options = ("smooth",)
 
     def weights(self, case: Case) -> LayerWeights:
         n, r = case.problem["N"], case.problem["R"]
-        gen = case.generator(f"{case.weight_key}/W")
+        gen = case.generator(f"{case.seed_key}/W")
         tensors = {"lora_down": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16)}
         if case.option("smooth"):
             tensors["smooth"] = torch.exp(torch.randn(n, generator=gen) * 0.5).to(torch.bfloat16)

@@ -30,10 +30,11 @@ class LinearInputs:
 
 class LinearHarness(OpHarness):
     op = "linear"
+    weight_options = ("bias",)
 
     def weights(self, case: Case) -> LinearWeights:
         k, n = case.problem["K"], case.problem["N"]
-        gen = case.generator(f"{case.weight_key}/W")
+        gen = case.generator(f"{case.seed_key}/W")
         weight = torch.randn(n, k, generator=gen) * 0.05
         tensors = dict(case.format.quantize(weight, generator=gen))
         if case.option("bias"):

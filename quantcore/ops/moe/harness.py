@@ -69,10 +69,11 @@ def draw_experts(fmt: Format, e: int, k: int, n: int, gen: torch.Generator) -> G
 
 class MoEHarness(OpHarness):
     op = "moe"
+    weight_options = ("ffn",)
 
     def weights(self, case: Case) -> MoEWeights:
         e, k, n = (case.problem[d] for d in ("E", "K", "N"))
-        gen = case.generator(f"{case.weight_key}/W")
+        gen = case.generator(f"{case.seed_key}/W")
         up = draw_experts(case.format, e, k, n, gen)
         down = draw_experts(case.format, e, n // 2, k, gen) if case.option("ffn") else None
         return MoEWeights(up, down)
@@ -91,6 +92,9 @@ class MoEHarness(OpHarness):
         if not case.option("weighted"):
             return MoEInputs(x, topk_ids, None, moe_gemm_reference(x, topk_ids, weights.up, None))
         return MoEInputs(x, topk_ids, topk_weights, moe_gemm_reference(x, topk_ids, weights.up, topk_weights))
+
+    def stored(self, weights: MoEWeights) -> dict[str, torch.Tensor]:
+        return weights.up.tensors
 
     def prepare(self, kernel: Kernel, case: Case, weights: MoEWeights) -> object:
         def one(experts: GoldenExperts) -> object:

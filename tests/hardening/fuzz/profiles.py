@@ -28,10 +28,10 @@ PROFILES = ("ci", "nightly")
 
 #: Examples per test, by budget class: "fast" for pure-Python validation paths, "kernel"
 #: for a prepare + call against the golden, "slow" for kernels that run under Triton's
-#: interpreter on a CPU.
+#: interpreter on a CPU, "io" for a checkpoint folder written, spoiled and loaded.
 _EXAMPLES = {
-    "ci": {"fast": 100, "kernel": 80, "slow": 10},
-    "nightly": {"fast": 1500, "kernel": 700, "slow": 60},
+    "ci": {"fast": 100, "kernel": 80, "slow": 10, "io": 40},
+    "nightly": {"fast": 1500, "kernel": 700, "slow": 60, "io": 300},
 }
 
 

@@ -7,10 +7,14 @@ or call, ...) on generated input. It ends in one of two ways:
              and the message names a tensor or parameter of the call;
 ``handled``  it returned, and the result agrees with the golden reference.
 
-Anything else fails the test at once: a foreign exception (``RuntimeError``,
-``IndexError``, ... from torch or Python internals), a refusal that names nothing, a
-result that disagrees with the golden (silently wrong). A crash of the process takes
-its pytest-xdist worker down and is counted as such by the controller.
+Anything else fails the test at once, counted by kind: ``foreign`` (an exception that is
+not quantcore's: ``RuntimeError``, ``IndexError``, ... from torch or Python internals),
+``unnamed`` (a refusal that names nothing), ``wrong`` (a result that disagrees with the
+golden: silently wrong), ``hang`` (no answer within the case's time limit). A crash of
+the process takes its pytest-xdist worker down and is counted as such by the controller.
+
+A target is ``category:name`` (``call:aten_cpu``, ``checkpoint:load_quantized``); the
+report adds the counts by category.
 
 The counts go to the terminal summary and to a JSON file (``QUANTCORE_FUZZ_REPORT``,
 default ``.pytest_cache/quantcore-fuzz-<profile>.json``).
@@ -31,9 +35,11 @@ import pytest
 
 from quantcore.errors import QuantCoreError
 
-__all__ = ["HANDLED", "REFUSED", "TALLY", "FuzzFailure", "attempt", "names_in"]
+__all__ = ["FAILURES", "HANDLED", "REFUSED", "TALLY", "FuzzFailure", "attempt", "names_in"]
 
 HANDLED, REFUSED = "handled", "refused"
+#: The ways a case fails its test, counted before the failure is raised.
+FAILURES = ("foreign", "unnamed", "wrong", "hang")
 ENV_REPORT = "QUANTCORE_FUZZ_REPORT"
 _WORKER_KEY = "quantcore_fuzz_tally"
 
@@ -45,6 +51,7 @@ class FuzzFailure(AssertionError):
 class Tally:
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.failures: Counter[str] = Counter()
         self.crashes = 0
         self._lock = threading.Lock()
 
@@ -52,10 +59,16 @@ class Tally:
         with self._lock:
             self.counts[(target, outcome)] += 1
 
+    def fail(self, kind: str) -> None:
+        with self._lock:
+            self.failures[kind] += 1
+
     def merge(self, data: dict[str, Any]) -> None:
         for row in data.get("targets", []):
             for outcome in (HANDLED, REFUSED):
                 self.counts[(row["target"], outcome)] += row[outcome]
+        for kind in FAILURES:
+            self.failures[kind] += data.get(kind, 0)
         self.crashes += data.get("crashes", 0)
 
     def total(self, outcome: str | None = None) -> int:
@@ -63,11 +76,19 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         targets = sorted({t for t, _ in self.counts})
+        categories: Counter[tuple[str, str]] = Counter()
+        for (target, outcome), n in self.counts.items():
+            categories[(target.split(":")[0], outcome)] += n
         return {
             "cases": self.total(),
             "refused": self.total(REFUSED),
             "handled": self.total(HANDLED),
             "crashes": self.crashes,
+            **{kind: self.failures[kind] for kind in FAILURES},
+            "categories": [
+                {"category": c, HANDLED: categories[(c, HANDLED)], REFUSED: categories[(c, REFUSED)]}
+                for c in sorted({c for c, _ in categories})
+            ],
             "targets": [
                 {"target": t, HANDLED: self.counts[(t, HANDLED)], REFUSED: self.counts[(t, REFUSED)]}
                 for t in targets
@@ -92,38 +113,69 @@ def attempt(
     context: Callable[[], str] | str = "",
     allow_refusal: bool = True,
     unnamed: tuple[type[BaseException], ...] = (),
+    timeout: float | None = None,
 ) -> tuple[str, Any]:
     """Run one case and classify it; ``judge(result)`` returns why a result is wrong, or
     None. Returns ``(outcome, result or the refusal)``; raises :class:`FuzzFailure`.
     ``unnamed``: quantcore errors whose message need not name a parameter (a
-    ``NoKernelError`` is the explain table: every candidate, with its reason)."""
+    ``NoKernelError`` is the explain table: every candidate, with its reason).
+    ``timeout``: seconds the case may take before it counts as a hang (run in a thread)."""
 
     def ctx() -> str:
         return context() if callable(context) else context
 
+    def failure(kind: str, message: str) -> FuzzFailure:
+        TALLY.fail(kind)
+        return FuzzFailure(f"{target}: {message}\n{ctx()}")
+
     names = list(names)
     try:
-        value = fn()
+        value = fn() if timeout is None else _within(fn, timeout)
+    except _Hang:
+        raise failure("hang", f"no answer within {timeout} s") from None
     except QuantCoreError as exc:
         if not allow_refusal:
-            raise FuzzFailure(f"{target}: refused an input it must take: {type(exc).__name__}: {exc}\n{ctx()}") from exc
+            raise failure("wrong", f"refused an input it must take: {type(exc).__name__}: {exc}") from exc
         if not isinstance(exc, unnamed) and not names_in(str(exc), names):
-            raise FuzzFailure(
-                f"{target}: refused with a message that names no tensor or parameter "
-                f"(expected one of {sorted(set(names))}): {type(exc).__name__}: {exc}\n{ctx()}"
-            ) from exc
+            raise failure("unnamed", f"refused with a message that names no tensor or parameter (expected one of "
+                                     f"{sorted(set(names))}): {type(exc).__name__}: {exc}") from exc
         TALLY.add(target, REFUSED)
         return REFUSED, exc
     except FuzzFailure:
         raise
     except Exception as exc:
-        raise FuzzFailure(f"{target}: raised a foreign {type(exc).__name__}: {exc}\n{ctx()}") from exc
+        raise failure("foreign", f"raised a foreign {type(exc).__name__}: {exc}") from exc
     if judge is not None:
         problem = judge(value)
         if problem:
-            raise FuzzFailure(f"{target}: silently wrong result: {problem}\n{ctx()}")
+            raise failure("wrong", f"silently wrong result: {problem}")
     TALLY.add(target, HANDLED)
     return HANDLED, value
+
+
+class _Hang(Exception):
+    pass
+
+
+def _within(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` in a daemon thread; :class:`_Hang` when it has not returned in time (the
+    thread is left behind: nothing can stop it, and the test fails)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise _Hang
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 # --- pytest plumbing (imported into tests/conftest.py, so the xdist controller has it) ---
@@ -168,7 +220,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.write_sep("=", f"quantcore fuzz, profile {PROFILE}")
     tr.write_line(
         f"cases run: {data['cases']}  refused: {data['refused']}  handled: {data['handled']}  "
-        f"crashes: {data['crashes']}{where}"
+        f"crashes: {data['crashes']}  " + "  ".join(f"{k}: {data[k]}" for k in FAILURES) + where
     )
     suites: Counter[tuple[str, str]] = Counter()
     for row in data["targets"]:
