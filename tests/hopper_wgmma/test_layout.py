@@ -9,13 +9,13 @@ import torch
 from quantcore.backends.hopper_wgmma.layout import (
     TILE_N,
     GPTQToHopper,
-    block_k,
     fragment_order,
     row_order,
 )
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gptq_pairs.layout import block_k
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
 
 

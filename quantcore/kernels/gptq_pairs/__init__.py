@@ -1,0 +1,5 @@
+"""What the GPTQ/AWQ kernels over pair-interleaved codes share (``triton_int4``,
+``hopper_wgmma``): the words (:mod:`.layout`), the kernel base with its checks, prepare
+flow and call (:mod:`.kernel`), and the inline PTX that turns a word into an operand
+register (:mod:`.ptx`). Each backend keeps its own arrangement of the words, its
+kernels, launch and plans. Nothing here imports triton."""
