@@ -10,7 +10,7 @@ import pytest
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
-__all__ = ["Recorder", "record_launches", "specialisation"]
+__all__ = ["Recorder", "assert_fixed_arguments_specialise_alike", "record_launches", "specialisation"]
 
 
 class Recorder:
@@ -45,3 +45,15 @@ def specialisation(fn: Any, pos: int, v: Any) -> Any:
     kept = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())
     kept |= {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
     return native_specialize_impl(BaseBackend, v, False, fn.arg_names[pos] not in kept, True)
+
+
+def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
+    """Each launch was called, and every argument at a position it does not declare
+    ``varying`` specialised alike on all of its calls: else the binary compiled for one
+    call would run another."""
+    for launch in launches:
+        assert launch.calls, f"{launch.fn} was bound but never launched"
+        for pos in range(len(launch.calls[0][1])):
+            if pos not in launch.varying:
+                specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
+                assert len(specs) == 1, (launch.fn, pos, specs)

@@ -132,31 +132,41 @@ def _kernel_subjects(family: str, fmt: Any, op: str, problem: Problem, device: t
     return out
 
 
+def _linear_family(family: str, fmt: Any, module_name: str,
+                   module_of: Callable[[dict[str, torch.Tensor]], torch.nn.Module], device: torch.device,
+                   dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+                   skipped: dict[str, str]) -> list[Subject]:
+    """A quantized linear family: its kernels, then its module (``module_of`` the weight's
+    tensors), on one random weight and activation."""
+    tensors = fmt.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
+    x = torch.randn(m, k, device=device).to(dtype)
+    problem = Problem.linear(fmt, M=m, K=k, N=n, dtype=dtype)
+    out = _kernel_subjects(family, fmt, "linear", problem, device, tensors, x, skipped)
+    module = module_of(tensors)
+    out.append(Subject(module_name, "module", lambda i: module(x), f"kernel {module.kernel.name}"))
+    return out
+
+
 def _gptq(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
           skipped: dict[str, str]) -> list[Subject]:
     from quantcore.nn.linear import QuantLinear
 
-    tensors = GPTQ_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
-    x = torch.randn(m, k, device=device).to(dtype)
-    problem = Problem.linear(GPTQ_FMT, M=m, K=k, N=n, dtype=dtype)
-    out = _kernel_subjects("gptq4", GPTQ_FMT, "linear", problem, device, tensors, x, skipped)
-    module = QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype)
-    out.append(Subject("QuantLinear(gptq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
-    return out
+    return _linear_family("gptq4", GPTQ_FMT, "QuantLinear(gptq4)",
+                          lambda tensors: QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype),
+                          device, dtype, m, k, n, gen, skipped)
 
 
 def _turbo(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
            skipped: dict[str, str]) -> list[Subject]:
     from quantcore.nn.turboquant import TurboQuantLinear
 
-    tensors = TURBO_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
-    x = torch.randn(m, k, device=device).to(dtype)
-    problem = Problem.linear(TURBO_FMT, M=m, K=k, N=n, dtype=dtype)
-    out = _kernel_subjects("turboquant4", TURBO_FMT, "linear", problem, device, tensors, x, skipped)
-    module = TurboQuantLinear(k, n, TURBO_FMT, bias=False, device=device, dtype=dtype)
-    module.load_tensors(tensors)
-    out.append(Subject("TurboQuantLinear(tq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
-    return out
+    def module_of(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+        module = TurboQuantLinear(k, n, TURBO_FMT, bias=False, device=device, dtype=dtype)
+        module.load_tensors(tensors)
+        return module
+
+    return _linear_family("turboquant4", TURBO_FMT, "TurboQuantLinear(tq4)", module_of,
+                          device, dtype, m, k, n, gen, skipped)
 
 
 def _moe(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,

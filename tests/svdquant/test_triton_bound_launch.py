@@ -15,7 +15,7 @@ from quantcore.backends.triton_nvfp4 import TritonNVFP4
 from quantcore.errors import KernelInputError
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernels.svdquant import triton_launch
-from tests.launch_recorder import Recorder, record_launches, specialisation
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
@@ -44,11 +44,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(recorded: li
             out = kernel(x, prepared)
             assert out.qout.shape[0] == -(-m // 16) * 16
     assert len(recorded) == 3  # M_pad 16, 32, 48
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
 
 
 def test_every_call_is_still_checked(recorded: list[Recorder]) -> None:

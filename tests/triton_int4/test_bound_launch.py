@@ -26,7 +26,7 @@ from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
-from tests.launch_recorder import Recorder, record_launches, specialisation
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
@@ -77,12 +77,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             assert y.shape == (m, 1024) and y.dtype == torch.bfloat16
     runs = {(launch_mod.bisect.bisect_right(launch_mod._buckets(x2, w).breaks, m)) for m in ms}
     assert len(recorded) == len(runs)  # one bucket, one bound launch, per run of M
-    for launch in recorded:
-        assert launch.calls
-        for pos in range(len(launch.calls[0][1])):
-            specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
-            if pos not in launch.varying:
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
 
 
 def test_a_bucket_is_kept_and_a_state_whose_tensors_changed_is_bound_again(recorded: list[Recorder]) -> None:

@@ -20,7 +20,7 @@ from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.probe.card_tables import H100_SXM
-from tests.launch_recorder import Recorder, record_launches, specialisation
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
@@ -56,11 +56,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             assert y.shape == ((t, 128) if weighted else (t, 2, 128))
     gemms = [r for r in recorded if r.fn.__name__ == "moe_w8a16_kernel"]
     assert {r.constexprs["SCHEDULED"] for r in gemms} == {False, True}
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
     before = len(recorded)
     kernel.forward(torch.randn(3, 128).bfloat16(), torch.zeros(3, 2, dtype=torch.int32), w)
     assert len(recorded) == before  # the bucket of (3 × 2 routes) was kept

@@ -23,7 +23,7 @@ from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
 from quantcore.probe.card_tables import H100_SXM
-from tests.launch_recorder import Recorder, record_launches, specialisation
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 INTERPRETER = enable_interpreter_for("cpu")
 
@@ -58,11 +58,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             y = kernel(base[offset:offset + m * 512].view(m, 512), prepared)
             assert y.shape == (m, 96)
     assert {r.fn.__name__ for r in recorded} >= {"gemv_kernel", "mma_kernel", "dequant_kernel"}
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
     before = len(recorded)
     kernel(base[:512].view(1, 512), prepared)
     assert len(recorded) == before  # every bucket kept
