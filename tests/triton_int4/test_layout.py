@@ -9,16 +9,9 @@ import torch
 from quantcore.backends.triton_int4.layout import GPTQToTritonInt, sub_group_size
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
+from tests.gptq_pairs_cases import BYTES_CASES, ROUND_TRIP_FORMATS, prepared_and_stored_bytes
 
-FORMATS = [
-    GPTQ(bits=4, group_size=128),
-    GPTQ(bits=4, group_size=32, sym=False),
-    GPTQ(bits=4, group_size=64, sym=False, desc_act=True, checkpoint_format="v1"),
-    GPTQ(bits=4, group_size=-1, desc_act=True),
-    GPTQ(bits=8, group_size=128, sym=False),
-    GPTQ(bits=8, group_size=-1),
-    GPTQ(bits=4, group_size=32, pack_dtype=torch.int16, sym=False),
-]
+FORMATS = [*ROUND_TRIP_FORMATS, GPTQ(bits=4, group_size=32, pack_dtype=torch.int16, sym=False)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
@@ -64,9 +57,7 @@ def test_sub_group_size() -> None:
     assert sub_group_size(torch.tensor([0] * 48 + [1] * 48), 128) is None
 
 
-@pytest.mark.parametrize(("bits", "group_size", "sym"), [(4, 128, True), (4, 32, False), (8, 128, False), (4, -1, True)])
+@pytest.mark.parametrize(("bits", "group_size", "sym"), BYTES_CASES)
 def test_prepared_bytes_within_a_tenth_of_the_checkpoint(bits: int, group_size: int, sym: bool) -> None:
-    fmt = GPTQ(bits=bits, group_size=group_size, sym=sym)
-    src = fmt.quantize(torch.randn(512, 1024, generator=torch.Generator().manual_seed(0)) * 0.05)
-    stored = sum(t.numel() * t.element_size() for t in src.values())
-    assert GPTQToTritonInt(fmt).apply(src).nbytes() <= 1.1 * stored
+    prepared, stored = prepared_and_stored_bytes(GPTQToTritonInt, bits, group_size, sym)
+    assert prepared <= 1.1 * stored
