@@ -44,8 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -60,6 +59,7 @@ from quantcore.kernels.gptq_pairs.layout import (
     interleave_codes,
     padded_k,
 )
+from quantcore.kernels.gptq_pairs.weights import PairedWeights
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
 
@@ -110,35 +110,15 @@ def sub_group_size(sorted_groups: torch.Tensor, k_padded: int) -> int:
 
 
 @dataclass(kw_only=True)
-class HopperWeights:
-    """Prepared state of ``hopper_wgmma`` (module docstring)."""
+class HopperWeights(PairedWeights):
+    """Prepared state of ``hopper_wgmma`` (module docstring); scales are per sub-group, so
+    it keeps the groups' count."""
 
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    group_map: torch.Tensor | None
     num_groups: int
-    sub_group: int
-    bits: int
-    in_features: int
-    out_features: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    #: Launch-time state (TMA descriptors, split-K counters), filled on first use.
-    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def blocks(self) -> int:
-        return padded_k(self.in_features, self.bits) // block_k(self.bits)
 
     @property
     def tiles(self) -> int:
         return self.qweight.shape[0]
-
-    def nbytes(self) -> int:
-        """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
-        ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
 def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -42,11 +41,11 @@ from quantcore.formats.grouping import SCALE_DTYPES
 from quantcore.kernels.gptq_pairs.layout import (
     SLICE,
     SUPPORTED_BITS,
-    block_k,
     deinterleave_codes,
     interleave_codes,
     padded_k,
 )
+from quantcore.kernels.gptq_pairs.weights import PairedWeights
 from quantcore.schema import Depends, Fields, Maybe, Satisfies, TensorSpec
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
@@ -74,34 +73,12 @@ def sub_group_size(sorted_groups: torch.Tensor, k_padded: int) -> int | None:
 
 
 @dataclass(kw_only=True)
-class TritonIntWeights:
+class TritonIntWeights(PairedWeights):
     """Prepared state of ``triton_int4`` (module docstring)."""
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    group_map: torch.Tensor | None
-    sub_group: int
-    bits: int
-    in_features: int
-    out_features: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    #: Launch-time state (split-K counters), filled on first use; not part of the layout.
-    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_groups(self) -> int:
         return self.scales.shape[0]
-
-    @property
-    def blocks(self) -> int:
-        return padded_k(self.in_features, self.bits) // block_k(self.bits)
-
-    def nbytes(self) -> int:
-        """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
-        ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
 def triton_int_schema(fmt: GPTQ, k: int, n: int) -> Depends:

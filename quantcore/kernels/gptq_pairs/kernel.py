@@ -28,6 +28,7 @@ from ...transform import Transform
 from ...transforms.awq_gptq import AWQToGPTQ, gptq_format_for
 from ...triton.checks import check_x
 from .layout import SUPPORTED_BITS
+from .weights import PairedWeights
 
 __all__ = ["ACT_DTYPES", "AWQViaGPTQLanes", "PairedGPTQKernel", "weight_bytes"]
 
@@ -50,9 +51,9 @@ class PairedGPTQKernel(LinearKernel):
 
     format: ClassVar[str] = "gptq"
     #: The backend's GPTQ → prepared-state transform (constructed with the GPTQ format).
-    transform: ClassVar[Callable[[GPTQ], Transform[Tensors, Any]]]
+    transform: ClassVar[Callable[[GPTQ], Transform[Tensors, PairedWeights]]]
     #: The prepared state that transform makes: a call refuses anything else.
-    prepared_type: ClassVar[type]
+    prepared_type: ClassVar[type[PairedWeights]]
 
     @classmethod
     def layout_supports(cls, fmt: GPTQ, problem: Problem) -> Support:
@@ -83,7 +84,7 @@ class PairedGPTQKernel(LinearKernel):
     def _gptq_format(self) -> GPTQ:
         return self.fmt  # type: ignore[return-value]
 
-    def prepare(self, tensors: Tensors, *, dtype: torch.dtype | None = None) -> Any:
+    def prepare(self, tensors: Tensors, *, dtype: torch.dtype | None = None) -> PairedWeights:
         if dtype is not None and dtype not in ACT_DTYPES:
             names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
             raise KernelInputError(f"dtype: expected {names}, got {dtype}")
