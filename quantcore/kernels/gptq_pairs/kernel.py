@@ -37,7 +37,7 @@ ACT_DTYPES = (torch.bfloat16, torch.float16)
 Tensors = Mapping[str, torch.Tensor]
 
 
-def weight_bytes(problem: Problem) -> int:
+def weight_bytes(problem: Problem) -> float:
     """Bytes of a prepared weight of ``problem``: the codes, 2-byte scales and one byte of
     zero point per group and output (AWQ counts as 4-bit)."""
     fmt = problem.format
