@@ -1,4 +1,5 @@
-"""How many rotating input sets a benchmark needs so the cache is not what is measured."""
+"""How many rotating input sets a benchmark needs so the cache is not what is measured, and
+how a quantized weight is copied into such sets."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cache_bytes", "rotation_sets"]
+__all__ = ["cache_bytes", "rotation_sets", "with_fresh_codes"]
 
 
 def cache_bytes(device: str) -> int:
@@ -28,3 +29,15 @@ def rotation_sets(bytes_per_set: int, device: str, *, cap: int = 8) -> int:
     """Enough sets that together they are at least twice the cache, at most ``cap``."""
     need = -(-2 * cache_bytes(device) // max(bytes_per_set, 1))
     return int(max(1, min(cap, need)))
+
+
+def with_fresh_codes(base: dict[str, torch.Tensor], sets: int, gen: torch.Generator,
+                     name: str = "qweight") -> list[dict[str, torch.Tensor]]:
+    """``base`` and ``sets − 1`` copies of it whose int32 ``name`` holds fresh random words:
+    the same scales and metadata, distinct memory, the same work."""
+    out = [base]
+    for _ in range(sets - 1):
+        t = dict(base)
+        t[name] = torch.randint(-(2**31), 2**31 - 1, base[name].shape, generator=gen, dtype=torch.int32)
+        out.append(t)
+    return out

@@ -50,39 +50,64 @@ def _control(device: torch.device, backend: str) -> torch.device:
     return device if backend == "nccl" else torch.device("cpu")
 
 
+def _seconds_per_call(fn: Callable[[int], object], device: torch.device, calls: int = 3) -> float:
+    """Seconds per call of ``fn`` (already warm) over ``calls`` calls, the device drained
+    before and after: rank 0's calibration of the call count."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    _sync(device)
+    return (time.perf_counter() - t0) / calls
+
+
+def _agreed(count: int, ctl: torch.device) -> int:
+    """The call count the group agrees on: the largest any rank proposes."""
+    import torch.distributed as dist
+
+    calls = torch.tensor([count], device=ctl)
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    return int(calls.item())
+
+
+def _rounds(run: Callable[[int], object], n: int, rounds: int, ctl: torch.device) -> tuple[float, float]:
+    """(median seconds per call, spread) over ``rounds`` rounds of ``run(round)``, each
+    issuing ``n`` calls: every round starts at a barrier and takes the slowest rank's time."""
+    import torch.distributed as dist
+
+    samples = []
+    for r in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        run(r)
+        took = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64, device=ctl)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        samples.append(float(took.item()))
+    med = statistics.median(samples)
+    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
 def lockstep(fn: Callable[[int], object], device: torch.device, backend: str, rounds: int, *, solo: bool) -> tuple[float, float]:
     """(median seconds per call, spread) of ``fn`` timed in lockstep over the group."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     runs = rank == 0 or not solo
-    ctl = _control(device, backend)
     per_call = 0.0
     if runs:
         for i in range(3):
             fn(i)
-        _sync(device)
-        t0 = time.perf_counter()
-        for i in range(3):
-            fn(i)
-        _sync(device)
-        per_call = (time.perf_counter() - t0) / 3
-    calls = torch.tensor([max(1, int(ROUND_S.get(device.type, 0.05) / max(per_call, 1e-7))) if rank == 0 else 1], device=ctl)
-    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
-    n = int(calls.item())
-    samples = []
-    for r in range(rounds):
-        dist.barrier()
-        t0 = time.perf_counter()
+        per_call = _seconds_per_call(fn, device)
+    ctl = _control(device, backend)
+    n = _agreed(max(1, int(ROUND_S.get(device.type, 0.05) / max(per_call, 1e-7))) if rank == 0 else 1, ctl)
+
+    def run(r: int) -> None:
         if runs:
             for i in range(n):
                 fn(r * n + i)
             _sync(device)
-        took = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64, device=ctl)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        samples.append(float(took.item()))
-    med = statistics.median(samples)
-    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+    return _rounds(run, n, rounds, ctl)
 
 
 #: Calls captured in one graph: at least enough that a replay dwarfs its launch; at most
@@ -99,7 +124,6 @@ def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: s
 
     rank = dist.get_rank()
     runs = rank == 0 or not solo
-    ctl = _control(device, backend)
     per_call = 0.0
     if runs:
         side = torch.cuda.Stream(device)
@@ -108,17 +132,10 @@ def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: s
             for i in range(3):  # compile, bind and allocate outside the capture
                 fn(i)
         torch.cuda.current_stream(device).wait_stream(side)
-        _sync(device)
-        t0 = time.perf_counter()
-        for i in range(3):
-            fn(i)
-        _sync(device)
-        per_call = (time.perf_counter() - t0) / 3
+        per_call = _seconds_per_call(fn, device)
     lo, hi = GRAPH_CALLS
-    calls = torch.tensor([min(hi, max(lo, int(ROUND_S["cuda"] / max(per_call, 1e-7)))) if rank == 0 else lo],
-                         device=ctl)
-    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
-    n = int(calls.item())
+    ctl = _control(device, backend)
+    n = _agreed(min(hi, max(lo, int(ROUND_S["cuda"] / max(per_call, 1e-7)))) if rank == 0 else lo, ctl)
     graph = None
     if runs:
         graph = torch.cuda.CUDAGraph()
@@ -127,19 +144,13 @@ def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: s
                 fn(i)
         graph.replay()
         _sync(device)
-    samples = []
-    for _ in range(rounds):
-        dist.barrier()
-        t0 = time.perf_counter()
+
+    def replay(r: int) -> None:
         if graph is not None:
             graph.replay()
             _sync(device)
-        took = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64, device=ctl)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        samples.append(float(took.item()))
-    del graph
-    med = statistics.median(samples)
-    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+    return _rounds(replay, n, rounds, ctl)  # the graph (and its memory pool) goes with this frame
 
 
 def _stored_bytes(module: torch.nn.Module) -> int:

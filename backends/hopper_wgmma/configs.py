@@ -13,8 +13,7 @@ time: a first call compiles one kernel and times nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from quantcore.kernels.gptq_pairs.plans import Shape, pow2_at_least
 from quantcore.probe.card import CardKey
 
 from .plans import Plan
@@ -26,20 +25,6 @@ __all__ = ["SMEM_RESERVE", "Shape", "default_plan", "plan_for"]
 SMEM_RESERVE = 8 * 1024
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What a plan depends on."""
-
-    m: int
-    k: int
-    n: int
-    bits: int
-
-
-def _pow2_at_least(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))
-
-
 def default_plan(shape: Shape, card: CardKey) -> Plan:
     """A rule for cards and shapes without a table, read off the H200 table: while the
     weight's bytes bound the call (M ≤ 64), one warpgroup, the smallest activation tile,
@@ -47,10 +32,10 @@ def default_plan(shape: Shape, card: CardKey) -> Plan:
     M = 128; above, two warpgroups and 256-row tiles (128 at 8 bits, whose fp32 detour
     would spill), K split only while the tiles alone cannot fill the SMs."""
     m, bits = shape.m, shape.bits
-    blocks = -(-shape.k // (512 // bits))
+    blocks = shape.blocks
     tiles_n = -(-shape.n // 64)
     if m <= 64:
-        bm = _pow2_at_least(m, 8, 64)
+        bm = pow2_at_least(m, 8, 64)
         wg, stages, per_sm = 1, 8 if bm <= 32 else 5, 3
     elif m <= 128:
         wg, bm, stages, per_sm = 1, 128, 4, 1

@@ -46,50 +46,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-__all__ = ["pair_asm_text", "wgmma_kernel"]
+from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 
-
-def pair_asm_text(bits: int, fp16: bool, shift: int, with_zero: bool) -> str:
-    """PTX for one 32-bit register of the int16 view (inputs k and k + 1 of one row):
-    the field at bit ``shift`` of each half → the pair ``((q₀ − z)·s, (q₁ − z)·s)`` in
-    the activation dtype, rounded once.
-
-    ``0x4300 | q`` is bf16 ``128 + q`` and ``0x6400 | q`` fp16 ``1024 + q``: one LOP3
-    makes the pair ``B + q``, one packed FMA subtracts ``B + z`` exactly, a second
-    multiplies by the scale (an FMA with −0: sm_90 has no bf16x2 multiply). 8-bit codes
-    overflow bf16's mantissa as ``B + q``, so they go through fp32 (one PRMT puts byte
-    ``i`` under the exponent of 2^23). Operands: ``$1`` the word; then, with zero
-    points, ``−(B + z)`` (for 8-bit bf16 ``2^23 + z`` as two fp32); then the scale
-    (two fp32 for 8-bit bf16)."""
-    src = f"shr.u32 t, $1, {shift};" if shift else "mov.b32 t, $1;"
-    wide = bits == 8 and not fp16
-    reg = 2
-    zero = "zf" if wide else "nz"
-    if with_zero:
-        zero, reg = f"${reg}", reg + (2 if wide else 1)
-    scale = f"${reg}"
-    if not wide:
-        mask = "0x000F000F" if bits == 4 else "0x00FF00FF"
-        magic, one = ("0x64006400", "0x3C003C00") if fp16 else ("0x43004300", "0x3F803F80")
-        sym = {(4, True): "0xE408E408", (8, True): "0xE480E480", (4, False): "0xC308C308"}[(bits, fp16)]
-        x2 = "f16x2" if fp16 else "bf16x2"
-        return ("{ .reg .b32 t, one, nz, mz; mov.b32 one, " + one + "; mov.b32 nz, " + sym
-                + "; mov.b32 mz, 0x80008000; " + src + f" lop3.b32 t, t, {mask}, {magic}, 0xea;"
-                + f" fma.rn.{x2} t, t, one, {zero}; fma.rn.{x2} $0, t, {scale}, mz; }}")
-    i = shift // 8
-    return ("{ .reg .b32 lo, hi, zf, mg; mov.b32 mg, 0x4B000000; mov.b32 zf, 0x4B000080;"
-            f" prmt.b32 lo, $1, mg, 0x744{i}; prmt.b32 hi, $1, mg, 0x744{i + 2};"
-            f" sub.f32 lo, lo, {zero}; sub.f32 hi, hi, {zero}; mul.f32 lo, lo, {scale}; mul.f32 hi, hi, {scale};"
-            f" cvt.rn.bf16x2.f32 $0, hi, lo; }}")
+__all__ = ["wgmma_kernel"]
 
 
 def _asm_index(bits: int, fp16: bool, zero: bool, i: int) -> int:
     return (((bits == 8) * 2 + fp16) * 2 + zero) * 4 + i
 
 
-#: Every variant of :func:`pair_asm_text` at :func:`_asm_index` (slice i is field i).
+#: Every scaled variant of :func:`~quantcore.kernels.gptq_pairs.ptx.pair_asm_text` at
+#: :func:`_asm_index` (slice i is field i): the pair ``((q₀ − z)·s, (q₁ − z)·s)``.
 _PAIR_ASM = gl.constexpr(tuple(
-    pair_asm_text(bits, fp16, bits * i, zero) if i < 16 // bits else ""
+    pair_asm_text(bits, fp16, bits * i, zero, scaled=True) if i < 16 // bits else ""
     for bits in (4, 8) for fp16 in (False, True) for zero in (False, True) for i in range(4)
 ))
 

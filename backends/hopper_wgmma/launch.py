@@ -19,13 +19,14 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe.card import CardKey, card_key
-from quantcore.triton.buffers import capturing, grown
 from quantcore.triton.launch import Launch, launch_state
+from quantcore.triton.split_k import SplitKBuffers
 
 from .configs import SMEM_RESERVE, Shape, plan_for
 from .kernels import wgmma_kernel
-from .layout import SLICE, TILE_N, HopperWeights, block_k
+from .layout import TILE_N, HopperWeights
 from .plans import Plan
 
 __all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
@@ -113,12 +114,6 @@ def x_descriptor(x: torch.Tensor, bits: int, bm: int) -> Any:
                             _nvmma(x.dtype, 3, swizzle))
 
 
-def _counters(w: HopperWeights, tiles: int, device: torch.device) -> torch.Tensor:
-    """The split-K arrival counters (int32, zero between launches: the last program of a
-    tile resets its own), kept with the weight; grown on demand."""
-    return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
-
-
 class Walk(NamedTuple):
     """How the programs of one launch walk K."""
 
@@ -179,6 +174,7 @@ class _Bucket:
         self.n = n
         walk = split_steps(w, plan)
         self.split = walk.split
+        self.split_k = SplitKBuffers(walk.split, device, w.scales)
         self.n_tiles = -(-n // (TILE_N * plan.wg))
         w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
         self.w_desc = w_desc
@@ -186,7 +182,6 @@ class _Bucket:
         self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
         self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, walk),
                              options=dict(num_warps=plan.num_warps), varying=VARYING, device=device)
-        self.counters: torch.Tensor | None = None
 
     def fits(self, w: HopperWeights) -> bool:
         s = self.source
@@ -197,15 +192,7 @@ class _Bucket:
         x = prepare_x(x2)
         y = torch.empty((m, n), dtype=self.dtype, device=self.device)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
-        if self.split > 1:
-            ws = torch.empty(self.split * m * n, dtype=torch.float32, device=self.device)
-            counters = self.counters
-            if counters is None or counters.numel() < tiles:
-                counters = _counters(w, tiles, self.device)
-                if not capturing(self.device):  # a buffer made during a capture is that graph's alone
-                    self.counters = counters
-        else:
-            ws = counters = w.scales
+        ws, counters = self.split_k(w.runtime, m, n, tiles)
         self.launch((tiles, self.split, 1), self.w_desc, x_descriptor(x, w.bits, self.plan.bm), *self.mid,
                     y, ws, counters, m, *self.tail)
         return y
@@ -241,13 +228,8 @@ def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torc
     n = w.out_features
     x = prepare_x(x2)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    split = split_steps(w, plan).split
-    if split > 1:
-        tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
-        ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
-        counters = _counters(w, tiles, x2.device)
-    else:
-        ws, counters = w.scales, w.scales
+    tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
+    ws, counters = SplitKBuffers(split_steps(w, plan).split, x2.device, w.scales)(w.runtime, m, n, tiles)
     grid, args, const = kernel_args(x, w, plan, y, ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y

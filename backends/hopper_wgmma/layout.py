@@ -1,12 +1,12 @@
 """GPTQ → the ``hopper_wgmma`` layout, and back, losslessly.
 
-**Blocks and pairs** (as in ``backends/triton_int4/layout.py``, whose two helpers are
-copied here): the sorted inputs of each output row are cut into blocks of 16 int32 words
-(128 inputs at 4 bits, 64 at 8); a block is ``PAIRS = 16 / b`` slices of 32 inputs, and
-word ``c`` holds inputs ``2c`` and ``2c + 1`` of slice ``i`` in fields ``i`` and
-``i + PAIRS``, 16 bits apart. Viewed as int16, element ``e`` of a block row holds input
-``e`` of every slice, so one LOP3 of a word gives the pair of halves ``B + q`` that a
-tensor-core operand register holds (``kernels.py``).
+**Blocks and pairs** (:mod:`quantcore.kernels.gptq_pairs.layout`, the words
+``triton_int4`` reads too): the sorted inputs of each output row are cut into blocks of
+16 int32 words (128 inputs at 4 bits, 64 at 8); a block is ``PAIRS = 16 / b`` slices of
+32 inputs, and word ``c`` holds inputs ``2c`` and ``2c + 1`` of slice ``i`` in fields
+``i`` and ``i + PAIRS``, 16 bits apart. Viewed as int16, element ``e`` of a block row
+holds input ``e`` of every slice, so one LOP3 of a word gives the pair of halves
+``B + q`` that a tensor-core operand register holds (``kernels.py``).
 
 **Fragments.** wgmma's A operand from registers gives thread ``t = 32w + 4g + u`` of a
 warpgroup (warp ``w``, lane ``4g + u``) rows ``16w + g`` and ``16w + 8 + g`` of a 64-row
@@ -44,84 +44,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gptq_pairs.layout import (
+    BLOCK_WORDS,
+    SLICE,
+    SUPPORTED_BITS,
+    block_k,
+    deinterleave_codes,
+    interleave_codes,
+    padded_k,
+)
+from quantcore.kernels.gptq_pairs.weights import PairedWeights
 from quantcore.transform import Transform
 from quantcore.transforms.gptq_rows import GPTQRows, GPTQToRows
 
 __all__ = [
-    "BLOCK_WORDS",
-    "SLICE",
-    "SUPPORTED_BITS",
     "TILE_N",
     "GPTQToHopper",
     "HopperWeights",
-    "block_k",
-    "deinterleave_codes",
     "fragment_order",
-    "interleave_codes",
-    "padded_k",
+    "row_order",
     "sub_group_size",
 ]
 
-#: Words of one block of one output row, whatever the bit width (64 bytes).
-BLOCK_WORDS = 16
-#: Inputs of one slice: the depth of one operand register set (two k16 wgmma steps).
-SLICE = 32
 #: Output rows of one warpgroup's tile (wgmma's M).
 TILE_N = 64
-SUPPORTED_BITS = (4, 8)
-
-
-def block_k(bits: int) -> int:
-    """Inputs per block: 128 at 4 bits, 64 at 8 bits."""
-    return BLOCK_WORDS * 32 // bits
-
-
-def padded_k(k: int, bits: int) -> int:
-    bk = block_k(bits)
-    return -(-k // bk) * bk
-
-
-def _field_inputs(bits: int) -> torch.Tensor:
-    """``[F, 16]``: the input (within its block) of field f of word c."""
-    p = 16 // bits
-    f = torch.arange(32 // bits).view(-1, 1)
-    c = torch.arange(BLOCK_WORDS).view(1, -1)
-    return (f % p) * SLICE + 2 * c + f // p
-
-
-def interleave_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes ``[N, K]`` (``0 ≤ q < 2^b``) → int32 words ``[N, Kp·b/32]`` in block-pair order
-    (module docstring; the same words as ``backends/triton_int4/layout.py``)."""
-    n, k = codes.shape
-    kp, bk = padded_k(k, bits), block_k(bits)
-    c = torch.zeros(n, kp, dtype=torch.int64, device=codes.device)
-    c[:, :k] = codes.to(torch.int64)
-    c = c.view(n, kp // bk, bk)
-    where = _field_inputs(bits).to(codes.device)
-    words = torch.zeros(n, kp // bk, BLOCK_WORDS, dtype=torch.int64, device=codes.device)
-    for f in range(32 // bits):
-        words |= c[:, :, where[f]] << (bits * f)
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32).reshape(n, kp * bits // 32).contiguous()
-
-
-def deinterleave_codes(words: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """Inverse of :func:`interleave_codes`: int32 codes ``[N, K]``."""
-    n = words.shape[0]
-    bk = block_k(bits)
-    w = words.to(torch.int64).view(n, -1, BLOCK_WORDS) & 0xFFFFFFFF
-    codes = torch.zeros(n, w.shape[1], bk, dtype=torch.int64, device=words.device)
-    where = _field_inputs(bits).to(words.device)
-    for f in range(32 // bits):
-        codes[:, :, where[f]] = (w >> (bits * f)) & ((1 << bits) - 1)
-    return codes.reshape(n, -1)[:, :k].to(torch.int32).contiguous()
 
 
 def fragment_order(words: torch.Tensor) -> torch.Tensor:
@@ -158,35 +110,15 @@ def sub_group_size(sorted_groups: torch.Tensor, k_padded: int) -> int:
 
 
 @dataclass(kw_only=True)
-class HopperWeights:
-    """Prepared state of ``hopper_wgmma`` (module docstring)."""
+class HopperWeights(PairedWeights):
+    """Prepared state of ``hopper_wgmma`` (module docstring); scales are per sub-group, so
+    it keeps the groups' count."""
 
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    group_map: torch.Tensor | None
     num_groups: int
-    sub_group: int
-    bits: int
-    in_features: int
-    out_features: int
-    ret_idx: torch.Tensor | None
-    bias: torch.Tensor | None
-    #: Launch-time state (TMA descriptors, split-K counters), filled on first use.
-    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def blocks(self) -> int:
-        return padded_k(self.in_features, self.bits) // block_k(self.bits)
 
     @property
     def tiles(self) -> int:
         return self.qweight.shape[0]
-
-    def nbytes(self) -> int:
-        """Bytes the layout holds (the weight's own; launch-time buffers excluded)."""
-        ts = (self.qweight, self.scales, self.zeros, self.group_map, self.ret_idx, self.bias)
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
 def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quantcore.kernels.gptq_pairs.plans import Shape as PairedShape
+from quantcore.kernels.gptq_pairs.plans import pow2_at_least
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import table_for
 
@@ -35,13 +37,10 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Shape:
-    """What a plan depends on."""
+class Shape(PairedShape):
+    """What a plan depends on: the shape (:class:`~quantcore.kernels.gptq_pairs.plans.Shape`),
+    the groups and the activation dtype."""
 
-    m: int
-    k: int
-    n: int
-    bits: int
     close: int  # slices per scale group (kernels.py)
     dtype: str  # "bf16" / "fp16"
 
@@ -58,10 +57,6 @@ def _tuned() -> dict[CardKey, dict[tuple[int, int, int, int, int], Plan]]:
     return {tuned_h100.CARD: tuned_h100.PLANS}
 
 
-def _pow2_at_least(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, 1 << max(v - 1, 0).bit_length()))
-
-
 def _split(blocks: int, tiles: int, target: int) -> int:
     """K splits that bring the programs near ``target``, each keeping at least one block."""
     return max(1, min(blocks, round(target / tiles)))
@@ -72,13 +67,12 @@ def default_plan(shape: Shape, sms: int) -> Plan:
     cores at every M (fewer instructions per code than the CUDA-core GEMV); 64 outputs
     per program and K split to about 4 programs per SM up to M = 64, 128-row tiles above
     with less splitting; fused 128×128 tiles to M = 1024, then dequantize + cuBLAS."""
-    m, bits = shape.m, shape.bits
-    blocks = -(-shape.k // (512 // bits))
+    m, blocks = shape.m, shape.blocks
     if m > 1024:
         return Plan("dequant")
     if m > 256:
         return Plan("mma", mma=MmaConfig(128, 128, 1, 8, 3, 1))
-    block_m = _pow2_at_least(m, 16, 128)
+    block_m = pow2_at_least(m, 16, 128)
     block_b = 2 if blocks >= 16 and m <= 64 else 1
     tiles = -(-shape.n // 64) * -(-m // block_m)
     target = (4 if m <= 16 else 3 if m <= 64 else 2) * sms

@@ -48,6 +48,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
@@ -219,49 +220,14 @@ def gemv_kernel(
 # --- tensor-core GEMM -----------------------------------------------------------------------
 
 
-def _pair_asm_text(bits: int, fp16: bool, shift: int, with_zero: bool, scaled: bool) -> str:
-    """PTX for one 32-bit word of the int16 view (two inputs, k and k + 1, of one row):
-    its field at bit ``shift`` of each half → the pair ``(q₀ − z, q₁ − z)`` packed in the
-    activation dtype, exactly (times the scale, rounded once, when ``scaled``).
-
-    Operands: ``$1`` the word; then, with zero points, the pair ``−(B + z)`` (one
-    register; for 8-bit bf16 ``2^23 + z`` as fp32, two); then, when scaled, the scale
-    (the pair, or for 8-bit bf16 fp32, two)."""
-    src = f"shr.u32 t, $1, {shift};" if shift else "mov.b32 t, $1;"
-    wide = bits == 8 and not fp16
-    reg = 2
-    zero = "zf" if wide else "nz"
-    if with_zero:
-        zero, reg = f"${reg}", reg + (2 if wide else 1)
-    scale = f"${reg}" if scaled else ""
-    if not wide:
-        mask = "0x000F000F" if bits == 4 else "0x00FF00FF"
-        magic, one = ("0x64006400", "0x3C003C00") if fp16 else ("0x43004300", "0x3F803F80")
-        sym = {(4, True): "0xE408E408", (8, True): "0xE480E480", (4, False): "0xC308C308"}[(bits, fp16)]
-        x2 = "f16x2" if fp16 else "bf16x2"
-        # t·1 + (−(B + z)) is exact; the scale multiplies by an FMA with −0 (sm_80 has no
-        # bf16x2 mul), which rounds once, as a multiply would.
-        tail = (f" fma.rn.{x2} $0, t, one, {zero}; }}" if not scaled else
-                f" fma.rn.{x2} t, t, one, {zero}; fma.rn.{x2} $0, t, {scale}, mz; }}")
-        return ("{ .reg .b32 t, one, nz, mz; mov.b32 one, " + one + "; mov.b32 nz, " + sym
-                + "; mov.b32 mz, 0x80008000; " + src + f" lop3.b32 t, t, {mask}, {magic}, 0xea;" + tail)
-    # 8-bit codes overflow bf16's mantissa as B + q: each code through fp32 (2^23 + q, one
-    # PRMT places byte i under the exponent bits of 2^23), then exact subtraction.
-    i = shift // 8
-    mul = f" mul.f32 lo, lo, {scale}; mul.f32 hi, hi, {scale};" if scaled else ""
-    return ("{ .reg .b32 lo, hi, zf, mg; mov.b32 mg, 0x4B000000; mov.b32 zf, 0x4B000080;"
-            f" prmt.b32 lo, $1, mg, 0x744{i}; prmt.b32 hi, $1, mg, 0x744{i + 2};"
-            f" sub.f32 lo, lo, {zero}; sub.f32 hi, hi, {zero};{mul} cvt.rn.bf16x2.f32 $0, hi, lo; }}")
-
-
 def _asm_index(bits: int, fp16: bool, scaled: bool, zero: bool, i: int) -> int:
     return (((bits == 8) * 2 + fp16) * 2 + scaled) * 8 + zero * 4 + i
 
 
-#: Every variant of :func:`_pair_asm_text`, at :func:`_asm_index` (slice i shifts by bits·i;
-#: 8-bit has 2 slices).
+#: Every variant of :func:`~quantcore.kernels.gptq_pairs.ptx.pair_asm_text`, at :func:`_asm_index`
+#: (slice i shifts by bits·i; 8-bit has 2 slices).
 _PAIR_ASM = tl.constexpr(tuple(
-    _pair_asm_text(bits, fp16, bits * i, zero, scaled) if i < 16 // bits else ""
+    pair_asm_text(bits, fp16, bits * i, zero, scaled) if i < 16 // bits else ""
     for bits in (4, 8) for fp16 in (False, True) for scaled in (False, True) for zero in (False, True)
     for i in range(4)
 ))
@@ -302,7 +268,7 @@ def _slice_operand(w16, SL: tl.constexpr, BITS: tl.constexpr, z, s, act: tl.cons
     (slice i in its field i), so the operand is elementwise in ``w16`` and each word
     yields an (input e, e + 1) pair — the register a tensor-core operand wants."""
     if OPERAND != 0 and ASM:
-        WIDE: tl.constexpr = BITS == 8 and act == tl.bfloat16  # through fp32 (see _pair_asm_text)
+        WIDE: tl.constexpr = BITS == 8 and act == tl.bfloat16  # through fp32 (see pair_asm_text)
         IDX: tl.constexpr = (((BITS == 8) * 2 + (act == tl.float16)) * 2 + (OPERAND == 2)) * 8 + HAS_ZEROS * 4 + SL
         ZR: tl.constexpr = (2 if WIDE else 1) if HAS_ZEROS else 0
         SR: tl.constexpr = (2 if WIDE else 1) if OPERAND == 2 else 0

@@ -22,14 +22,16 @@ import torch
 import triton
 
 from quantcore.errors import KernelInputError
+from quantcore.kernels.gptq_pairs.layout import SLICE, block_k, pairs
 from quantcore.probe.card_tables import cuda_card
 from quantcore.tensors import describe
-from quantcore.triton.buffers import KeptBuffers, capturing, grown
+from quantcore.triton.buffers import KeptBuffers
 from quantcore.triton.launch import Launch, launch_state
+from quantcore.triton.split_k import SplitKBuffers
 
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_breaks, plan_for
 from .kernels import dequant_kernel, gemv_kernel, mma_kernel
-from .layout import SLICE, TritonIntWeights, block_k, pairs
+from .layout import TritonIntWeights
 
 __all__ = ["close_slices", "interpreting", "linear", "plan_of"]
 
@@ -81,12 +83,6 @@ def _breaks(x2: torch.Tensor, w: TritonIntWeights) -> tuple[int, ...]:
     return plan_breaks(_shape(1, x2.dtype, w), cuda_card(x2.device))
 
 
-def _counters(w: TritonIntWeights, tiles: int, device: torch.device) -> torch.Tensor:
-    """The split-K arrival counters (int32, zero between launches: the last program of a
-    tile resets its own), kept with the weight; grown on demand."""
-    return grown(w.runtime, ("counters", device), tiles, torch.int32, device, zero=True, minimum=1024)
-
-
 #: One dequantization scratch per (device, dtype), shared by every layer and grown to the
 #: largest: the dense weight exists only while one call runs.
 _SCRATCH = KeptBuffers(None, zero=False)
@@ -120,7 +116,6 @@ class _Bucket:
         gmap = w.group_map if w.group_map is not None else any_t
         common = _common(w)
         runtime = (common.pop("NUM_GROUPS"), common.pop("NUM_SUB"))
-        self.counters: torch.Tensor | None = None
         if plan.path == "dequant":
             self.launch = Launch(dequant_kernel, constexprs=dict(**common, BLOCK_N=DEQUANT_BLOCK_N), device=device)
             self.grid = (triton.cdiv(n, DEQUANT_BLOCK_N), w.blocks, 1)
@@ -140,6 +135,7 @@ class _Bucket:
             kernel, weight = mma_kernel, w.qweight.view(torch.int16)
         self.steps = triton.cdiv(triton.cdiv(w.blocks, cfg.split_k), cfg.block_b)
         self.split = triton.cdiv(w.blocks, self.steps * cfg.block_b)
+        self.split_k = SplitKBuffers(self.split, device, any_t)
         self.block_n, self.block_m = cfg.block_n, getattr(cfg, "block_m", 1)
         self.n_tiles = triton.cdiv(n, cfg.block_n)
         self.launch = Launch(
@@ -149,7 +145,6 @@ class _Bucket:
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
         self.fixed = (weight, w.scales, zeros, gmap, w.bias if w.bias is not None else any_t)
-        self.any_t = any_t
         self.tail = (n, k, k, n, *runtime)  # N, K, stride_xm (x is contiguous), stride_ym, groups
 
     def fits(self, w: TritonIntWeights) -> bool:
@@ -171,15 +166,7 @@ class _Bucket:
         else:
             tiles = self.n_tiles * -(-m // self.block_m)  # not triton.cdiv: microseconds a call on the host
             grid = (tiles, self.split, 1)
-        if self.split > 1:
-            ws = torch.empty(self.split * m * n, dtype=torch.float32, device=self.device)
-            counters = self.counters
-            if counters is None or counters.numel() < tiles:
-                counters = _counters(w, tiles, self.device)
-                if not capturing(self.device):  # a buffer made during a capture is that graph's alone
-                    self.counters = counters
-        else:
-            ws = counters = self.any_t
+        ws, counters = self.split_k(w.runtime, m, n, tiles)
         self.launch(grid, x2, *self.fixed, y, ws, counters, m, *self.tail)
         return y
 

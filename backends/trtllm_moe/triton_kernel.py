@@ -18,6 +18,7 @@ call can be captured in a CUDA graph.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -253,17 +254,12 @@ def _tile_runs(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[
     return tuple(limit * e for limit, _ in tile_table(card)), card
 
 
+@functools.cache
 def _launcher() -> Any:
     """:mod:`.triton_launch`, imported on the first call (it imports triton)."""
-    global _LAUNCHER
-    if _LAUNCHER is None:
-        from . import triton_launch
+    from . import triton_launch
 
-        _LAUNCHER = triton_launch
-    return _LAUNCHER
-
-
-_LAUNCHER: Any = None
+    return triton_launch
 
 
 __all__ += ["SMALL_MAX_ROUTES"]

@@ -7,6 +7,7 @@ kernels read indices as int32 words, eight consecutive coordinates per word.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -101,14 +102,9 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         return out if flat else out.view(*x.shape[:-1], prepared.out_features)
 
 
+@functools.cache
 def _fused() -> Any:
     """``fused.fused_linear``, imported on the first call (it imports triton)."""
-    global _FUSED
-    if _FUSED is None:
-        from .fused import fused_linear
+    from .fused import fused_linear
 
-        _FUSED = fused_linear
-    return _FUSED
-
-
-_FUSED: Any = None
+    return fused_linear

@@ -120,35 +120,53 @@ def _kernels(fmt: Any, op: str, problem: Problem, device: torch.device, skipped:
     return out
 
 
+def _kernel_subjects(family: str, fmt: Any, op: str, problem: Problem, device: torch.device,
+                     tensors: dict[str, torch.Tensor], x: torch.Tensor, skipped: dict[str, str],
+                     note: str = "") -> list[Subject]:
+    """Every kernel of :func:`_kernels`, prepared once for ``tensors`` and called directly
+    on ``x``, as an engine holding the prepared state calls it."""
+    out = []
+    for kernel in _kernels(fmt, op, problem, device, skipped):
+        prepared = kernel.prepare(tensors, dtype=x.dtype)
+        out.append(Subject(f"{family}:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p), note))
+    return out
+
+
+def _linear_family(family: str, fmt: Any, module_name: str,
+                   module_of: Callable[[dict[str, torch.Tensor]], torch.nn.Module], device: torch.device,
+                   dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
+                   skipped: dict[str, str]) -> list[Subject]:
+    """A quantized linear family: its kernels, then its module (``module_of`` the weight's
+    tensors), on one random weight and activation."""
+    tensors = fmt.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
+    x = torch.randn(m, k, device=device).to(dtype)
+    problem = Problem.linear(fmt, M=m, K=k, N=n, dtype=dtype)
+    out = _kernel_subjects(family, fmt, "linear", problem, device, tensors, x, skipped)
+    module = module_of(tensors)
+    out.append(Subject(module_name, "module", lambda i: module(x), f"kernel {module.kernel.name}"))
+    return out
+
+
 def _gptq(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
           skipped: dict[str, str]) -> list[Subject]:
     from quantcore.nn.linear import QuantLinear
 
-    tensors = GPTQ_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
-    x = torch.randn(m, k, device=device).to(dtype)
-    out = []
-    for kernel in _kernels(GPTQ_FMT, "linear", Problem.linear(GPTQ_FMT, M=m, K=k, N=n, dtype=dtype), device, skipped):
-        prepared = kernel.prepare(tensors, dtype=dtype)
-        out.append(Subject(f"gptq4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p)))
-    module = QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype)
-    out.append(Subject("QuantLinear(gptq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
-    return out
+    return _linear_family("gptq4", GPTQ_FMT, "QuantLinear(gptq4)",
+                          lambda tensors: QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype),
+                          device, dtype, m, k, n, gen, skipped)
 
 
 def _turbo(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
            skipped: dict[str, str]) -> list[Subject]:
     from quantcore.nn.turboquant import TurboQuantLinear
 
-    tensors = TURBO_FMT.quantize(torch.randn(n, k, generator=gen, device=gen.device).to(device) * 0.02)
-    x = torch.randn(m, k, device=device).to(dtype)
-    out = []
-    for kernel in _kernels(TURBO_FMT, "linear", Problem.linear(TURBO_FMT, M=m, K=k, N=n, dtype=dtype), device, skipped):
-        prepared = kernel.prepare(tensors, dtype=dtype)
-        out.append(Subject(f"turboquant4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p)))
-    module = TurboQuantLinear(k, n, TURBO_FMT, bias=False, device=device, dtype=dtype)
-    module.load_tensors(tensors)
-    out.append(Subject("TurboQuantLinear(tq4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
-    return out
+    def module_of(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+        module = TurboQuantLinear(k, n, TURBO_FMT, bias=False, device=device, dtype=dtype)
+        module.load_tensors(tensors)
+        return module
+
+    return _linear_family("turboquant4", TURBO_FMT, "TurboQuantLinear(tq4)", module_of,
+                          device, dtype, m, k, n, gen, skipped)
 
 
 def _moe(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
@@ -184,12 +202,9 @@ def _svdquant(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, 
     tensors = {"lora_down": (torch.randn(k, SVD_R, **on) * 0.05).to(device, dtype),
                "smooth": torch.exp(torch.randn(k, **on) * 0.5).to(device, dtype)}
     x = torch.randn(m, k, device=device).to(dtype)
-    out = []
     problem = act_quant_lora_problem(SVD_FMT, M=m, N=k, R=SVD_R, dtype=dtype)
-    for kernel in _kernels(SVD_FMT, "act_quant_lora", problem, device, skipped):
-        prepared = kernel.prepare(tensors, dtype=dtype)
-        out.append(Subject(f"svdquant_nvfp4:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p),
-                           f"N={k}, R={SVD_R}"))
+    out = _kernel_subjects("svdquant_nvfp4", SVD_FMT, "act_quant_lora", problem, device, tensors, x, skipped,
+                           f"N={k}, R={SVD_R}")
     module = SVDQuantActQuant(SVD_FMT, tensors, device=device, dtype=dtype)
     out.append(Subject("SVDQuantActQuant(nvfp4)", "module", lambda i: module(x), f"kernel {module.kernel.name}"))
     return out

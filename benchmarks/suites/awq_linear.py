@@ -16,6 +16,7 @@ import torch
 from quantcore.formats.awq import AWQ
 from quantcore.problem import Problem
 
+from ..memory import with_fresh_codes
 from ..spec import BenchCase
 from ._linear import linear_case
 from .gptq_linear import GOALS, SHAPES, dtype_of, goal_notes, skip_slow
@@ -34,14 +35,7 @@ def _quantized(k: int, n: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    base = _quantized(k, n, seed)
-    out = [base]
-    for _ in range(sets - 1):
-        t = dict(base)  # same scales and zeros, fresh random codes: distinct memory, same work
-        t["qweight"] = torch.randint(-(2**31), 2**31 - 1, base["qweight"].shape, generator=gen, dtype=torch.int32)
-        out.append(t)
-    return out
+    return with_fresh_codes(_quantized(k, n, seed), sets, torch.Generator().manual_seed(seed + 1))
 
 
 def _awq_bytes(m: int, k: int, n: int) -> int:

@@ -17,6 +17,7 @@ import torch
 from quantcore.formats.gptq import GPTQ
 from quantcore.problem import Problem
 
+from ..memory import with_fresh_codes
 from ..spec import BenchCase, Variant
 from ._linear import linear_case
 
@@ -52,15 +53,7 @@ def _quantized(k: int, n: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def weights(k: int, n: int, sets: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    base = _quantized(k, n, seed)
-    out = [base]
-    for _ in range(sets - 1):
-        # Same scales and g_idx, fresh random codes: distinct memory, same work.
-        t = dict(base)
-        t["qweight"] = torch.randint(-(2**31), 2**31 - 1, base["qweight"].shape, generator=gen, dtype=torch.int32)
-        out.append(t)
-    return out
+    return with_fresh_codes(_quantized(k, n, seed), sets, torch.Generator().manual_seed(seed + 1))
 
 
 def int4_bytes(m: int, k: int, n: int) -> int:

@@ -7,6 +7,8 @@ kernel for one of these formats subclasses the same bases. Nothing here imports 
 at import time.
 
 - :mod:`.compressed_tensors` a GPTQ kernel behind the pack-quantized → GPTQ transform (every GPTQ backend)
+- :mod:`.gptq_pairs`    GPTQ/AWQ linears over pair-interleaved codes: the words, the kernel base
+                        and the PTX that dequantizes a pair (``triton_int4``, ``hopper_wgmma``)
 - :mod:`.int4pack_cpu`  torch's CPU int4pack op behind a linear kernel (``aten_cpu``, ``awq_cpu``)
 - :mod:`.svdquant`      the ``act_quant_lora`` kernels' base and their one Triton kernel
                         (``triton_nvfp4``, ``triton_ascend_int4``, ``svdquant_torch``)

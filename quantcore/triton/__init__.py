@@ -1,9 +1,9 @@
 """The Triton layer every Triton backend shares: buffers a launcher keeps between calls
-(:mod:`.buffers`), the compiler's report on a kernel (:mod:`.compile_report`), the bound
-launch whose host cost is a launch (:mod:`.launch`) and its activation check
-(:mod:`.checks`).
+(:mod:`.buffers`) and those of a split-K launch (:mod:`.split_k`), the compiler's report
+on a kernel (:mod:`.compile_report`), the bound launch whose host cost is a launch
+(:mod:`.launch`) and its activation check (:mod:`.checks`).
 
-Nothing here imports triton at ``import quantcore``: :mod:`.buffers` and :mod:`.checks`
-need torch only, :mod:`.compile_report` imports triton inside its functions, and
+Nothing here imports triton at ``import quantcore``: :mod:`.buffers`, :mod:`.split_k` and
+:mod:`.checks` need torch only, :mod:`.compile_report` imports triton inside its functions, and
 :mod:`.launch` (which imports it) is loaded by a backend's launch code on its first call.
 """

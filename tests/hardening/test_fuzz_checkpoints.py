@@ -32,11 +32,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 import quantcore
-from quantcore.checkpoint import load_checkpoint, quantize_linears, save_checkpoint
+from quantcore.checkpoint import load_checkpoint
 from quantcore.checkpoint.shards import INDEX
 from quantcore.errors import QuantCoreError
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn.linear import QuantLinear
+from tests.llama_checkpoint import llama, skeleton, write_quantized
 
 from .fuzz.profiles import examples
 from .fuzz.tally import attempt
@@ -55,28 +56,11 @@ def _config() -> Any:
     )
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(_config()).eval()
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: Any) -> Path:
     folder = tmp_path_factory.mktemp("checkpoint") / "model"
-    model = _model()
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
-    linears = quantize_linears(model, FMT, names, generator=torch.Generator().manual_seed(0))
-    covered = {f"{n}.{leaf}" for n in names for leaf in ("weight", "bias")}
-    others = {k: v for k, v in model.state_dict().items() if k not in covered}
-    save_checkpoint(folder, FMT, linears, others, base_config=_config().to_dict(), shards=3)
+    write_quantized(folder, llama(_config()), FMT, _config(), shards=3)
     return folder
-
-
-def _skeleton() -> nn.Module:
-    with torch.device("meta"):
-        skeleton = transformers.LlamaForCausalLM(_config())
-    skeleton.model.rotary_emb = _model().model.rotary_emb
-    return skeleton
 
 
 # --- spoiling ---------------------------------------------------------------------------------
@@ -244,7 +228,7 @@ def test_spoiled_checkpoint_folders(pristine: Path, data: st.DataObject, tmp_pat
         if door == "load_checkpoint":
             return load_checkpoint(folder)
         if door == "load_quantized into a skeleton":
-            return quantcore.load_quantized(_skeleton(), folder, dtype=torch.float32)
+            return quantcore.load_quantized(skeleton(_config()), folder, dtype=torch.float32)
         return quantcore.load_quantized(folder, dtype=torch.float32)
 
     def judge(result: Any) -> str | None:

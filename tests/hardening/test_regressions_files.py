@@ -25,9 +25,10 @@ from quantcore.probe import probe
 from quantcore.problem import Problem
 from quantcore.selection import get_kernel
 from quantcore.selection.state import selection_state
+from tests.llama_checkpoint import skeleton
 
 from .fuzz.seeds import registry
-from .test_fuzz_checkpoints import _skeleton, pristine  # noqa: F401  (the fixture)
+from .test_fuzz_checkpoints import _config, pristine  # noqa: F401  (the fixture)
 
 FMT = GPTQ(group_size=32, sym=False)
 P = Problem.linear(FMT, M=2, K=128, N=64, dtype=torch.float32)
@@ -131,7 +132,7 @@ def test_a_spoiled_checkpoint_is_a_tensor_format_error(spoil: str, message: str,
         index.write_text(json.dumps(data))
     with pytest.raises(TensorFormatError, match=message):
         if door == "load_quantized":
-            quantcore.load_quantized(_skeleton(), folder, dtype=torch.float32)
+            quantcore.load_quantized(skeleton(_config()), folder, dtype=torch.float32)
         else:
             load_checkpoint(folder)
 
@@ -147,8 +148,8 @@ def test_the_hugging_face_cache_layout_still_loads(pristine: Path, tmp_path: Pat
         shutil.copy(path, blobs / path.name)
         (snapshot / path.name).symlink_to(Path("../../blobs") / path.name)
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
-    linked = quantcore.load_quantized(_skeleton(), snapshot, dtype=torch.float32)
-    plain = quantcore.load_quantized(_skeleton(), pristine, dtype=torch.float32)
+    linked = quantcore.load_quantized(skeleton(_config()), snapshot, dtype=torch.float32)
+    plain = quantcore.load_quantized(skeleton(_config()), pristine, dtype=torch.float32)
     with torch.no_grad():
         assert torch.equal(linked(ids).logits, plain(ids).logits)
 

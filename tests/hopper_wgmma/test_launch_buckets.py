@@ -4,7 +4,7 @@ seen before reuses its bucket, and a weight whose tensors were replaced is bound
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
@@ -13,21 +13,7 @@ from quantcore.backends.hopper_wgmma import launch
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.formats.gptq import GPTQ
-
-
-class _Recorder:
-    """Stands in for quantcore.triton.launch.Launch: records what a bucket launches."""
-
-    made: ClassVar[list[_Recorder]] = []
-
-    def __init__(self, fn: Any, *, constexprs: dict[str, Any], options: dict[str, Any], varying: Any,
-                 device: torch.device) -> None:
-        self.constexprs, self.options, self.varying = constexprs, options, varying
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-        _Recorder.made.append(self)
-
-    def __call__(self, grid: Any, *args: Any) -> None:
-        self.calls.append((grid, args))
+from tests.launch_recorder import Recorder, record_launches
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -41,9 +27,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @pytest.fixture
-def weights(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(launch, "Launch", _Recorder)
-    _Recorder.made = []
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
+    return record_launches(monkeypatch, launch)
+
+
+@pytest.fixture
+def weights(recorded: list[Recorder]) -> Any:
     fmt = GPTQ(bits=4, group_size=128, sym=False)
     src = fmt.quantize(torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.05)
     return HopperWgmmaGPTQ(fmt, "cpu").prepare(src, dtype=torch.bfloat16)
@@ -51,11 +40,12 @@ def weights(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.mark.parametrize("plan", [Plan(wg=1, bm=16, stages=4, split=1), Plan(wg=2, bm=64, stages=3, split=2)],
                          ids=["one-wg", "two-wg-split"])
-def test_a_bucket_launches_what_the_plain_path_would(weights: Any, plan: Plan, monkeypatch) -> None:
+def test_a_bucket_launches_what_the_plain_path_would(weights: Any, recorded: list[Recorder], plan: Plan,
+                                                     monkeypatch) -> None:
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: plan)
     x = torch.randn(5, 512, dtype=torch.bfloat16)
     launch.linear(x, weights)
-    (recorder,) = _Recorder.made
+    (recorder,) = recorded
     (grid, args), = recorder.calls
     y, ws, counters = args[5], args[6], args[7]
     want_grid, want_args, want_const = launch.kernel_args(launch.prepare_x(x), weights, plan, y, ws, counters)
@@ -65,15 +55,16 @@ def test_a_bucket_launches_what_the_plain_path_would(weights: Any, plan: Plan, m
     assert recorder.varying == launch.VARYING and all(isinstance(args[i], int) for i in launch.VARYING)
 
 
-def test_a_row_count_seen_before_reuses_its_bucket_and_a_new_weight_is_bound_again(weights: Any,
-                                                                                  monkeypatch) -> None:
+def test_a_row_count_seen_before_reuses_its_bucket_and_a_new_weight_is_bound_again(
+    weights: Any, recorded: list[Recorder], monkeypatch,
+) -> None:
     plans = {1: Plan(wg=1, bm=8, stages=4, split=2), 3: Plan(wg=1, bm=8, stages=4, split=2),
              64: Plan(wg=1, bm=64, stages=3, split=1)}
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: plans[m])
     for m in (1, 1, 3, 64, 1):
         launch.linear(torch.randn(m, 512, dtype=torch.bfloat16), weights)
-    assert len(_Recorder.made) == 2  # one per plan: M = 1 and 3 share theirs
-    assert [len(r.calls) for r in _Recorder.made] == [4, 1]
+    assert len(recorded) == 2  # one per plan: M = 1 and 3 share theirs
+    assert [len(r.calls) for r in recorded] == [4, 1]
     weights.scales = weights.scales.clone()
     launch.linear(torch.randn(1, 512, dtype=torch.bfloat16), weights)
-    assert len(_Recorder.made) == 3
+    assert len(recorded) == 3

@@ -9,14 +9,15 @@ import torch
 from quantcore.backends.hopper_wgmma.layout import (
     TILE_N,
     GPTQToHopper,
-    block_k,
     fragment_order,
     row_order,
 )
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gptq_pairs.layout import block_k
 from quantcore.transforms.awq_gptq import AWQToGPTQ, gptq_format_for
+from tests.gptq_pairs_cases import BYTES_CASES, ROUND_TRIP_FORMATS, prepared_and_stored_bytes
 
 
 def test_fragment_order_is_invertible() -> None:
@@ -68,15 +69,7 @@ def test_kernel_view_holds_the_codes(bits: int) -> None:
                 assert torch.equal(got, want), (tile, block, i)
 
 
-FORMATS = [
-    GPTQ(bits=4, group_size=128),
-    GPTQ(bits=4, group_size=32, sym=False),
-    GPTQ(bits=4, group_size=64, sym=False, desc_act=True, checkpoint_format="v1"),
-    GPTQ(bits=4, group_size=-1, desc_act=True),
-    GPTQ(bits=8, group_size=128, sym=False),
-    GPTQ(bits=8, group_size=32),
-    GPTQ(bits=8, group_size=-1),
-]
+FORMATS = [*ROUND_TRIP_FORMATS, GPTQ(bits=8, group_size=32)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
@@ -158,9 +151,7 @@ def test_refuses_sub_groups_that_straddle_a_block() -> None:
         GPTQToHopper(fmt).apply(src)
 
 
-@pytest.mark.parametrize(("bits", "group_size", "sym"), [(4, 128, True), (4, 32, False), (8, 128, False), (4, -1, True)])
+@pytest.mark.parametrize(("bits", "group_size", "sym"), BYTES_CASES)
 def test_prepared_bytes_within_a_tenth_of_the_checkpoint(bits: int, group_size: int, sym: bool) -> None:
-    fmt = GPTQ(bits=bits, group_size=group_size, sym=sym)
-    src = fmt.quantize(torch.randn(512, 1024, generator=torch.Generator().manual_seed(0)) * 0.05)
-    stored = sum(t.numel() * t.element_size() for t in src.values())
-    assert GPTQToHopper(fmt).apply(src).nbytes() <= 1.1 * stored
+    prepared, stored = prepared_and_stored_bytes(GPTQToHopper, bits, group_size, sym)
+    assert prepared <= 1.1 * stored

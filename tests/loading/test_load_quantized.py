@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import quantcore
-from quantcore.checkpoint import load_checkpoint, quantize_linears, replace_linears, save_checkpoint
+from quantcore.checkpoint import load_checkpoint, replace_linears
 from quantcore.errors import InvalidArgumentError, QuantCoreWarning, TensorFormatError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
@@ -23,6 +23,7 @@ from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.nn.linear import QuantLinear
 from quantcore.nn.turboquant import TurboQuantLinear
+from tests.llama_checkpoint import llama, skeleton, write_quantized
 
 transformers = pytest.importorskip("transformers")
 safetensors = pytest.importorskip("safetensors")
@@ -38,25 +39,15 @@ def _config() -> object:
 
 
 def _model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(_config()).eval()
+    return llama(_config(), seed)
 
 
 def _write(folder: Path, model: nn.Module, fmt=FMT, shards: int = 3) -> dict[str, dict[str, torch.Tensor]]:
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
-    linears = quantize_linears(model, fmt, names, generator=torch.Generator().manual_seed(0))
-    covered = {f"{n}.{leaf}" for n in names for leaf in ("weight", "bias")}
-    others = {k: v for k, v in model.state_dict().items() if k not in covered}
-    save_checkpoint(folder, fmt, linears, others, base_config=_config().to_dict(), shards=shards)
-    return linears
+    return write_quantized(folder, model, fmt, _config(), shards)
 
 
 def _skeleton() -> nn.Module:
-    """The model on meta, but for the rotary frequencies, which are computed, not saved."""
-    with torch.device("meta"):
-        skeleton = transformers.LlamaForCausalLM(_config())
-    skeleton.model.rotary_emb = _model().model.rotary_emb
-    return skeleton
+    return skeleton(_config())
 
 
 def _reference(model: nn.Module, folder: Path) -> nn.Module:

@@ -6,42 +6,21 @@ a recorder (no GPU)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
-from triton._C.libtriton import native_specialize_impl
-from triton.backends.compiler import BaseBackend
 
 from quantcore.backends.triton_nvfp4 import TritonNVFP4
 from quantcore.errors import KernelInputError
 from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernels.svdquant import triton_launch
-
-
-class Recorder:
-    made: ClassVar[list[Recorder]] = []
-
-    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
-        self.fn, self.varying = fn, tuple(varying)
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-        Recorder.made.append(self)
-
-    def __call__(self, grid: Any, *args: Any) -> None:
-        self.calls.append((grid, args))
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
-    Recorder.made = []
-    monkeypatch.setattr(triton_launch, "Launch", Recorder)
-    return Recorder.made
-
-
-def _spec(fn: Any, pos: int, v: Any) -> Any:
-    kept = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())
-    kept |= {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
-    return native_specialize_impl(BaseBackend, v, False, fn.arg_names[pos] not in kept, True)
+    return record_launches(monkeypatch, triton_launch)
 
 
 def _layer(smooth: bool, r: int = 16, n: int = 128) -> tuple[Any, Any]:
@@ -65,11 +44,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(recorded: li
             out = kernel(x, prepared)
             assert out.qout.shape[0] == -(-m // 16) * 16
     assert len(recorded) == 3  # M_pad 16, 32, 48
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(_spec(launch.fn, pos, args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
 
 
 def test_every_call_is_still_checked(recorded: list[Recorder]) -> None:

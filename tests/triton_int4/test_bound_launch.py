@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
-from triton._C.libtriton import native_specialize_impl
-from triton.backends.compiler import BaseBackend
 
 from quantcore.backends.triton_int4 import launch as launch_mod
 from quantcore.backends.triton_int4 import tuned_h100
@@ -28,31 +26,12 @@ from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
-
-
-def _spec(v: Any) -> Any:
-    return native_specialize_impl(BaseBackend, v, False, True, True) if v is not None else None
-
-
-class Recorder:
-    """Stands in for quantcore.triton.launch.Launch: records each call's grid and arguments."""
-
-    made: ClassVar[list[Recorder]] = []
-
-    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
-        self.fn, self.constexprs, self.varying, self.device = fn, dict(constexprs), tuple(varying), device
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-        Recorder.made.append(self)
-
-    def __call__(self, grid: Any, *args: Any) -> None:
-        self.calls.append((grid, args))
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
-    Recorder.made = []
-    monkeypatch.setattr(launch_mod, "Launch", Recorder)
-    return Recorder.made
+    return record_launches(monkeypatch, launch_mod)
 
 
 @pytest.fixture
@@ -98,12 +77,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             assert y.shape == (m, 1024) and y.dtype == torch.bfloat16
     runs = {(launch_mod.bisect.bisect_right(launch_mod._buckets(x2, w).breaks, m)) for m in ms}
     assert len(recorded) == len(runs)  # one bucket, one bound launch, per run of M
-    for launch in recorded:
-        assert launch.calls
-        for pos in range(len(launch.calls[0][1])):
-            specs = {repr(_spec(args[pos])) for _, args in launch.calls}
-            if pos not in launch.varying:
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
 
 
 def test_a_bucket_is_kept_and_a_state_whose_tensors_changed_is_bound_again(recorded: list[Recorder]) -> None:

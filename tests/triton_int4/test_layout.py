@@ -1,70 +1,17 @@
-"""The triton_int4 layout: hand-written golden words, the bit-exact round trip, bytes."""
+"""The triton_int4 layout: the bit-exact round trip, sub-groups, refusals, bytes (its words:
+tests/core/test_gptq_pairs_layout.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from quantcore.backends.triton_int4.layout import (
-    GPTQToTritonInt,
-    deinterleave_codes,
-    field_inputs,
-    interleave_codes,
-    sub_group_size,
-)
+from quantcore.backends.triton_int4.layout import GPTQToTritonInt, sub_group_size
 from quantcore.errors import UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
+from tests.gptq_pairs_cases import BYTES_CASES, ROUND_TRIP_FORMATS, prepared_and_stored_bytes
 
-
-def test_field_inputs_by_hand() -> None:
-    """4-bit: field f of word c is input (f mod 4)·32 + 2c + f div 4; 8-bit: (f mod 2)·32 + 2c + f div 2."""
-    four = field_inputs(4)
-    assert four[:, 0].tolist() == [0, 32, 64, 96, 1, 33, 65, 97]
-    assert four[:, 5].tolist() == [10, 42, 74, 106, 11, 43, 75, 107]
-    assert field_inputs(8)[:, 15].tolist() == [30, 62, 31, 63]
-    for bits, bk in ((4, 128), (8, 64)):
-        assert sorted(field_inputs(bits).flatten().tolist()) == list(range(bk))
-
-
-def test_golden_words_4bit() -> None:
-    """Word 0 of a block holds inputs 0, 32, 64, 96 in its low half and 1, 33, 65, 97 in
-    its high half, one nibble each, lowest field lowest."""
-    codes = torch.zeros(1, 128, dtype=torch.int32)
-    for k, q in {0: 1, 32: 2, 64: 3, 96: 4, 1: 5, 33: 6, 65: 7, 97: 15, 2: 9}.items():
-        codes[0, k] = q
-    words = interleave_codes(codes, 4)
-    assert words.shape == (1, 16)
-    assert words[0, 0].item() & 0xFFFFFFFF == 0xF7654321
-    assert words[0, 1].item() == 9
-    # Viewed as int16, element e holds input e of every slice: (q, q+32·1, ...) in its nibbles.
-    assert words.view(torch.int16)[0, :3].tolist() == [0x4321, 0xF765 - 0x10000, 9]
-
-
-def test_golden_words_8bit() -> None:
-    codes = torch.zeros(1, 64, dtype=torch.int32)
-    codes[0, 0], codes[0, 32], codes[0, 1], codes[0, 33] = 0x11, 0x22, 0x33, 0xFF
-    assert interleave_codes(codes, 8)[0, 0].item() & 0xFFFFFFFF == 0xFF332211
-
-
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("k", [64, 96, 128, 320, 1000])
-def test_interleave_round_trip(bits: int, k: int) -> None:
-    k -= k % (32 // bits)
-    codes = torch.randint(0, 1 << bits, (24, k), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
-    words = interleave_codes(codes, bits)
-    assert words.shape[1] * 32 // bits % (512 // bits) == 0  # whole blocks of 16 words
-    assert torch.equal(deinterleave_codes(words, bits, k), codes)
-
-
-FORMATS = [
-    GPTQ(bits=4, group_size=128),
-    GPTQ(bits=4, group_size=32, sym=False),
-    GPTQ(bits=4, group_size=64, sym=False, desc_act=True, checkpoint_format="v1"),
-    GPTQ(bits=4, group_size=-1, desc_act=True),
-    GPTQ(bits=8, group_size=128, sym=False),
-    GPTQ(bits=8, group_size=-1),
-    GPTQ(bits=4, group_size=32, pack_dtype=torch.int16, sym=False),
-]
+FORMATS = [*ROUND_TRIP_FORMATS, GPTQ(bits=4, group_size=32, pack_dtype=torch.int16, sym=False)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
@@ -110,9 +57,7 @@ def test_sub_group_size() -> None:
     assert sub_group_size(torch.tensor([0] * 48 + [1] * 48), 128) is None
 
 
-@pytest.mark.parametrize(("bits", "group_size", "sym"), [(4, 128, True), (4, 32, False), (8, 128, False), (4, -1, True)])
+@pytest.mark.parametrize(("bits", "group_size", "sym"), BYTES_CASES)
 def test_prepared_bytes_within_a_tenth_of_the_checkpoint(bits: int, group_size: int, sym: bool) -> None:
-    fmt = GPTQ(bits=bits, group_size=group_size, sym=sym)
-    src = fmt.quantize(torch.randn(512, 1024, generator=torch.Generator().manual_seed(0)) * 0.05)
-    stored = sum(t.numel() * t.element_size() for t in src.values())
-    assert GPTQToTritonInt(fmt).apply(src).nbytes() <= 1.1 * stored
+    prepared, stored = prepared_and_stored_bytes(GPTQToTritonInt, bits, group_size, sym)
+    assert prepared <= 1.1 * stored

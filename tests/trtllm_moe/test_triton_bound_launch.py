@@ -9,12 +9,10 @@ and of a stand-in H100 (its shipped tile table).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
-from triton._C.libtriton import native_specialize_impl
-from triton.backends.compiler import BaseBackend
 
 from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
 from quantcore.backends.trtllm_moe import triton_launch
@@ -22,32 +20,12 @@ from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.probe.card_tables import H100_SXM
-
-
-class Recorder:
-    made: ClassVar[list[Recorder]] = []
-
-    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
-        self.fn, self.varying, self.constexprs = fn, tuple(varying), dict(constexprs)
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-        Recorder.made.append(self)
-
-    def __call__(self, grid: Any, *args: Any) -> None:
-        self.calls.append((grid, args))
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
-    Recorder.made = []
-    monkeypatch.setattr(triton_launch, "Launch", Recorder)
-    return Recorder.made
-
-
-def _spec(fn: Any, pos: int, v: Any) -> Any:
-    """Triton's specialisation of argument ``pos`` (its ``do_not_specialize`` honoured)."""
-    kept = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())
-    kept |= {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
-    return native_specialize_impl(BaseBackend, v, False, fn.arg_names[pos] not in kept, True)
+    return record_launches(monkeypatch, triton_launch)
 
 
 def _weights(e: int = 8, k: int = 128, n: int = 128) -> tuple[TritonMoE, Any]:
@@ -78,11 +56,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             assert y.shape == ((t, 128) if weighted else (t, 2, 128))
     gemms = [r for r in recorded if r.fn.__name__ == "moe_w8a16_kernel"]
     assert {r.constexprs["SCHEDULED"] for r in gemms} == {False, True}
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(_spec(launch.fn, pos, args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
     before = len(recorded)
     kernel.forward(torch.randn(3, 128).bfloat16(), torch.zeros(3, 2, dtype=torch.int32), w)
     assert len(recorded) == before  # the bucket of (3 × 2 routes) was kept

@@ -10,12 +10,10 @@ with the planning of the interpreter and of a stand-in H100.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
-from triton._C.libtriton import native_specialize_impl
-from triton.backends.compiler import BaseBackend
 
 from quantcore.backends.turboquant_triton import TurboQuantTriton
 from quantcore.backends.turboquant_triton import fused as fused_mod
@@ -25,27 +23,14 @@ from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import compare, tolerance_for
 from quantcore.probe.card_tables import H100_SXM
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 INTERPRETER = enable_interpreter_for("cpu")
 
 
-class Recorder:
-    made: ClassVar[list[Recorder]] = []
-
-    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
-        self.fn, self.varying, self.device = fn, tuple(varying), device
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-        Recorder.made.append(self)
-
-    def __call__(self, grid: Any, *args: Any) -> None:
-        self.calls.append((grid, args))
-
-
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
-    Recorder.made = []
-    monkeypatch.setattr(fused_mod, "Launch", Recorder)
-    return Recorder.made
+    return record_launches(monkeypatch, fused_mod)
 
 
 def _layer(fmt: TurboQuant, n: int = 96, k: int = 512, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any, Any]:
@@ -54,10 +39,6 @@ def _layer(fmt: TurboQuant, n: int = 96, k: int = 512, dtype: torch.dtype = torc
     t["bias"] = torch.randn(n, generator=gen)
     kernel = TurboQuantTriton(fmt, "cpu")
     return kernel, kernel.prepare(t, dtype=dtype), t
-
-
-def _spec(v: Any) -> Any:
-    return native_specialize_impl(BaseBackend, v, False, True, True)
 
 
 @pytest.mark.parametrize("planning", ["interpreter", "gpu"])
@@ -77,11 +58,7 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
             y = kernel(base[offset:offset + m * 512].view(m, 512), prepared)
             assert y.shape == (m, 96)
     assert {r.fn.__name__ for r in recorded} >= {"gemv_kernel", "mma_kernel", "dequant_kernel"}
-    for launch in recorded:
-        for pos in range(len(launch.calls[0][1])):
-            if pos not in launch.varying:
-                specs = {repr(_spec(args[pos])) for _, args in launch.calls}
-                assert len(specs) == 1, (launch.fn, pos, specs)
+    assert_fixed_arguments_specialise_alike(recorded)
     before = len(recorded)
     kernel(base[:512].view(1, 512), prepared)
     assert len(recorded) == before  # every bucket kept

@@ -40,6 +40,7 @@ import torch
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear, plan_of
 from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
@@ -306,13 +307,7 @@ def _judge_rows(y: torch.Tensor, x: torch.Tensor, golden: torch.Tensor, dtype: t
 
 def _weights(fmt: GPTQ, k: int, n: int, sets: int) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(0)
-    base = fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen)
-    out = [base]
-    for _ in range(sets - 1):
-        t = dict(base)
-        t["qweight"] = torch.randint(-(2**31), 2**31 - 1, base["qweight"].shape, generator=gen, dtype=torch.int32)
-        out.append(t)
-    return out
+    return with_fresh_codes(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen), sets, gen)
 
 
 def _shown(row: dict | None, cublas_us: float) -> str:

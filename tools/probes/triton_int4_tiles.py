@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from quantcore.backends.triton_int4.configs import GemvConfig, MmaConfig, Plan
-from quantcore.backends.triton_int4.layout import GPTQToTritonInt, TritonIntWeights, block_k
+from quantcore.backends.triton_int4.layout import GPTQToTritonInt, TritonIntWeights
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gptq_pairs.layout import block_k
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 MS = [1, 4, 16, 32, 64, 128, 512, 2048]

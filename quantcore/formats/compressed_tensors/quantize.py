@@ -16,7 +16,7 @@ import torch
 
 from ...errors import TensorFormatError
 from ...tensors import require_float_weight, require_representable
-from ..gptq.quantize import act_order_g_idx
+from ..gptq.quantize import group_min_max, quantizer_groups
 from ..packing import pack_codes
 
 if TYPE_CHECKING:
@@ -39,16 +39,8 @@ def quantize_minmax(
     gs = fmt.effective_group_size(in_features)
     groups = fmt.num_groups(in_features)
     w = weight.to(torch.float32)
-    if fmt.act_order:
-        if perm is None:
-            perm = torch.randperm(in_features, generator=generator, device="cpu").to(w.device)
-        g_idx = act_order_g_idx(perm, gs).to(w.device).long()
-    else:
-        g_idx = torch.arange(in_features, device=w.device) // gs
-    index = g_idx.expand(out_features, -1)
-    zeros = torch.zeros(out_features, groups, device=w.device)
-    wmin = zeros.scatter_reduce(1, index, w, "amin", include_self=True)
-    wmax = zeros.scatter_reduce(1, index, w, "amax", include_self=True)
+    g_idx = quantizer_groups(in_features, gs, w.device, act_order=fmt.act_order, perm=perm, generator=generator).long()
+    wmin, wmax = group_min_max(w, g_idx, groups)
     lo, hi = -fmt.offset, fmt.offset - 1
     if fmt.sym:
         scale = torch.maximum(wmin.abs(), wmax) / ((hi - lo) / 2)

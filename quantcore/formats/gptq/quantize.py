@@ -22,7 +22,7 @@ from .convert import zero_to_stored
 if TYPE_CHECKING:
     from .format import GPTQ
 
-__all__ = ["act_order_g_idx", "quantize_rtn"]
+__all__ = ["act_order_g_idx", "group_min_max", "quantize_rtn", "quantizer_groups"]
 
 
 def act_order_g_idx(perm: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -31,6 +31,27 @@ def act_order_g_idx(perm: torch.Tensor, group_size: int) -> torch.Tensor:
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=perm.device)
     return (inv // group_size).to(torch.int32)
+
+
+def quantizer_groups(in_features: int, group_size: int, device: torch.device, *, act_order: bool,
+                     perm: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``g_idx`` (int32) as a golden quantizer forms its groups: ``i // group_size``, or with
+    ``act_order`` in the column order ``perm`` (a random one drawn unless given), so that
+    ``g_idx`` is not monotonic."""
+    if act_order:
+        if perm is None:
+            perm = torch.randperm(in_features, generator=generator, device="cpu").to(device)
+        return act_order_g_idx(perm, group_size).to(device)
+    return (torch.arange(in_features, device=device) // group_size).to(torch.int32)
+
+
+def group_min_max(w: torch.Tensor, g_idx: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (output row, group) minimum and maximum of ``w`` ``[O, I]``, each range widened
+    to include 0."""
+    index = g_idx.long().expand(w.shape[0], -1)
+    zeros = torch.zeros(w.shape[0], groups, device=w.device)
+    return (zeros.scatter_reduce(1, index, w, "amin", include_self=True),
+            zeros.scatter_reduce(1, index, w, "amax", include_self=True))
 
 
 def quantize_rtn(
@@ -51,19 +72,8 @@ def quantize_rtn(
     gs = fmt.effective_group_size(in_features)
     groups = fmt.num_groups(in_features)
     w = weight.to(torch.float32)
-
-    if fmt.uses_act_order:
-        if perm is None:
-            perm = torch.randperm(in_features, generator=generator, device="cpu").to(w.device)
-        g_idx = act_order_g_idx(perm, gs).to(w.device)
-    else:
-        g_idx = (torch.arange(in_features, device=w.device) // gs).to(torch.int32)
-
-    # Per (output row, group) min / max, pinned to include 0 as GPTQ does.
-    index = g_idx.long().expand(out_features, -1)
-    zeros_init = torch.zeros(out_features, groups, device=w.device)
-    wmin = zeros_init.scatter_reduce(1, index, w, "amin", include_self=True)
-    wmax = zeros_init.scatter_reduce(1, index, w, "amax", include_self=True)
+    g_idx = quantizer_groups(in_features, gs, w.device, act_order=fmt.uses_act_order, perm=perm, generator=generator)
+    wmin, wmax = group_min_max(w, g_idx, groups)  # pinned to include 0, as GPTQ does
     if fmt.sym:
         wmax = torch.maximum(wmin.abs(), wmax)
         wmin = torch.where(wmin < 0, -wmax, wmin)

@@ -17,6 +17,7 @@ keyed by everything that changes the kernel: format, N, R, M bucket, dtype, smoo
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -225,17 +226,12 @@ class TritonActQuantLora(SVDQuantKernel):
         return pick_tile(m_pad, n, r, fmt.fp4, pad_size=fmt.pad_size)
 
 
+@functools.cache
 def _launcher() -> Any:
     """:mod:`.triton_launch`, imported on the first call (it imports triton)."""
-    global _LAUNCHER
-    if _LAUNCHER is None:
-        from . import triton_launch
+    from . import triton_launch
 
-        _LAUNCHER = triton_launch
-    return _LAUNCHER
-
-
-_LAUNCHER: Any = None
+    return triton_launch
 
 
 def _median_seconds(fn: Callable[[], object], device: torch.device) -> float:

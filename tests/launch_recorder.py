@@ -1,0 +1,59 @@
+"""A stand-in for :class:`quantcore.triton.launch.Launch` that records what a launcher
+binds and launches (no GPU), and Triton's specialisation of a recorded argument: what
+the bound-launch tests of every Triton backend check a bucket with."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+__all__ = ["Recorder", "assert_fixed_arguments_specialise_alike", "record_launches", "specialisation"]
+
+
+class Recorder:
+    """Stands in for quantcore.triton.launch.Launch: records each bound launch's kernel,
+    constexprs, options, varying positions and device, and each call's grid and arguments."""
+
+    made: ClassVar[list[Recorder]] = []
+
+    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
+        self.fn, self.constexprs, self.options = fn, dict(constexprs), dict(options or {})
+        self.varying, self.device = tuple(varying), device
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        Recorder.made.append(self)
+
+    def __call__(self, grid: Any, *args: Any) -> None:
+        self.calls.append((grid, args))
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Recorder]:
+    """Every ``Launch`` that ``module`` makes during the test is a :class:`Recorder`;
+    returns the list they are appended to, in order."""
+    monkeypatch.setattr(Recorder, "made", [])
+    monkeypatch.setattr(module, "Launch", Recorder)
+    return Recorder.made
+
+
+def specialisation(fn: Any, pos: int, v: Any) -> Any:
+    """Triton's specialisation of argument ``pos`` of kernel ``fn`` (its
+    ``do_not_specialize`` honoured); None for None."""
+    if v is None:
+        return None
+    kept = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())
+    kept |= {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
+    return native_specialize_impl(BaseBackend, v, False, fn.arg_names[pos] not in kept, True)
+
+
+def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
+    """Each launch was called, and every argument at a position it does not declare
+    ``varying`` specialised alike on all of its calls: else the binary compiled for one
+    call would run another."""
+    for launch in launches:
+        assert launch.calls, f"{launch.fn} was bound but never launched"
+        for pos in range(len(launch.calls[0][1])):
+            if pos not in launch.varying:
+                specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
+                assert len(specs) == 1, (launch.fn, pos, specs)
