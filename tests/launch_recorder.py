@@ -15,13 +15,15 @@ __all__ = ["Recorder", "assert_fixed_arguments_specialise_alike", "record_launch
 
 class Recorder:
     """Stands in for quantcore.triton.launch.Launch: records each bound launch's kernel,
-    constexprs, options, varying positions and device, and each call's grid and arguments."""
+    constexprs, options, varying positions, fixed descriptor positions and device, and each
+    call's grid and arguments."""
 
     made: ClassVar[list[Recorder]] = []
 
-    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (), device: Any) -> None:
+    def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (),
+                 fixed_descriptors: Any = (), device: Any) -> None:
         self.fn, self.constexprs, self.options = fn, dict(constexprs), dict(options or {})
-        self.varying, self.device = tuple(varying), device
+        self.varying, self.fixed_descriptors, self.device = tuple(varying), tuple(fixed_descriptors), device
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
         Recorder.made.append(self)
 
@@ -48,12 +50,15 @@ def specialisation(fn: Any, pos: int, v: Any) -> Any:
 
 
 def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
-    """Each launch was called, and every argument at a position it does not declare
-    ``varying`` specialised alike on all of its calls: else the binary compiled for one
-    call would run another."""
+    """Each launch was called, every argument at a position it does not declare
+    ``varying`` specialised alike on all of its calls (else the binary compiled for one
+    call would run another), and every fixed descriptor position held the same object
+    (else the launch would take Triton's per-call path)."""
     for launch in launches:
         assert launch.calls, f"{launch.fn} was bound but never launched"
         for pos in range(len(launch.calls[0][1])):
             if pos not in launch.varying:
                 specs = {repr(specialisation(launch.fn, pos, args[pos])) for _, args in launch.calls}
                 assert len(specs) == 1, (launch.fn, pos, specs)
+        for pos in launch.fixed_descriptors:
+            assert len({id(args[pos]) for _, args in launch.calls}) == 1, (launch.fn, pos, "another descriptor")

@@ -5,8 +5,9 @@ What depends only on the weight, the activation dtype and the plan is decided on
 with the weight's packed tensor (:class:`_Bucket`, through
 :func:`quantcore.triton.launch.launch_state`): the plan, the weight's TMA descriptors, the
 split, the constexprs and the compiled kernel bound to its launcher
-(:class:`quantcore.triton.launch.Launch`). Per call: x's descriptor, M, the output, the
-split-K workspace and the grid.
+(:class:`quantcore.triton.launch.Launch`, which encodes the weight's descriptors once per
+compiled kernel). Per call: x's descriptor, M, the output, the split-K workspace and the
+grid.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ __all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps
 #: whatever the binary (``prepare_x`` sees to it). y and the workspace are fresh
 #: allocations (aligned); the rest is the weight's.
 VARYING = (8,)
+#: The weight's descriptors (w, scales, zeros): the same objects at every call of a bucket,
+#: so its launch encodes them once.
+WEIGHT_DESCRIPTORS = (0, 2, 3)
 #: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
 #: sizes repeat; a stream of ever new ones must not grow the table without bound).
 MAX_RUNS = 256
@@ -105,13 +109,41 @@ def weight_descriptors(w: HopperWeights, wg: int) -> tuple[Any, Any, Any]:
     return have
 
 
+class XDescriptor:
+    """x's TMA descriptors for one activation dtype, weight width and plan: x ``[M, K]``
+    viewed as ``[K/32, M, 32]``, one box being one block's slices."""
+
+    __slots__ = ("box", "layout")
+
+    def __init__(self, dtype: torch.dtype, bits: int, bm: int) -> None:
+        self.box = [16 // bits, bm, SLICE]
+        self.layout = _nvmma(dtype, 3, 64)  # a [bm, 32] 16-bit tile: 64-byte rows
+
+    def checked(self, x: torch.Tensor) -> Any:
+        """The descriptor, through TensorDescriptor's checks."""
+        m, k = x.shape
+        return TensorDescriptor(x, [k // SLICE, m, SLICE], [SLICE, k, 1], self.box, self.layout)
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        """The same descriptor without TensorDescriptor's checks (microseconds a call):
+        for an x that ``prepare_x`` returned (16-byte aligned base, contiguous, K a multiple
+        of 32, so every stride is a multiple of 16 bytes) with M > 0 (the kernel returns
+        before launching for M = 0), every check that depends on x passes; the box and the
+        layout depend on the plan alone, and are those :meth:`checked` (the plain path,
+        ``kernel_args``) checks."""
+        m, k = x.shape
+        desc = _new(TensorDescriptor)
+        desc.base, desc.shape, desc.strides = x, [k // SLICE, m, SLICE], [SLICE, k, 1]
+        desc.block_shape, desc.layout, desc.padding = self.box, self.layout, "zero"
+        return desc
+
+
+_new = object.__new__
+
+
 def x_descriptor(x: torch.Tensor, bits: int, bm: int) -> Any:
-    """x ``[M, K]`` viewed as ``[K/32, M, 32]``: one box is one block's slices."""
-    m, k = x.shape
-    pairs = 16 // bits
-    swizzle = 64  # a [bm, 32] 16-bit tile: 64-byte rows
-    return TensorDescriptor(x, [k // SLICE, m, SLICE], [SLICE, k, 1], [pairs, bm, SLICE],
-                            _nvmma(x.dtype, 3, swizzle))
+    """x's descriptor (:class:`XDescriptor`), checked."""
+    return XDescriptor(x.dtype, bits, bm).checked(x)
 
 
 class Walk(NamedTuple):
@@ -178,10 +210,12 @@ class _Bucket:
         self.n_tiles = -(-n // (TILE_N * plan.wg))
         w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
         self.w_desc = w_desc
+        self.x_desc = XDescriptor(dtype, w.bits, plan.bm)
         self.mid = (s_desc, z_desc, w.bias if w.bias is not None else w.scales)
         self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
         self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, walk),
-                             options=dict(num_warps=plan.num_warps), varying=VARYING, device=device)
+                             options=dict(num_warps=plan.num_warps), varying=VARYING,
+                             fixed_descriptors=WEIGHT_DESCRIPTORS, device=device)
 
     def fits(self, w: HopperWeights) -> bool:
         s = self.source
@@ -193,8 +227,7 @@ class _Bucket:
         y = torch.empty((m, n), dtype=self.dtype, device=self.device)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
         ws, counters = self.split_k(w.runtime, m, n, tiles)
-        self.launch((tiles, self.split, 1), self.w_desc, x_descriptor(x, w.bits, self.plan.bm), *self.mid,
-                    y, ws, counters, m, *self.tail)
+        self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x), *self.mid, y, ws, counters, m, *self.tail)
         return y
 
 

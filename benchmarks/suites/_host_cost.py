@@ -11,7 +11,9 @@ both are its time.
 here (called directly, as an engine holding the prepared state calls it) and every module
 (called as a model calls it) of four op families — a GPTQ-4 linear, a TurboQuant-4 linear,
 the trtllm_moe routed GEMM, the SVDQuant pre-GEMM — beside ``nn.Linear`` and ``F.linear``
-on the same M, K, N. A family that cannot be built here is skipped with the reason.
+on the same M, K, N. A family that cannot be built here is skipped with the reason. A
+kernel whose bound launch encodes its weight's TMA descriptors once is also timed with them
+encoded per call, its output compared bit for bit (:mod:`._descriptors`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from quantcore.problem import Problem
 from quantcore.registry import default_registry
 from quantcore.selection import explain
 from quantcore.timing import Timing
+
+from ._descriptors import ENCODED_ONCE, per_call_twin
 
 __all__ = ["QUEUE", "Subject", "host_times", "subjects"]
 
@@ -124,11 +128,18 @@ def _kernel_subjects(family: str, fmt: Any, op: str, problem: Problem, device: t
                      tensors: dict[str, torch.Tensor], x: torch.Tensor, skipped: dict[str, str],
                      note: str = "") -> list[Subject]:
     """Every kernel of :func:`_kernels`, prepared once for ``tensors`` and called directly
-    on ``x``, as an engine holding the prepared state calls it."""
+    on ``x``, as an engine holding the prepared state calls it; after one of
+    :data:`ENCODED_ONCE`, its twin with the descriptors encoded per call."""
     out = []
     for kernel in _kernels(fmt, op, problem, device, skipped):
         prepared = kernel.prepare(tensors, dtype=x.dtype)
-        out.append(Subject(f"{family}:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, p), note))
+        name = f"{family}:{kernel.name}"
+        if kernel.name not in ENCODED_ONCE or device.type != "cuda":
+            out.append(Subject(name, "kernel", lambda i, k=kernel, p=prepared: k(x, p), note))
+            continue
+        twin, twin_note, own_note = per_call_twin(kernel, tensors, x, prepared)
+        out.append(Subject(name, "kernel", lambda i, k=kernel, p=prepared: k(x, p), "; ".join(filter(None, (note, own_note)))))
+        out.append(Subject(f"{name}[descriptors per call]", "kernel", twin, "; ".join(filter(None, (note, twin_note)))))
     return out
 
 

@@ -36,6 +36,7 @@ from quantcore.timing import time_interleaved
 
 from ..spec import BenchCase, Variant
 from . import gptq_linear
+from ._descriptors import DIFFER
 from ._host_cost import host_times, subjects
 
 #: Never timed as a CUDA graph: it times subprocesses and host-side lookups.
@@ -153,9 +154,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
 
 def host_notes(rows: list[dict[str, Any]]) -> list[str]:
     """Per host case: nn.Linear's host µs and each kernel and module against it (target
-    ≤ 1.3× on a GPU); per graph case the replay µs."""
+    ≤ 1.3× on a GPU), and any kernel whose descriptors-per-call twin computed another
+    output; per graph case the replay µs."""
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows if r["case"].startswith(("host-", "graph-"))):
+        notes += [f"{case}: {r['variant']}: {DIFFER}" for r in rows
+                  if r["case"] == case and case.startswith("host-") and DIFFER in r.get("note", "")]
         mine = {r["variant"]: r["time_s"] for r in rows if r["case"] == case and r["role"] == "kernel"}
         dense = {r["variant"]: r["time_s"] for r in rows if r["case"] == case and r["role"] == "peer"}
         if "nn.Linear" not in dense:

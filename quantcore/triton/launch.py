@@ -21,6 +21,13 @@ per call and this does not: that the fixed positions still specialise alike (the
 keeps them fixed: they are the weight's tensors and sizes, held with the prepared state)
 and that the kernel's global constants did not change (module constants, set at import).
 
+A kernel that takes host tensor descriptors pays more per call: Triton's launcher encodes
+each one (a ``CUtensorMap``) at every launch. The positions named ``fixed_descriptors``
+hold the same descriptor object at every call (the weight's): those are encoded once per
+compiled kernel and the C launcher is called directly (:mod:`.direct_launch`); the
+others are encoded per call as Triton encodes them. A launch whose fixed positions hold
+other objects goes through Triton's launcher.
+
 Under Triton's interpreter (``TRITON_INTERPRET=1``; the kernel object is then no
 ``JITFunction``) every call takes the plain ``kernel[grid](...)`` path. What this relies on
 in Triton 3.6 is written down in docs/triton-launch.md.
@@ -45,9 +52,15 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from .direct_launch import DirectLaunch, direct_launch
+
 __all__ = ["Launch", "launch_state"]
 
 Grid = tuple[int, int, int]
+
+#: False binds every launch with Triton's own descriptor handling (encoded per call): the
+#: switch the host-cost measurement uses to time both ways.
+ENCODE_FIXED_DESCRIPTORS_ONCE = True
 
 
 _constexprs: dict[int, tuple[Any, list[str]]] = {}
@@ -81,13 +94,15 @@ class _Cuda:
 class _Bound:
     """One compiled kernel, ready to launch."""
 
-    __slots__ = ("function", "kernel", "metadata", "run")
+    __slots__ = ("direct", "function", "kernel", "metadata", "run")
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, direct: DirectLaunch | None = None) -> None:
         self.kernel = kernel
         self.run = kernel.run  # the launcher (loads the binary on first access)
         self.function = kernel.function
         self.metadata = kernel.packed_metadata
+        #: The launch with the fixed descriptors encoded once (it holds them), if any.
+        self.direct = direct
 
 
 def _hooks_active() -> bool:
@@ -116,15 +131,21 @@ class Launch:
     launched on ``device`` with the runtime arguments in their order; only the positions in
     ``varying`` may specialise differently from call to call (module docstring).
 
+    ``fixed_descriptors``: positions of tensor descriptors that are the same object at every
+    call, encoded once per compiled kernel.
+
     ``launch(grid, *args)`` with a 3-tuple grid. ``bound`` says how many compiled kernels
     it holds (one per specialisation of the varying positions); ``fallback`` why it takes
-    the plain path on every call (the interpreter, or a disagreement with Triton's binder)."""
+    the plain path on every call (the interpreter, or a disagreement with Triton's binder);
+    ``descriptor_fallback`` why its last bound kernel encodes the fixed descriptors at every
+    call through Triton's launcher (empty when they are encoded once, or none are fixed)."""
 
-    __slots__ = ("_bound", "_fn", "_index", "_key", "_kwargs", "_tail", "device", "fallback", "n_args", "varying")
+    __slots__ = ("_bound", "_fn", "_index", "_key", "_kwargs", "_tail", "descriptor_fallback", "device", "fallback",
+                 "fixed_descriptors", "n_args", "varying")
 
     def __init__(
         self, fn: Any, *, constexprs: Mapping[str, Any], options: Mapping[str, Any] | None = None,
-        varying: Sequence[int] = (), device: torch.device,
+        varying: Sequence[int] = (), fixed_descriptors: Sequence[int] = (), device: torch.device,
     ) -> None:
         names = list(fn.arg_names)
         consts = _constexpr_names(fn)
@@ -137,10 +158,15 @@ class Launch:
             raise TypeError(f"{fn.__name__}: constexprs {unknown} unknown, {missing} missing")
         if any(not 0 <= i < self.n_args for i in varying):
             raise TypeError(f"{fn.__name__}: varying positions {list(varying)} outside its {self.n_args} arguments")
+        if any(not 0 <= i < self.n_args or i in varying for i in fixed_descriptors):
+            raise TypeError(f"{fn.__name__}: fixed descriptor positions {list(fixed_descriptors)} must be among its "
+                            f"{self.n_args} arguments and not varying {list(varying)}")
         self._fn = fn
         self._kwargs = {**constexprs, **(options or {})}
         self._tail = tuple(constexprs[n] for n in consts)
         self.varying = tuple(varying)
+        self.fixed_descriptors = tuple(fixed_descriptors)
+        self.descriptor_fallback = ""
         self.device = device
         self._index = device.index if device.index is not None else 0
         self._bound: dict[Any, _Bound] = {}
@@ -181,6 +207,9 @@ class Launch:
             bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, meta,
                       knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args, *self._tail)
             return
+        direct = bound.direct
+        if direct is not None and direct(grid, stream, args):
+            return
         bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, None, None, None,
                   *args, *self._tail)
 
@@ -199,7 +228,21 @@ class Launch:
         if tuple(spec[i] for i in self.varying) != key:
             self.fallback = f"the specialisation of {self.varying} disagrees with Triton's binder: {key} vs {spec}"
             return
-        self._bound[key] = _Bound(kernel)
+        self._bound[key] = _Bound(kernel, self._direct(kernel, args))
+
+    def _direct(self, kernel: Any, args: tuple[Any, ...]) -> DirectLaunch | None:
+        """The direct launch of ``kernel`` with this call's fixed descriptors encoded, or
+        None (the reason in ``descriptor_fallback``)."""
+        if not self.fixed_descriptors:
+            return None
+        if not ENCODE_FIXED_DESCRIPTORS_ONCE:
+            self.descriptor_fallback = "switched off (ENCODE_FIXED_DESCRIPTORS_ONCE)"
+            return None
+        try:
+            direct, self.descriptor_fallback = direct_launch(kernel, args, self._tail, self.fixed_descriptors)
+        except Exception as exc:  # Triton's launcher, unlike what direct_launch checks: launch through it
+            direct, self.descriptor_fallback = None, f"reading the launcher failed: {type(exc).__name__}: {exc}"
+        return direct
 
 
 _states: dict[int, tuple[weakref.ref[Any], dict[Any, Any]]] = {}

@@ -1,15 +1,19 @@
 """The overhead suite's host-cost cases on the CPU (what CI records; times are not judged
 here): every op family's kernels and modules beside nn.Linear and F.linear, Triton's kernels
-left out with the reason, and the notes that set each against nn.Linear."""
+left out with the reason, and the notes that set each against nn.Linear; a kernel that
+encodes its weight's descriptors once beside its twin encoding them per call."""
 
 from __future__ import annotations
 
 import time
+import types
 
+import pytest
 import torch
 
 from quantcore.benchmarks.ceilings import Ceilings
 from quantcore.benchmarks.runner import run_cases
+from quantcore.benchmarks.suites._descriptors import DIFFER, per_call_twin
 from quantcore.benchmarks.suites._host_cost import host_times
 from quantcore.benchmarks.suites.overhead import SHAPES, host_cases, host_notes
 
@@ -35,3 +39,53 @@ def test_host_cases_record_every_family_beside_the_dense_layer() -> None:
     rows = run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
     (note,) = host_notes(rows)
     assert note.startswith("host-M1-K128-N256-bfloat16: nn.Linear ") and "QuantLinear(gptq4)" in note
+
+
+class _Bound:
+    """A prepared weight's launch as a fake kernel binds it: with the descriptors encoded once
+    (one encoding per call: x's) or per call (four), as the switch said at its first call."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.w = tensors["w"].clone()
+        self.encodings: int | None = None
+
+
+class _FakeKernel:
+    def __init__(self, differ: bool) -> None:
+        self.differ = differ
+
+    def prepare(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> _Bound:
+        return _Bound(tensors)
+
+    def __call__(self, x: torch.Tensor, p: _Bound) -> torch.Tensor:
+        from triton.backends.nvidia import driver
+
+        from quantcore.triton import launch
+
+        if p.encodings is None:
+            p.encodings = 1 if launch.ENCODE_FIXED_DESCRIPTORS_ONCE else 4
+        desc = types.SimpleNamespace(base=p.w, shape=[4], strides=[1], padding="zero")
+        for _ in range(p.encodings):
+            driver.make_tensordesc_arg(desc, None)
+        y = x * p.w
+        return y.nextafter(y + 1) if self.differ and p.encodings == 4 else y
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_a_kernel_is_timed_beside_its_twin_with_descriptors_encoded_per_call(differ: bool) -> None:
+    from quantcore.triton import launch
+
+    tensors = {"w": torch.randn(4)}
+    x = torch.randn(4).bfloat16()
+    kernel = _FakeKernel(differ)
+    prepared = kernel.prepare(tensors, torch.bfloat16)
+    twin, twin_note, own_note = per_call_twin(kernel, tensors, x, prepared)
+    assert launch.ENCODE_FIXED_DESCRIPTORS_ONCE  # restored
+    assert own_note == "descriptors encoded per call: 1"
+    assert twin_note.startswith("descriptors encoded per call: 4; ")
+    assert (DIFFER in twin_note) is differ
+    assert torch.equal(twin(0), kernel(x, kernel.prepare(tensors, torch.bfloat16))) is not differ
+    rows = [{"case": "host-M1", "variant": v, "role": r, "time_s": t, "note": n}
+            for v, r, t, n in (("nn.Linear", "peer", 1e-5, ""), ("k", "kernel", 1e-5, own_note),
+                               ("k[descriptors per call]", "kernel", 2e-5, twin_note))]
+    assert any(DIFFER in line for line in host_notes(rows)) is differ

@@ -1,6 +1,9 @@
 """hopper_wgmma's bound launch, checked without a GPU: a call's bucket launches exactly the
 arguments, grid and constexprs that Triton's own path (``kernel_args``) would, a row count
-seen before reuses its bucket, and a weight whose tensors were replaced is bound again."""
+seen before reuses its bucket, and a weight whose tensors were replaced is bound again.
+The weight's descriptors are the same objects at every call of a bucket (its launch
+encodes them once); x's, made per call without TensorDescriptor's checks, equals the
+checked one of the plain path."""
 
 from __future__ import annotations
 
@@ -13,15 +16,15 @@ from quantcore.backends.hopper_wgmma import launch
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.formats.gptq import GPTQ
-from tests.launch_recorder import Recorder, record_launches
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Launch arguments alike: tensors by storage, descriptors field by field."""
+    """Launch arguments alike: tensors by storage, descriptors (of one type) field by field."""
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()
     if hasattr(a, "base") and hasattr(a, "block_shape"):
-        return (_same(a.base, b.base) and list(a.shape) == list(b.shape) and list(a.strides) == list(b.strides)
+        return (type(a) is type(b) and _same(a.base, b.base) and a.padding == b.padding and list(a.shape) == list(b.shape) and list(a.strides) == list(b.strides)
                 and list(a.block_shape) == list(b.block_shape) and a.layout == b.layout)
     return bool(a == b)
 
@@ -53,6 +56,8 @@ def test_a_bucket_launches_what_the_plain_path_would(weights: Any, recorded: lis
     assert len(args) == len(want_args) and all(_same(a, b) for a, b in zip(args, want_args, strict=True))
     assert {**recorder.constexprs, **recorder.options} == want_const
     assert recorder.varying == launch.VARYING and all(isinstance(args[i], int) for i in launch.VARYING)
+    assert recorder.fixed_descriptors == launch.WEIGHT_DESCRIPTORS
+    assert all(hasattr(args[i], "block_shape") for i in launch.WEIGHT_DESCRIPTORS)
 
 
 def test_a_row_count_seen_before_reuses_its_bucket_and_a_new_weight_is_bound_again(
@@ -65,6 +70,7 @@ def test_a_row_count_seen_before_reuses_its_bucket_and_a_new_weight_is_bound_aga
         launch.linear(torch.randn(m, 512, dtype=torch.bfloat16), weights)
     assert len(recorded) == 2  # one per plan: M = 1 and 3 share theirs
     assert [len(r.calls) for r in recorded] == [4, 1]
+    assert_fixed_arguments_specialise_alike(recorded)  # the weight's descriptors: one object each
     weights.scales = weights.scales.clone()
     launch.linear(torch.randn(1, 512, dtype=torch.bfloat16), weights)
     assert len(recorded) == 3
