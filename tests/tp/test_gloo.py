@@ -61,6 +61,22 @@ def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_
     assert report["kernels"] == [aten, aten], report
 
 
+def test_auto_all_reduce_on_gloo_takes_the_backend_on_every_rank(tmp_path):
+    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S, all_reduce="auto")
+    assert report["ok"], report
+    assert report["all_reduce"] == ["backend", "backend"]
+    # the backend's sum against itself: the same partial outputs, the same sum
+    assert report["layers"]["all_reduce_vs_backend"]["max"] == 0.0, report
+
+
+def test_a_forced_one_shot_all_reduce_on_gloo_is_a_skip_on_every_rank_with_its_reason(tmp_path):
+    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S,
+                         all_reduce="one_shot")
+    assert not report["ok"] and report["problems"] == [], report
+    assert "the one-shot all-reduce needs CUDA" in report["skipped"], report
+    assert all(r["returncode"] == 0 for r in report["ranks"]), report
+
+
 def _refused_everywhere(results, words: tuple[str, ...]) -> None:
     for r in results:
         assert r.returncode == REFUSED, _describe(results)  # exited on its own, refusing, not killed
