@@ -16,8 +16,8 @@ set whose shards come from two checkpoints, which must be refused on every rank.
 
 prints one JSON line and exits 0 when every comparison passes, 2 when the check cannot
 run here (``--all-reduce one_shot`` without symmetric memory: the reason in ``skipped``),
-1 otherwise. The gloo
-test (``tests/tp/test_gloo.py``) and ``tools/probes/tp_linear_gpu.sh`` run it.
+1 otherwise. The gloo test (``tests/tp/test_gloo.py``) and ``tools/probes/tp_linear_gpu.sh``
+run it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from ..tolerance import compare, tolerance_for
 __all__ = ["check_block", "check_rank", "golden_block", "golden_linear", "mixed_rank", "mlp_layers", "write_mlp"]
 
 CHECK = "quantcore.conformance.tp.processes:check_rank"
+MIXED = "quantcore.conformance.tp.processes:mixed_rank"
 #: main's exit code when the check could not run here (its reason in the report's ``skipped``).
 SKIPPED = 2
-MIXED = "quantcore.conformance.tp.processes:mixed_rank"
 
 
 def _rank_args(argv: list[str]) -> argparse.Namespace:
@@ -246,7 +246,7 @@ def check_block(
         block = compare(y, whole(x.to(local)).cpu().double(), tol)
     if "y_backend" in parts[0]:  # the chosen path's sum against the backend's, on the same partial outputs
         vs_b = compare(y, parts[0]["y_backend"].double(), tol)
-        judged["all_reduce_vs_backend"] = {"rel": vs_b.rel_err, "max": vs_b.max_err,
+        report["all_reduce_vs_backend"] = {"rel": vs_b.rel_err, "max": vs_b.max_err,
                                            "problems": [vs_b.problem] if vs_b.problem else []}
         ok = ok and vs_b.ok
     report.update(

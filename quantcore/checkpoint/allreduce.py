@@ -122,6 +122,9 @@ class SymmetricMemory:
         getattr(torch.ops.symm_mem, self.OP)(buffer, src, "sum", _group_name(group), out)
 
 
+_NOT_INITIALISED = "torch.distributed is not initialised"
+
+
 def _concrete(device: torch.device | str) -> torch.device:
     """``cuda`` as the index tensors report (``cuda:0``), so both name one buffer."""
     device = torch.device(device)
@@ -141,25 +144,33 @@ class AllReducer:
     holds it. Making one is a collective (the rendezvous), so it cannot happen inside a
     CUDA-graph capture: :meth:`prepare` makes it before."""
 
-    def __init__(self, path: str, *, world: int, group: Any = None, stage_on_host: bool = False,
+    def __init__(self, path: str, *, group: Any = None, stage_on_host: bool = False,
                  symm: SymmetricMemory | None = None) -> None:
         if path not in PATHS:
             raise ShardError(f"TPGroup all_reduce_path: expected one of {PATHS}, got {path!r}")
         if path == "one_shot" and stage_on_host:
             raise ShardError("TPGroup all_reduce_path='one_shot' reads device memory; stage_on_host=True "
                              "all-reduces a host copy: choose one")
-        self.path, self.world, self.group, self.stage_on_host = path, world, group, stage_on_host
+        self.path, self.group, self.stage_on_host = path, group, stage_on_host
         self._symm = symm or SymmetricMemory()
         self._buffers: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         self._handles: list[object] = []
-        #: Devices where the ranks agreed symmetric memory does not work, with the reason.
-        self._refused: dict[torch.device, str] = {}
+        #: Per device, why the one-shot path cannot run ("" when it can), once known: from
+        #: what this rank sees, then from what the ranks agreed at the first rendezvous.
+        self._why: dict[torch.device, str] = {}
 
     def unavailable(self, device: torch.device) -> str:
         """Why the one-shot path cannot run for this group on ``device`` ("" when, as far as
-        is known before a rendezvous, it can): the same answer on every rank."""
-        if device in self._refused:
-            return self._refused[device]
+        is known, it can): the same answer on every rank. Asked once per device (the
+        per-call path stays a dictionary look-up), except before torch.distributed is up."""
+        if device not in self._why:
+            why = self._local_unavailable(device)
+            if why == _NOT_INITIALISED:
+                return why
+            self._why[device] = why
+        return self._why[device]
+
+    def _local_unavailable(self, device: torch.device) -> str:
         if self.stage_on_host:
             return "the group all-reduces a host copy (stage_on_host)"
         if device.type != "cuda":
@@ -167,7 +178,7 @@ class AllReducer:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            return "torch.distributed is not initialised"
+            return _NOT_INITIALISED
         backend = str(dist.get_backend(self.group))
         if "nccl" not in backend:
             return f"the process group's backend is {backend}: the one-shot path runs on NCCL groups"
@@ -200,10 +211,6 @@ class AllReducer:
                 return self._one_shot(t, buffer)
         return self._backend(t)
 
-    def buffers(self, dtype: torch.dtype, device: torch.device | str) -> list[torch.Tensor]:
-        """The one-shot buffers made so far for ``dtype`` on ``device``."""
-        return list(self._buffers.get((dtype, _concrete(device)), ()))
-
     def _buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """The smallest buffer holding ``numel`` elements, made if there is none (every rank
         alike); None where the ranks agreed symmetric memory does not work (auto)."""
@@ -223,9 +230,9 @@ class AllReducer:
         except Exception as exc:  # a driver or topology without peer access: agreed on below, then reported
             buffer, why = None, f"symmetric memory on {device} failed: {type(exc).__name__}: {exc}"
         if not self._symm.agree(buffer is not None, device, self.group):
-            self._refused[device] = why or "symmetric memory failed on another rank of the group"
+            self._why[device] = why or "symmetric memory failed on another rank of the group"
             if self.path == "one_shot":
-                raise ShardError(f"TPGroup all_reduce_path='one_shot': {self._refused[device]}")
+                raise ShardError(f"TPGroup all_reduce_path='one_shot': {self._why[device]}")
             return None
         assert buffer is not None  # every rank, this one included, said ok
         self._buffers.setdefault((dtype, device), []).append(buffer)

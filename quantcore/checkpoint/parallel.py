@@ -57,7 +57,7 @@ class TPGroup:
             raise ShardError(f"TPGroup world: expected an int >= 1, got {self.world!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 0 <= self.rank < self.world:
             raise ShardError(f"TPGroup rank: expected an int in [0, {self.world}) for world={self.world}, got {self.rank!r}")
-        object.__setattr__(self, "reducer", AllReducer(self.all_reduce_path, world=self.world, group=self.group,
+        object.__setattr__(self, "reducer", AllReducer(self.all_reduce_path, group=self.group,
                                                        stage_on_host=self.stage_on_host))
 
     @classmethod

@@ -94,7 +94,7 @@ class FakeSymm(SymmetricMemory):
 @pytest.fixture
 def reducer(monkeypatch):
     """An AllReducer whose group can run one-shot (as an NCCL group on CUDA would)."""
-    monkeypatch.setattr(AllReducer, "unavailable", lambda self, device: self._refused.get(device, ""))
+    monkeypatch.setattr(AllReducer, "_local_unavailable", lambda self, device: "")
     backend_calls: list[torch.Tensor] = []
 
     def backend(self, t):
@@ -105,7 +105,7 @@ def reducer(monkeypatch):
 
     def make(path: str = "auto", **fake) -> tuple[AllReducer, FakeSymm, list[torch.Tensor]]:
         symm = FakeSymm(**fake)
-        return AllReducer(path, world=2, symm=symm), symm, backend_calls
+        return AllReducer(path, symm=symm), symm, backend_calls
 
     return make
 
@@ -115,7 +115,7 @@ def _x(rows: int, dtype: torch.dtype = BF16, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_rank_takes_the_same_path_for_the_same_message():
-    reducers = [AllReducer(p, world=4, symm=FakeSymm(world=4)) for p in ("auto", "backend") for _ in range(4)]
+    reducers = [AllReducer(p, symm=FakeSymm(world=4)) for p in ("auto", "backend") for _ in range(4)]
     for rows in (1, 3, 16, 17, 128):
         for dtype in (BF16, torch.float16, torch.float32):
             paths = {r.path: set() for r in reducers}
@@ -216,7 +216,7 @@ def test_bad_paths_are_refused_at_construction():
 def test_on_the_cpu_or_a_gloo_group_one_shot_says_why_it_cannot_run(tmp_path):
     import torch.distributed as dist
 
-    red = AllReducer("auto", world=2)
+    red = AllReducer("auto")
     assert "needs CUDA" in red.unavailable(torch.device("cpu"))
     if dist.is_initialized():
         pytest.skip("a process group is initialised in this process")
@@ -238,4 +238,4 @@ def test_one_shot_on_two_gpus_matches_the_golden_and_nccl(tmp_path):
     if "skipped" in report and not report.get("problems"):
         pytest.skip(report["skipped"])
     assert report["ok"], report
-    assert report["all_reduce"] == ["one_shot", "one_shot"] and not report["layers"]["all_reduce_vs_backend"]["problems"]
+    assert report["all_reduce"] == ["one_shot", "one_shot"] and not report["all_reduce_vs_backend"]["problems"]

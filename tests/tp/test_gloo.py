@@ -9,10 +9,20 @@ killed, and a refused build exits before the rendezvous, so a refusal returns in
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from quantcore.checkpoint.launch import REFUSED, launch
-from quantcore.conformance.tp.processes import CHECK, MIXED, check_block, mlp_layers, write_mlp
+from quantcore.conformance.tp.processes import (
+    CHECK,
+    MIXED,
+    SKIPPED,
+    check_block,
+    main,
+    mlp_layers,
+    write_mlp,
+)
 from quantcore.formats.gptq import GPTQ
 
 pytestmark = pytest.mark.xdist_group("tp-gloo")
@@ -66,13 +76,14 @@ def test_auto_all_reduce_on_gloo_takes_the_backend_on_every_rank(tmp_path):
     assert report["ok"], report
     assert report["all_reduce"] == ["backend", "backend"]
     # the backend's sum against itself: the same partial outputs, the same sum
-    assert report["layers"]["all_reduce_vs_backend"]["max"] == 0.0, report
+    assert report["all_reduce_vs_backend"]["max"] == 0.0, report
 
 
-def test_a_forced_one_shot_all_reduce_on_gloo_is_a_skip_on_every_rank_with_its_reason(tmp_path):
-    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S,
-                         all_reduce="one_shot")
-    assert not report["ok"] and report["problems"] == [], report
+def test_a_forced_one_shot_all_reduce_on_gloo_is_a_skip_on_every_rank_with_its_reason(capsys):
+    rc = main(["--world", "2", "--hidden", str(HIDDEN), "--inter", str(INTER), "--m", "4", "--group-size", "64",
+               "--all-reduce", "one_shot"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == SKIPPED and not report["ok"] and report["problems"] == [], report
     assert "the one-shot all-reduce needs CUDA" in report["skipped"], report
     assert all(r["returncode"] == 0 for r in report["ranks"]), report
 
