@@ -13,6 +13,10 @@ group's CPU threads): ``tpW_mlp`` the block with its all-reduce; ``tpW_local`` t
 without it (this rank's compute); ``all_reduce`` the collective alone on the block's
 ``[M, hidden]`` output; ``unsharded_mlp`` the whole block unsharded on one rank (the same
 kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
+``tpW_mlp`` and ``all_reduce`` run the process group's own all-reduce; ``tpW_mlp_one_shot``
+and ``all_reduce_one_shot`` the same with torch's one-shot kernel over symmetric memory
+(:mod:`quantcore.checkpoint.allreduce`; skipped with the reason where it cannot run), and
+each case records which of the two ``"auto"`` picks for its M (``auto``).
 
 With ``--graph`` (CUDA) each variant is also timed as engines run decode: every rank
 captures the same calls in one CUDA graph (the all-reduce included: NCCL collectives are
@@ -171,6 +175,27 @@ def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> 
     return block
 
 
+def _paths(tp: Any, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any, str]:
+    """The group again with the one-shot all-reduce and with ``"auto"``, their buffers made
+    for ``max_tokens`` rows before any timing or capture (every rank alike), and why the
+    one-shot path cannot run here ("" when it can)."""
+    from quantcore.checkpoint.parallel import TPGroup
+    from quantcore.errors import ShardError
+
+    skip = ""
+    one_shot = TPGroup(tp.rank, tp.world, tp.group, all_reduce_path="one_shot") if not tp.stage_on_host else None
+    if one_shot is None:
+        skip = "the group all-reduces a host copy (stage_on_host): no one-shot path"
+    else:
+        try:
+            one_shot.prepare_all_reduce(max_tokens, hidden, dtype, device)
+        except ShardError as exc:
+            skip = str(exc)
+    auto = TPGroup(tp.rank, tp.world, tp.group, tp.stage_on_host, all_reduce_path="auto")
+    auto.prepare_all_reduce(max_tokens, hidden, dtype, device)
+    return one_shot, auto, skip
+
+
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tp_linear rank")
     p.add_argument("--checkpoint", required=True)
@@ -221,6 +246,8 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
     dtype = parse_dtype(args.dtype)
     hidden, inter = mlp.down.local.out_features, mlp.up.shard.total
     gated = mlp.gate is not None
+    ms = [int(v) for v in args.ms.split(",")]
+    one_shot, auto, one_shot_skip = _paths(mlp.tp, max(ms), hidden, dtype, device)
     whole = dense = None
     if rank == 0:  # the one-rank peers, built before any timing so that no rank waits on a build
         whole = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, TPGroup(0, 1),
@@ -232,7 +259,7 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
     quant_bytes = int(total.item())
     kernels = {n: m.local.kernel.name for n, m in (("gate", mlp.gate), ("up", mlp.up), ("down", mlp.down)) if m is not None}
     cases = []
-    for m in (int(v) for v in args.ms.split(",")):
+    for m in ms:
         gen = torch.Generator().manual_seed(1 + m)
         xs = [torch.randn(m, hidden, generator=gen).to(device, dtype) for _ in range(4)]
         bufs = [torch.randn(m, hidden, generator=gen).to(device, dtype) for _ in range(4)]
@@ -246,6 +273,10 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
              "the same without the all-reduce"),
             ("all_reduce", "peer", lambda i, bufs=bufs: mlp.tp.all_reduce(bufs[i % 4]), False, 2 * m * hidden * dtype.itemsize, 0,
              f"{args.backend} all-reduce of the [M, hidden] output"),
+            (f"tp{world}_mlp_one_shot", "kernel", lambda i, xs=xs: one_shot.all_reduce(mlp.partial(xs[i % 4])), False,
+             quant_bytes + act, flops, "the block with the one-shot all-reduce (symmetric memory)"),
+            ("all_reduce_one_shot", "peer", lambda i, bufs=bufs: one_shot.all_reduce(bufs[i % 4]), False,
+             2 * m * hidden * dtype.itemsize, 0, "one-shot all-reduce (symmetric memory) of the [M, hidden] output"),
         ]
         if rank == 0:
             variants += [
@@ -260,6 +291,9 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
         with torch.no_grad():
             for mode in modes:
                 for name, role, fn, solo, nbytes, nflops, note in variants:
+                    if name.endswith("_one_shot") and one_shot_skip:
+                        rows.append({"name": name, "role": "skipped", "mode": mode, "note": one_shot_skip})
+                        continue
                     if mode == "graph" and name in ("all_reduce", f"tp{world}_mlp") and args.backend != "nccl":
                         rows.append({"name": name, "role": "skipped", "mode": mode,
                                      "note": f"a {args.backend} all-reduce runs on the host: not in a CUDA graph"})
@@ -271,7 +305,7 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
                     torch.set_num_threads(threads)
                     rows.append({"name": name, "role": role, "mode": mode, "time_s": t, "spread": spread,
                                  "bytes": nbytes, "flops": nflops, "note": note})
-        cases.append({"M": m, "variants": rows})
+        cases.append({"M": m, "variants": rows, "auto": auto.all_reduce_path_for(m, hidden, dtype, device)})
     return {"world": world, "backend": args.backend, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "threads_per_rank": threads, "kernels": kernels, "hidden": hidden, "inter": inter, "cases": cases}

@@ -11,6 +11,9 @@ rank when there are W GPUs, else gloo with the ranks dealt over the GPUs (NCCL r
 ranks on one GPU). ``QUANTCORE_TP_BACKEND`` (gloo|nccl) and ``QUANTCORE_TP_DEVICE`` (cuda |
 cuda:rank | cuda:shared) override. On CUDA every variant is timed eagerly and as CUDA-graph
 replays captured per rank (as engines capture decode), each mode its own case (``…-graph``).
+The block and the all-reduce alone are timed with the process group's all-reduce and with
+the one-shot one over symmetric memory (``…_one_shot``); the row of the all-reduce that
+``all_reduce_path="auto"`` picks for the case says so.
 Shapes: Llama-2-7B's MLP (hidden 4096, intermediate 11008) and a 70B-class one (8192, 28672).
 """
 
@@ -113,6 +116,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             shutil.rmtree(folder, ignore_errors=True)
         where = f"{data['backend']} on {data['device']}, kernels {data['kernels']}"
         for c in data["cases"]:
+            picked = {"backend": "all_reduce", "one_shot": "all_reduce_one_shot"}.get(c.get("auto", ""))
             for mode in dict.fromkeys(v.get("mode", "eager") for v in c["variants"]):
                 label = f"M{c['M']}-K{k}-N{n}-W{world}" + ("-graph" if mode == "graph" else "")
                 case = BenchCase("tp_linear", label, {"M": c["M"], "K": k, "N": n, "W": world})
@@ -123,7 +127,8 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                         case.skipped[v["name"]] = v["note"]
                         continue
                     note = "; ".join(x for x in (v["note"], where if v["role"] == "kernel" else "",
-                                                 "CUDA graph per rank" if mode == "graph" else "") if x)
+                                                 "CUDA graph per rank" if mode == "graph" else "",
+                                                 AUTO_PICKS if v["name"] == picked else "") if x)
                     case.variants.append(Variant(
                         v["name"], v["role"], _never, v["bytes"], v["flops"], note=note,
                         measured=Timing(v["time_s"], v["spread"], ROUNDS, "lockstep-graph" if mode == "graph" else "lockstep"),
@@ -131,9 +136,14 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                 yield case
 
 
+#: The note on the all-reduce row that ``all_reduce_path="auto"`` picks for the case.
+AUTO_PICKS = 'all_reduce_path="auto" picks this path'
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
     """Per case: the group's speed over the unsharded block on one rank, and the
-    all-reduce's share of the block's time (eager and CUDA-graph cases alike)."""
+    all-reduce's share of the block's time (eager and CUDA-graph cases alike); the same
+    with the one-shot all-reduce where it was timed, and which path ``auto`` picks."""
     notes = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["case"] == case and r["role"] != "skipped"}
@@ -144,6 +154,15 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
         speed = mine["unsharded_mlp"]["time_s"] / tp["time_s"]
         share = (f"the all-reduce alone is {100 * mine['all_reduce']['time_s'] / tp['time_s']:.0f}% of the block's time"
                  if "all_reduce" in mine else "the all-reduce was not timed alone")
-        notes.append(f"{case}: {w} ranks {speed:.2f}× the unsharded block on one rank "
-                     f"(ideal {w}× where each rank has its own device; ranks sharing one CPU or GPU split it); {share}")
+        line = (f"{case}: {w} ranks {speed:.2f}× the unsharded block on one rank "
+                f"(ideal {w}× where each rank has its own device; ranks sharing one CPU or GPU split it); {share}")
+        one = mine.get(f"tp{w}_mlp_one_shot")
+        if one is not None:
+            line += f"; with the one-shot all-reduce {mine['unsharded_mlp']['time_s'] / one['time_s']:.2f}×"
+            if "all_reduce_one_shot" in mine:
+                line += f", the all-reduce {100 * mine['all_reduce_one_shot']['time_s'] / one['time_s']:.0f}% of it"
+        auto = next((n for n, r in mine.items() if AUTO_PICKS in r.get("note", "")), None)
+        if auto is not None:
+            line += f"; auto picks {'one-shot' if auto.endswith('_one_shot') else 'the backend'}"
+        notes.append(line)
     return notes

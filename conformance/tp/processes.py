@@ -12,9 +12,12 @@ block on a saved input; :func:`mixed_rank` builds a row-parallel layer from a pr
 set whose shards come from two checkpoints, which must be refused on every rank.
 
     python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+        [--all-reduce backend|one_shot|auto]
 
-prints one JSON line and exits 0 when every comparison passes, 1 otherwise. The gloo
-test (``tests/tp/test_gloo.py``) and ``tools/probes/tp_linear_gpu.sh`` run it.
+prints one JSON line and exits 0 when every comparison passes, 2 when the check cannot
+run here (``--all-reduce one_shot`` without symmetric memory: the reason in ``skipped``),
+1 otherwise. The gloo test (``tests/tp/test_gloo.py``) and ``tools/probes/tp_linear_gpu.sh``
+run it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from typing import Any
 
 import torch
 
+from quantcore.checkpoint.allreduce import PATHS
 from quantcore.checkpoint.launch import RankContext, launch
+from quantcore.errors import ShardError
 from quantcore.formats.base import Format
 from quantcore.formats.gptq import GPTQ
 
@@ -38,6 +43,8 @@ __all__ = ["check_block", "check_rank", "golden_block", "golden_linear", "mixed_
 
 CHECK = "quantcore.conformance.tp.processes:check_rank"
 MIXED = "quantcore.conformance.tp.processes:mixed_rank"
+#: main's exit code when the check could not run here (its reason in the report's ``skipped``).
+SKIPPED = 2
 
 
 def _rank_args(argv: list[str]) -> argparse.Namespace:
@@ -50,12 +57,16 @@ def _rank_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"),
                    help="how an act-order GPTQ down_proj is cut (see formats/gptq/shard.py)")
     p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
+    p.add_argument("--all-reduce", default="backend", choices=PATHS,
+                   help="check_rank: the group's all-reduce path (quantcore/checkpoint/allreduce.py)")
     return p.parse_args(argv)
 
 
 def check_rank(ctx: RankContext, argv: list[str]) -> int:
     """Build this rank's block (every refusal here), join, run it on ``--input``, save
-    the column outputs, the hidden slice and the all-reduced output to ``rankR.pt``."""
+    the column outputs, the hidden slice and the all-reduced output to ``rankR.pt``.
+    Off the backend's path, the output is also all-reduced by the backend (``y_backend``);
+    a forced one-shot that cannot run here is a skip, written with its reason."""
     import torch.distributed as dist
 
     from quantcore.checkpoint import load_checkpoint
@@ -63,21 +74,33 @@ def check_rank(ctx: RankContext, argv: list[str]) -> int:
     from quantcore.dtypes import parse_dtype
 
     args = _rank_args(argv)
-    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host, all_reduce_path=args.all_reduce)
     block = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
                                              dtype=parse_dtype(args.dtype), act_order=args.act_order)
     x = torch.load(args.input).to(ctx.device)
     ctx.join()
+    report: dict[str, Any] = {"device": str(ctx.device)}
+    try:  # the same answer on every rank: what they hold alike, or their agreed rendezvous
+        report["all_reduce"] = block.prepare_all_reduce(x.shape[0])
+    except ShardError as exc:
+        if args.all_reduce != "one_shot":
+            raise
+        (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps({**report, "skipped": str(exc)}))
+        dist.barrier()
+        return 0
     with torch.no_grad():
         parts = {"up": block.up(x), "hidden": block.hidden(x), "y": block(x)}
         if block.gate is not None:
             parts["gate"] = block.gate(x)
+        if args.all_reduce != "backend":
+            backend = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+            parts["y_backend"] = backend.all_reduce(block.partial(x))
     if block.down.shard.index is not None:
         parts["index"] = block.down.shard.index
     torch.save({k: v.cpu() for k, v in parts.items()}, ctx.out / f"rank{ctx.rank}.pt")
-    kernels = {n: m.local.kernel.name for n, m in (("gate", block.gate), ("up", block.up), ("down", block.down))
-               if m is not None}
-    (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps({"kernels": kernels, "device": str(ctx.device)}))
+    report["kernels"] = {n: m.local.kernel.name for n, m in (("gate", block.gate), ("up", block.up), ("down", block.down))
+                         if m is not None}
+    (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
     dist.barrier()
     return 0
 
@@ -148,8 +171,11 @@ def check_block(
     timeout_s: float = 180.0,
     extra: list[str] | None = None,
     act_order: str = "replicate",
+    all_reduce: str = "backend",
 ) -> dict[str, Any]:
-    """Write the checkpoint under ``folder``, run the ranks in check mode, compare."""
+    """Write the checkpoint under ``folder``, run the ranks in check mode, compare. With
+    ``all_reduce`` off the backend's path, its sum is also judged against the backend's;
+    where a forced one-shot cannot run the report is a skip (``skipped``: the reason)."""
     from quantcore.checkpoint import load_checkpoint
     from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
 
@@ -161,14 +187,24 @@ def check_block(
     (folder / "out").mkdir(exist_ok=True)
     args = ["--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
             "--out", str(folder / "out"), "--backend", backend, "--device", device,
-            "--threads", str(threads), "--timeout", "60", "--act-order", act_order, *(extra or [])]
+            "--threads", str(threads), "--timeout", "60", "--act-order", act_order, "--all-reduce", all_reduce,
+            *(extra or [])]
     ranks = launch(world, CHECK, args, timeout_s=timeout_s, workdir=folder / "run")
     report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
                               "stage_on_host": "--stage-host" in (extra or []), "act_order": act_order,
+                              "all_reduce_path": all_reduce,
                               "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
                                          "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
     if not all(r.ok for r in ranks):
         report["ok"] = False
+        return report
+    infos = [json.loads((folder / "out" / f"rank{r}.json").read_text()) for r in range(world)]
+    report["all_reduce"] = [i.get("all_reduce") for i in infos]
+    skipped = {i["skipped"] for i in infos if "skipped" in i}
+    if skipped:
+        report.update(ok=False, skipped="; ".join(sorted(skipped)),
+                      # every rank must have skipped: one that ran would have waited for the others
+                      problems=[] if len(skipped) == 1 and all("skipped" in i for i in infos) else ["the ranks disagreed"])
         return report
     parts = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(world)]
     ckpt = load_checkpoint(folder / "ckpt")
@@ -196,6 +232,7 @@ def check_block(
         layers["gate"] = ("mlp.gate_proj", x)
     judged: dict[str, Any] = {}
     ok = all(torch.equal(p["y"], y) for p in parts)  # the all-reduce left every rank the same sum
+    ok = ok and len(set(report["all_reduce"])) == 1  # and every rank took the same path
     with torch.no_grad():
         for name, (leaf, inp) in layers.items():
             got = y if name == "down" else gathered(name)
@@ -207,8 +244,13 @@ def check_block(
                             "problems": [c.problem for c in (vs_g, vs_u) if c.problem]}
             ok = ok and vs_g.ok and vs_u.ok
         block = compare(y, whole(x.to(local)).cpu().double(), tol)
+    if "y_backend" in parts[0]:  # the chosen path's sum against the backend's, on the same partial outputs
+        vs_b = compare(y, parts[0]["y_backend"].double(), tol)
+        report["all_reduce_vs_backend"] = {"rel": vs_b.rel_err, "max": vs_b.max_err,
+                                           "problems": [vs_b.problem] if vs_b.problem else []}
+        ok = ok and vs_b.ok
     report.update(
-        kernels=[json.loads((folder / "out" / f"rank{r}.json").read_text())["kernels"] for r in range(world)],
+        kernels=[i["kernels"] for i in infos],
         unsharded_kernels={n: getattr(whole, n).local.kernel.name for n in ("gate", "up", "down")},
         layers=judged, tolerance={"rel": tol.rel, "max": tol.max},
         # The block end to end composes two ops' roundings, beyond one op's tolerance: shown, not judged.
@@ -229,13 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
+    p.add_argument("--all-reduce", default="backend", choices=PATHS, help="the group's all-reduce path")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
         report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
                              fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
                              hidden=args.hidden, inter=args.inter, m=args.m, threads=0,
-                             extra=["--stage-host"] if args.stage_host else [])
+                             extra=["--stage-host"] if args.stage_host else [], all_reduce=args.all_reduce)
     print(json.dumps(report))
+    if "skipped" in report and not report.get("problems"):
+        return SKIPPED
     return 0 if report.get("ok") else 1
 
 

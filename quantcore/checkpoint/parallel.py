@@ -1,7 +1,8 @@
 """Tensor-parallel quantized linears on ``torch.distributed``: each rank holds its shard of
 a layer (``Format.shard``) and runs it through the kernel ``bind`` picks for its device;
-the engine's collectives (an all-reduce after a row-parallel layer) are torch's own, on
-whatever process group the caller made (gloo, NCCL, …).
+the engine's collective (an all-reduce after a row-parallel layer) is the process group's
+own (gloo, NCCL, …) or, chosen per group, torch's one-shot kernel over symmetric memory
+for small messages (:mod:`.allreduce`).
 
 The rule that keeps ranks from hanging: everything that can refuse — the world size,
 the rank, a cut that is not on a lane or group boundary, layers whose dims do not chain,
@@ -14,7 +15,7 @@ world size, the list of shards), so every rank raises the same
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 from ..errors import ShardError
 from ..formats.base import Format
 from ..formats.sharding import Shard, check_shards
+from .allreduce import AllReducer
 from .module import QuantLinear
 
 __all__ = [
@@ -38,44 +40,60 @@ class TPGroup:
     """This process's place in a tensor-parallel group: ``rank`` of ``world``, and the
     ``torch.distributed`` process group the all-reduce runs on (``None``: the default one).
     ``world=1`` needs no process group at all. ``stage_on_host`` copies a device tensor
-    to the CPU for the all-reduce and back (for a backend that takes only CPU tensors)."""
+    to the CPU for the all-reduce and back (for a backend that takes only CPU tensors).
+    ``all_reduce_path`` picks how the all-reduce runs (:mod:`.allreduce`): ``"backend"``
+    the process group's own, ``"one_shot"`` torch's one-shot kernel over symmetric memory,
+    ``"auto"`` one-shot for messages up to ``ONE_SHOT_MAX_BYTES`` where it can run."""
 
     rank: int
     world: int
     group: Any = None
     stage_on_host: bool = False
+    all_reduce_path: str = "backend"
+    reducer: AllReducer = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.world, int) or isinstance(self.world, bool) or self.world < 1:
             raise ShardError(f"TPGroup world: expected an int >= 1, got {self.world!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 0 <= self.rank < self.world:
             raise ShardError(f"TPGroup rank: expected an int in [0, {self.world}) for world={self.world}, got {self.rank!r}")
+        object.__setattr__(self, "reducer", AllReducer(self.all_reduce_path, group=self.group,
+                                                       stage_on_host=self.stage_on_host))
 
     @classmethod
-    def current(cls, group: Any = None, *, stage_on_host: bool = False) -> TPGroup:
+    def current(cls, group: Any = None, *, stage_on_host: bool = False, all_reduce_path: str = "backend") -> TPGroup:
         """The group of an initialised ``torch.distributed`` (the default group, or ``group``)."""
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             raise ShardError("TPGroup.current: torch.distributed is not initialised (call init_process_group first)")
-        return cls(dist.get_rank(group), dist.get_world_size(group), group, stage_on_host)
+        return cls(dist.get_rank(group), dist.get_world_size(group), group, stage_on_host, all_reduce_path)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the group, in place (nothing to do for one rank)."""
-        if self.world > 1:
-            import torch.distributed as dist
+        """The sum of ``t`` over the group: ``t`` itself for one rank or on the backend's path
+        (summed in place), a new tensor on the one-shot path — use the return value."""
+        return t if self.world == 1 else self.reducer(t)
 
-            if self.stage_on_host and t.device.type != "cpu":
-                host = t.cpu()
-                dist.all_reduce(host, group=self.group)
-                t.copy_(host)
-            else:
-                dist.all_reduce(t, group=self.group)
-        return t
+    def prepare_all_reduce(self, max_tokens: int, hidden: int, dtype: torch.dtype,
+                           device: torch.device | str) -> str:
+        """Before capturing a CUDA graph: make what all-reduces of up to ``[max_tokens,
+        hidden]`` need (the one-shot buffer: a collective, so every rank calls it alike).
+        Returns the path the largest takes: ``"none"`` (one rank), ``"backend"`` or ``"one_shot"``."""
+        return "none" if self.world == 1 else self.reducer.prepare(max_tokens * hidden, dtype, device)
+
+    def all_reduce_path_for(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device | str) -> str:
+        """The path an all-reduce of ``[tokens, hidden]`` takes (``"none"`` for one rank)."""
+        return "none" if self.world == 1 else self.reducer.path_for(tokens * hidden, dtype, device)
 
 
 def _local(shard: Shard, device: str | torch.device | None, dtype: torch.dtype, prefer: Any) -> QuantLinear:
     return QuantLinear(shard.format, shard.tensors, device=device, dtype=dtype, prefer=prefer)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    """Where a prepared layer's weights live (its buffers)."""
+    held = next(iter(module.buffers()), None)
+    return held.device if held is not None else torch.device("cpu")
 
 
 def _pick(shards: Sequence[Shard], tp: TPGroup, dim: str) -> Shard:
@@ -132,6 +150,11 @@ class RowParallelQuantLinear(nn.Module):
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's part, before the all-reduce."""
         return self.local(x)
+
+    def prepare_all_reduce(self, max_tokens: int) -> str:
+        """What :meth:`TPGroup.prepare_all_reduce` makes for this layer's output, before a
+        CUDA-graph capture; the path an all-reduce of ``max_tokens`` rows takes."""
+        return self.tp.prepare_all_reduce(max_tokens, self.local.out_features, self.local.dtype, _device_of(self.local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.local(x))
@@ -203,6 +226,11 @@ class ParallelQuantMLP(nn.Module):
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's part of the output, before the all-reduce."""
         return self.down.partial(self.hidden(x))
+
+    def prepare_all_reduce(self, max_tokens: int) -> str:
+        """Before a CUDA-graph capture of calls of up to ``max_tokens`` rows (every rank
+        alike); the path the largest all-reduce takes."""
+        return self.down.prepare_all_reduce(max_tokens)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.partial(x))

@@ -9,10 +9,20 @@ killed, and a refused build exits before the rendezvous, so a refusal returns in
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from quantcore.checkpoint.launch import REFUSED, launch
-from quantcore.conformance.tp.processes import CHECK, MIXED, check_block, mlp_layers, write_mlp
+from quantcore.conformance.tp.processes import (
+    CHECK,
+    MIXED,
+    SKIPPED,
+    check_block,
+    main,
+    mlp_layers,
+    write_mlp,
+)
 from quantcore.formats.gptq import GPTQ
 
 pytestmark = pytest.mark.xdist_group("tp-gloo")
@@ -59,6 +69,23 @@ def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_
     assert report["ok"], report
     aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
     assert report["kernels"] == [aten, aten], report
+
+
+def test_auto_all_reduce_on_gloo_takes_the_backend_on_every_rank(tmp_path):
+    report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S, all_reduce="auto")
+    assert report["ok"], report
+    assert report["all_reduce"] == ["backend", "backend"]
+    # the backend's sum against itself: the same partial outputs, the same sum
+    assert report["all_reduce_vs_backend"]["max"] == 0.0, report
+
+
+def test_a_forced_one_shot_all_reduce_on_gloo_is_a_skip_on_every_rank_with_its_reason(capsys):
+    rc = main(["--world", "2", "--hidden", str(HIDDEN), "--inter", str(INTER), "--m", "4", "--group-size", "64",
+               "--all-reduce", "one_shot"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == SKIPPED and not report["ok"] and report["problems"] == [], report
+    assert "the one-shot all-reduce needs CUDA" in report["skipped"], report
+    assert all(r["returncode"] == 0 for r in report["ranks"]), report
 
 
 def _refused_everywhere(results, words: tuple[str, ...]) -> None:

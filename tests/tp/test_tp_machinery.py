@@ -94,3 +94,32 @@ def test_the_suite_splits_eager_and_graph_timings_into_cases(monkeypatch, tmp_pa
     notes = suite.summarize(rows)
     assert notes[0].startswith("M1-K8192-N28672-W2: 2 ranks 1.50×") and "25%" in notes[0]
     assert notes[1].startswith("M1-K8192-N28672-W2-graph: 2 ranks 2.00×") and "not timed alone" in notes[1]
+
+
+def test_the_suite_reports_the_one_shot_all_reduce_and_what_auto_picks(monkeypatch, tmp_path):
+    """One-shot rows become variants of the same case; the all-reduce row auto picks says
+    so; the summary and the probe's table give the speed-up with each path."""
+    import quantcore.benchmarks.suites.tp_linear as suite
+    from tools.probes.host_cost_table import tp_lines
+
+    def row(name, role, t):
+        return {"name": name, "role": role, "mode": "graph", "time_s": t, "spread": 0.1, "bytes": 1, "flops": 1, "note": ""}
+
+    def case(m, auto):
+        return {"M": m, "auto": auto, "variants": [
+            row("tp2_mlp", "kernel", 120e-6), row("all_reduce", "peer", 24e-6), row("unsharded_mlp", "peer", 180e-6),
+            row("tp2_mlp_one_shot", "kernel", 100e-6), row("all_reduce_one_shot", "peer", 5e-6)]}
+
+    data = {"backend": "nccl", "device": "cuda:0", "kernels": {}, "cases": [case(1, "one_shot"), case(128, "backend")]}
+    monkeypatch.setattr(suite, "run_group", lambda *a, **k: data)
+    cases = list(suite.cases("cuda", [{"M": m, "K": 8192, "N": 28672, "W": 2} for m in (1, 128)]))
+    picked = [[v.name for v in c.variants if suite.AUTO_PICKS in v.note] for c in cases]
+    assert picked == [["all_reduce_one_shot"], ["all_reduce"]]
+    rows = run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
+    notes = suite.summarize(rows)
+    assert "2 ranks 1.50×" in notes[0] and "20% of the block's time" in notes[0]
+    assert "with the one-shot all-reduce 1.80×, the all-reduce 5% of it; auto picks one-shot" in notes[0]
+    assert notes[1].endswith("auto picks the backend")
+    lines = tp_lines(rows)
+    assert "speed-up 1.50×" in lines[0] and "one-shot: tp    100.0 µs  speed-up 1.80×  all-reduce 5%" in lines[0]
+    assert lines[0].endswith("auto: one-shot") and lines[1].endswith("auto: backend")

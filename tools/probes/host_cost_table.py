@@ -1,7 +1,8 @@
 """The short table ``tp_linear_gpu.sh`` prints last: from the JSON it wrote under a results
 folder, per kernel and module the host µs per call against ``nn.Linear`` (and the
 CUDA-graph replay µs), per tensor-parallel case the speed over the unsharded block and
-the all-reduce's share, and whether each check passed.
+the all-reduce's share (with the process group's all-reduce and with the one-shot one,
+and which of them ``auto`` picks), and whether each check passed or was skipped.
 
     python -m tools.probes.host_cost_table RESULTS_DIR
 """
@@ -12,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from quantcore.benchmarks.suites.tp_linear import AUTO_PICKS
 
 HOST_TARGET = 1.3
 
@@ -52,8 +55,14 @@ def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
         if tp is None or "unsharded_mlp" not in mine:
             continue
         share = f"{100 * mine['all_reduce'] / tp:.0f}%" if "all_reduce" in mine else "—"
-        lines.append(f"{case:30s} tp {tp * 1e6:8.1f} µs  unsharded {mine['unsharded_mlp'] * 1e6:8.1f} µs  "
-                     f"speed-up {mine['unsharded_mlp'] / tp:.2f}×  all-reduce {share}")
+        line = (f"{case:30s} tp {tp * 1e6:8.1f} µs  unsharded {mine['unsharded_mlp'] * 1e6:8.1f} µs  "
+                f"speed-up {mine['unsharded_mlp'] / tp:.2f}×  all-reduce {share}")
+        one = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_one_shot")), None)
+        if one is not None:
+            one_share = f"{100 * mine['all_reduce_one_shot'] / one:.0f}%" if "all_reduce_one_shot" in mine else "—"
+            line += f" | one-shot: tp {one * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / one:.2f}×  all-reduce {one_share}"
+        auto = next((r["variant"] for r in rows if r["case"] == case and AUTO_PICKS in r.get("note", "")), None)
+        lines.append(line + (f" | auto: {'one-shot' if auto.endswith('_one_shot') else 'backend'}" if auto else ""))
     return lines
 
 
@@ -65,8 +74,10 @@ def check_lines(folder: Path) -> list[str]:
         except (ValueError, IndexError):
             lines.append(f"{path.stem}: no report")
             continue
-        lines.append(f"{path.stem}: {'PASS' if report.get('ok') else 'FAIL'} (world {report.get('world')}, "
-                     f"{report.get('backend')} on {report.get('device')}, kernels {report.get('kernels', '?')})")
+        verdict = "PASS" if report.get("ok") else f"SKIP ({report['skipped']})" if report.get("skipped") else "FAIL"
+        lines.append(f"{path.stem}: {verdict} (world {report.get('world')}, {report.get('backend')} on "
+                     f"{report.get('device')}, all-reduce {report.get('all_reduce_path', 'backend')} "
+                     f"{report.get('all_reduce', '')}, kernels {report.get('kernels', '?')})")
     return lines
 
 

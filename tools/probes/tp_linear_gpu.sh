@@ -7,14 +7,17 @@
 #             host µs per call over a queue synchronised once, and CUDA-graph replay µs
 #   check     the tensor-parallel check (conformance/tp/processes.py: each layer of a GPTQ
 #             MLP block against the float64 golden and the unsharded kernels), world 2,
-#             NCCL, one process per GPU
+#             NCCL, one process per GPU; then again with the one-shot all-reduce over
+#             symmetric memory (its sum also against NCCL's; SKIP with the reason where
+#             symmetric memory cannot run), world 4 too where there are four GPUs
 #   world4    the check with four ranks: NCCL, one process per GPU where there are four;
 #             else sharing the two GPUs (gloo: NCCL refuses two ranks on one GPU; if gloo
 #             cannot all-reduce CUDA tensors, again staged through the host)
 #   bench     `quantcore bench tp_linear`, world 2, NCCL: the 70B-class (8192 → 28672) and
 #             the 7B (4096 → 11008) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
-#             the unsharded block on one GPU in the same run, the all-reduce alone; with
-#             four GPUs also the 70B-class MLP over world 4
+#             the unsharded block on one GPU in the same run, the all-reduce alone, each
+#             with NCCL's all-reduce and with the one-shot one (and which `auto` picks);
+#             with four GPUs also the 70B-class MLP over world 4
 #   gloo, conformance   (only when named) the bench with two ranks sharing GPU 0 through
 #             gloo; the tensor-parallel conformance matrix on cuda
 #
@@ -22,7 +25,8 @@
 # that fails or runs out of time does not stop the next. NVLink multicast is kept off.
 # Run from the repository root:
 #   bash tools/probes/tp_linear_gpu.sh [overhead] [check] [world4] [bench] [gloo] [conformance]
-# Everything goes under $OUT (default ./tp-linear-results): the log, tp_check_*.json, and
+# Everything goes under $OUT (default ./tp-linear-results): the log, tp_check_*.json (a
+# check's exit code 2 is a skip, its reason in the JSON), and
 # per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
 # (tools/probes/host_cost_table.py) is printed last.
 set -uo pipefail
@@ -62,18 +66,19 @@ GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || 
 say "$(nvidia-smi -L 2>&1 | tr '\n' ' ')— torch $(python3 -c 'import torch, triton; print(torch.__version__, "triton", triton.__version__)' 2>>"$LOG") sees $GPUS GPU(s)"
 [ "$GPUS" -ge 1 ] || { say "no GPU: nothing to do"; exit 2; }
 
-# check NAME WORLD BACKEND DEVICE [--stage-host]: the TP check; its JSON report goes to NAME.json.
+# check NAME WORLD BACKEND DEVICE [--stage-host] [--all-reduce PATH]: the TP check; its JSON
+# report goes to NAME.json.
 check() {
-  local name=$1 t
-  shift
+  local name=$1 world=$2 backend=$3 device=$4 t
+  shift 4
   t=$(limit 120)
   if [ "$t" -lt 20 ]; then
     say "$name: skipped, ${t}s left of the budget"
     return 124
   fi
-  say "$name: world $1, $2 on $3 ${4:-} (timeout ${t}s)"
-  timeout --signal=INT --kill-after=15 "$t" python3 -m quantcore.conformance.tp.processes --world "$1" --backend "$2" \
-      --device "$3" --hidden 2048 --inter 5632 --m 16 ${4:-} >"$OUT/$name.json" 2>>"$LOG"
+  say "$name: world $world, $backend on $device $* (timeout ${t}s)"
+  timeout --signal=INT --kill-after=15 "$t" python3 -m quantcore.conformance.tp.processes --world "$world" \
+      --backend "$backend" --device "$device" --hidden 2048 --inter 5632 --m 16 "$@" >"$OUT/$name.json" 2>>"$LOG"
   local rc=$?
   say "$name rc=$rc"
   return "$rc"
@@ -107,6 +112,8 @@ elif has world4; then
 fi
 if has check && [ "$GPUS" -ge 2 ]; then
   check tp_check_w2_nccl 2 nccl cuda:rank
+  check tp_check_w2_one_shot 2 nccl cuda:rank --all-reduce one_shot
+  [ "$GPUS" -ge 4 ] && check tp_check_w4_one_shot 4 nccl cuda:rank --all-reduce one_shot
 fi
 if has bench && [ "$GPUS" -ge 2 ]; then
   bench 7b
