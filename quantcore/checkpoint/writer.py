@@ -73,7 +73,9 @@ def save_checkpoint(
             part = {n: flat[n] for n in names[i::shards]}
             save_file(part, str(folder / file))
             weight_map.update(dict.fromkeys(part, file))
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
+        # transformers' from_pretrained reads metadata.total_size from the index as well.
+        index = {"metadata": {"total_size": sum(t.nbytes for t in flat.values())}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     qcfg = config_for(fmt)
     if config_file == "config.json":
         cfg = dict(base_config or {})

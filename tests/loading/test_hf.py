@@ -42,8 +42,8 @@ def tiny_llama(seed: int = 0) -> nn.Module:
     return model
 
 
-def write_tool_checkpoint(folder: Path, fmt, *, meta: object = "keep",
-                          zeros_of_0: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+def write_tool_checkpoint(folder: Path, fmt, *, meta: object = "keep", zeros_of_0: bool = False,
+                          shards: int = 1) -> dict[str, dict[str, torch.Tensor]]:
     """A GPTQ or AWQ checkpoint of a tiny Llama (lm_head left dense, as the tools do);
     ``zeros_of_0``: each linear's first group all positive, so its zero points are 0."""
     model = tiny_llama()
@@ -55,7 +55,7 @@ def write_tool_checkpoint(folder: Path, fmt, *, meta: object = "keep",
     kwargs = {"generator": torch.Generator().manual_seed(1)} if isinstance(fmt, GPTQ) else {}
     linears = quantize_linears(model, fmt, names, **kwargs)
     others = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in names)}
-    save_checkpoint(folder, fmt, linears, others, base_config=model.config.to_dict())
+    save_checkpoint(folder, fmt, linears, others, base_config=model.config.to_dict(), shards=shards)
     if meta != "keep":
         cfg = json.loads((folder / "config.json").read_text())
         cfg["quantization_config"]["meta"] = meta
@@ -101,6 +101,10 @@ def _gptq_v1_act(folder: Path) -> None:
                           meta={"quantizer": ["gptqmodel:2.2.0"]})
 
 
+def _gptq_sharded(folder: Path) -> None:
+    write_tool_checkpoint(folder, GPTQ(bits=4, group_size=32, sym=True), shards=3)
+
+
 def _gptq8(folder: Path) -> None:
     write_tool_checkpoint(folder, GPTQ(bits=8, group_size=64, sym=True))
 
@@ -118,7 +122,7 @@ def _compressed(folder: Path) -> None:
                      ignore=["lm_head"])
 
 
-WRITERS = {"gptq4-asym": _gptq, "gptq4-act-v1": _gptq_v1_act, "gptq8": _gptq8, "awq": _awq,
+WRITERS = {"gptq4-asym": _gptq, "gptq4-sharded": _gptq_sharded, "gptq4-act-v1": _gptq_v1_act, "gptq8": _gptq8, "awq": _awq,
            "compressed-tensors": _compressed}
 
 
