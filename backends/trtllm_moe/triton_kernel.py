@@ -12,7 +12,9 @@ random values off by one ulp, all equal to truncation).
 
 A call launches one kernel for up to ``SMALL_MAX_ROUTES`` routes (decode), and a
 one-program scheduling kernel plus the GEMM above that; neither waits for the GPU, so a
-call can be captured in a CUDA graph.
+call can be captured in a CUDA graph. The expert ids are not read on the host on CUDA
+(:func:`reads_ids`): the kernels give a route whose id lies outside ``[0, E)`` a NaN row
+and never use such an id as an address.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from .tiles import (
 )
 from .weights import expert_schema, load_expert_weights
 
-__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "stored_row_order"]
+__all__ = ["MoETile", "TritonMoE", "TritonMoEWeights", "reads_ids", "stored_row_order"]
 
 #: The layout TensorRT-LLM's MoE uses on SM 80–90 (``force_interleave`` maps 90 to 80).
 MOE_LAYOUT = CutlassMixedGemmLayout(QuantType.W8_A16, arch=80)
@@ -91,6 +93,14 @@ def stored_row_order(k: int, device: torch.device) -> torch.Tensor:
     sigma = (probe.view(-1)[:CHUNK].to(torch.int16) & 0xFF).long()  # the biased byte is the row
     chunks = torch.arange(0, k, CHUNK).view(-1, 1)
     return (chunks + sigma.view(1, -1)).reshape(-1).to(device)
+
+
+def reads_ids(topk_ids: object) -> bool:
+    """Whether a call checks its expert ids' range on the host (``check_routing``'s
+    ``check_ids``). Not on CUDA, where reading them waits for the GPU's queue: the kernels
+    give a route with an id outside ``[0, E)`` a NaN row instead (triton_source.py). On a
+    CPU reading them costs no synchronisation, and the caller gets the clear error."""
+    return not (isinstance(topk_ids, torch.Tensor) and topk_ids.is_cuda)
 
 
 def _facts(device: torch.device) -> tuple[CardKey | None, int]:
@@ -156,7 +166,7 @@ class TritonMoE(TRTLLMMoEKernel):
         self.require_prepared(prepared)
         check_routing(
             x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
-            dtypes=ACT_DTYPES, device=prepared.layout.device,
+            dtypes=ACT_DTYPES, device=prepared.layout.device, check_ids=reads_ids(topk_ids),
         )
 
     def shard_prepared(self, prepared: TritonMoEWeights, *, dim: str, rank: int, world: int) -> TritonMoEWeights:
@@ -195,7 +205,9 @@ class TritonMoE(TRTLLMMoEKernel):
         gated: bool = False,
     ) -> torch.Tensor:
         """The call without validation and without any host synchronisation (CUDA-graph
-        safe). Inputs must satisfy :func:`~quantcore.ops.moe.check_routing`."""
+        safe). Inputs must satisfy :func:`~quantcore.ops.moe.check_routing` but for the ids'
+        range: a route whose expert id lies outside ``[0, E)`` gets NaN in its output row
+        (with ``topk_weights``, its token's row)."""
         t, topk = topk_ids.shape
         _, k, n = prepared.layout.shape
         routes = t * topk
@@ -208,13 +220,15 @@ class TritonMoE(TRTLLMMoEKernel):
         rows = x if x.dim() == 2 else x.reshape(-1, k)
         if rows.stride(-1) != 1 or rows.stride(0) % 8:
             rows = rows.contiguous()
-        y = torch.empty((routes, cols), dtype=bucket.y_dtype, device=x.device)
-        ids = topk_ids.reshape(-1)
-        bucket(rows, ids if ids.dtype == torch.int32 else ids.to(torch.int32), topk if x.dim() == 2 else 1,
-               topk_weights.reshape(-1).float() if weighted else None, y)
+        y = torch.empty((t, topk, cols), dtype=bucket.y_dtype, device=x.device)
+        # The kernels read the ids as given (int32 or int64) and the weights as float32,
+        # each contiguous: no copy where they already are.
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        rw = topk_weights.to(torch.float32, memory_format=torch.contiguous_format) if weighted else None
+        bucket(rows, ids, topk if x.dim() == 2 else 1, rw, y)
         if weighted:
-            return y.view(t, topk, cols).sum(dim=1).to(x.dtype)
-        return y.view(t, topk, cols).to(x.dtype)
+            return y.sum(dim=1).to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)  # Tensor.to parses its arguments even when it is a no-op
 
     def _bucket(self, prepared: TritonMoEWeights, routes: int, x_dtype: torch.dtype, device: torch.device,
                 tile: MoETile | None, *, gated: bool, weighted: bool) -> Any:

@@ -17,14 +17,15 @@ import torch
 from quantcore.triton.launch import Launch, launch_state
 
 from .tiles import MoETile, check_tile, pow2_at_least
-from .triton_source import moe_w8a16_kernel, route_schedule_kernel
+from .triton_source import moe_w8a16_kernel, route_schedule_kernel, schedule_words
 
 __all__ = ["GEMM_VARYING", "Bucket", "launch_state"]
 
 #: The arguments of the GEMM that change between calls of a bucket and that Triton
-#: specialises: the activation rows and their stride, the route ids, the route weights.
-#: (Its route counts are not specialised; y and the schedule are fresh allocations.)
-GEMM_VARYING = (0, 1, 6, 10)
+#: specialises: the activation rows and their stride, the route ids (int32 or int64), the
+#: route weights. (Its route counts are not specialised; y and the schedule are fresh
+#: allocations.)
+GEMM_VARYING = (0, 1, 6, 8)
 
 
 class Bucket:
@@ -81,24 +82,23 @@ class Bucket:
 
     def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, x_div: int, route_weights: torch.Tensor | None,
                  y: torch.Tensor) -> None:
-        """Run the kernel into ``y [R, cols]``: ``x [rows, K]`` (route r reads row
-        ``r // x_div``), ``route_ids [R]`` int32 expert ids. No host synchronisation."""
+        """Run the kernel into ``y`` (``R`` contiguous rows of ``cols``): ``x [rows, K]``
+        (route r reads row ``r // x_div``), ``route_ids`` the ``R`` int32 or int64 expert ids,
+        contiguous; a route whose id lies outside ``[0, E)`` gets a NaN row. No host
+        synchronisation."""
         r, e, tile = route_ids.numel(), self.e, self.tile
         rw = route_weights if route_weights is not None else self.placeholder
+        # The groups of routes: the experts, and one more for the stray ids (NaN rows).
+        groups = min(r, e + 1)
         if self.schedule is None:
-            # The schedule's arrays are not read without SCHEDULED: fixed int32 stand-ins.
-            p = self.weights[0]
-            self.gemm((min(r, e), self.n_tiles, 1), x, x.stride(0), x_div, *self.weights, route_ids, p, p, p, rw,
+            # The schedule is not read without SCHEDULED: a fixed int32 stand-in.
+            self.gemm((groups, self.n_tiles, 1), x, x.stride(0), x_div, *self.weights, route_ids, self.weights[0], rw,
                       y, self.cols, r, *self.dims, 0, 1)
             return
-        dev = self.device
-        sorted_routes = torch.empty(r, dtype=torch.int32, device=dev)
-        starts = torch.empty(e + 1, dtype=torch.int32, device=dev)
-        first_tiles = torch.empty(e + 1, dtype=torch.int32, device=dev)
-        tokens = torch.empty(r if tile.x_sorted else 1, dtype=torch.int32, device=dev)
-        self.schedule((1, 1, 1), route_ids, sorted_routes, starts, first_tiles, tokens, r, e, self.n_tiles, x_div)
-        xs = x.index_select(0, tokens) if tile.x_sorted else x
-        bound = (r // tile.bm + min(e, r)) * self.n_tiles  # each expert adds at most one partial M-tile
+        sched = torch.empty(schedule_words(r, e, tile.x_sorted), dtype=torch.int32, device=self.device)
+        self.schedule((1, 1, 1), route_ids, sched, r, e, self.n_tiles, x_div)
+        xs = x.index_select(0, sched[schedule_words(r, e, False):]) if tile.x_sorted else x
+        bound = (r // tile.bm + groups) * self.n_tiles  # each group adds at most one partial M-tile
         progs = min(bound, self.sms * self.persistent) if self.persistent else bound
-        self.gemm((progs, 1, 1), xs, xs.stride(0), x_div, *self.weights, route_ids, sorted_routes, starts,
-                  first_tiles, rw, y, self.cols, r, *self.dims, bound, progs)
+        self.gemm((progs, 1, 1), xs, xs.stride(0), x_div, *self.weights, route_ids, sched, rw, y, self.cols, r,
+                  *self.dims, bound, progs)

@@ -45,6 +45,13 @@ activation row ``r // x_div``. Two ways to give a program its routes:
   gathering rows by route inside the loads (measured slower on the H100: kept as a
   variant).
 
+**Stray ids.** An expert id outside ``[0, E)`` (any int32 or int64 value) is never used
+as an address: :func:`_route_experts` maps every such id to the key ``E``, the routes of
+that key form one more group after the experts (a program of its own in-kernel, a run
+of tiles after the last expert's when scheduled), and that group writes NaN rows instead
+of reading weights. So a bad id gives a loud result, not an out-of-bounds access or a
+plausible wrong number, and the host never has to read the ids to check them.
+
 **GATED** fuses TensorRT-LLM's SwiGLU (``h[:I] · SiLU(h[I:])``): a tile's rows are 8
 linear-half columns then the same 8 gate-half columns, repeated, so each thread holds a
 column's two halves in the rows ``r`` and ``r + 8`` of its accumulator fragment.
@@ -62,10 +69,36 @@ from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
-__all__ = ["MAGIC", "moe_w8a16_kernel", "route_schedule_kernel", "word_codes"]
+__all__ = ["MAGIC", "moe_w8a16_kernel", "route_schedule_kernel", "schedule_words", "word_codes"]
 
 #: 2²³ + 128: the float32 ``0x4B000000 | u`` minus this is the signed code q.
 MAGIC = 8388736.0
+
+
+def schedule_words(routes: int, experts: int, tokens: bool) -> int:
+    """int32 words of the buffer :func:`route_schedule_kernel` writes and the scheduled
+    GEMM reads: ``starts [E + 2]``, ``tiles [E + 2]``, ``sorted [R]``, then ``tokens [R]``
+    when they are written (one allocation a call, its parts found by offset)."""
+    return 2 * (experts + 2) + routes * (2 if tokens else 1)
+
+
+@triton.jit
+def _route_experts(ids_ptr, offs, R, E):
+    """The expert of routes ``offs`` as an int32 key: the id where it lies in ``[0, E)``,
+    ``E`` for any other id (a stray route, whatever its value or dtype), ``-1`` past the
+    ``R`` routes. Every use of an id in these kernels goes through this key."""
+    live = offs < R
+    ids = tl.load(ids_ptr + offs, mask=live, other=0)
+    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    return tl.where(live, key, -1).to(tl.int32)
+
+
+@triton.jit
+def _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS,
+                BN: tl.constexpr, BM: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr):
+    """NaN rows for routes whose expert id lies outside ``[0, E)``: no weight is read."""
+    _store(tl.full((BN, BM), float("nan"), tl.float32), y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS,
+           BN, BM, GATED, HAS_RW)
 
 
 @triton.jit
@@ -230,7 +263,7 @@ def _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS,
 @triton.jit
 def _scheduled_tile(
     tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-    rw_ptr, y_ptr, stride_y, N, COLS, HALF, G,
+    rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G,
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
     PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -239,8 +272,9 @@ def _scheduled_tile(
     """One (expert, M-tile, N-tile) of the schedule: tiles run expert by expert, and
     within an expert N-tile by N-tile with its M-tiles side by side. With
     ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's last) runs at
-    half width: half the MMA, the same weight tile."""
-    e = tl.sum((ends <= tile).to(tl.int32), axis=0)
+    half width: half the MMA, the same weight tile. The tiles after the last expert's
+    (``e == E``) hold the stray routes: NaN rows."""
+    e = tl.sum((ends <= tile).to(tl.int32), axis=0)  # in [0, E]: E past the last expert's tiles
     first = tl.load(starts_ptr + e)
     count = tl.load(starts_ptr + e + 1) - first
     m_tiles = (count + BM - 1) // BM
@@ -248,15 +282,21 @@ def _scheduled_tile(
     pid_n = local // m_tiles
     start = first + (local % m_tiles) * BM
     end = first + count
-    cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
-    if SPLIT_TAIL and end - start <= BM // 2:
-        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+    if e < E:
+        cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
+        if SPLIT_TAIL and end - start <= BM // 2:
+            _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                    rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                    PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+        else:
+            _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                    rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                    PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
     else:
-        _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+        pos = start + tl.arange(0, BM)
+        m_ok = pos < end
+        routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
+        _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
 
 
 @triton.jit
@@ -289,7 +329,7 @@ def _m_tile(
 def moe_w8a16_kernel(
     x_ptr, stride_x, x_div,
     w_ptr, s_ptr, z_ptr,
-    ids_ptr, sorted_ptr, starts_ptr, tiles_ptr, rw_ptr,
+    ids_ptr, sched_ptr, rw_ptr,
     y_ptr, stride_y,
     R, E, N, COLS, HALF, G, TILES, PROGS,
     K: tl.constexpr, GROUP: tl.constexpr,
@@ -300,34 +340,39 @@ def moe_w8a16_kernel(
     ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
     """``y[route, col]`` for every route, over ``COLS`` output columns (``N``, or the
-    SwiGLU's ``HALF = N / 2`` when ``GATED``). See the module docstring."""
+    SwiGLU's ``HALF = N / 2`` when ``GATED``). See the module docstring. ``sched_ptr``:
+    :func:`route_schedule_kernel`'s buffer when ``SCHEDULED``."""
     if SCHEDULED:
+        starts_ptr = sched_ptr
+        tiles_ptr = sched_ptr + (E + 2)
+        sorted_ptr = sched_ptr + 2 * (E + 2)
         pid = tl.program_id(0)
         offs_e = tl.arange(0, E_PAD)
         ends = tl.load(tiles_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
-        total = tl.load(tiles_ptr + E)
+        total = tl.load(tiles_ptr + E + 1)  # the experts' tiles, then the stray routes'
         if PERSISTENT:
             for tile in range(pid, TILES, PROGS):
                 if tile < total:
                     _scheduled_tile(
                         tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-                        rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
+                        rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
                         SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
                     )
         elif pid < total:
             _scheduled_tile(
                 pid, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-                rw_ptr, y_ptr, stride_y, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
+                rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
                 SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
             )
     else:
         pid_d = tl.program_id(0)
         pid_n = tl.program_id(1)
         offs_r = tl.arange(0, R_PAD)
-        ids = tl.load(ids_ptr + offs_r, mask=offs_r < R, other=-1)
-        # The pid_d-th distinct expert, in order of first appearance.
+        ids = _route_experts(ids_ptr, offs_r, R, E)
+        # The pid_d-th distinct key (an expert, or E for the stray routes), in order of
+        # first appearance.
         earlier = (ids[:, None] == ids[None, :]) & (offs_r[None, :] < offs_r[:, None])
-        first = (tl.max(earlier.to(tl.int32), axis=1) == 0) & (offs_r < R)
+        first = (tl.max(earlier.to(tl.int32), axis=1) == 0) & (ids >= 0)
         pick = first & (tl.cumsum(first.to(tl.int32), axis=0) == pid_d + 1)
         if tl.sum(pick.to(tl.int32), axis=0) > 0:
             e = tl.sum(tl.where(pick, ids, 0), axis=0)
@@ -341,47 +386,76 @@ def moe_w8a16_kernel(
                     hit = mine[None, :] & (slot[None, :] == want[:, None])
                     routes = tl.sum(tl.where(hit, offs_r[None, :], 0), axis=1)
                     m_ok = want < count
-                    x_rows = (routes // x_div).to(tl.int64) * stride_x
-                    acc = _expert_tile(
-                        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
-                        K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
-                    )
-                    _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+                    if e < E:
+                        x_rows = (routes // x_div).to(tl.int64) * stride_x
+                        acc = _expert_tile(
+                            x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+                            K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+                        )
+                        _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+                    else:
+                        _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
 
 
 @triton.jit(do_not_specialize=["R", "E", "n_tiles", "x_div"])
 def route_schedule_kernel(
-    ids_ptr, sorted_ptr, starts_ptr, tiles_ptr, tokens_ptr,
+    ids_ptr, sched_ptr,
     R, E, n_tiles, x_div,
     R_MAX: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, WRITE_TOKENS: tl.constexpr,
 ):
-    """One program: counting-sort the ``R`` routes by expert (stable), and write
-    ``starts[e]`` (first sorted position of expert e, ``starts[E] = R``) and
-    ``tiles[e]`` (first tile of expert e: ``ceil(count / BM)`` M-tiles × ``n_tiles``,
-    ``tiles[E]`` = all tiles). With ``WRITE_TOKENS``, also each sorted position's token
-    (its activation row), for the permuted copy of the activations. ``R_MAX`` (a power
-of two >= R) bounds the loops at compile time."""
+    """One program: counting-sort the ``R`` routes by expert (stable), the stray routes
+    (an id outside ``[0, E)``) last, into ``sched_ptr`` (:func:`schedule_words`):
+    ``starts[e]`` (first sorted position of expert e; ``starts[E]`` that of the stray
+    routes, ``starts[E + 1] = R``), ``tiles[e]`` (first tile of expert e:
+    ``ceil(count / BM)`` M-tiles × ``n_tiles``; ``tiles[E]`` the stray routes' first,
+    ``tiles[E + 1]`` = all tiles), ``sorted`` (the routes in that order) and, with
+    ``WRITE_TOKENS``, each sorted position's token (its activation row), for the permuted
+    copy of the activations. ``R_MAX`` (a power of two >= R) bounds the loops at compile
+    time."""
+    starts_ptr = sched_ptr
+    tiles_ptr = sched_ptr + (E + 2)
+    sorted_ptr = sched_ptr + 2 * (E + 2)
+    tokens_ptr = sorted_ptr + R
     offs_e = tl.arange(0, E_PAD)
     offs_c = tl.arange(0, CHUNK)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    strays = 0
     for r0 in range(0, R_MAX, CHUNK):
-        ids = tl.load(ids_ptr + r0 + offs_c, mask=r0 + offs_c < R, other=-1)
-        counts += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
+        key = _route_experts(ids_ptr, r0 + offs_c, R, E)
+        expert = tl.where(key < E, key, -1)  # the stray key E would meet lane E when E < E_PAD
+        counts += tl.sum((expert[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
+        strays += tl.sum((key == E).to(tl.int32), axis=0)
     starts = tl.cumsum(counts, axis=0) - counts
     tiles_per = ((counts + BM - 1) // BM) * n_tiles
     tile_starts = tl.cumsum(tiles_per, axis=0) - tiles_per
+    routed = tl.sum(counts, axis=0)
+    routed_tiles = tl.sum(tiles_per, axis=0)
     tl.store(starts_ptr + offs_e, starts, mask=offs_e < E)
     tl.store(tiles_ptr + offs_e, tile_starts, mask=offs_e < E)
-    tl.store(starts_ptr + E, R)
-    tl.store(tiles_ptr + E, tl.sum(tiles_per, axis=0))
+    tl.store(starts_ptr + E, routed)
+    tl.store(starts_ptr + E + 1, R)
+    tl.store(tiles_ptr + E, routed_tiles)
+    tl.store(tiles_ptr + E + 1, routed_tiles + ((strays + BM - 1) // BM) * n_tiles)
     running = starts
     for r0 in range(0, R_MAX, CHUNK):
-        ids = tl.load(ids_ptr + r0 + offs_c, mask=r0 + offs_c < R, other=-1)
-        onehot = (ids[None, :] == offs_e[:, None]).to(tl.int32)  # [E_PAD, CHUNK]
+        key = _route_experts(ids_ptr, r0 + offs_c, R, E)
+        expert = tl.where(key < E, key, -1)
+        onehot = (expert[None, :] == offs_e[:, None]).to(tl.int32)  # [E_PAD, CHUNK]
         rank = tl.cumsum(onehot, axis=1) - onehot
         pos = tl.sum(onehot * (running[:, None] + rank), axis=0)
-        ok = r0 + offs_c < R
+        ok = expert >= 0
         tl.store(sorted_ptr + pos, r0 + offs_c, mask=ok)
         if WRITE_TOKENS:
             tl.store(tokens_ptr + pos, (r0 + offs_c) // x_div, mask=ok)
         running += tl.sum(onehot, axis=1)
+    # The stray routes, in a pass of their own (none in a well-formed call): kept out of
+    # the loop above, whose [E_PAD, CHUNK] one-hot already fills the registers.
+    if strays > 0:
+        stray_next = routed
+        for r0 in range(0, R_MAX, CHUNK):
+            stray = (_route_experts(ids_ptr, r0 + offs_c, R, E) == E).to(tl.int32)
+            pos = stray_next + tl.cumsum(stray, axis=0) - 1
+            tl.store(sorted_ptr + pos, r0 + offs_c, mask=stray > 0)
+            if WRITE_TOKENS:
+                tl.store(tokens_ptr + pos, (r0 + offs_c) // x_div, mask=stray > 0)
+            stray_next += tl.sum(stray, axis=0)

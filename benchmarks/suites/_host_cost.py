@@ -196,12 +196,14 @@ def _moe(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: 
         forward = getattr(kernel, "forward", None)  # the call without the ids check, where there is one
         out.append(Subject(
             f"trtllm_moe:{kernel.name}", "kernel", lambda i, k=kernel, p=prepared: k(x, ids, p),
-            f"E={MOE_E}, top-{MOE_TOPK}; checks the expert ids (reads them on the host); graph: forward",
+            f"E={MOE_E}, top-{MOE_TOPK}; graph: forward (the call without its checks)",
             graph=(lambda i, f=forward, p=prepared: f(x, ids, p)) if forward is not None else None,
             no_graph="" if forward is not None else SYNCS))
     module = QuantExperts(MOE_FMT, tensors, device=device, dtype=dtype)
+    # trtllm_moe_triton does not read the ids on CUDA (backends/trtllm_moe/README.md); the others do.
+    reads_ids = module.kernel.name != "trtllm_moe_triton" or device.type != "cuda"
     out.append(Subject("QuantExperts(trtllm_moe)", "module", lambda i: module(x, ids), f"kernel {module.kernel.name}",
-                       no_graph=SYNCS))
+                       no_graph=SYNCS if reads_ids else ""))
     return out
 
 

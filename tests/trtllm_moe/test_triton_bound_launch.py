@@ -1,6 +1,8 @@
 """trtllm_moe_triton's bound launches (triton_launch.py): one bucket per tile, route-count
 power of two, dtype and variant, kept with the prepared weights; a fixed argument never
-changes its specialisation within a bucket; every call is still checked.
+changes its specialisation within a bucket; every call is still checked, but on CUDA
+without reading the expert ids, and a call runs no torch op beyond its allocations and
+the weighted sum.
 
 The launches are replaced by a recorder (no GPU), with the planning of the interpreter
 and of a stand-in H100 (its shipped tile table).
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
 from quantcore.backends.trtllm_moe import triton_launch
-from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE
+from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, reads_ids
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.probe.card_tables import H100_SXM
@@ -89,3 +93,53 @@ def test_every_call_is_still_checked(recorded: list[Recorder]) -> None:
     with pytest.raises(KernelInputError, match=r"topk_ids: expected expert ids in \[0, 4\)"):
         kernel(x, torch.full((2, 2), 4, dtype=torch.int32), w)
     assert sum(len(r.calls) for r in recorded) == 1
+
+
+def test_the_ids_are_read_on_the_host_only_off_cuda() -> None:
+    assert reads_ids(torch.zeros(2, 2, dtype=torch.int32))  # a CPU tensor: no synchronisation to save
+    assert not reads_ids(Mock(spec=torch.Tensor, is_cuda=True))
+    assert reads_ids([[0, 1]])  # not a tensor: check_routing refuses it by name
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops a call runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("t", "ids_dtype", "rw_dtype", "ops"),
+    [
+        (1, torch.int32, None, ["empty"]),  # in-kernel routing: the output, one launch
+        (16, torch.int64, None, ["empty"]),  # int64 ids go to the kernel as they are
+        (3, torch.int32, torch.float32, ["empty", "sum", "_to_copy"]),  # the routes' weighted sum, rounded
+        (150, torch.int64, None, ["empty", "empty"]),  # scheduled: the output and the schedule's one buffer
+        (150, torch.int32, torch.bfloat16, ["empty", "_to_copy", "empty", "sum", "_to_copy"]),
+    ],
+)
+def test_a_cuda_call_reads_no_ids_and_runs_only_its_allocations(
+    recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, t: int, ids_dtype: torch.dtype,
+    rw_dtype: torch.dtype | None, ops: list[str],
+) -> None:
+    monkeypatch.setattr(kernel_mod, "interpreted", lambda: False)
+    monkeypatch.setattr(kernel_mod, "_facts", lambda device: (H100_SXM, 132))
+    monkeypatch.setattr(kernel_mod, "reads_ids", lambda ids: False)  # what CUDA ids get
+    kernel, w = _weights()
+    gen = torch.Generator().manual_seed(t)
+    x = torch.randn(t, 128, generator=gen).bfloat16()
+    ids = torch.randint(0, 8, (t, 2), generator=gen).to(ids_dtype)
+    ids[0, 0] = 8  # out of range: not read, so not refused (the kernels give its route NaN)
+    rw = torch.rand(t, 2, generator=gen).to(rw_dtype) if rw_dtype is not None else None
+    kernel(x, ids, w, topk_weights=rw)  # the bucket's first call
+    with _Ops() as seen:
+        y = kernel(x, ids, w, topk_weights=rw)
+    assert seen.names == ops
+    assert y.shape == ((t, 128) if rw is not None else (t, 2, 128)) and y.dtype == torch.bfloat16
+    with pytest.raises(KernelInputError, match="x: expected"):  # every other check stays
+        kernel(x.float(), ids, w)

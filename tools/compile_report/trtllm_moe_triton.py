@@ -50,7 +50,7 @@ def compile_one(
     dims = {**SHAPE, **shape}
     k, n, e, group = dims["K"], dims["N"], dims["E"], dims["group"]
     ptrs = {"x_ptr": f"*{dtype}", "w_ptr": "*i32", "s_ptr": f"*{dtype}", "z_ptr": f"*{dtype}", "ids_ptr": "*i32",
-            "sorted_ptr": "*i32", "starts_ptr": "*i32", "tiles_ptr": "*i32", "rw_ptr": "*fp32", "y_ptr": f"*{dtype}"}
+            "sched_ptr": "*i32", "rw_ptr": "*fp32", "y_ptr": f"*{dtype}"}
     ints = {"stride_x": k, "x_div": 2, "stride_y": n // 2 if gated else n, "R": 3, "E": e, "N": n,
             "COLS": n // 2 if gated else n, "HALF": n // 2, "G": k // group, "TILES": 3, "PROGS": 3}
     const = {"K": k, "GROUP": group, "BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "R_PAD": 32,

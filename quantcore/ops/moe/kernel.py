@@ -52,9 +52,15 @@ def check_routing(
     device: torch.device,
     check_ids: bool = True,
 ) -> tuple[int, int]:
-    """Validate a routed-GEMM call; returns ``(T, topk)``. ``check_ids`` reads the ids'
-    range, which on a GPU waits for them: kernels may skip it only where an out-of-range
-    id cannot produce a silently wrong result."""
+    """Validate a routed-GEMM call; returns ``(T, topk)``.
+
+    ``check_ids`` reads the ids' range on the host and refuses an id outside
+    ``[0, num_experts)`` with a :class:`KernelInputError`. On a GPU that read is a
+    synchronisation: the host waits for the device's queue to reach the ids, every call.
+    A kernel may pass ``check_ids=False`` only where its contract makes an out-of-range id
+    loud and harmless: never an out-of-bounds access, and never a plausible wrong number
+    (``trtllm_moe_triton`` on CUDA: NaN in the output rows of the routes with such an id,
+    backends/trtllm_moe/README.md). Every other check stays."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.dtype not in ROUTE_ID_DTYPES:
         got = describe(topk_ids) if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
         raise KernelInputError(f"topk_ids: expected a 2-D int32/int64 [T, topk] tensor, got {got}")
