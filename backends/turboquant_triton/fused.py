@@ -36,7 +36,7 @@ from quantcore.kernels.turboquant.base import PassData, rotate_input
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
-from quantcore.tensors import laid_out
+from quantcore.tensors import laid_out, version_of
 from quantcore.triton.launch import Launch, launch_state
 
 from . import configs
@@ -51,7 +51,8 @@ __all__ = ["fused_linear", "interpreting"]
 #: Re-exported for the NaN-rounding regression test.
 _to_output = to_output
 #: The arguments Triton specialises that change between calls of a bucket: the activation
-#: (and its second pass's view of it), the running partial; for the tensor-core kernel M.
+#: (the decode kernel's second pass reads its own), the running partial; for the
+#: tensor-core kernel M.
 GEMV_VARYING = (0, 1, 10)
 MMA_VARYING = (0, 7, 11)
 
@@ -250,8 +251,13 @@ class _Dequant(_Bucket):
             N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p, INTERPRET=interpreting()))
         self.per_pass = [(_words(data.indices), data.scales, codebook) for data in passes]
         self.bias_cdt = bias.to(dtype) if bias is not None else None
+        self.bias_version = version_of(bias) if bias is not None else -1
         #: ``x_cat``'s columns match ``W_cat``'s: every pass's copy, shared rotations too.
         self.rotate = InputRotation([data.rotation for data in passes])
+
+    def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
+        """Also: ``bias_cdt`` (a copy in the compute dtype) still holds the bias."""
+        return super().fits(passes, bias) and (bias is None or version_of(bias) == self.bias_version)
 
     def dequantize(self, out: torch.Tensor) -> torch.Tensor:
         if out.shape != (self.n, self.width) or out.dtype != self.dtype or out.stride() != (self.width, 1):
@@ -298,13 +304,13 @@ def _scratch_for(device: torch.device, dtype: torch.dtype, n: int, width: int) -
 
 
 def _kept(codebook: torch.Tensor, key: tuple[Any, ...], passes: Sequence[PassData], bias: torch.Tensor | None,
-          make: Any) -> Any:
-    """The bucket of ``key`` kept with the layer's codebook, made again when the passes or
-    the bias it was made for are not the ones given."""
+          make: Any, *args: Any) -> Any:
+    """The bucket of ``key`` kept with the layer's codebook, made again (``make(*args)``)
+    when the passes or the bias it was made for are not the ones given."""
     state = launch_state(codebook)
     bucket = state.get(key)
     if bucket is None or not bucket.fits(passes, bias):
-        bucket = state[key] = make()
+        bucket = state[key] = make(*args)
     return bucket
 
 
@@ -314,7 +320,7 @@ def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: in
     pass p in columns ``(g·P + p)·d …`` (``dequant.py``)."""
     device = codebook.device
     bucket = _kept(codebook, ("dequant", dtype, None, id(passes[-1].indices), len(passes), device), passes, None,
-                   lambda: _Dequant(passes, codebook, d, None, device, dtype))
+                   _Dequant, passes, codebook, d, None, device, dtype)
     n, width = bucket.n, bucket.width
     return bucket.dequantize(out if out is not None else torch.empty((n, width), dtype=dtype, device=device))
 
@@ -335,30 +341,30 @@ def fused_linear(
     ("gemv", "mma", "dequant") and ``config`` override the choice (benchmarks, tests)."""
     if not 1 <= len(passes) <= 2:
         raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
-    x2d = x2d.contiguous()
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
     m = x2d.shape[0]
-    n = passes[0].indices.shape[0]
     device = x2d.device
-    out = torch.empty((m, n), dtype=out_dtype, device=device)
+    out = torch.empty((m, passes[0].indices.shape[0]), dtype=out_dtype, device=device)
     if m == 0:
         return out
     if path is None:
-        choice = _path_choice(device)
+        choice = _paths.get(device) or _path_choice(device)
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
-    d, has_partial = group_size, partial is not None
+    has_partial = partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)
     if path == "gemv":
         if m != 1:
             raise ValueError(f"the decode kernel takes M = 1, got M = {m}")
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Gemv(x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
+        bucket = _kept(codebook, key, passes, bias, _Gemv, x2d.dtype, passes, codebook, group_size, has_partial,
+                       bias, device, config)
     elif path == "mma":
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Mma(m, x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
+        bucket = _kept(codebook, key, passes, bias, _Mma, m, x2d.dtype, passes, codebook, group_size, has_partial,
+                       bias, device, config)
     elif path == "dequant":
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Dequant(passes, codebook, d, bias, device, passes[0].rotation.dtype))
+        bucket = _kept(codebook, key, passes, bias, _Dequant, passes, codebook, group_size, bias, device,
+                       passes[0].rotation.dtype)
     else:
         raise ValueError(f"path: expected 'gemv', 'mma' or 'dequant', got {path!r}")
     bucket(x2d, partial, out)

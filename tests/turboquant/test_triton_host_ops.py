@@ -13,8 +13,8 @@ Per call, after a bucket's first:
   concatenation of rotations a call;
 * the module (TurboQuantLinear) adds no op to the kernel's.
 
-And the rotations kept side by side follow the layer's tensors when a state dict is
-loaded into them in place."""
+And what a bucket keeps as a copy — the rotations side by side, the bias in the compute
+dtype — follows the layer's tensors when a state dict is loaded into them in place."""
 
 from __future__ import annotations
 
@@ -143,25 +143,49 @@ def test_module_adds_no_op_to_the_kernel(recorded: list[Recorder], fmt: TurboQua
     assert _ops(lambda: module(x), "inference") == _ops(lambda: kernel(x, prepared), "inference")
 
 
-@pytest.mark.parametrize("path, m", [("mma", 2), ("dequant", 3)])
 @pytest.mark.parametrize("fmt", [FORMATS[1], FORMATS[2]], ids=lambda f: f.slug)
-def test_rotations_loaded_in_place_are_used(fmt: TurboQuant, path: str, m: int) -> None:
-    """A state dict loaded into the layer's own tensors (in place) after a call: the next
-    call computes with the new rotations, not the side-by-side copy made for the old."""
-    _, _, prepared = _layer(fmt, seed=0)
-    t_new, _, new = _layer(fmt, seed=1)
-    x = torch.randn(m, K, generator=torch.Generator().manual_seed(2))
+def test_a_state_dict_loaded_in_place_is_computed_with(monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant) -> None:
+    """A state dict loaded into a module's own buffers (in place) after calls on every
+    path: the next calls compute with the new rotations, not the side-by-side copies
+    made for the old."""
+    monkeypatch.setitem(fused_mod._paths, torch.device("cpu"), PathChoice(gemv_max_m=1, mma_max_m=2))
+    modules = []
+    for seed in (0, 1):
+        t, _, _ = _layer(fmt, seed)
+        module = TurboQuantLinear(K, N, fmt, device="cpu", dtype=torch.float32)
+        module.load_tensors(t, prefer="turboquant_triton")
+        modules.append((module, t))
+    (module, _), (source, t_new) = modules
+    xs = [torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in (1, 2, 3)]
+    with torch.no_grad():
+        for x in xs:
+            module(x)
+        buffers = [b for b in module.buffers()]
+        module.load_state_dict(source.state_dict())
+        assert all(a is b for a, b in zip(buffers, module.buffers(), strict=True))  # loaded in place
+        for x in xs:
+            ref = linear_reference(x, fmt.dequantize(t_new), t_new["bias"])
+            result = compare(module(x), ref, tolerance_for(torch.float32))
+            assert result.ok, (x.shape[0], result.problem)
+
+
+def test_dequantize_bias_in_the_compute_dtype_follows_an_in_place_load() -> None:
+    """With bf16 rotations (a GPU's compute dtype) the dequantize path keeps the bias cast
+    to bf16: a bias loaded in place after a call is the one added next."""
+    import dataclasses
+
+    fmt = FORMATS[1]
+    t, _, prepared = _layer(fmt)
+    passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prepared.passes)
+    bias = prepared.bias.clone()
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
 
     def call() -> torch.Tensor:
-        return fused_mod.fused_linear(x, prepared.passes, prepared.codebook, group_size=D, partial=None,
-                                      bias=prepared.bias, out_dtype=torch.float32, path=path)
+        return fused_mod.fused_linear(x, passes, prepared.codebook, group_size=D, partial=None, bias=bias,
+                                      out_dtype=torch.bfloat16, path="dequant")
 
     call()
     with torch.no_grad():
-        for mine, theirs in zip(prepared.passes, new.passes, strict=True):
-            for name, tensor in mine.tensors().items():
-                tensor.copy_(getattr(theirs, name))
-        prepared.bias.copy_(new.bias)
-    ref = linear_reference(x, fmt.dequantize(t_new), t_new["bias"])
-    result = compare(call(), ref, tolerance_for(torch.float32))
+        bias.add_(1.0)
+    result = compare(call(), linear_reference(x, fmt.dequantize(t), bias), tolerance_for(torch.bfloat16))
     assert result.ok, result.problem

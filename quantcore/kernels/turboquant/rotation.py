@@ -47,11 +47,11 @@ class InputRotation:
             self.rhs = first if len(rotations) == 1 else torch.cat(list(rotations), dim=2)
         #: The rotations ``rhs`` copied, and their versions then (one rotation: ``rhs`` is it).
         self._copied = tuple(rotations) if len(rotations) > 1 else ()
-        self._versions = tuple(version_of(r) for r in self._copied)
+        self._versions = [version_of(r) for r in self._copied]
 
     def current(self) -> bool:
         """Whether ``rhs`` still holds the rotations (none changed in place since)."""
-        return not self._copied or tuple(version_of(r) for r in self._copied) == self._versions
+        return not self._copied or [version_of(r) for r in self._copied] == self._versions
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
         m, k = x2d.shape
