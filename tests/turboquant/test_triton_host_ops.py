@@ -113,6 +113,7 @@ def test_tensor_core_call_is_one_rotation_gemm_and_its_launch(recorded: list[Rec
     before = _launches(recorded)
     ops = _ops(lambda: kernel(x, prepared), mode)
     assert [r.fn.__name__ for r in recorded] == ["mma_kernel"] and _launches(recorded) - before == 3
+    assert recorded[0].calls[-1][0][1] == 4  # split over K: a workspace and tickets
     gemms = ops["mm"] + ops["bmm"]
     assert gemms == 1, ops  # both passes rotated by one GEMM
     if fmt.rotation_per_group:  # [G, M, P·d] back to [M, G, P·d]: two transposes and a copy (two ops in no_grad)
