@@ -21,6 +21,7 @@ __all__ = [
     "require_tensor",
     "require_tensors",
     "stored_on",
+    "version_of",
 ]
 
 
@@ -36,6 +37,14 @@ def laid_out(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "meta" or (t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def version_of(t: torch.Tensor) -> int:
+    """``t``'s version counter (bumped by every in-place change) where it has one: -1 while
+    tracing (not a value a graph can guard on) and for inference tensors (they have none)."""
+    if torch.compiler.is_compiling() or t.is_inference():
+        return -1
+    return t._version
 
 
 def describe(t: torch.Tensor) -> str:

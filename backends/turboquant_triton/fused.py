@@ -4,16 +4,19 @@
 * M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
   passes in one launch;
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel on the input rotated once per call
-  (one small GEMM per pass), split over K, all passes in one launch;
-* larger M — ``dequant.py``: dequantize every pass into a reused scratch, one cuBLAS GEMM.
+  (one small GEMM for every pass, ``quantcore/kernels/turboquant/rotation.py``), split
+  over K, all passes in one launch;
+* larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
+  same one GEMM), one cuBLAS GEMM.
 
 The thresholds come from ``configs.path_for`` (measured per device). Layouts: indices
 are read as int32 words (natural coordinate order, ``lookup.py``), scales are float32
 ``norms / √d``, rotations ``P = Πᵀ`` in the compute dtype (``split_halves=False``).
 
 What depends only on the layer, the dtypes and the M bucket (``configs.m_bucket``) — the
-config, the split, the constexprs, the index words, the compiled kernel bound to its
-launcher (:class:`quantcore.triton.launch.Launch`) — is decided on a bucket's first call
+config, the split, the constexprs, the index words, the rotations side by side, the
+compiled kernel bound to its launcher (:class:`quantcore.triton.launch.Launch`), per M
+the grid — is decided on a bucket's first call (of that M)
 and kept with the layer's codebook tensor (:func:`quantcore.triton.launch.launch_state`;
 a prepared state holds one codebook), checked against the pass tensors it was made for:
 the custom op rebuilds the state objects around the same tensors at every call, and passes
@@ -30,9 +33,10 @@ import torch
 import triton
 
 from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
-from quantcore.tensors import laid_out
+from quantcore.tensors import laid_out, version_of
 from quantcore.triton.launch import Launch, launch_state
 
 from . import configs
@@ -40,16 +44,17 @@ from .dequant import dequant_kernel
 from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
-from .workspace import tickets
+from .workspace import split_k_buffers
 
 __all__ = ["fused_linear", "interpreting"]
 
 #: Re-exported for the NaN-rounding regression test.
 _to_output = to_output
 #: The arguments Triton specialises that change between calls of a bucket: the activation
-#: (and its second pass's view of it), the running partial; for the tensor-core kernel M.
+#: (the decode kernel's second pass reads its own), the running partial; for the
+#: tensor-core kernel M.
 GEMV_VARYING = (0, 1, 10)
-MMA_VARYING = (0, 1, 8, 12)
+MMA_VARYING = (0, 7, 11)
 
 
 def interpreting() -> bool:
@@ -103,17 +108,19 @@ class _Bucket:
         self.k = 2 * half
         self.codebook = codebook
         self.bias_or_cb = bias if bias is not None else codebook
+        #: The input rotation the host runs before the launch, if any.
+        self.rotate: InputRotation | None = None
 
     def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
         """Made for these tensors (the custom op rebuilds the pass objects around the same
-        tensors at every call)."""
+        tensors at every call), and their rotations unchanged since."""
         mine = self.passes
         if self.bias is not bias or len(passes) != len(mine):
             return False
         for a, b in zip(mine, passes, strict=True):
             if a.indices is not b.indices or a.scales is not b.scales or a.rotation is not b.rotation:
                 return False
-        return True
+        return self.rotate is None or self.rotate.current()
 
 
 class _Gemv(_Bucket):
@@ -165,8 +172,7 @@ class _Gemv(_Bucket):
             x2 = x1 if self.p2 is self.p1 or self.p2.rotation is self.p1.rotation else self._rotated(
                 x2d, self.p2.rotation)
         if self.split > 1:
-            ws = torch.empty((self.split, self.n), dtype=torch.float32, device=self.device)
-            tk = tickets(self.device, self.chunks)
+            ws, tk = split_k_buffers(self.device, self.split * self.n, self.chunks)
         else:
             ws, tk = out, self.codebook
         self.launch((self.chunks, self.split, 1), x1, x2, *self.weights, out, partial if partial is not None else out,
@@ -174,6 +180,8 @@ class _Gemv(_Bucket):
 
 
 class _Mma(_Bucket):
+    rotate: InputRotation
+
     def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
                  cfg: configs.MmaConfig | None) -> None:
@@ -183,42 +191,52 @@ class _Mma(_Bucket):
         self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
         p1, p2 = self.p1, self.p2
+        # One rotated copy of x per distinct rotation, side by side (rotation.py).
+        own = p2 is not p1 and p2.rotation is not p1.rotation
+        self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
         self.weights = (_words(p1.indices), p1.scales, _words(p2.indices), p2.scales, codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
-            TWO_PASSES=len(passes) == 2, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
+            TWO_PASSES=len(passes) == 2, X_COPIES=self.rotate.copies, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
             DOT_FP32=_dot_fp32(passes[0].rotation.dtype), INTERPRET=interpreting(),
         )
         #: By (groups per program, split): both follow M's row tiles, within the bucket.
         self.launches: dict[tuple[int, int], Launch] = {}
+        #: By M: the launch, its grid, its split and its output tiles.
+        self.plans: dict[int, tuple[Launch, tuple[int, int, int], int, int]] = {}
 
-    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
-        m, cfg = x2d.shape[0], self.cfg
-        # Integer ceilings written out: triton.cdiv costs microseconds a call on the host.
-        tiles_m = -(-m // cfg.block_m)
+    def _plan(self, m: int) -> tuple[Launch, tuple[int, int, int], int, int]:
+        cfg = self.cfg
+        tiles_m = triton.cdiv(m, cfg.block_m)
         # Split K only as far as needed to fill the GPU (each split costs a partial tile).
-        split = max(1, min(-(-self.groups // cfg.gpc), -(-cfg.ctas // (self.tiles_n * tiles_m))))
-        gpc = -(-self.groups // split)
-        split = -(-self.groups // gpc)
+        split = max(1, min(triton.cdiv(self.groups, cfg.gpc), triton.cdiv(cfg.ctas, self.tiles_n * tiles_m)))
+        gpc = triton.cdiv(self.groups, split)
+        split = triton.cdiv(self.groups, gpc)
         launch = self.launches.get((gpc, split))
         if launch is None:
             launch = self.launches[(gpc, split)] = Launch(
                 mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
                 options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
             )
-        x1 = rotate_input(x2d, self.p1.rotation).contiguous()
-        x2 = x1 if self.p2 is self.p1 else rotate_input(x2d, self.p2.rotation).contiguous()
+        plan = self.plans[m] = (launch, (self.tiles_n, split, tiles_m), split, self.tiles_n * tiles_m)
+        return plan
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        m = x2d.shape[0]
+        launch, grid, split, tiles = self.plans.get(m) or self._plan(m)
+        x_rot = self.rotate(x2d)
         if split > 1:
-            ws = torch.empty((split, m, self.n), dtype=torch.float32, device=self.device)
-            tk = tickets(self.device, self.tiles_n * tiles_m)
+            ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
         else:
             ws, tk = out, self.codebook
-        launch((self.tiles_n, split, tiles_m), x1, x2, *self.weights, out, partial if partial is not None else out,
-               self.bias_or_cb, ws, tk, m, self.n, self.k // 8, self.k // 8)
+        launch(grid, x_rot, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, m,
+               self.n, self.k // 8, self.k // 8)
 
 
 class _Dequant(_Bucket):
     """Dequantize every pass into ``W_cat [N, P·K]`` (``dequant.py``); the GEMM is torch's."""
+
+    rotate: InputRotation
 
     def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -233,31 +251,42 @@ class _Dequant(_Bucket):
             N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p, INTERPRET=interpreting()))
         self.per_pass = [(_words(data.indices), data.scales, codebook) for data in passes]
         self.bias_cdt = bias.to(dtype) if bias is not None else None
+        self.bias_version = version_of(bias) if bias is not None else -1
+        #: ``x_cat``'s columns match ``W_cat``'s: every pass's copy, shared rotations too.
+        self.rotate = InputRotation([data.rotation for data in passes])
+
+    def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
+        """Also: ``bias_cdt`` (a copy in the compute dtype) still holds the bias."""
+        return super().fits(passes, bias) and (bias is None or version_of(bias) == self.bias_version)
 
     def dequantize(self, out: torch.Tensor) -> torch.Tensor:
         if out.shape != (self.n, self.width) or out.dtype != self.dtype or out.stride() != (self.width, 1):
             raise ValueError(f"W_cat: expected a contiguous [{self.n}, {self.width}] {self.dtype}, got "
                              f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
-        for p, weights in enumerate(self.per_pass):
-            self.launch(self.grid, *weights, out, self.n, self.k // 8, self.width, p * self.d)
+        self._write(out)
         return out
+
+    def _write(self, w_cat: torch.Tensor) -> None:
+        for p, weights in enumerate(self.per_pass):
+            self.launch(self.grid, *weights, w_cat, self.n, self.k // 8, self.width, p * self.d)
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         cdt = self.dtype
-        w_cat = self.dequantize(_scratch_for(self.device, cdt, self.n * self.width).view(self.n, self.width))
-        x_cat = rotate_interleaved(x2d, self.passes, self.d)
+        w_t = _scratch_for(self.device, cdt, self.n, self.width)
+        self._write(w_t)
+        x_cat = self.rotate(x2d).view(x2d.shape[0], self.width)
         if partial is None and out.dtype == cdt:
             # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
             # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
             if self.bias_cdt is not None:
-                torch.addmm(self.bias_cdt, x_cat, w_cat.T, out=out)
+                torch.addmm(self.bias_cdt, x_cat, w_t, out=out)
             else:
-                torch.mm(x_cat, w_cat.T, out=out)
+                torch.mm(x_cat, w_t, out=out)
             return
         if x2d.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
-            y = torch.mm(x_cat, w_cat.T, out_dtype=torch.float32)  # the partial is fp32: one rounding
+            y = torch.mm(x_cat, w_t, out_dtype=torch.float32)  # the partial is fp32: one rounding
         else:
-            y = torch.mm(x_cat.to(torch.float32), w_cat.T.to(torch.float32))
+            y = torch.mm(x_cat.to(torch.float32), w_t.to(torch.float32))
         if partial is not None:
             y += partial
         if self.bias is not None:
@@ -265,21 +294,23 @@ class _Dequant(_Bucket):
         out.copy_(y)
 
 
-def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """The dequantization scratch: from torch's caching allocator at every call, which hands
-    the same block back call after call. (A module-level buffer grown in place broke CUDA
-    graphs: a graph captured before the growth kept writing to the freed block.)"""
-    return torch.empty(numel, dtype=dtype, device=device)
+def _scratch_for(device: torch.device, dtype: torch.dtype, n: int, width: int) -> torch.Tensor:
+    """``W_catᵀ`` [P·K, N]: the transpose of the row-major [N, P·K] scratch the dequant
+    kernel writes, as the GEMM reads it (one allocation, no view a call). From torch's
+    caching allocator at every call, which hands the same block back call after call. (A
+    module-level buffer grown in place broke CUDA graphs: a graph captured before the
+    growth kept writing to the freed block.)"""
+    return torch.empty_strided((width, n), (1, width), dtype=dtype, device=device)
 
 
 def _kept(codebook: torch.Tensor, key: tuple[Any, ...], passes: Sequence[PassData], bias: torch.Tensor | None,
-          make: Any) -> Any:
-    """The bucket of ``key`` kept with the layer's codebook, made again when the passes or
-    the bias it was made for are not the ones given."""
+          make: Any, *args: Any) -> Any:
+    """The bucket of ``key`` kept with the layer's codebook, made again (``make(*args)``)
+    when the passes or the bias it was made for are not the ones given."""
     state = launch_state(codebook)
     bucket = state.get(key)
     if bucket is None or not bucket.fits(passes, bias):
-        bucket = state[key] = make()
+        bucket = state[key] = make(*args)
     return bucket
 
 
@@ -289,23 +320,9 @@ def dequantize_rotated(passes: Sequence[PassData], codebook: torch.Tensor, d: in
     pass p in columns ``(g·P + p)·d …`` (``dequant.py``)."""
     device = codebook.device
     bucket = _kept(codebook, ("dequant", dtype, None, id(passes[-1].indices), len(passes), device), passes, None,
-                   lambda: _Dequant(passes, codebook, d, None, device, dtype))
+                   _Dequant, passes, codebook, d, None, device, dtype)
     n, width = bucket.n, bucket.width
     return bucket.dequantize(out if out is not None else torch.empty((n, width), dtype=dtype, device=device))
-
-
-def rotate_interleaved(x2d: torch.Tensor, passes: Sequence[PassData], d: int) -> torch.Tensor:
-    """``x_cat [M, P·K]`` matching ``dequantize_rotated``'s columns: each group of x times
-    ``[P₁ | P₂]`` in one GEMM (shared rotations), else one rotation per pass, interleaved."""
-    m, k = x2d.shape
-    if len(passes) == 1:
-        return rotate_input(x2d, passes[0].rotation)
-    if all(p.rotation.shape[0] == 1 for p in passes):
-        both = torch.cat([p.rotation[0] for p in passes], dim=1)  # [d, P·d]: tiny, next to the GEMM
-        x = x2d.to(both.dtype).reshape(m * (k // d), d)
-        return (x @ both).reshape(m, len(passes) * k)
-    parts = [rotate_input(x2d, p.rotation).view(m, k // d, 1, d) for p in passes]
-    return torch.cat(parts, dim=2).reshape(m, len(passes) * k)
 
 
 def fused_linear(
@@ -324,30 +341,30 @@ def fused_linear(
     ("gemv", "mma", "dequant") and ``config`` override the choice (benchmarks, tests)."""
     if not 1 <= len(passes) <= 2:
         raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
-    x2d = x2d.contiguous()
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
     m = x2d.shape[0]
-    n = passes[0].indices.shape[0]
     device = x2d.device
-    out = torch.empty((m, n), dtype=out_dtype, device=device)
+    out = torch.empty((m, passes[0].indices.shape[0]), dtype=out_dtype, device=device)
     if m == 0:
         return out
     if path is None:
-        choice = _path_choice(device)
+        choice = _paths.get(device) or _path_choice(device)
         path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
-    d, has_partial = group_size, partial is not None
+    has_partial = partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)
     if path == "gemv":
         if m != 1:
             raise ValueError(f"the decode kernel takes M = 1, got M = {m}")
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Gemv(x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
+        bucket = _kept(codebook, key, passes, bias, _Gemv, x2d.dtype, passes, codebook, group_size, has_partial,
+                       bias, device, config)
     elif path == "mma":
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Mma(m, x2d.dtype, passes, codebook, d, has_partial, bias, device, config))
+        bucket = _kept(codebook, key, passes, bias, _Mma, m, x2d.dtype, passes, codebook, group_size, has_partial,
+                       bias, device, config)
     elif path == "dequant":
-        bucket = _kept(codebook, key, passes, bias,
-                       lambda: _Dequant(passes, codebook, d, bias, device, passes[0].rotation.dtype))
+        bucket = _kept(codebook, key, passes, bias, _Dequant, passes, codebook, group_size, bias, device,
+                       passes[0].rotation.dtype)
     else:
         raise ValueError(f"path: expected 'gemv', 'mma' or 'dequant', got {path!r}")
     bucket(x2d, partial, out)

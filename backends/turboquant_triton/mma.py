@@ -13,7 +13,10 @@ the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
 * the (row, group) scale multiplies that group's [BLOCK_N, BLOCK_M] result — once per
   output element and group, not once per weight element.
 
-``x_rot`` ([M, K] per pass) is the input rotated once per call (a small GEMM outside).
+``x_rot`` is the input rotated once per call by one small GEMM outside
+(``quantcore/kernels/turboquant/rotation.py``): [M, G, X_COPIES, d], group g of pass p at
+``(g·X_COPIES + p)·d`` of row m — X_COPIES = 2 when the passes have their own rotations,
+1 when a single rotated copy serves every pass.
 With SPLIT > 1 the split partials meet as in the decode kernel (``gemv.py``): a float32
 workspace and a ticket per output tile; the last program adds them in split order.
 """
@@ -49,13 +52,15 @@ def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexp
 
 @triton.jit
 def _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask, offs_m, m_mask, g, stride_idx, cb_ptr,
-                   M, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
-    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32."""
+                   M, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr, X_COPIES: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32 (``x_ptr`` at this pass's
+    copy of group 0, row 0)."""
     WPG: tl.constexpr = D // 8
     w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG, D, BLOCK_N, INTERPRET)
     dd = tl.arange(0, D)
-    xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * K + g * D + dd[:, None], mask=m_mask[None, :], other=0.0)
+    xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * (X_COPIES * K) + g * (X_COPIES * D) + dd[:, None],
+                 mask=m_mask[None, :], other=0.0)
     if DOT_FP32:
         part = tl.dot(w_hat, xt.to(tl.float32), input_precision="ieee")
     else:
@@ -66,11 +71,11 @@ def _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask, offs_m, m_mask, g, st
 
 @triton.jit
 def mma_kernel(
-    x_ptr, x2_ptr, idx_ptr, scale_ptr, idx2_ptr, scale2_ptr,
+    x_ptr, idx_ptr, scale_ptr, idx2_ptr, scale2_ptr,
     cb_ptr, out_ptr, partial_ptr, bias_ptr, ws_ptr, ticket_ptr,
     M, N, stride_idx, stride_idx2,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -90,10 +95,11 @@ def mma_kernel(
         g = split * GPC + i
         g_ok = g < N_GROUPS
         acc += _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask & g_ok, offs_m, m_mask & g_ok, g, stride_idx,
-                              cb_ptr, M, K, N_GROUPS, D, BLOCK_N, DOT_FP32, INTERPRET)
-        if TWO_PASSES:
-            acc += _group_product(idx2_ptr, scale2_ptr, x2_ptr, rows, rmask & g_ok, offs_m, m_mask & g_ok, g,
-                                  stride_idx2, cb_ptr, M, K, N_GROUPS, D, BLOCK_N, DOT_FP32, INTERPRET)
+                              cb_ptr, M, K, N_GROUPS, D, X_COPIES, BLOCK_N, DOT_FP32, INTERPRET)
+        if TWO_PASSES:  # pass 2's copy of each group follows pass 1's (or is it, with one copy)
+            acc += _group_product(idx2_ptr, scale2_ptr, x_ptr + (X_COPIES - 1) * D, rows, rmask & g_ok, offs_m,
+                                  m_mask & g_ok, g, stride_idx2, cb_ptr, M, K, N_GROUPS, D, X_COPIES, BLOCK_N,
+                                  DOT_FP32, INTERPRET)
     out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]
     mask = rmask[:, None] & m_mask[None, :]
     if SPLIT == 1:

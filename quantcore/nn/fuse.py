@@ -55,6 +55,7 @@ from ..errors import (
 from ..formats.base import Format
 from ..formats.sharding import format_difference
 from ..formats.turboquant import TurboQuant
+from ..tensors import version_of
 from .linear import QuantLinear
 from .quant_module import SOURCE, QuantModule
 from .turboquant.module import TurboQuantLinear
@@ -176,7 +177,7 @@ class _FusedOutputs:
     # --- calls ------------------------------------------------------------------------------
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        version = _version(x)
+        version = version_of(x)
         split = self._split
         if split is None or split[0] is not x or split[1] != version:
             split = (x, version, tuple(self.fused(x).split(self.sizes, dim=-1)))
@@ -214,14 +215,6 @@ class _FusedOutputs:
                                         f"the fused layer holds {size} for it")
         module.load_tensors(fmt.concat(parts, names=self.leaves))  # type: ignore[operator]
         incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(self._prefix)]
-
-
-def _version(x: torch.Tensor) -> int:
-    """The version counter where there is one: not while tracing (it is not a value a
-    graph can guard on) nor for inference tensors (they have none)."""
-    if torch.compiler.is_compiling() or x.is_inference():
-        return -1
-    return x._version
 
 
 class FusedSlice(nn.Module):

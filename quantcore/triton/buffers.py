@@ -105,5 +105,9 @@ class KeptBuffers:
         dtype = dtype or self.dtype
         if dtype is None:
             raise TypeError("KeptBuffers.get: this kind has no dtype of its own; pass dtype=")
+        # A launch's common case, without the lock: a kept buffer is only ever replaced whole.
+        have = self._kept.get(key)
+        if have is not None and have.numel() >= numel and have.dtype == dtype:
+            return have
         return grown(self._kept, key, numel, dtype, device, zero=self.zero, minimum=self.minimum,
                      doubling=self.doubling)

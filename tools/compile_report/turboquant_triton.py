@@ -23,7 +23,7 @@ __all__ = ["report"]
 _GEMV_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr": "*bf16",
               "idx2_ptr": "*i32", "scale2_ptr": "*fp32", "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16",
               "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
-_MMA_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "idx2_ptr": "*i32",
+_MMA_PTRS = {"x_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "idx2_ptr": "*i32",
              "scale2_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16", "partial_ptr": "*fp32",
              "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 _DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
@@ -84,7 +84,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     mma_cfgs |= {c for c in shipped if isinstance(c, configs.MmaConfig)}
     for cfg in sorted(mma_cfgs, key=str):
         const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     TWO_PASSES=everything, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
+                     TWO_PASSES=everything, X_COPIES=2 if everything else 1, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
         runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
         res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages)
         hist = opcode_counts(i.opcode for i in instructions(res.pop("sass")))

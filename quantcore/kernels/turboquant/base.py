@@ -91,7 +91,7 @@ def rotate_input(x2d: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     the small separate GEMM that moves Π_g from the weight to the activation."""
     m, k = x2d.shape
     r, d, _ = rotation.shape
-    x = x2d.to(rotation.dtype)
+    x = x2d if x2d.dtype == rotation.dtype else x2d.to(rotation.dtype)
     if r == 1:
         return (x.reshape(m * (k // d), d) @ rotation[0]).reshape(m, k)
     rotated = torch.bmm(x.reshape(m, k // d, d).transpose(0, 1), rotation)  # [G, M, d]
