@@ -37,6 +37,7 @@ __all__ = [
     "ParallelQuantMLP",
     "RowParallelQuantLinear",
     "TPGroup",
+    "fused_shard_tensors",
 ]
 
 
