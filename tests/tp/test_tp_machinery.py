@@ -144,6 +144,10 @@ def test_the_suite_reports_gate_and_up_fused_against_two_launches(monkeypatch):
     notes = suite.summarize(run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False))
     assert "2 ranks 1.50×" in notes[0]  # tp2_mlp, not the unfused row
     assert "gate and up fused 1.25× the two launches (1.10× unsharded)" in notes[0]
+    from tools.probes.host_cost_table import tp_lines
+
+    assert tp_lines(run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False))[0].endswith(
+        "gate/up apart: tp    100.0 µs  fused 1.25×")
     data["unfused_why"] = "the x format defines no concatenation along N"
     apart = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
     assert "gate and up apart: the x format defines no concatenation along N" in apart[0].variants[0].note
