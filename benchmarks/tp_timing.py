@@ -12,11 +12,14 @@ Variants (a ``solo`` one runs on rank 0 alone while the others wait, with all th
 group's CPU threads): ``tpW_mlp`` the block with its all-reduce; ``tpW_local`` the same
 without it (this rank's compute); ``all_reduce`` the collective alone on the block's
 ``[M, hidden]`` output; ``unsharded_mlp`` the whole block unsharded on one rank (the same
-kernels, no process group); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
+kernels, no process group; ``unsharded_mlp_unfused`` with gate and up as two launches); ``dense_bf16_mlp`` the dense block in bf16 on one rank.
 ``tpW_mlp`` and ``all_reduce`` run the process group's own all-reduce; ``tpW_mlp_one_shot``
 and ``all_reduce_one_shot`` the same with torch's one-shot kernel over symmetric memory
 (:mod:`quantcore.checkpoint.allreduce`; skipped with the reason where it cannot run), and
 each case records which of the two ``"auto"`` picks for its M (``auto``).
+The block fuses gate and up into one launch per rank (``ParallelQuantMLP``'s default);
+``tpW_mlp_unfused`` and ``tpW_local_unfused`` time the same block built with
+``fuse_gate_up=False`` (two launches), in the same run, for the difference.
 
 With ``--graph`` (CUDA) each variant is also timed as engines run decode: every rank
 captures the same calls in one CUDA graph (the all-reduce included: NCCL collectives are
@@ -157,9 +160,8 @@ def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: s
     return _rounds(replay, n, rounds, ctl)  # the graph (and its memory pool) goes with this frame
 
 
-def _stored_bytes(module: torch.nn.Module) -> int:
-    shards = [m.shard for m in (module.gate, module.up, module.down) if m is not None]  # type: ignore[attr-defined]
-    return sum(t.numel() * t.element_size() for s in shards for t in s.tensors.values())
+def _stored_bytes(module: Any) -> int:
+    return sum(t.numel() * t.element_size() for s in module.shards() for t in s.tensors.values())
 
 
 def _dense_block(hidden: int, inter: int, device: torch.device, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -223,19 +225,22 @@ def bench_rank(ctx: Any, argv: list[str]) -> int:
     args = _args(argv)
     args.backend = ctx.backend
     tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
-    mlp = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
-                                           dtype=parse_dtype(args.dtype), act_order=args.act_order)
+    ckpt = load_checkpoint(args.checkpoint)
+    mlp, unfused = (ParallelQuantMLP.from_checkpoint(ckpt, args.prefix, tp, device=ctx.device, dtype=parse_dtype(args.dtype),
+                                                     act_order=args.act_order, fuse_gate_up=fuse)
+                    for fuse in (True, False))
     ctx.join()
-    result = _bench(args, mlp, ctx.device, ctx.threads)
+    result = _bench(args, mlp, unfused, ctx.device, ctx.threads)
     if ctx.rank == 0:
         (ctx.out / "bench.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
     return 0
 
 
-def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str, Any]:
-    """Time the block and its peers for every M of ``args.ms``; rank 0's return value is
-    what the suite reads."""
+def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int) -> dict[str, Any]:
+    """Time the block (gate and up fused where they can be; ``unfused`` the same block with
+    two launches) and its peers for every M of ``args.ms``; rank 0's return value is what
+    the suite reads."""
     import torch.distributed as dist
 
     from quantcore.checkpoint import load_checkpoint
@@ -244,20 +249,23 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = parse_dtype(args.dtype)
-    hidden, inter = mlp.down.local.out_features, mlp.up.shard.total
-    gated = mlp.gate is not None
+    hidden, inter = mlp.down.local.out_features, mlp.down.shard.total
+    gated = mlp.gated
     ms = [int(v) for v in args.ms.split(",")]
     one_shot, auto, one_shot_skip = _paths(mlp.tp, max(ms), hidden, dtype, device)
-    whole = dense = None
+    whole = whole_unfused = dense = None
     if rank == 0:  # the one-rank peers, built before any timing so that no rank waits on a build
-        whole = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, TPGroup(0, 1),
-                                                 device=device, dtype=dtype, act_order=args.act_order)
+        ckpt = load_checkpoint(args.checkpoint)
+        whole, whole_unfused = (ParallelQuantMLP.from_checkpoint(ckpt, args.prefix, TPGroup(0, 1), device=device,
+                                                                 dtype=dtype, act_order=args.act_order,
+                                                                 fuse_gate_up=fuse)
+                                for fuse in (True, False))
         dense = _dense_block(hidden, inter, device, gated)
     ctl = _control(device, args.backend)
     total = torch.tensor([_stored_bytes(mlp)], dtype=torch.float64, device=ctl)
     dist.all_reduce(total)
     quant_bytes = int(total.item())
-    kernels = {n: m.local.kernel.name for n, m in (("gate", mlp.gate), ("up", mlp.up), ("down", mlp.down)) if m is not None}
+    kernels = mlp.kernels()
     cases = []
     for m in ms:
         gen = torch.Generator().manual_seed(1 + m)
@@ -271,6 +279,10 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
              f"{world} ranks, {args.backend}; bytes and flops of all ranks"),
             (f"tp{world}_local", "peer", lambda i, xs=xs: mlp.partial(xs[i % 4]), False, quant_bytes + act, flops,
              "the same without the all-reduce"),
+            (f"tp{world}_mlp_unfused", "peer", lambda i, xs=xs: unfused(xs[i % 4]), False, quant_bytes + act, flops,
+             f"gate and up as two launches per rank (fuse_gate_up=False); {args.backend} all-reduce"),
+            (f"tp{world}_local_unfused", "peer", lambda i, xs=xs: unfused.partial(xs[i % 4]), False, quant_bytes + act,
+             flops, "gate and up as two launches per rank, without the all-reduce"),
             ("all_reduce", "peer", lambda i, bufs=bufs: mlp.tp.all_reduce(bufs[i % 4]), False, 2 * m * hidden * dtype.itemsize, 0,
              f"{args.backend} all-reduce of the [M, hidden] output"),
             (f"tp{world}_mlp_one_shot", "kernel", lambda i, xs=xs: one_shot.all_reduce(mlp.partial(xs[i % 4])), False,
@@ -281,11 +293,14 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
         if rank == 0:
             variants += [
                 ("unsharded_mlp", "peer", lambda i, xs=xs: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
+                ("unsharded_mlp_unfused", "peer", lambda i, xs=xs: whole_unfused(xs[i % 4]), True, quant_bytes + act, flops,
+                 "unsharded, gate and up as two launches"),
                 ("dense_bf16_mlp", "peer", lambda i, xs=xs: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
             ]
         else:
             noop: Callable[[int], object] = lambda i: None  # noqa: E731
-            variants += [("unsharded_mlp", "peer", noop, True, 0, 0, ""), ("dense_bf16_mlp", "peer", noop, True, 0, 0, "")]
+            variants += [(name, "peer", noop, True, 0, 0, "")
+                         for name in ("unsharded_mlp", "unsharded_mlp_unfused", "dense_bf16_mlp")]
         rows = []
         modes = ["eager", "graph"] if args.graph and device.type == "cuda" else ["eager"]
         with torch.no_grad():
@@ -294,7 +309,8 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
                     if name.endswith("_one_shot") and one_shot_skip:
                         rows.append({"name": name, "role": "skipped", "mode": mode, "note": one_shot_skip})
                         continue
-                    if mode == "graph" and name in ("all_reduce", f"tp{world}_mlp") and args.backend != "nccl":
+                    if mode == "graph" and name in ("all_reduce", f"tp{world}_mlp", f"tp{world}_mlp_unfused") \
+                            and args.backend != "nccl":
                         rows.append({"name": name, "role": "skipped", "mode": mode,
                                      "note": f"a {args.backend} all-reduce runs on the host: not in a CUDA graph"})
                         continue
@@ -308,4 +324,5 @@ def _bench(args: Any, mlp: Any, device: torch.device, threads: int) -> dict[str,
         cases.append({"M": m, "variants": rows, "auto": auto.all_reduce_path_for(m, hidden, dtype, device)})
     return {"world": world, "backend": args.backend, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "threads_per_rank": threads, "kernels": kernels, "hidden": hidden, "inter": inter, "cases": cases}
+            "threads_per_rank": threads, "kernels": kernels, "unfused_why": mlp.unfused_why,
+            "hidden": hidden, "inter": inter, "cases": cases}

@@ -13,7 +13,8 @@ cuda:rank | cuda:shared) override. On CUDA every variant is timed eagerly and as
 replays captured per rank (as engines capture decode), each mode its own case (``…-graph``).
 The block and the all-reduce alone are timed with the process group's all-reduce and with
 the one-shot one over symmetric memory (``…_one_shot``); the row of the all-reduce that
-``all_reduce_path="auto"`` picks for the case says so.
+``all_reduce_path="auto"`` picks for the case says so. The block runs gate and up as one
+launch per rank; ``…_unfused`` rows time it with two (``fuse_gate_up=False``), in the same run.
 Shapes: Llama-2-7B's MLP (hidden 4096, intermediate 11008) and a 70B-class one (8192, 28672).
 """
 
@@ -114,7 +115,9 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
             data = run_group(device, k, n, world, ms, folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        where = f"{data['backend']} on {data['device']}, kernels {data['kernels']}"
+        fusion = (f"gate and up apart: {data['unfused_why']}" if data.get("unfused_why")
+                  else "gate and up as one launch per rank")
+        where = f"{data['backend']} on {data['device']}, kernels {data['kernels']}, {fusion}"
         for c in data["cases"]:
             picked = {"backend": "all_reduce", "one_shot": "all_reduce_one_shot"}.get(c.get("auto", ""))
             for mode in dict.fromkeys(v.get("mode", "eager") for v in c["variants"]):
@@ -161,6 +164,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
             line += f"; with the one-shot all-reduce {mine['unsharded_mlp']['time_s'] / one['time_s']:.2f}×"
             if "all_reduce_one_shot" in mine:
                 line += f", the all-reduce {100 * mine['all_reduce_one_shot']['time_s'] / one['time_s']:.0f}% of it"
+        apart = mine.get(f"tp{w}_mlp_unfused")
+        if apart is not None:
+            line += f"; gate and up fused {apart['time_s'] / tp['time_s']:.2f}× the two launches"
+            if "unsharded_mlp_unfused" in mine:
+                line += f" ({mine['unsharded_mlp_unfused']['time_s'] / mine['unsharded_mlp']['time_s']:.2f}× unsharded)"
         auto = next((n for n, r in mine.items() if AUTO_PICKS in r.get("note", "")), None)
         if auto is not None:
             line += f"; auto picks {'one-shot' if auto.endswith('_one_shot') else 'the backend'}"

@@ -12,7 +12,7 @@ block on a saved input; :func:`mixed_rank` builds a row-parallel layer from a pr
 set whose shards come from two checkpoints, which must be refused on every rank.
 
     python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
-        [--all-reduce backend|one_shot|auto]
+        [--all-reduce backend|one_shot|auto] [--no-fuse]
 
 prints one JSON line and exits 0 when every comparison passes, 2 when the check cannot
 run here (``--all-reduce one_shot`` without symmetric memory: the reason in ``skipped``),
@@ -59,6 +59,7 @@ def _rank_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
     p.add_argument("--all-reduce", default="backend", choices=PATHS,
                    help="check_rank: the group's all-reduce path (quantcore/checkpoint/allreduce.py)")
+    p.add_argument("--no-fuse", action="store_true", help="check_rank: gate and up as two layers (fuse_gate_up=False)")
     return p.parse_args(argv)
 
 
@@ -76,7 +77,8 @@ def check_rank(ctx: RankContext, argv: list[str]) -> int:
     args = _rank_args(argv)
     tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host, all_reduce_path=args.all_reduce)
     block = ParallelQuantMLP.from_checkpoint(load_checkpoint(args.checkpoint), args.prefix, tp, device=ctx.device,
-                                             dtype=parse_dtype(args.dtype), act_order=args.act_order)
+                                             dtype=parse_dtype(args.dtype), act_order=args.act_order,
+                                             fuse_gate_up=not args.no_fuse)
     x = torch.load(args.input).to(ctx.device)
     ctx.join()
     report: dict[str, Any] = {"device": str(ctx.device)}
@@ -89,17 +91,15 @@ def check_rank(ctx: RankContext, argv: list[str]) -> int:
         dist.barrier()
         return 0
     with torch.no_grad():
-        parts = {"up": block.up(x), "hidden": block.hidden(x), "y": block(x)}
-        if block.gate is not None:
-            parts["gate"] = block.gate(x)
+        parts = {**block.columns(x), "hidden": block.hidden(x), "y": block(x)}
         if args.all_reduce != "backend":
             backend = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
             parts["y_backend"] = backend.all_reduce(block.partial(x))
     if block.down.shard.index is not None:
         parts["index"] = block.down.shard.index
     torch.save({k: v.cpu() for k, v in parts.items()}, ctx.out / f"rank{ctx.rank}.pt")
-    report["kernels"] = {n: m.local.kernel.name for n, m in (("gate", block.gate), ("up", block.up), ("down", block.down))
-                         if m is not None}
+    report["kernels"] = block.kernels()
+    report["unfused_why"] = block.unfused_why
     (ctx.out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
     dist.barrier()
     return 0
@@ -121,23 +121,27 @@ def mixed_rank(ctx: RankContext, argv: list[str]) -> int:
     return 1
 
 
-def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True,
+               shared_order: bool = True) -> dict[str, dict[str, torch.Tensor]]:
     """gate/up ``[inter, hidden]`` and down ``[hidden, inter]``, random, through the golden
-    quantizer; with ``bias`` up and down carry one (down's is added once, on rank 0)."""
+    quantizer; with ``bias`` up and down carry one (down's is added once, on rank 0).
+    With ``shared_order`` gate and up get the quantizer's same draw (an act-order column
+    order, a rotation), as GPTQ gives two layers on one input: they can be fused."""
     gen = torch.Generator().manual_seed(seed)
     layers = {}
     for name, (n, k) in {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}.items():
-        tensors = dict(fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen))
+        draw = torch.Generator().manual_seed(seed + 1) if shared_order and name != "down_proj" else gen
+        tensors = dict(fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=draw))
         if bias and name != "gate_proj":
             tensors["bias"] = (torch.randn(n, generator=gen) * 0.1).to(torch.float16)
         layers[f"mlp.{name}"] = tensors
     return layers
 
 
-def write_mlp(folder: Path, fmt: Format, hidden: int, inter: int, seed: int = 0) -> Path:
+def write_mlp(folder: Path, fmt: Format, hidden: int, inter: int, seed: int = 0, *, shared_order: bool = True) -> Path:
     from quantcore.checkpoint import save_checkpoint
 
-    return save_checkpoint(folder, fmt, mlp_layers(fmt, hidden, inter, seed))
+    return save_checkpoint(folder, fmt, mlp_layers(fmt, hidden, inter, seed, shared_order=shared_order))
 
 
 def golden_linear(fmt: Format, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -172,27 +176,32 @@ def check_block(
     extra: list[str] | None = None,
     act_order: str = "replicate",
     all_reduce: str = "backend",
+    fuse_gate_up: bool = True,
+    shared_order: bool = True,
 ) -> dict[str, Any]:
     """Write the checkpoint under ``folder``, run the ranks in check mode, compare. With
     ``all_reduce`` off the backend's path, its sum is also judged against the backend's;
-    where a forced one-shot cannot run the report is a skip (``skipped``: the reason)."""
+    where a forced one-shot cannot run the report is a skip (``skipped``: the reason).
+    ``fuse_gate_up`` as in :class:`~quantcore.checkpoint.parallel.ParallelQuantMLP` (the
+    ranks and the unsharded block alike); ``shared_order`` as in :func:`mlp_layers`.
+    The ranks' outputs stay in ``folder/out/rank{r}.pt``."""
     from quantcore.checkpoint import load_checkpoint
     from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
 
 
     fmt = fmt or GPTQ(bits=4, group_size=64, sym=False)
-    write_mlp(folder / "ckpt", fmt, hidden, inter)
+    write_mlp(folder / "ckpt", fmt, hidden, inter, shared_order=shared_order)
     x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     torch.save(x, folder / "x.pt")
     (folder / "out").mkdir(exist_ok=True)
     args = ["--checkpoint", str(folder / "ckpt"), "--input", str(folder / "x.pt"),
             "--out", str(folder / "out"), "--backend", backend, "--device", device,
             "--threads", str(threads), "--timeout", "60", "--act-order", act_order, "--all-reduce", all_reduce,
-            *(extra or [])]
+            *(["--no-fuse"] if not fuse_gate_up else []), *(extra or [])]
     ranks = launch(world, CHECK, args, timeout_s=timeout_s, workdir=folder / "run")
     report: dict[str, Any] = {"world": world, "backend": backend, "device": device, "format": fmt.slug,
                               "stage_on_host": "--stage-host" in (extra or []), "act_order": act_order,
-                              "all_reduce_path": all_reduce,
+                              "all_reduce_path": all_reduce, "fuse_gate_up": fuse_gate_up,
                               "ranks": [{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 1),
                                          "stderr_tail": r.stderr[-1500:] if not r.ok else ""} for r in ranks]}
     if not all(r.ok for r in ranks):
@@ -209,7 +218,8 @@ def check_block(
     parts = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(world)]
     ckpt = load_checkpoint(folder / "ckpt")
     local = "cpu" if device == "cpu" else "cuda:0"
-    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local, act_order=act_order)
+    whole = ParallelQuantMLP.from_checkpoint(ckpt, "mlp", TPGroup(0, 1), device=local, act_order=act_order,
+                                             fuse_gate_up=fuse_gate_up)
     tol = tolerance_for(torch.bfloat16)
     # Under act_order="groups" rank r's columns are the inputs its down shard reads (its
     # index), so the gathered columns are put back in the layer's order first.
@@ -228,15 +238,16 @@ def check_block(
     # gathered, the row-parallel output given the hidden activation the ranks really
     # had; against the float64 golden and against the unsharded kernels (one process).
     layers = {"up": ("mlp.up_proj", x), "down": ("mlp.down_proj", h)}
-    if whole.gate is not None:
+    if whole.gated:
         layers["gate"] = ("mlp.gate_proj", x)
     judged: dict[str, Any] = {}
     ok = all(torch.equal(p["y"], y) for p in parts)  # the all-reduce left every rank the same sum
     ok = ok and len(set(report["all_reduce"])) == 1  # and every rank took the same path
     with torch.no_grad():
+        columns = whole.columns(x.to(local))
         for name, (leaf, inp) in layers.items():
             got = y if name == "down" else gathered(name)
-            mine = getattr(whole, name)(inp.to(local)).cpu()
+            mine = (whole.down(inp.to(local)) if name == "down" else columns[name]).cpu()
             vs_g = compare(got, golden_linear(fmt, ckpt.linears[leaf], inp), tol)
             vs_u = compare(got, mine.double(), tol)
             judged[name] = {"rel_vs_golden": vs_g.rel_err, "max_vs_golden": vs_g.max_err,
@@ -251,7 +262,9 @@ def check_block(
         ok = ok and vs_b.ok
     report.update(
         kernels=[i["kernels"] for i in infos],
-        unsharded_kernels={n: getattr(whole, n).local.kernel.name for n in ("gate", "up", "down")},
+        unsharded_kernels=whole.kernels(),
+        # why gate and up ran as two layers, per rank ("" where they ran as one launch)
+        unfused_why=[i["unfused_why"] for i in infos], unsharded_unfused_why=whole.unfused_why,
         layers=judged, tolerance={"rel": tol.rel, "max": tol.max},
         # The block end to end composes two ops' roundings, beyond one op's tolerance: shown, not judged.
         block_rel_vs_unsharded=block.rel_err,
@@ -272,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
     p.add_argument("--all-reduce", default="backend", choices=PATHS, help="the group's all-reduce path")
+    p.add_argument("--no-fuse", action="store_true", help="gate and up as two layers per rank")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
         report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
                              fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
                              hidden=args.hidden, inter=args.inter, m=args.m, threads=0,
-                             extra=["--stage-host"] if args.stage_host else [], all_reduce=args.all_reduce)
+                             extra=["--stage-host"] if args.stage_host else [], all_reduce=args.all_reduce,
+                             fuse_gate_up=not args.no_fuse)
     print(json.dumps(report))
     if "skipped" in report and not report.get("problems"):
         return SKIPPED

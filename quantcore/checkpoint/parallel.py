@@ -4,6 +4,9 @@ the engine's collective (an all-reduce after a row-parallel layer) is the proces
 own (gloo, NCCL, …) or, chosen per group, torch's one-shot kernel over symmetric memory
 for small messages (:mod:`.allreduce`).
 
+A gated MLP runs its gate and up projections as one launch per rank where the format
+can concatenate them (:class:`FusedColumnParallelQuantLinear`, ``fuse_gate_up``).
+
 The rule that keeps ranks from hanging: everything that can refuse — the world size,
 the rank, a cut that is not on a lane or group boundary, layers whose dims do not chain,
 a pre-sharded layer whose shards disagree (formats, group sizes, dims) — is checked at
@@ -14,6 +17,7 @@ world size, the list of shards), so every rank raises the same
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ShardError
+from ..errors import FusionError, QuantCoreWarning, ShardError
 from ..formats.base import Format
 from ..formats.sharding import Shard, check_shards
 from .allreduce import AllReducer
@@ -29,9 +33,11 @@ from .module import QuantLinear
 
 __all__ = [
     "ColumnParallelQuantLinear",
+    "FusedColumnParallelQuantLinear",
     "ParallelQuantMLP",
     "RowParallelQuantLinear",
     "TPGroup",
+    "fused_shard_tensors",
 ]
 
 
@@ -129,6 +135,52 @@ class ColumnParallelQuantLinear(nn.Module):
         return self.local(x)
 
 
+def fused_shard_tensors(shards: Mapping[str, Shard]) -> tuple[Format, dict[str, torch.Tensor]]:
+    """One layer's stored tensors from column shards that read the same input, laid end
+    to end along N in the order given (the format's ``concat``, bit for bit). A shard
+    without a bias gets zeros where another has one: adding zero changes no output, and
+    the parts' outputs stay the ones they had apart. A :class:`FusionError` says why not."""
+    names = list(shards)
+    fmt = shards[names[0]].format
+    for name in names[1:]:
+        if shards[name].format != fmt:
+            raise FusionError(f"{names[0]} shard is {fmt.slug}, {name} shard is {shards[name].format.slug}")
+    if not fmt.concatenates:
+        raise FusionError(f"the {fmt.name} format defines no concatenation along N")
+    biased = next((s.tensors["bias"] for s in shards.values() if "bias" in s.tensors), None)
+    parts = []
+    for s in shards.values():
+        tensors = dict(s.tensors)
+        if biased is not None and "bias" not in tensors:
+            tensors["bias"] = biased.new_zeros(s.size)
+        parts.append(tensors)
+    return fmt, fmt.concat(parts, names=names)
+
+
+class FusedColumnParallelQuantLinear(nn.Module):
+    """Column-parallel layers that read the same input, run as one launch per rank:
+    rank r's layer is its shard of every part laid end to end along N
+    (:func:`fused_shard_tensors`), so the cut stays each part's own — rank r's fused
+    layer is exactly ``concat(part₀ shard r, part₁ shard r, …)`` — and :meth:`split`
+    hands each part its slice of the one output. Refuses (:class:`FusionError`) before
+    anything is prepared where the shards cannot be concatenated."""
+
+    def __init__(self, shards: Mapping[str, Shard], tp: TPGroup, *, device: str | torch.device | None = None,
+                 dtype: torch.dtype = torch.bfloat16, prefer: str | Sequence[str] | None = None) -> None:
+        super().__init__()
+        fmt, tensors = fused_shard_tensors(shards)
+        self.shards, self.tp = dict(shards), tp
+        self.sizes = [s.size for s in self.shards.values()]
+        self.local = QuantLinear(fmt, tensors, device=device, dtype=dtype, prefer=prefer)
+
+    def split(self, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each part's outputs (views of ``y``), by name."""
+        return dict(zip(self.shards, y.split(self.sizes, dim=-1), strict=True))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.split(self.local(x))
+
+
 class RowParallelQuantLinear(nn.Module):
     """``y = x Wᵀ + b`` from this rank's inputs ``[r·K/w, (r+1)·K/w)``: a partial product
     (the bias on rank 0 only), then the all-reduce that sums the ranks' parts."""
@@ -175,11 +227,19 @@ class ParallelQuantMLP(nn.Module):
     which is checked for all layers before anything is prepared. ``act_order="groups"``
     cuts an act-order GPTQ ``down`` by whole groups (its kernels need no replicated
     scales and take even groups) and ``gate``/``up`` by the inputs those groups hold;
-    other formats ignore it."""
+    other formats ignore it.
+
+    ``fuse_gate_up`` (the default) runs ``gate`` and ``up`` as one column-parallel layer
+    per rank, its shard of each laid end to end along N (:class:`FusedColumnParallelQuantLinear`):
+    one launch instead of two, the same outputs. Where the format cannot concatenate the
+    two (no concatenation along N; act-order layers with different ``g_idx``) the block
+    falls back to two layers, warns once with the reason and keeps it in ``unfused_why``
+    (the same on every rank: it reads only what every rank holds alike)."""
 
     def __init__(self, fmt: Format, layers: Mapping[str, Mapping[str, torch.Tensor]], tp: TPGroup, *,
-                 activation: str = "silu", act_order: str = "replicate", device: str | torch.device | None = None,
-                 dtype: torch.dtype = torch.bfloat16, prefer: str | Sequence[str] | None = None) -> None:
+                 activation: str = "silu", act_order: str = "replicate", fuse_gate_up: bool = True,
+                 device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16,
+                 prefer: str | Sequence[str] | None = None) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ShardError(f"ParallelQuantMLP activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -203,9 +263,23 @@ class ParallelQuantMLP(nn.Module):
         shards = {name: fmt.shard(t, dim="N", rank=tp.rank, world=tp.world, index=down.index)
                   for name, t in layers.items() if name != "down"}
         shards["down"] = down
-        self.tp, self.activation = tp, activation
-        self.gate = ColumnParallelQuantLinear(shards["gate"], tp, **kw) if "gate" in shards else None
-        self.up = ColumnParallelQuantLinear(shards["up"], tp, **kw)
+        self.tp, self.activation, self.gated = tp, activation, "gate" in shards
+        #: Why gate and up run as two layers ("" when they run as one).
+        self.unfused_why = ("the block has no gate" if not self.gated else
+                            "fuse_gate_up=False" if not fuse_gate_up else "")
+        self.gate_up: FusedColumnParallelQuantLinear | None = None
+        self.gate: ColumnParallelQuantLinear | None = None
+        self.up: ColumnParallelQuantLinear | None = None
+        if not self.unfused_why:
+            try:
+                self.gate_up = FusedColumnParallelQuantLinear({"gate": shards["gate"], "up": shards["up"]}, tp, **kw)
+            except FusionError as exc:
+                self.unfused_why = str(exc).splitlines()[0]
+                warnings.warn(f"ParallelQuantMLP: gate and up run as two layers: {self.unfused_why}",
+                              QuantCoreWarning, stacklevel=2)
+        if self.gate_up is None:
+            self.gate = ColumnParallelQuantLinear(shards["gate"], tp, **kw) if self.gated else None
+            self.up = ColumnParallelQuantLinear(shards["up"], tp, **kw)
         self.down = RowParallelQuantLinear(shards["down"], tp, **kw)
 
     @classmethod
@@ -217,11 +291,36 @@ class ParallelQuantMLP(nn.Module):
                   if f"{prefix}.{leaf}" in ckpt.linears}
         return cls(ckpt.format, layers, tp, **kw)
 
+    def columns(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This rank's outputs of the column-parallel layers, by role (``gate``, ``up``):
+        one launch when they are fused."""
+        if self.gate_up is not None:
+            return self.gate_up(x)
+        assert self.up is not None
+        out = {"gate": self.gate(x)} if self.gate is not None else {}
+        out["up"] = self.up(x)
+        return out
+
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the intermediate activation."""
         act = ACTIVATIONS[self.activation]
-        h = self.up(x)
-        return act(self.gate(x)) * h if self.gate is not None else act(h)
+        cols = self.columns(x)
+        return act(cols["gate"]) * cols["up"] if self.gated else act(cols["up"])
+
+    def kernels(self) -> dict[str, str]:
+        """The kernel each role runs on (``gate`` and ``up`` name the fused layer's when fused)."""
+        down = {"down": self.down.local.kernel.name}
+        if self.gate_up is not None:
+            name = self.gate_up.local.kernel.name
+            return {"gate": name, "up": name, **down}
+        layers = {"gate": self.gate, "up": self.up}
+        return {role: m.local.kernel.name for role, m in layers.items() if m is not None} | down
+
+    def shards(self) -> list[Shard]:
+        """This rank's shard of every layer (gate and up each its own, fused or not)."""
+        cols = list(self.gate_up.shards.values()) if self.gate_up is not None else \
+            [m.shard for m in (self.gate, self.up) if m is not None]
+        return [*cols, self.down.shard]
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's part of the output, before the all-reduce."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from quantcore.checkpoint.launch import REFUSED, launch
 from quantcore.conformance.tp.processes import (
@@ -51,6 +52,22 @@ def test_two_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
     # Each rank ran its shards through the CPU's int4pack kernel, as the unsharded block does.
     aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
     assert report["kernels"] == [aten, aten] and report["unsharded_kernels"] == aten, report
+    assert report["unfused_why"] == ["", ""], report  # gate and up ran as one launch per rank
+
+
+def test_two_gloo_ranks_give_the_same_bits_with_gate_and_up_fused_or_apart(tmp_path):
+    runs = {}
+    for fuse in (True, False):
+        folder = tmp_path / ("fused" if fuse else "apart")
+        folder.mkdir()
+        report = check_block(folder, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S,
+                             fuse_gate_up=fuse)
+        assert report["ok"], report
+        assert report["unfused_why"] == (["", ""] if fuse else ["fuse_gate_up=False"] * 2), report
+        runs[fuse] = [torch.load(folder / "out" / f"rank{r}.pt") for r in range(2)]
+    for fused, apart in zip(runs[True], runs[False], strict=True):
+        assert fused.keys() == apart.keys()
+        assert all(torch.equal(fused[k], apart[k]) for k in apart), [k for k in apart if not torch.equal(fused[k], apart[k])]
 
 
 def test_four_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
@@ -60,6 +77,7 @@ def test_four_gloo_ranks_match_the_unsharded_block_and_the_golden(tmp_path):
     assert report["ok"], report
     aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
     assert report["kernels"] == [aten] * 4 and len(report["ranks"]) == 4, report
+    assert report["unfused_why"] == [""] * 4, report
     assert all(layer["rel_vs_golden"] < report["tolerance"]["rel"] for layer in report["layers"].values())
 
 
@@ -69,6 +87,7 @@ def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_
     assert report["ok"], report
     aten = {"gate": "aten_cpu", "up": "aten_cpu", "down": "aten_cpu"}
     assert report["kernels"] == [aten, aten], report
+    assert report["unfused_why"] == ["", ""], report  # gate and up share g_idx: one launch, indexed columns
 
 
 def test_auto_all_reduce_on_gloo_takes_the_backend_on_every_rank(tmp_path):

@@ -11,11 +11,14 @@ from quantcore.checkpoint.parallel import (
     ParallelQuantMLP,
     RowParallelQuantLinear,
     TPGroup,
+    fused_shard_tensors,
 )
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.conformance.tp.processes import golden_linear, mlp_layers
-from quantcore.errors import ShardError
+from quantcore.errors import FusionError, QuantCoreWarning, ShardError
+from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.formats.turboquant import TurboQuant
 
 FMT = GPTQ(bits=4, group_size=64, sym=False)
 
@@ -115,3 +118,96 @@ def test_an_act_order_block_sums_to_the_whole_over_ranks(act_order):
     assert kernels == ({"aten_cpu"} if act_order == "groups" else {"torch_fallback"})  # even groups vs replicated
     verdict = compare(total, golden_linear(act, named["down"], h), tolerance_for(torch.bfloat16))
     assert verdict.ok, verdict.problem
+
+
+# --- gate and up as one launch per rank -------------------------------------------------------
+
+FUSABLE = {
+    "gptq-asym": GPTQ(bits=4, group_size=64, sym=False),
+    "gptq-sym": GPTQ(bits=4, group_size=64, sym=True),
+    "gptq-act-order": GPTQ(bits=4, group_size=64, sym=False, desc_act=True),
+    "awq": AWQ(bits=4, group_size=64),
+    "turboquant": TurboQuant(bits=4, group_size=32),
+}
+
+
+def _roles(fmt, **kw):
+    return {k.rsplit(".", 1)[1].removesuffix("_proj"): v for k, v in mlp_layers(fmt, 128, 256, **kw).items()}
+
+
+# every format that shards and concatenates, and act-order's other row cut ("groups")
+@pytest.mark.parametrize(("name", "act_order"), [*((n, "replicate") for n in FUSABLE), ("gptq-act-order", "groups")])
+def test_fused_gate_up_equals_the_two_layers_bit_for_bit_on_every_rank(name, act_order):
+    fmt = FUSABLE[name]
+    named = _roles(fmt)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    for world in (1, 2, 4):
+        for rank in range(world):
+            fused = ParallelQuantMLP(fmt, named, TPGroup(rank, world), act_order=act_order, device="cpu")
+            apart = ParallelQuantMLP(fmt, named, TPGroup(rank, world), act_order=act_order, device="cpu",
+                                     fuse_gate_up=False)
+            assert fused.unfused_why == "" and fused.gate is None and fused.up is None
+            assert apart.unfused_why == "fuse_gate_up=False" and apart.gate_up is None
+            # rank r's fused layer is exactly its shard of gate then its shard of up
+            want = {role: fmt.shard(named[role], dim="N", rank=rank, world=world, index=fused.down.shard.index)
+                    for role in ("gate", "up")}
+            for role, shard in fused.gate_up.shards.items():
+                assert shard.tensors.keys() == want[role].tensors.keys()
+                assert all(torch.equal(t, want[role].tensors[k]) for k, t in shard.tensors.items())
+            assert fused.gate_up.local.out_features == 2 * want["up"].size
+            with torch.no_grad():
+                got, ref = fused.columns(x), apart.columns(x)
+                assert got.keys() == ref.keys() == {"gate", "up"}
+                assert all(torch.equal(got[k], ref[k]) for k in ref), (world, rank)
+                assert torch.equal(fused.partial(x), apart.partial(x)), (world, rank)
+            assert fused.kernels() == apart.kernels()
+
+
+def test_fused_ranks_gathered_are_the_whole_layers_and_the_block_meets_the_golden():
+    named = _roles(FMT)
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    ranks = [ParallelQuantMLP(FMT, named, TPGroup(r, 2), device="cpu") for r in range(2)]
+    with torch.no_grad():
+        cols = [r.columns(x) for r in ranks]
+        total = ranks[0].partial(x) + ranks[1].partial(x)
+    tol = tolerance_for(torch.bfloat16)
+    for role in ("gate", "up"):
+        verdict = compare(torch.cat([c[role] for c in cols], dim=-1), golden_linear(FMT, named[role], x), tol)
+        assert verdict.ok, (role, verdict.problem)
+    h = torch.cat([torch.nn.functional.silu(c["gate"]) * c["up"] for c in cols], dim=-1)
+    verdict = compare(total, golden_linear(FMT, named["down"], h), tol)
+    assert verdict.ok, verdict.problem
+
+
+def test_act_order_layers_with_different_g_idx_fall_back_to_two_layers_with_the_reason():
+    act = FUSABLE["gptq-act-order"]
+    named = _roles(act, shared_order=False)  # gate and up quantized in different column orders
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with pytest.warns(QuantCoreWarning, match=r"gate and up run as two layers: .*g_idx"):
+        block = ParallelQuantMLP(act, named, TPGroup(1, 2), act_order="groups", device="cpu")
+    assert "g_idx" in block.unfused_why and block.gate_up is None
+    assert block.gate is not None and block.up is not None
+    apart = ParallelQuantMLP(act, named, TPGroup(1, 2), act_order="groups", device="cpu", fuse_gate_up=False)
+    with torch.no_grad():
+        assert torch.equal(block.partial(x), apart.partial(x))
+
+
+def test_a_block_without_gate_has_nothing_to_fuse():
+    named = _roles(FMT)
+    del named["gate"]
+    block = ParallelQuantMLP(FMT, named, TPGroup(0, 2), activation="relu", device="cpu")
+    assert block.unfused_why == "the block has no gate" and block.gate_up is None and not block.gated
+    assert block.kernels() == {"up": "aten_cpu", "down": "aten_cpu"}
+    assert [s.dim for s in block.shards()] == ["N", "K"]
+
+
+def test_fused_shard_tensors_names_what_cannot_be_concatenated():
+    named = _roles(FMT)
+    gate = FMT.shard(named["gate"], dim="N", rank=0, world=2)
+    other = GPTQ(bits=4, group_size=128, sym=False)
+    up = other.shard(mlp_layers(other, 128, 256)["mlp.up_proj"], dim="N", rank=0, world=2)
+    with pytest.raises(FusionError, match="gate shard is gptq4-g64-asym, up shard is gptq4-g128-asym"):
+        fused_shard_tensors({"gate": gate, "up": up})
+    fmt, tensors = fused_shard_tensors({"gate": gate, "up": FMT.shard(named["up"], dim="N", rank=0, world=2)})
+    assert fmt == FMT and FMT.validate(tensors)["N"] == 256
+    assert torch.equal(tensors["bias"][:128], torch.zeros(128, dtype=torch.float16))  # gate had none: zeros

@@ -123,3 +123,31 @@ def test_the_suite_reports_the_one_shot_all_reduce_and_what_auto_picks(monkeypat
     lines = tp_lines(rows)
     assert "speed-up 1.50×" in lines[0] and "one-shot: tp    100.0 µs  speed-up 1.80×  all-reduce 5%" in lines[0]
     assert lines[0].endswith("auto: one-shot") and lines[1].endswith("auto: backend")
+
+
+def test_the_suite_reports_gate_and_up_fused_against_two_launches(monkeypatch):
+    """The ``…_unfused`` rows are variants of the same case (so ``tp2_mlp`` stays the
+    block the summary reads); the summary gives the fused block's speed-up over them."""
+    import quantcore.benchmarks.suites.tp_linear as suite
+
+    def row(name, role, t):
+        return {"name": name, "role": role, "mode": "graph", "time_s": t, "spread": 0.1, "bytes": 1, "flops": 1, "note": ""}
+
+    variants = [row("tp2_mlp", "kernel", 80e-6), row("tp2_local", "peer", 70e-6),
+                row("tp2_mlp_unfused", "peer", 100e-6), row("tp2_local_unfused", "peer", 90e-6),
+                row("unsharded_mlp", "peer", 120e-6), row("unsharded_mlp_unfused", "peer", 132e-6)]
+    data = {"backend": "nccl", "device": "cuda:0", "kernels": {}, "unfused_why": "", "cases": [{"M": 1, "variants": variants}]}
+    monkeypatch.setattr(suite, "run_group", lambda *a, **k: data)
+    cases = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
+    assert [v.name for v in cases[0].variants] == [v["name"] for v in variants]
+    assert "gate and up as one launch per rank" in cases[0].variants[0].note
+    notes = suite.summarize(run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False))
+    assert "2 ranks 1.50×" in notes[0]  # tp2_mlp, not the unfused row
+    assert "gate and up fused 1.25× the two launches (1.10× unsharded)" in notes[0]
+    from tools.probes.host_cost_table import tp_lines
+
+    assert tp_lines(run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False))[0].endswith(
+        "gate/up apart: tp    100.0 µs  fused 1.25×")
+    data["unfused_why"] = "the x format defines no concatenation along N"
+    apart = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
+    assert "gate and up apart: the x format defines no concatenation along N" in apart[0].variants[0].note

@@ -61,9 +61,18 @@ def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
         if one is not None:
             one_share = f"{100 * mine['all_reduce_one_shot'] / one:.0f}%" if "all_reduce_one_shot" in mine else "—"
             line += f" | one-shot: tp {one * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / one:.2f}×  all-reduce {one_share}"
+        apart = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_unfused")), None)
+        if apart is not None:
+            line += f" | gate/up apart: tp {apart * 1e6:8.1f} µs  fused {apart / tp:.2f}×"
         auto = next((r["variant"] for r in rows if r["case"] == case and AUTO_PICKS in r.get("note", "")), None)
         lines.append(line + (f" | auto: {'one-shot' if auto.endswith('_one_shot') else 'backend'}" if auto else ""))
     return lines
+
+
+def _fusion(report: dict[str, Any]) -> str:
+    """How a check's ranks ran gate and up: one launch, or two and why."""
+    why = {w for w in report.get("unfused_why", []) if w}
+    return "?" if "unfused_why" not in report else f"apart ({'; '.join(sorted(why))})" if why else "fused"
 
 
 def check_lines(folder: Path) -> list[str]:
@@ -77,7 +86,8 @@ def check_lines(folder: Path) -> list[str]:
         verdict = "PASS" if report.get("ok") else f"SKIP ({report['skipped']})" if report.get("skipped") else "FAIL"
         lines.append(f"{path.stem}: {verdict} (world {report.get('world')}, {report.get('backend')} on "
                      f"{report.get('device')}, all-reduce {report.get('all_reduce_path', 'backend')} "
-                     f"{report.get('all_reduce', '')}, kernels {report.get('kernels', '?')})")
+                     f"{report.get('all_reduce', '')}, kernels {report.get('kernels', '?')}, "
+                     f"gate/up {_fusion(report)})")
     return lines
 
 
