@@ -47,7 +47,7 @@ def loop_profile(sass: str, weights_per_iteration: int, threads: int) -> dict[st
 def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: int = 4096, n: int = 4096,
                    sg: int = 128, close: int | None = None, dtype: str = "bf16", zeros: bool = False,
                    bias: bool = False, asm: bool = True) -> dict[str, Any]:
-    from quantcore.backends.triton_int4 import kernels
+    from quantcore.kernels.gptq_pairs import triton_kernels as kernels
 
     pairs = 16 // bits
     blocks = -(-k // (32 * pairs))
@@ -58,7 +58,7 @@ def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: 
                "NUM_GROUPS": "i32", "NUM_SUB": "i32"}
     const: dict[str, Any] = {"BITS": bits, "SG": sg, "CLOSE": close, "BLOCKS": blocks, "HAS_ZEROS": zeros,
                              "HAS_MAP": False, "HAS_BIAS": bias, "SPLIT_K": cfg.split_k,
-                             "EVEN_K": True, "EVEN_N": True, "ASM": asm}
+                             "EVEN_K": True, "EVEN_N": True, "ASM": asm, "FRAGMENTS": False}
     if isinstance(cfg, GemvConfig):
         fn = kernels.gemv_kernel
         steps = _cdiv(_cdiv(blocks, cfg.split_k), cfg.block_b)
