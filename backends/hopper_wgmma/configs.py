@@ -16,7 +16,7 @@ from __future__ import annotations
 from quantcore.kernels.gptq_pairs.plans import Shape, pow2_at_least
 from quantcore.probe.card import CardKey
 
-from .plans import Plan
+from .plans import AnyPlan, Plan
 
 __all__ = ["SMEM_RESERVE", "Shape", "default_plan", "plan_for"]
 
@@ -46,7 +46,7 @@ def default_plan(shape: Shape, card: CardKey) -> Plan:
     return Plan(wg, bm, stages, split)
 
 
-def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], Plan]]:
+def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], AnyPlan]]:
     from .tuned import load_tables
 
     return load_tables()
@@ -61,7 +61,7 @@ def _nearest_first(card: CardKey, keys: list[CardKey]) -> list[CardKey]:
     return order
 
 
-def plan_for(shape: Shape, card: CardKey) -> Plan:
+def plan_for(shape: Shape, card: CardKey) -> AnyPlan:
     """The plan of the nearest table that measured this (bits, K, N) — the card's own
     first — at the largest M at or below the call's (at most 4× below); else the rule."""
     tables = _tables()

@@ -8,6 +8,9 @@ split, the constexprs and the compiled kernel bound to its launcher
 (:class:`quantcore.triton.launch.Launch`, which encodes the weight's descriptors once per
 compiled kernel). Per call: x's descriptor, M, the output, the split-K workspace and the
 grid.
+
+A plan that is a :class:`~.plans.TritonPlan` (a table's choice at small M) runs the Triton
+kernels over the same prepared words instead (``small_m.py``); its bucket is kept alike.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from quantcore.triton.split_k import SplitKBuffers
 from .configs import SMEM_RESERVE, Shape, plan_for
 from .kernels import wgmma_kernel
 from .layout import TILE_N, HopperWeights
-from .plans import Plan
+from .plans import AnyPlan, Plan, TritonPlan
+from .small_m import SmallMBucket
 
 __all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
 
@@ -69,10 +73,10 @@ def fit_stages(plan: Plan, w: HopperWeights, smem_bytes: int) -> Plan:
     return plan if plan.stages <= most else dataclasses.replace(plan, stages=most)
 
 
-def plan_of(m: int, w: HopperWeights, device: torch.device) -> Plan:
+def plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan:
     card = _card(device)
     plan = plan_for(Shape(m, w.in_features, w.out_features, w.bits), card)
-    return fit_stages(plan, w, card.smem_kib * 1024)
+    return plan if isinstance(plan, TritonPlan) else fit_stages(plan, w, card.smem_kib * 1024)
 
 
 def prepare_x(x2: torch.Tensor) -> torch.Tensor:
@@ -231,12 +235,18 @@ class _Bucket:
         return y
 
 
-def _bucket(x2: torch.Tensor, w: HopperWeights) -> _Bucket:
+def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: AnyPlan) -> _Bucket | SmallMBucket:
+    if isinstance(plan, TritonPlan):
+        return SmallMBucket(w, dtype, device, plan)
+    return _Bucket(w, dtype, device, plan)
+
+
+def _bucket(x2: torch.Tensor, w: HopperWeights) -> _Bucket | SmallMBucket:
     # Kept with the packed weight tensor, not the state object: the custom op rebuilds the
     # state object around the same tensors at every call.
     state = launch_state(w.qweight)
     key = (x2.dtype, x2.device)
-    runs: dict[int, _Bucket] | None = state.get(key)
+    runs: dict[int, _Bucket | SmallMBucket] | None = state.get(key)
     if runs is None:
         runs = state[key] = {}
     m = x2.shape[0]
@@ -245,18 +255,21 @@ def _bucket(x2: torch.Tensor, w: HopperWeights) -> _Bucket:
         plan = plan_of(m, w, x2.device)
         bucket = next((b for b in runs.values() if b.plan == plan and b.fits(w)), None)
         if bucket is None:
-            bucket = _Bucket(w, x2.dtype, x2.device, plan)
+            bucket = _new_bucket(w, x2.dtype, x2.device, plan)
         if len(runs) >= MAX_RUNS:
             runs.clear()
         runs[m] = bucket
     return bucket
 
 
-def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torch.Tensor:
+def linear(x2: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> torch.Tensor:
     """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] (already permuted by ret_idx); ``plan``
-    overrides the choice (tests, the probes) and takes Triton's own launch path."""
+    overrides the choice (tests, the probes) and takes Triton's own launch path (a Triton
+    plan: its bucket, kept per plan)."""
     if plan is None:
         return _bucket(x2, w)(x2, w)
+    if isinstance(plan, TritonPlan):
+        return _small_m_bucket(x2, w, plan)(x2, w)
     m = x2.shape[0]
     n = w.out_features
     x = prepare_x(x2)
@@ -266,3 +279,13 @@ def linear(x2: torch.Tensor, w: HopperWeights, plan: Plan | None = None) -> torc
     grid, args, const = kernel_args(x, w, plan, y, ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y
+
+
+def _small_m_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan) -> SmallMBucket:
+    state = launch_state(w.qweight)
+    key = ("plans", x2.dtype, x2.device)
+    by_plan: dict[TritonPlan, SmallMBucket] = state.setdefault(key, {})
+    bucket = by_plan.get(plan)
+    if bucket is None or not bucket.fits(w):
+        bucket = by_plan[plan] = SmallMBucket(w, x2.dtype, x2.device, plan)
+    return bucket

@@ -1,7 +1,9 @@
 """What one call of the kernel runs: its tile, pipeline depth and K split.
 
 Plain values shared by the rule (``configs.py``) and the shipped tables (``tuned.py``).
-Every plan runs on the one prepared layout: a plan changes how many 64-row tiles a CTA
+Every plan runs on the one prepared layout. :class:`TritonPlan` runs Triton's GEMV or
+tensor-core kernel over the same words instead (``small_m.py``): off unless a table names
+it, where it was measured faster (small M). A :class:`Plan` changes how many 64-row tiles a CTA
 takes (``wg``), how many activation rows (``bm``), how many blocks TMA keeps in flight
 (``stages``) and how many programs split K (``split``) — never the weight's bytes.
 """
@@ -9,8 +11,9 @@ takes (``wg``), how many activation rows (``bm``), how many blocks TMA keeps in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["Plan"]
+__all__ = ["AnyPlan", "Plan", "TritonPlan", "plan_from_dict"]
 
 #: wgmma's N, the activation rows of a tile: 8…256 in steps of 8 (powers of two here).
 BM_CHOICES = (8, 16, 32, 64, 128, 256)
@@ -47,3 +50,40 @@ class Plan:
         bk = 512 // bits
         row = max(128, 64 * self.wg * scale_bytes) + (max(128, 64 * self.wg) if zeros else 0)
         return self.wg * 4096 + self.bm * bk * 2 + sub_rows * row
+
+
+@dataclass(frozen=True)
+class TritonPlan:
+    """A call through the Triton kernels of ``quantcore/kernels/gptq_pairs/triton_kernels.py``
+    over the prepared words (``small_m.py``): its path and tile, as ``triton_int4``'s plans."""
+
+    #: "mma": tensor cores, the weight as the left operand; "gemv": CUDA cores, one row of x per program.
+    path: Literal["mma", "gemv"] = "mma"
+    #: Output rows per program.
+    block_n: int = 64
+    #: Activation rows per program (mma; the GEMV takes one).
+    block_m: int = 16
+    #: Programs splitting K (as many as leave each at least one step).
+    split: int = 1
+    num_warps: int = 4
+    #: Triton's software pipeline depth.
+    stages: int = 3
+    #: Blocks per loop step.
+    block_b: int = 1
+    #: mma's operand (the kernel's ``OPERAND``): 1 exact integers, 2 scaled, 0 fp32 (the interpreter's).
+    operand: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.path not in ("mma", "gemv") or self.block_n not in (16, 32, 64, 128, 256)
+                or self.block_m not in (16, 32, 64, 128) or self.split < 1 or self.block_b not in (1, 2, 4, 8)
+                or self.operand not in (0, 1, 2) or self.num_warps not in (1, 2, 4, 8) or not 1 <= self.stages <= 8):
+            raise ValueError(f"hopper_wgmma Triton plan out of range: {self}")
+
+
+AnyPlan = Plan | TritonPlan
+
+
+def plan_from_dict(d: dict[str, Any]) -> AnyPlan:
+    """A plan as a table or a timing file holds it (``dataclasses.asdict``): a Triton plan
+    names its ``path``."""
+    return TritonPlan(**d) if "path" in d else Plan(**d)

@@ -11,16 +11,16 @@ from pathlib import Path
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json
 
-from .plans import Plan
+from .plans import AnyPlan, plan_from_dict
 
 __all__ = ["TABLES", "load_tables"]
 
-Table = dict[tuple[int, int, int, int], Plan]
+Table = dict[tuple[int, int, int, int], AnyPlan]
 
 
 def parse_table(data: dict) -> tuple[CardKey, Table]:
     card = CardKey(**data["card"])
-    plans = {(e["bits"], e["k"], e["n"], e["m"]): Plan(**e["plan"]) for e in data["plans"]}
+    plans = {(e["bits"], e["k"], e["n"], e["m"]): plan_from_dict(e["plan"]) for e in data["plans"]}
     return card, plans
 
 

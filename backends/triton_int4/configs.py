@@ -41,7 +41,7 @@ class Shape(PairedShape):
     """What a plan depends on: the shape (:class:`~quantcore.kernels.gptq_pairs.plans.Shape`),
     the groups and the activation dtype."""
 
-    close: int  # slices per scale group (kernels.py)
+    close: int  # slices per scale group (quantcore/kernels/gptq_pairs/triton_kernels.py)
     dtype: str  # "bf16" / "fp16"
 
 

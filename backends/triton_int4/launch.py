@@ -1,5 +1,5 @@
 """Launching the kernels: the plan (configs.py), the grid, the split-K buffers, and the
-dequantize-into-a-scratch + cuBLAS path. Imports triton (through kernels.py): load it
+dequantize-into-a-scratch + cuBLAS path. Imports triton (through quantcore/kernels/gptq_pairs/triton_kernels.py): load it
 only when a call runs.
 
 What depends only on the weight, the activation dtype and the plan is decided once and
@@ -23,6 +23,7 @@ import triton
 
 from quantcore.errors import KernelInputError
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k, pairs
+from quantcore.kernels.gptq_pairs.triton_kernels import dequant_kernel, gemv_kernel, mma_kernel
 from quantcore.probe.card_tables import cuda_card
 from quantcore.tensors import describe
 from quantcore.triton.buffers import KeptBuffers
@@ -30,7 +31,6 @@ from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
 
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_breaks, plan_for
-from .kernels import dequant_kernel, gemv_kernel, mma_kernel
 from .layout import TritonIntWeights
 
 __all__ = ["close_slices", "interpreting", "linear", "plan_of"]
@@ -124,7 +124,7 @@ class _Bucket:
             self.bias = w.bias.to(dtype) if w.bias is not None else None
             return
         flags = dict(CLOSE=close_slices(w), HAS_BIAS=w.bias is not None, EVEN_K=k % block_k(w.bits) == 0,
-                     ASM=not interpreting())
+                     ASM=not interpreting(), FRAGMENTS=False)
         if plan.path == "gemv":
             cfg: Any = plan.gemv
             tiles_args = dict(BLOCK_N=cfg.block_n, BLOCK_B=cfg.block_b)

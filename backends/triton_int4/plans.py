@@ -28,7 +28,7 @@ class MmaConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    #: 1: exact integer operand, scale on the accumulator; 2: scaled operand (kernels.py).
+    #: 1: exact integer operand, scale on the accumulator; 2: scaled operand (quantcore/kernels/gptq_pairs/triton_kernels.py).
     operand: int = 1
     #: Blocks per loop iteration (unrolled): fewer loop overheads per code.
     block_b: int = 1

@@ -46,8 +46,10 @@ def loop_profile(sass: str, weights_per_iteration: int, threads: int) -> dict[st
 
 def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: int = 4096, n: int = 4096,
                    sg: int = 128, close: int | None = None, dtype: str = "bf16", zeros: bool = False,
-                   bias: bool = False, asm: bool = True) -> dict[str, Any]:
-    from quantcore.backends.triton_int4 import kernels
+                   bias: bool = False, asm: bool = True, fragments: bool = False) -> dict[str, Any]:
+    """One kernel compiled for sm_90a; ``fragments``: over hopper_wgmma's word order (its
+    small-M path) instead of triton_int4's."""
+    from quantcore.kernels.gptq_pairs import triton_kernels as kernels
 
     pairs = 16 // bits
     blocks = -(-k // (32 * pairs))
@@ -58,7 +60,7 @@ def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: 
                "NUM_GROUPS": "i32", "NUM_SUB": "i32"}
     const: dict[str, Any] = {"BITS": bits, "SG": sg, "CLOSE": close, "BLOCKS": blocks, "HAS_ZEROS": zeros,
                              "HAS_MAP": False, "HAS_BIAS": bias, "SPLIT_K": cfg.split_k,
-                             "EVEN_K": True, "EVEN_N": True, "ASM": asm}
+                             "EVEN_K": True, "EVEN_N": True, "ASM": asm, "FRAGMENTS": fragments}
     if isinstance(cfg, GemvConfig):
         fn = kernels.gemv_kernel
         steps = _cdiv(_cdiv(blocks, cfg.split_k), cfg.block_b)
@@ -73,6 +75,7 @@ def compile_kernel(path: str, cfg: GemvConfig | MmaConfig, *, bits: int = 4, k: 
     compiled = compile_sm90(fn, runtime, const, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
                             divisible=[a for a in runtime if a not in ("M", "NUM_GROUPS", "NUM_SUB")])
     return {"path": path, "config": cfg.__dict__, "bits": bits, "dtype": dtype, "sg": sg, "zeros": zeros,
+            "fragments": fragments,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             **loop_profile(compiled.sass, weights_per_iteration, cfg.num_warps * 32), "sass": compiled.sass}
 

@@ -11,7 +11,10 @@
 3. ``time``: per (K, N) × M, candidate plans of ``hopper_wgmma`` and the peers (cuBLAS
    bf16, ``triton_int4``'s default, ``aten_cuda`` at small M, as ``--peers`` says) as
    CUDA-graph replays over rotating weights, interleaved; every timed plan's output is
-   checked first (on up to 1024 sampled rows).
+   checked first (on up to 1024 sampled rows). At M ≤ 16 the candidates include
+   :class:`~quantcore.backends.hopper_wgmma.plans.TritonPlan` s: Triton's tensor-core
+   kernel (and at M ≤ 4 its GEMV) over the same prepared words (``small_m.py``), checked
+   in ``check`` too.
 
     python -m tools.probes.hopper_wgmma_sweep --out DIR [--only check|warm|time] [--bits 4]
 
@@ -19,7 +22,7 @@ Writes ``DIR/check[-i-of-n].json``, ``DIR/time-<bits>-<dtypes>.json`` as it goes
 cut short keeps what was done) and prints a compact table last. On any machine,
 ``--table DIR/device.json DIR/time-*.json DIR/check.json --out FOLDER`` writes the
 fastest plans as the backend's ``tuned-<card>.json`` — none of a kind (in flight, two
-blocks per wait) that the check found wrong or unrepeatable, none that beats the plan the
+blocks per wait, Triton) that the check found wrong or unrepeatable, none that beats the plan the
 call took by less than ``MARGIN`` — keeping the entries of an existing table of that card
 that these timings did not measure.
 """
@@ -39,7 +42,7 @@ import torch
 
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear, plan_of
-from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.backends.hopper_wgmma.plans import AnyPlan, Plan, TritonPlan
 from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
@@ -63,6 +66,10 @@ IN_FLIGHT_PLANS = [Plan(1, 8, 3, 1, in_flight=True), Plan(1, 16, 4, 3, in_flight
                    Plan(2, 128, 4, 1, in_flight=True), Plan(2, 128, 3, 2, in_flight=True),
                    Plan(2, 256, 3, 1, in_flight=True), Plan(2, 256, 2, 2, in_flight=True)]
 
+#: Triton plans over the same words (small_m.py), checked on every case: the tensor-core
+#: kernel with K split and two blocks a step, the GEMV split.
+TRITON_CHECK_PLANS = [TritonPlan("mma", 64, 16, split=3, block_b=2), TritonPlan("gemv", 32, split=2, block_b=2)]
+
 
 def in_flight_twin(plan: Plan) -> Plan:
     return dataclasses.replace(plan, per_wait=1, in_flight=True)
@@ -77,7 +84,7 @@ def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
 
 
-def _run(kernel: Any, prepared: Any, x: torch.Tensor, plan: Plan | None) -> torch.Tensor:
+def _run(kernel: Any, prepared: Any, x: torch.Tensor, plan: AnyPlan | None) -> torch.Tensor:
     """Through the kernel (its own plan) or, with ``plan``, through the launcher."""
     if plan is None:
         return kernel(x, prepared)
@@ -125,11 +132,11 @@ def check_cases() -> list[dict[str, Any]]:
     for ci, case in enumerate(cases):
         old = [p for p in case["plans"] if p is not None]
         new = IN_FLIGHT_PLANS if ci in full else [in_flight_twin(p) for p in old[:2]]
-        case["plans"] = case["plans"] + [p for p in dict.fromkeys(new) if p not in case["plans"]]
+        case["plans"] = case["plans"] + [p for p in dict.fromkeys(new) if p not in case["plans"]] + TRITON_CHECK_PLANS
     return cases
 
 
-def _check_units(shard: tuple[int, int]) -> list[tuple[int, Plan | None]]:
+def _check_units(shard: tuple[int, int]) -> list[tuple[int, AnyPlan | None]]:
     """(case, plan) pairs of this shard: plans dealt round-robin, so every shard gets a
     share of the expensive ones."""
     units = [(ci, plan) for ci, case in enumerate(check_cases()) for plan in case["plans"]]
@@ -195,10 +202,14 @@ def merge_checks(out: Path) -> list[dict[str, Any]]:
     rows = [r for p in sorted(out.glob("check-*-of-*.json")) for r in json.loads(p.read_text())]
     (out / "check.json").write_text(json.dumps(rows, indent=1))
     for kind in (False, True):
-        mine = [r for r in rows if isinstance(r["plan"], dict) and r["plan"].get("in_flight", False) == kind]
+        mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) != "triton"
+                and r["plan"].get("in_flight", False) == kind]
         ok = sum(r["ok"] for r in mine)
         same = sum(r.get("same", True) for r in mine)
         print(f"{'in flight' if kind else 'waited'}: {ok}/{len(mine)} within tolerance, {same} bit-identical across runs")
+    mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) == "triton"]
+    print(f"triton: {sum(r['ok'] for r in mine)}/{len(mine)} within tolerance, "
+          f"{sum(r.get('same', True) for r in mine)} bit-identical across runs")
     print(f"all: {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
     return rows
 
@@ -206,18 +217,42 @@ def merge_checks(out: Path) -> list[dict[str, Any]]:
 # --- timing --------------------------------------------------------------------------------
 
 
-def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: Plan | None = None) -> list[Plan]:
+def triton_candidates(m: int, k: int, n: int, bits: int, sms: int) -> list[TritonPlan]:
+    """Triton plans timed at M ≤ 16 (small_m.py): the tensor-core kernel's 16-row tile
+    with 64 or 128 outputs per program and K split to about 2 or 5 programs per SM (the
+    neighbourhood of triton_int4's tuned plans at these Ms, its 4096 × 4096 one first),
+    one or two blocks a step; at M ≤ 4 also the GEMV."""
+    if m > 16:
+        return []
+    blocks = k // (512 // bits)
+    out: list[TritonPlan] = []
+    for block_n, per_sm, block_b, stages in ((64, 5, 1, 4), (64, 5, 2, 3), (64, 2, 1, 3), (64, 2, 2, 3),
+                                             (128, 5, 1, 3)):
+        split = max(1, min(blocks // block_b, round(per_sm * sms / -(-n // block_n))))
+        out.append(TritonPlan("mma", block_n, 16, split, 4, stages, block_b))
+    if m <= 4:
+        out += [TritonPlan("gemv", 16, split=1, block_b=4, stages=2),
+                TritonPlan("gemv", 16, split=max(1, min(blocks // 4, round(2 * sms / -(-n // 16)))), block_b=4,
+                           stages=2)]
+    return list(dict.fromkeys(out))
+
+
+def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | None = None) -> list[AnyPlan]:
     """The plans timed at one point: the shipped one and its variants (two blocks per
     wait, groups in flight), then tiles around it, each waited for at every block and
-    left in flight; at M ≤ 16 also shallow rings (more CTAs resident per SM)."""
+    left in flight; at M ≤ 16 also shallow rings (more CTAs resident per SM) and the
+    Triton plans (:func:`triton_candidates`)."""
     blocks = k // (512 // bits)
     tiles_n = n // 64
-    out: list[Plan] = []
+    out: list[AnyPlan] = []
 
-    def put(plan: Plan) -> None:
+    def put(plan: AnyPlan) -> None:
         if plan not in out:
             out.append(plan)
 
+    if isinstance(shipped, TritonPlan):
+        put(shipped)
+        shipped = None
     if shipped is not None:
         put(dataclasses.replace(shipped, per_wait=1, in_flight=False))
         put(dataclasses.replace(shipped, per_wait=2, in_flight=False))
@@ -248,11 +283,13 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: Plan | None
         add(1, 128, 3, [1])
         if bits == 4:
             add(2, 256, 3, [1, 2])
+    for plan in triton_candidates(m, k, n, bits, sms):
+        put(plan)
     return out
 
 
 def _points(bits: int, ms: list[int], shapes: list[tuple[int, int]], sms: int,
-            shipped: Any) -> list[tuple[int, int, int, list[Plan]]]:
+            shipped: Any) -> list[tuple[int, int, int, list[AnyPlan]]]:
     """(K, N, M, plans) of a timing run; ``shipped(m, k, n)`` is the plan a call takes."""
     return [(k, n, m, candidates(m, k, n, bits, sms, shipped(m, k, n))) for k, n in shapes for m in ms]
 
@@ -277,7 +314,9 @@ def run_warm(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
     groups: dict[tuple, list] = {}
     for k, n, m, plans in points:
         for plan in plans:
-            key = (plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, m == 1)
+            # A Triton plan's split and K are constexprs of its kernel: one kernel per (plan, shape).
+            key = (("triton", str(plan), k, n, m == 1) if isinstance(plan, TritonPlan) else
+                   ("wgmma", plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, m == 1))
             groups.setdefault(key, []).append((k, n, m, plan))
     mine = [u for key in sorted(groups)[shard[0]::shard[1]] for u in groups[key]]
     t0, done = time.time(), 0
@@ -392,11 +431,14 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                 mine_rows = [r for r in here if r["variant"] == "hopper"]
                 cub = next(r["us"] for r in here if r["variant"] == "cublas")
                 ship = next((r for r in mine_rows if r["default"]), None)
-                waited = min((r for r in mine_rows if not r["plan"]["in_flight"]), key=lambda r: r["us"], default=None)
-                flying = min((r for r in mine_rows if r["plan"]["in_flight"]), key=lambda r: r["us"], default=None)
+                kinds = {kind: [r for r in mine_rows if _kind(r["plan"]) == kind] for kind in ("waited", "in flight", "triton")}
+                waited = min(kinds["waited"], key=lambda r: r["us"], default=None)
+                flying = min(kinds["in flight"], key=lambda r: r["us"], default=None)
+                small = min(kinds["triton"], key=lambda r: r["us"], default=None)
 
                 print(f"{bits}b {dname} K{k} N{n} M{m}: cublas {cub:.1f} | shipped {_shown(ship, cub)} | best waited "
                       f"{_shown(waited, cub)} | best in flight {_shown(flying, cub)} {flying['plan'] if flying else ''} "
+                      f"| best triton {_shown(small, cub)} {small['plan'] if small else ''} "
                       f"[{time.time() - t0:.0f}s]", flush=True)
                 (out / name).write_text(json.dumps(rows, indent=1))
                 del xs
@@ -409,6 +451,8 @@ MARGIN = 0.03
 
 
 def _kind(plan: dict) -> str:
+    if "path" in plan:
+        return "triton"
     return "in flight" if plan.get("in_flight") else "two blocks per wait" if plan.get("per_wait") == 2 else "waited"
 
 

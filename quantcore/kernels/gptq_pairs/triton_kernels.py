@@ -1,6 +1,16 @@
-"""The ``triton_int4`` kernels: one Triton source, three launches, over the layout of
+"""The ``triton_int4`` kernels: one Triton source, three launches, over the words of
 ``layout.py`` (blocks of 16 words per output row; slice ``i`` of a block is 32 inputs
 whose codes sit as pairs in fields ``i`` and ``i + PAIRS``, 16 bits apart).
+
+**Word order** (``FRAGMENTS``, the GEMV and the tensor-core kernel). False: each row's
+blocks one contiguous run (``backends/triton_int4/layout.py``), scales and zero points
+``[groups, N]``. True: ``hopper_wgmma``'s fragment order (``backends/hopper_wgmma/
+layout.py``), whose small-M calls run these kernels on the words its wgmma kernel reads:
+blocks 1024 words apart per 64-row tile, the 16 words of one row's block still one
+64-byte run but holding pair ``c = u + 4j`` at word ``4u + j``, and scales and zero
+points ``[sub-groups, N padded to 64]`` (the scale row is the sub-group: no group map).
+The kernels load the words in stored order and read x at the inputs those words hold,
+so every weight load stays one 16-byte vector and nothing is permuted in registers.
 
 ``gemv_kernel`` (one row of x, CUDA cores). One program per (row of x, ``BLOCK_N``
 outputs, K split), walking ``BLOCK_B`` blocks per step as 16-byte vectors of words. A
@@ -31,7 +41,8 @@ a slice of codes becomes that operand:
 packed subtraction in inline PTX on whole words of the int16 view (``_PAIR_ASM``):
 Triton alone emits a shift, an AND, an OR and a PRMT per code, and stages the
 operand through shared memory; with the PTX it is 1.4 instructions per code and the
-words go from shared memory to the MMA by ldmatrix (README.md has the SASS counts).
+words go from shared memory to the MMA by ldmatrix (backends/triton_int4/README.md has
+the SASS counts).
 
 ``dequant_kernel`` writes ``(q − z)·s`` into a scratch for cuBLAS (large M).
 
@@ -80,6 +91,35 @@ def _group_of(k, map_ptr, NUM_GROUPS, NUM_SUB, SG: tl.constexpr, HAS_MAP: tl.con
     if HAS_MAP:
         return tl.load(map_ptr + tl.minimum(sub, NUM_SUB - 1))
     return tl.minimum(sub, NUM_GROUPS - 1)
+
+
+@triton.jit
+def _row_words(offs_n, BLOCKS: tl.constexpr, FRAGMENTS: tl.constexpr):
+    """The word where block 0 of output row ``offs_n`` starts (int64; module docstring:
+    row ``64·tile + 16w + 8h + g`` of the fragment order at ``1024·tile·blocks + 512h +
+    128w + 16g``)."""
+    n = offs_n.to(tl.int64)
+    if FRAGMENTS:
+        r = n % 64
+        return (n // 64) * (BLOCKS * 1024) + ((r // 8) % 2) * 512 + (r // 16) * 128 + (r % 8) * 16
+    return n * (BLOCKS * 16)
+
+
+@triton.jit
+def _pair_at(q, FRAGMENTS: tl.constexpr):
+    """The pair ``c`` (inputs ``2c``, ``2c + 1`` of each slice) that stored word ``q`` of a
+    row's block holds: ``c = u + 4j`` at ``q = 4u + j`` in the fragment order."""
+    if FRAGMENTS:
+        return q // 4 + 4 * (q % 4)
+    return q
+
+
+@triton.jit
+def _scale_stride(N, FRAGMENTS: tl.constexpr):
+    """Elements per row of scales and zero points: N, or N padded to a 64-row tile."""
+    if FRAGMENTS:
+        return tl.cdiv(N, 64) * 64
+    return N
 
 
 @triton.jit
@@ -146,6 +186,7 @@ def gemv_kernel(
     HAS_ZEROS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT_K: tl.constexpr, STEPS: tl.constexpr,
+    FRAGMENTS: tl.constexpr,
 ):
     PAIRS: tl.constexpr = 16 // BITS
     BK: tl.constexpr = 32 * PAIRS
@@ -156,10 +197,13 @@ def gemv_kernel(
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    BSTRIDE: tl.constexpr = 1024 if FRAGMENTS else 16  # words from one block of a row to the next
+    S_STRIDE = _scale_stride(N, FRAGMENTS)
     offs_b = tl.arange(0, BLOCK_B)
-    offs_c = tl.arange(0, 16)
-    w_base = (w_ptr + offs_n.to(tl.int64)[:, None, None] * (BLOCKS * 16)
-              + offs_b[None, :, None] * 16 + offs_c[None, None, :])
+    offs_q = tl.arange(0, 16)
+    offs_c = _pair_at(offs_q, FRAGMENTS)
+    w_base = (w_ptr + _row_words(offs_n, BLOCKS, FRAGMENTS)[:, None, None]
+              + offs_b[None, :, None] * BSTRIDE + offs_q[None, None, :])
     # x of field f of word c: input (f mod PAIRS)·32 + 2c + f div PAIRS of the block.
     x_base = x_ptr + row.to(tl.int64) * stride_xm + (offs_b[None, :, None] * BK + 2 * offs_c[None, None, :])
     acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
@@ -167,9 +211,9 @@ def gemv_kernel(
         blk0 = (pid_k * STEPS + step) * BLOCK_B
         blk = blk0 + offs_b
         if EVEN_N and EXACT:
-            w = tl.load(w_base + blk0 * 16, eviction_policy="evict_first")
+            w = tl.load(w_base + blk0 * BSTRIDE, eviction_policy="evict_first")
         else:
-            w = tl.load(w_base + blk0 * 16, mask=n_mask[:, None, None] & (blk < BLOCKS)[None, :, None], other=0,
+            w = tl.load(w_base + blk0 * BSTRIDE, mask=n_mask[:, None, None] & (blk < BLOCKS)[None, :, None], other=0,
                         eviction_policy="evict_first")
         p15 = tl.zeros([BLOCK_N, BLOCK_B, 16], dtype=tl.float32)  # Σ f·x of fields at bit 15
         p19 = tl.zeros([BLOCK_N, BLOCK_B, 16], dtype=tl.float32)  # ... and at bit 19 (4-bit)
@@ -191,7 +235,7 @@ def gemv_kernel(
                     x19 += xf
             if (i + 1) % CLOSE == 0:
                 g = _group_of(blk * BK + (i + 1 - CLOSE) * 32, map_ptr, NUM_GROUPS, NUM_SUB, SG, HAS_MAP)
-                g_offs = g[None, :].to(tl.int64) * N + offs_n[:, None]
+                g_offs = g[None, :].to(tl.int64) * S_STRIDE + offs_n[:, None]
                 g_mask = n_mask[:, None] & (blk < BLOCKS)[None, :]
                 s = tl.load(s_ptr + g_offs, mask=g_mask, other=0.0).to(tl.float32)
                 sum15 = tl.sum(x15, axis=2)
@@ -297,9 +341,9 @@ def mma_kernel(
     HAS_ZEROS: tl.constexpr, HAS_MAP: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
-    SPLIT_K: tl.constexpr, STEPS: tl.constexpr, OPERAND: tl.constexpr,
+    SPLIT_K: tl.constexpr, STEPS: tl.constexpr, OPERAND: tl.constexpr, FRAGMENTS: tl.constexpr,
 ):
-    """``w_ptr`` is the weight viewed as int16 ``[N, Kp·b/16]``."""
+    """``w_ptr`` is the weight viewed as int16 (element ``2q + h``: half h of word q)."""
     PAIRS: tl.constexpr = 16 // BITS
     BK: tl.constexpr = 32 * PAIRS
     HALF_Z: tl.constexpr = 8.0 if BITS == 4 else 128.0
@@ -314,27 +358,30 @@ def mma_kernel(
     pid_m = pid % num_m
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, 32)
+    BSTRIDE: tl.constexpr = 2048 if FRAGMENTS else 32  # int16s from one block of a row to the next
+    S_STRIDE = _scale_stride(N, FRAGMENTS)
+    offs_p = tl.arange(0, 32)  # stored position in the row's block
+    offs_e = 2 * _pair_at(offs_p // 2, FRAGMENTS) + offs_p % 2  # the input of each slice it holds
     n_mask = offs_n < N
     m_mask = offs_m < M
-    w_base = w_ptr + offs_n.to(tl.int64)[:, None] * (BLOCKS * 32) + offs_e[None, :]
+    w_base = w_ptr + 2 * _row_words(offs_n, BLOCKS, FRAGMENTS)[:, None] + offs_p[None, :]
     x_base = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + offs_e[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for step in range(STEPS):
         for bb in tl.static_range(BLOCK_B):
             blk = (pid_k * STEPS + step) * BLOCK_B + bb
             if EVEN_N and EXACT:
-                w16 = tl.load(w_base + blk * 32, eviction_policy="evict_first")
+                w16 = tl.load(w_base + blk * BSTRIDE, eviction_policy="evict_first")
             else:
-                w16 = tl.load(w_base + blk * 32, mask=n_mask[:, None] & (blk < BLOCKS), other=0,
+                w16 = tl.load(w_base + blk * BSTRIDE, mask=n_mask[:, None] & (blk < BLOCKS), other=0,
                               eviction_policy="evict_first")
             for i in tl.static_range(PAIRS):
                 if i % CLOSE == 0:
                     # The scale and zero point of this run of CLOSE slices (one group).
                     g = _group_of(blk * BK + i * 32, map_ptr, NUM_GROUPS, NUM_SUB, SG, HAS_MAP)
-                    s = tl.load(s_ptr + g.to(tl.int64) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                    s = tl.load(s_ptr + g.to(tl.int64) * S_STRIDE + offs_n, mask=n_mask, other=0.0).to(tl.float32)
                     if HAS_ZEROS:
-                        z = tl.load(z_ptr + g.to(tl.int64) * N + offs_n, mask=n_mask, other=0).to(tl.float32)
+                        z = tl.load(z_ptr + g.to(tl.int64) * S_STRIDE + offs_n, mask=n_mask, other=0).to(tl.float32)
                     else:
                         z = tl.full([BLOCK_N], HALF_Z, tl.float32)
                     accg = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)

@@ -1,0 +1,58 @@
+"""The hopper_wgmma sweep's Triton candidates, checked without a GPU: timed at M ≤ 16
+only, and shipped by ``--table`` only where at least ``MARGIN`` faster than the plan
+the call took and never when the check found one wrong; the table written parses back
+into Triton plans."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
+from quantcore.backends.hopper_wgmma.tuned import parse_table
+from tools.probes.hopper_wgmma_sweep import (
+    MARGIN,
+    best_table,
+    candidates,
+    triton_candidates,
+    unsafe_kinds,
+)
+
+INFO = {"device": "NVIDIA H200", "card_key": {"arch": "sm_90", "sms": 132, "smem_kib": 227, "bandwidth_class": 4}}
+SHIPPED = Plan(1, 16, 8, 5)
+SMALL = TritonPlan("mma", 64, 16, 10, 4, 4, 1)
+
+
+def test_triton_plans_are_timed_at_small_m_only() -> None:
+    for m in (1, 2, 4, 8, 16):
+        plans = candidates(m, 4096, 4096, 4, 132, SHIPPED)
+        assert plans[0] == SHIPPED
+        assert [p for p in plans if isinstance(p, TritonPlan)] == triton_candidates(m, 4096, 4096, 4, 132)
+        assert any(p.path == "gemv" for p in triton_candidates(m, 4096, 4096, 4, 132)) == (m <= 4)
+    assert SMALL in triton_candidates(1, 4096, 4096, 4, 132)  # triton_int4's tuned plan at this shape
+    assert not any(isinstance(p, TritonPlan) for p in candidates(32, 4096, 4096, 4, 132, SHIPPED))
+
+
+def test_a_shipped_triton_plan_is_timed_first() -> None:
+    assert candidates(1, 4096, 4096, 4, 132, SMALL)[0] == SMALL
+
+
+def _rows(shipped_us: float, triton_us: float) -> list[dict]:
+    base = {"k": 4096, "n": 4096, "m": 1, "dtype": "bf16", "bits": 4, "variant": "hopper"}
+    return [base | {"plan": dataclasses.asdict(SHIPPED), "us": shipped_us, "default": True},
+            base | {"plan": dataclasses.asdict(SMALL), "us": triton_us, "default": False}]
+
+
+def test_the_table_takes_a_triton_plan_only_past_the_margin() -> None:
+    faster = best_table(_rows(8.2, 8.2 * (1 - MARGIN) - 0.05), INFO)
+    plans = parse_table(faster)[1]
+    assert plans[(4, 4096, 4096, 1)] == SMALL
+    close = best_table(_rows(8.2, 8.2 * (1 - MARGIN) + 0.05), INFO)
+    assert parse_table(close)[1][(4, 4096, 4096, 1)] == SHIPPED
+
+
+def test_a_triton_plan_the_check_found_wrong_is_never_shipped() -> None:
+    check = [{"plan": dataclasses.asdict(SMALL), "ok": False}, {"plan": dataclasses.asdict(SHIPPED), "ok": True}]
+    unsafe = unsafe_kinds(check)
+    assert unsafe == {"triton"}
+    table = best_table(_rows(8.2, 6.0), INFO, unsafe=unsafe)
+    assert parse_table(table)[1][(4, 4096, 4096, 1)] == SHIPPED
