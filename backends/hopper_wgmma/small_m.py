@@ -23,7 +23,7 @@ import triton
 
 from quantcore.errors import KernelInputError
 from quantcore.kernels.gptq_pairs.layout import block_k, pairs
-from quantcore.kernels.gptq_pairs.triton_kernels import gemv_kernel, mma_kernel
+from quantcore.kernels.gptq_pairs.triton_kernels import gemv_kernel, launch_grid, mma_kernel
 from quantcore.tensors import describe
 from quantcore.triton.launch import Launch
 from quantcore.triton.split_k import SplitKBuffers
@@ -94,12 +94,7 @@ class SmallMBucket:
         x2 = x2.contiguous()  # the launch passes K as the row stride
         m, n = x2.shape[0], self.n
         y = torch.empty((m, n), dtype=self.dtype, device=self.device)
-        if self.plan.path == "gemv":
-            grid = (self.n_tiles, m, self.split)
-            tiles = self.n_tiles * m
-        else:
-            tiles = self.n_tiles * -(-m // self.block_m)  # not triton.cdiv: microseconds a call on the host
-            grid = (tiles, self.split, 1)
+        grid, tiles = launch_grid(self.plan.path, m, self.n_tiles, self.block_m, self.split)
         ws, counters = self.split_k(w.runtime, m, n, tiles)
         self.launch(grid, x2, *self.fixed, y, ws, counters, m, *self.tail)
         return y

@@ -23,7 +23,12 @@ import triton
 
 from quantcore.errors import KernelInputError
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k, pairs
-from quantcore.kernels.gptq_pairs.triton_kernels import dequant_kernel, gemv_kernel, mma_kernel
+from quantcore.kernels.gptq_pairs.triton_kernels import (
+    dequant_kernel,
+    gemv_kernel,
+    launch_grid,
+    mma_kernel,
+)
 from quantcore.probe.card_tables import cuda_card
 from quantcore.tensors import describe
 from quantcore.triton.buffers import KeptBuffers
@@ -160,12 +165,7 @@ class _Bucket:
             self.launch(self.grid, *self.fixed, dense, *self.tail)
             return torch.nn.functional.linear(x2, dense, self.bias)
         y = torch.empty((m, n), dtype=self.dtype, device=self.device)
-        if self.plan.path == "gemv":
-            grid = (self.n_tiles, m, self.split)
-            tiles = self.n_tiles * m
-        else:
-            tiles = self.n_tiles * -(-m // self.block_m)  # not triton.cdiv: microseconds a call on the host
-            grid = (tiles, self.split, 1)
+        grid, tiles = launch_grid(self.plan.path, m, self.n_tiles, self.block_m, self.split)
         ws, counters = self.split_k(w.runtime, m, n, tiles)
         self.launch(grid, x2, *self.fixed, y, ws, counters, m, *self.tail)
         return y

@@ -64,7 +64,7 @@ from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
-__all__ = ["dequant_kernel", "gemv_kernel", "mma_kernel"]
+__all__ = ["dequant_kernel", "gemv_kernel", "launch_grid", "mma_kernel"]
 
 #: The bits of 1.0 in fp32: OR-ed with a code at mantissa bit P it reads 1 + q·2^(P−23).
 ONE_F32 = tl.constexpr(0x3F800000)
@@ -436,3 +436,13 @@ def dequant_kernel(
         k = blk * BK + i * 32 + offs_e
         tl.store(out_rows + k[None, :], _round_to(v, out_ptr.dtype.element_ty),
                  mask=n_mask[:, None] & (k < K)[None, :])
+
+
+def launch_grid(path: str, m: int, n_tiles: int, block_m: int, split: int) -> tuple[tuple[int, int, int], int]:
+    """``(grid, output tiles)`` of a ``gemv_kernel`` (``path == "gemv"``: one program per
+    row and output tile) or ``mma_kernel`` launch over ``m`` rows, split ``split`` ways
+    along K. Integer ceilings written out: ``triton.cdiv`` costs microseconds a call."""
+    if path == "gemv":
+        return (n_tiles, m, split), n_tiles * m
+    tiles = n_tiles * -(-m // block_m)
+    return (tiles, split, 1), tiles
