@@ -56,7 +56,7 @@ from ..ops import get_op
 from ..probe import normalize_device, probe
 from ..problem import Problem, check_dims
 from ..registry import default_registry
-from ..tensors import laid_out
+from ..tensors import describe, laid_out
 from .incoming import EXTRA_STATE_VERSION, SOURCE, TAKEN_PREFIX, check_incoming, read_extra_state
 
 __all__ = ["SOURCE", "QuantModule"]
@@ -299,6 +299,8 @@ class QuantModule(nn.Module):
                 if key not in state_dict:  # some buffers of the layout held now
                     given = [self._buffers.get(n) if t is None else t for n, t in zip(names, given, strict=True)]
                 assign = bool(local_metadata.get("assign_to_params_buffers", False))
+                if not assign and (spec, names) == (self._spec, self._names):
+                    self._check_same_dtypes(names, given, prefix)
                 self._check_incoming(spec, names, given, prefix, where, assign)
                 if assign:  # kept as they come: views become laid-out copies (torch passes a dict of our own)
                     for n, t in zip(names, given, strict=True):
@@ -313,6 +315,18 @@ class QuantModule(nn.Module):
     def _read_extra(self, extra: Any, where: str) -> tuple[str, tuple[str, ...]]:
         return read_extra_state(extra, where, fmt=self.format, dims=self.dims, op=self.op.name,
                                 usable=lambda n: n in self._names or not self._taken(n))
+
+    def _check_same_dtypes(self, names: tuple[str, ...], given: list[Any], prefix: str) -> None:
+        """Without ``assign`` torch copies each tensor into the buffer held, casting it: a
+        tensor of another dtype would change the values silently (a bf16 bias into an fp16
+        one), even where the kernel's schema takes either dtype."""
+        for n, t in zip(names, given, strict=True):
+            held = self._buffers.get(n)
+            if isinstance(t, torch.Tensor) and held is not None and t.dtype != held.dtype:
+                raise TensorFormatError(
+                    f"{prefix}{n}: expected {str(held.dtype).removeprefix('torch.')} (the buffer the module holds; "
+                    f"loading copies into it), got {describe(t)}; load with assign=True to take it as it is"
+                )
 
     def _check_incoming(self, spec: str, names: tuple[str, ...], given: list[Any], prefix: str, where: str,
                         assign: bool) -> None:

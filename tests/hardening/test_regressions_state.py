@@ -139,6 +139,24 @@ def test_a_state_of_views_loads_as_laid_out_copies() -> None:
     assert torch.equal(target(x), layer(x))
 
 
+def test_a_buffer_of_another_dtype_is_not_cast_into_the_one_held() -> None:
+    """Found by the nightly state fuzz: a bf16 bias loaded (without ``assign``) into a layer
+    holding an fp16 one passed the kernel's schema (its prepare makes either) and torch cast
+    it into the buffer: a different bias, silently. Now refused, naming the buffer."""
+    tensors = weights()
+    tensors["bias"] = torch.randn(64, generator=torch.Generator().manual_seed(6)).half()
+    layer = QuantLinear(FMT, tensors, dtype=torch.float32, prefer="aten_cpu")
+    state = dict(layer.state_dict())
+    assert state["bias"].dtype == torch.float16
+    rounded = state["bias"].to(torch.bfloat16)
+    assert not torch.equal(rounded.half(), state["bias"])  # the cast would change values
+    state["bias"] = rounded
+    target = QuantLinear(FMT, {k: v.clone() for k, v in tensors.items()}, dtype=torch.float32, prefer="aten_cpu")
+    with pytest.raises(TensorFormatError, match=r"bias: expected float16 .*got .*bfloat16"):
+        target.load_state_dict(state)
+    assert torch.equal(target.bias, tensors["bias"])  # nothing was copied
+
+
 def test_a_state_of_a_kernel_that_cannot_run_here_blocks_the_module() -> None:
     """Found by the nightly state fuzz: a spec naming a CUDA-only kernel, loaded on a CPU,
     derived that kernel's schema by preparing on the CPU (a raw AssertionError)."""
