@@ -78,7 +78,10 @@ def choose_path(path: str, *, nbytes: int, dtype: torch.dtype, unavailable: str)
 def _group_name(group: Any) -> str:
     import torch.distributed as dist
 
-    return str((group if group is not None else dist.group.WORLD).group_name)
+    chosen = group if group is not None else dist.group.WORLD
+    if chosen is None:
+        raise ShardError("all-reduce: torch.distributed is not initialised (call init_process_group first)")
+    return str(chosen.group_name)
 
 
 class SymmetricMemory:
@@ -106,7 +109,8 @@ class SymmetricMemory:
         """Map ``buffer`` on every rank of ``group`` (a collective)."""
         import torch.distributed._symmetric_memory as symm_mem
 
-        return symm_mem.rendezvous(buffer, _group_name(group))
+        name: Any = _group_name(group)  # torch types the name as its GroupName alias of str
+        return symm_mem.rendezvous(buffer, name)
 
     def agree(self, ok: bool, device: torch.device, group: Any) -> bool:
         """True when every rank of ``group`` says ``ok`` (a collective)."""

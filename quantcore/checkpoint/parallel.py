@@ -102,6 +102,12 @@ def _device_of(module: nn.Module) -> torch.device:
     return held.device if held is not None else torch.device("cpu")
 
 
+def _kernel_name(layer: Any) -> str:
+    """The kernel a parallel layer's local part runs on (none while it is unbound)."""
+    kernel = layer.local.kernel
+    return kernel.name if kernel is not None else "none"
+
+
 def _pick(shards: Sequence[Shard], tp: TPGroup, dim: str) -> Shard:
     """This rank's shard of a complete set, after checking the whole set (on every rank)."""
     check_shards(shards)
@@ -206,7 +212,11 @@ class RowParallelQuantLinear(nn.Module):
     def prepare_all_reduce(self, max_tokens: int) -> str:
         """What :meth:`TPGroup.prepare_all_reduce` makes for this layer's output, before a
         CUDA-graph capture; the path an all-reduce of ``max_tokens`` rows takes."""
-        return self.tp.prepare_all_reduce(max_tokens, self.local.out_features, self.local.dtype, _device_of(self.local))
+        dtype = self.local.dtype
+        if dtype is None:
+            raise ShardError("prepare_all_reduce: the layer was built with dtype=None; build it with the activation "
+                             "dtype the all-reduce will sum")
+        return self.tp.prepare_all_reduce(max_tokens, self.local.out_features, dtype, _device_of(self.local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.local(x))
@@ -309,12 +319,12 @@ class ParallelQuantMLP(nn.Module):
 
     def kernels(self) -> dict[str, str]:
         """The kernel each role runs on (``gate`` and ``up`` name the fused layer's when fused)."""
-        down = {"down": self.down.local.kernel.name}
+        down = {"down": _kernel_name(self.down)}
         if self.gate_up is not None:
-            name = self.gate_up.local.kernel.name
+            name = _kernel_name(self.gate_up)
             return {"gate": name, "up": name, **down}
         layers = {"gate": self.gate, "up": self.up}
-        return {role: m.local.kernel.name for role, m in layers.items() if m is not None} | down
+        return {role: _kernel_name(m) for role, m in layers.items() if m is not None} | down
 
     def shards(self) -> list[Shard]:
         """This rank's shard of every layer (gate and up each its own, fused or not)."""

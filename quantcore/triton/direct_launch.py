@@ -57,7 +57,7 @@ def _wrapped(launcher: Any, driver: Any) -> tuple[dict[str, Any], str]:
     code = getattr(wrapper, "__code__", None)
     if code is None or code is not _wrapper_code(driver):
         return {}, "the launcher's launch is not wrap_handle_tensordesc's closure (no descriptor argument, or another Triton)"
-    free = dict(zip(code.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ()), strict=False))
+    free = dict(zip(code.co_freevars, (c.cell_contents for c in getattr(wrapper, "__closure__", None) or ()), strict=False))
     if any(name not in free for name in _FREE):
         return {}, f"wrap_handle_tensordesc's closure holds {sorted(free)}, not {list(_FREE)}"
     return free, ""
