@@ -8,7 +8,10 @@
 #   side with WARM_SHARDS processes compiling what timeBITS will run, then the check merged;
 # timeBITS[:M,..[:DTYPE,..]]: the timings (PEERS: the peers timed besides hopper_wgmma);
 # bench:SUITE: that suite's "hopper" shapes, every kernel and cuBLAS in one run (CUDA
-#   graphs, 3 rounds); ncu:M,K,N: the profile of tools/probes/hopper_wgmma_ncu.py's launch.
+#   graphs, 3 rounds); ncu:M,K,N: the profile of tools/probes/hopper_wgmma_ncu.py's launch;
+# table: the timings so far written as this card's tuned table into backends/hopper_wgmma
+#   (so the steps and commands after it run with the new plans) and into OUTDIR.
+# SHAPES=KxN,... times and compiles those weight shapes instead of the sweep's default ones.
 set -uo pipefail
 dest=$1; shift
 mkdir -p "$dest"
@@ -45,7 +48,7 @@ for step in "$@"; do
            done
            for ((i = 0; i < ${WARM_SHARDS:-6}; i++)); do
              CUDA_VISIBLE_DEVICES=$(((i + 1) % gpus)) timeout "${PREP_S:-170}" $sweep --only warm \
-               --shard "$i/${WARM_SHARDS:-6}" --bits "${bits:-4}" ${ms:+--ms "$ms"} > "$out/warm-$i.log" 2>&1 & pids+=($!)
+               --shard "$i/${WARM_SHARDS:-6}" --bits "${bits:-4}" ${ms:+--ms "$ms"} ${SHAPES:+--shapes "$SHAPES"} > "$out/warm-$i.log" 2>&1 & pids+=($!)
            done
            wait "${pids[@]}"
            tail -qn1 "$out"/check-*.log "$out"/warm-*.log
@@ -58,7 +61,7 @@ for step in "$@"; do
     time*) # timeBITS[:M,M,...[:DTYPE,...]]
            IFS=: read -r spec ms dtypes <<< "${step#time}"
            timeout "${TIME_S:-330}" $sweep --only time --bits "$spec" ${ms:+--ms "$ms"} ${dtypes:+--dtypes "$dtypes"} \
-             --peers "${PEERS:-cublas,triton_int4,aten_cuda}" 2>&1 | grep -v -i warn \
+             ${SHAPES:+--shapes "$SHAPES"} --peers "${PEERS:-cublas,triton_int4,aten_cuda}" 2>&1 | grep -v -i warn \
              | tee "$out/time-$spec${dtypes:+-$dtypes}.log" | cut -c1-230 ;;
     ncu:*) # ncu:M,K,N
            IFS=, read -r m k n <<< "${step#ncu:}"
@@ -68,6 +71,9 @@ for step in "$@"; do
              python3 -m tools.probes.hopper_wgmma_ncu "$m" "$k" "$n" > "$out/ncu-M$m-K$k-N$n.txt" 2>&1
            grep -E "Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Registers Per|Block Limit|Issue Slots|Busy|Stall" \
              "$out/ncu-M$m-K$k-N$n.txt" | head -40 ;;
+    table) python3 -m tools.probes.hopper_wgmma_sweep --table "$out"/device.json "$out"/time-*.json "$out"/check.json \
+             --out backends/hopper_wgmma 2>&1 | tee "$out/table.log" | tail -30
+           cp backends/hopper_wgmma/tuned-*.json "$out"/ ;;
     *) echo "unknown step $step" ;;
   esac
   echo "[$step: $((SECONDS - t0))s]"
