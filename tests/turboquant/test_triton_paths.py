@@ -176,27 +176,37 @@ def test_config_tables_key_the_whole_geometry(tmp_path: Path, monkeypatch: pytes
     assert configs.path_for(other) == configs.PathChoice()
 
 
-def test_shipped_h100_table_loads_and_serves_an_h200() -> None:
+def test_shipped_tables_serve_every_sm90_card() -> None:
     from quantcore.backends.turboquant_triton import configs
     from quantcore.probe.card import key_of_properties
     from quantcore.probe.card_tables import H100_SXM
 
-    shipped = configs.tables()[H100_SXM]
-    kinds = {k[0] for k in shipped}
-    assert {"gemv", "mma", "paths"} <= kinds
-    assert all(k[3] == 128 for k in shipped if k[0] != "paths")  # tuned at d = 128 only
-    # An H200 (no table of its own) runs the H100's configurations, not the rule's; an
-    # A100 (sm_80) the rule's.
-    h200 = key_of_properties(SimpleNamespace(major=9, minor=0, multi_processor_count=132,
-                                             shared_memory_per_block_optin=232448, memory_clock_rate=3201000,
-                                             memory_bus_width=6144))
+    tables = configs.tables()
+    h100 = tables[H100_SXM]
+    # The H200 (3.2 GHz HBM3e on a 6144-bit bus: the 4 TB/s class) has a table of its own.
+    h200_key = key_of_properties(SimpleNamespace(major=9, minor=0, multi_processor_count=132,
+                                                 shared_memory_per_block_optin=232448, memory_clock_rate=3201000,
+                                                 memory_bus_width=6144))
+    assert h200_key.bandwidth_class == 4 and h200_key in tables
+    h200 = tables[h200_key]
+    for shipped in (h100, h200):
+        kinds = {k[0] for k in shipped}
+        assert {"gemv", "mma", "paths"} <= kinds
+        assert all(k[3] == 128 for k in shipped if k[0] != "paths")  # tuned at d = 128 only
+    # The cards were tuned apart: the decode configuration of one shape differs.
+    key = ("gemv", 4096, 4096, 128, 1, "bfloat16")
+    assert configs.gemv_config(h200_key, 4096, 4096, 128, 1, torch.bfloat16) == h200[key] != h100[key]
+    # An sm_90 card without a table (an H100 PCIe: 114 SMs, the 2 TB/s class) runs the
+    # nearest card's configurations, not the rule's; an A100 (sm_80) the rule's.
+    pcie = key_of_properties(SimpleNamespace(major=9, minor=0, multi_processor_count=114,
+                                             shared_memory_per_block_optin=232448, memory_clock_rate=1593000,
+                                             memory_bus_width=5120))
     a100 = key_of_properties(SimpleNamespace(major=8, minor=0, multi_processor_count=108,
                                              shared_memory_per_block_optin=166912, memory_clock_rate=1593000,
                                              memory_bus_width=5120))
-    assert h200.bandwidth_class == 4 and h200 not in configs.tables()
-    assert configs.table(h200) is shipped
-    tuned = shipped[("gemv", 4096, 14336, 128, 1, "bfloat16")]
-    assert configs.gemv_config(h200, 4096, 14336, 128, 1, torch.bfloat16) == tuned
+    assert pcie not in tables and configs.table(pcie) in (h100, h200)
+    tuned = configs.table(pcie)[("gemv", 4096, 14336, 128, 1, "bfloat16")]
+    assert configs.gemv_config(pcie, 4096, 14336, 128, 1, torch.bfloat16) == tuned
     assert configs.gemv_config(None, 4096, 14336, 128, 1, torch.bfloat16) != tuned  # the rule differs here
     assert configs.table(a100) == {}
     assert configs.gemv_config(a100, 4096, 14336, 128, 1, torch.bfloat16) == configs.gemv_config(
