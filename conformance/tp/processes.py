@@ -12,6 +12,7 @@ block on a saved input; :func:`mixed_rank` builds a row-parallel layer from a pr
 set whose shards come from two checkpoints, which must be refused on every rank.
 
     python -m quantcore.conformance.tp.processes --world 2 [--backend gloo|nccl] [--device cpu|cuda|cuda:rank]
+        [--format gptq|awq] [--bits 4|8] [--desc-act [--act-order replicate|groups]]
         [--all-reduce backend|one_shot|auto] [--no-fuse]
 
 prints one JSON line and exits 0 when every comparison passes, 2 when the check cannot
@@ -33,13 +34,14 @@ import torch
 
 from quantcore.checkpoint.allreduce import PATHS
 from quantcore.checkpoint.launch import RankContext, launch
-from quantcore.errors import ShardError
+from quantcore.errors import InvalidArgumentError, QuantCoreError, ShardError
+from quantcore.formats.awq import AWQ
 from quantcore.formats.base import Format
 from quantcore.formats.gptq import GPTQ
 
 from ..tolerance import compare, tolerance_for
 
-__all__ = ["check_block", "check_rank", "golden_block", "golden_linear", "mixed_rank", "mlp_layers", "write_mlp"]
+__all__ = ["CHECKPOINT_FORMATS", "check_block", "check_rank", "checkpoint_format", "golden_block", "golden_linear", "mixed_rank", "mlp_layers", "write_mlp"]
 
 CHECK = "quantcore.conformance.tp.processes:check_rank"
 MIXED = "quantcore.conformance.tp.processes:mixed_rank"
@@ -119,6 +121,22 @@ def mixed_rank(ctx: RankContext, argv: list[str]) -> int:
     RowParallelQuantLinear.from_shards(shards, TPGroup(ctx.rank, ctx.world), device=ctx.device)
     print("mixed shards were accepted", file=sys.stderr)
     return 1
+
+
+#: The formats a checkpoint is written in (quantcore/checkpoint/writer.py), by name.
+CHECKPOINT_FORMATS = {"gptq": GPTQ, "awq": AWQ}
+
+
+def checkpoint_format(name: str, *, bits: int = 4, group_size: int = 128, desc_act: bool = False) -> Format:
+    """The format the check writes its checkpoint in: GPTQ symmetric (act-order with
+    ``desc_act``), or AWQ (asymmetric, as AutoAWQ writes it)."""
+    if name not in CHECKPOINT_FORMATS:
+        raise InvalidArgumentError(f"format: expected one of {sorted(CHECKPOINT_FORMATS)}, got {name!r}")
+    if name == "awq":
+        if desc_act:
+            raise InvalidArgumentError("desc_act: AWQ has no act-order; pass it with format='gptq' only")
+        return AWQ(bits=bits, group_size=group_size)
+    return GPTQ(bits=bits, group_size=group_size, sym=True, desc_act=desc_act)
 
 
 def mlp_layers(fmt: Format, hidden: int, inter: int, seed: int = 0, *, bias: bool = True,
@@ -282,17 +300,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--inter", type=int, default=2816)
     p.add_argument("--m", type=int, default=16)
+    p.add_argument("--format", default="gptq", choices=tuple(CHECKPOINT_FORMATS),
+                   help="the checkpoint's format (those a checkpoint is written in)")
+    p.add_argument("--bits", type=int, default=4, help="gptq: 4 or 8; awq: 4")
     p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--desc-act", action="store_true", help="gptq: act-order (its down_proj cut as --act-order says)")
+    p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"),
+                   help="how an act-order down_proj is cut (formats/gptq/shard.py)")
     p.add_argument("--stage-host", action="store_true", help="all-reduce through a CPU copy of the output")
     p.add_argument("--all-reduce", default="backend", choices=PATHS, help="the group's all-reduce path")
     p.add_argument("--no-fuse", action="store_true", help="gate and up as two layers per rank")
     args = p.parse_args(argv)
+    try:
+        fmt = checkpoint_format(args.format, bits=args.bits, group_size=args.group_size, desc_act=args.desc_act)
+    except QuantCoreError as exc:  # a bad combination of options: said as argparse says it
+        p.error(str(exc))
     with tempfile.TemporaryDirectory(prefix="quantcore-tp-check-") as tmp:
-        report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device,
-                             fmt=GPTQ(bits=4, group_size=args.group_size, sym=True),
+        report = check_block(Path(tmp), world=args.world, backend=args.backend, device=args.device, fmt=fmt,
                              hidden=args.hidden, inter=args.inter, m=args.m, threads=0,
                              extra=["--stage-host"] if args.stage_host else [], all_reduce=args.all_reduce,
-                             fuse_gate_up=not args.no_fuse)
+                             fuse_gate_up=not args.no_fuse, act_order=args.act_order)
     print(json.dumps(report))
     if "skipped" in report and not report.get("problems"):
         return SKIPPED

@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 import torch
 
+from ..errors import InvalidArgumentError
 from ..formats.awq import AWQ
 from ..formats.base import Format
 from ..formats.gptq import GPTQ
 
-__all__ = ["config_for", "save_checkpoint"]
+__all__ = ["WRITTEN_FORMATS", "config_for", "save_checkpoint", "unwritable"]
 
 
 def _version() -> str:
@@ -24,6 +25,18 @@ def _version() -> str:
         return importlib.metadata.version("quantcore")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree without metadata
         return "0"
+
+
+#: The formats a checkpoint is written in: those whose tools' configs loaders read.
+WRITTEN_FORMATS = (GPTQ, AWQ)
+
+
+def unwritable(fmt: Format) -> str:
+    """Why no checkpoint of ``fmt`` can be written ("" when one can)."""
+    if isinstance(fmt, WRITTEN_FORMATS):
+        return ""
+    names = " and ".join(cls.name for cls in WRITTEN_FORMATS)
+    return f"quantcore writes {names} checkpoints, not {fmt.slug} (no tool's config describes it)"
 
 
 def config_for(fmt: Format) -> dict[str, Any]:
@@ -44,7 +57,7 @@ def config_for(fmt: Format) -> dict[str, Any]:
     if isinstance(fmt, AWQ):
         return {"quant_method": "awq", "bits": fmt.bits, "group_size": fmt.group_size,
                 "zero_point": fmt.zero_point, "version": fmt.layout}
-    raise TypeError(f"no config writer for format {fmt.slug}")
+    raise InvalidArgumentError(f"fmt: {unwritable(fmt)}")
 
 
 def save_checkpoint(
@@ -59,6 +72,7 @@ def save_checkpoint(
 ) -> Path:
     from safetensors.torch import save_file
 
+    qcfg = config_for(fmt)  # before anything is written: a format no config describes leaves no files
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     flat = {f"{prefix}.{leaf}": t.contiguous() for prefix, ts in linears.items() for leaf, t in ts.items()}
@@ -76,7 +90,6 @@ def save_checkpoint(
         # transformers' from_pretrained reads metadata.total_size from the index as well.
         index = {"metadata": {"total_size": sum(t.nbytes for t in flat.values())}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    qcfg = config_for(fmt)
     if config_file == "config.json":
         cfg = dict(base_config or {})
         cfg["quantization_config"] = qcfg

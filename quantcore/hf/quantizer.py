@@ -34,6 +34,7 @@ from ..checkpoint.config import QUANTCORE_METHOD, scheme_from_config
 from ..checkpoint.dense_copies import warn_dense_copies
 from ..checkpoint.load import build_layers, plan_layers
 from ..checkpoint.writer import config_for as checkpoint_config_for
+from ..checkpoint.writer import unwritable
 from ..errors import InvalidArgumentError
 from ..nn.linear import QuantLinear
 from ..nn.quant_module import SOURCE
@@ -65,6 +66,9 @@ class QuantCoreHfQuantizer(HfQuantizer):
         self.folder: Path | None = None
         self.scheme: Any = None
         self.planned: dict[str, nn.Linear] = {}
+        #: Why save_pretrained cannot write this model ("" when it can): a format quantized
+        #: while loading that no checkpoint is written in.
+        self.unsaveable = ""
 
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
         cfg = self.quantization_config
@@ -115,15 +119,23 @@ class QuantCoreHfQuantizer(HfQuantizer):
         fmt = get_format(params.pop("name"), **params)
         skip = set(cfg.modules_to_not_convert if cfg.modules_to_not_convert is not None
                    else self.get_modules_to_not_convert(model, add_default_skips=True))
+        # A format no checkpoint is written in still loads and runs; only saving it is refused.
+        self.unsaveable = unwritable(fmt)
         quantize_(model, fmt, filter_fn=lambda m, name: name not in skip, dtype=dtype, prefer=cfg.prefer,
-                  keep_source=True)
-        cfg.checkpoint = checkpoint_config_for(fmt)
-        cfg.quantize = None
+                  keep_source=not self.unsaveable)
+        if not self.unsaveable:
+            cfg.checkpoint = checkpoint_config_for(fmt)
+            cfg.quantize = None
         return model
 
     # --- saving -------------------------------------------------------------------------------
 
     def is_serializable(self, safe_serialization: bool | None = None) -> bool:
+        """transformers asks before it saves; a model it cannot save is refused here, with
+        the reason (transformers' own refusal would not say it)."""
+        if self.unsaveable:
+            raise InvalidArgumentError(f"save_pretrained: this model was quantized while loading, and {self.unsaveable}; "
+                                       "quantize with gptq or awq to save it")
         return True
 
     @property

@@ -17,9 +17,10 @@ from torch import nn
 import quantcore
 from quantcore.checkpoint import load_checkpoint, quantize_linears, save_checkpoint
 from quantcore.checkpoint.load import load_quantized
-from quantcore.errors import TensorFormatError
+from quantcore.errors import InvalidArgumentError, TensorFormatError
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.nn.incoming import SOURCE
 from quantcore.nn.linear import QuantLinear
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import judge_output
@@ -163,6 +164,37 @@ def test_quantize_while_loading_then_save(tmp_path: Path) -> None:
     assert torch.equal(_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved",
                                                                                   dtype=torch.bfloat16)), want)
     assert torch.equal(_logits(load_quantized(tmp_path / "saved")), want)
+
+
+def test_a_format_no_checkpoint_is_written_in_loads_and_runs_but_refuses_to_save(tmp_path: Path) -> None:
+    """TurboQuant while loading: the model runs quantized; save_pretrained says why it
+    cannot write it, before writing anything (it used to fail after quantizing, with a
+    TypeError from the config writer)."""
+    import quantcore.hf
+    from quantcore.nn.turboquant import TurboQuantLinear
+
+    dense = tiny_llama()
+    dense.save_pretrained(tmp_path / "dense")
+    config = quantcore.hf.QuantCoreConfig(quantize={"name": "turboquant", "bits": 4, "group_size": 32})
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", quantization_config=config,
+                                                              dtype=torch.bfloat16)
+    up = dict(model.named_modules())["model.layers.0.mlp.up_proj"]
+    assert isinstance(up, TurboQuantLinear)
+    assert not any(n.startswith(SOURCE) for n, _ in up.named_buffers())  # nothing kept for a save that cannot be
+    logits = _logits(model)
+    assert torch.isfinite(logits).all() and not torch.equal(logits, _logits(dense))
+    with pytest.raises(InvalidArgumentError, match=r"save_pretrained: .*not tq4-g32"):
+        model.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "model.safetensors").exists()
+
+
+def test_the_checkpoint_writer_refuses_a_format_it_cannot_describe_naming_it(tmp_path: Path) -> None:
+    from quantcore.formats.turboquant import TurboQuant
+
+    fmt = TurboQuant(bits=4, group_size=32)
+    with pytest.raises(InvalidArgumentError, match=r"fmt: quantcore writes gptq and awq checkpoints, not tq4-g32"):
+        save_checkpoint(tmp_path, fmt, {})
+    assert not any(tmp_path.iterdir())
 
 
 def test_an_unnamed_v1_producer_is_refused_through_from_pretrained_too(tmp_path: Path) -> None:

@@ -90,6 +90,33 @@ def test_an_act_order_block_cut_by_whole_groups_runs_every_rank_on_the_int4pack_
     assert report["unfused_why"] == ["", ""], report  # gate and up share g_idx: one launch, indexed columns
 
 
+@pytest.mark.parametrize(("argv", "slug", "world"), [
+    (["--format", "awq"], "awq4-g64", 4),
+    (["--format", "gptq", "--bits", "8"], "gptq8-g64-sym", 2),
+    (["--format", "gptq", "--desc-act", "--act-order", "groups"], "gptq4-g64-sym-act", 2),
+])
+def test_the_check_command_runs_every_checkpoint_format(capsys, argv, slug, world):
+    """What the GPU probe runs per format (NCCL there), on gloo: each layer within the
+    tolerance of the golden and of the unsharded kernels, every rank the same sum."""
+    rc = main(["--world", str(world), "--hidden", str(HIDDEN), "--inter", str(INTER), "--m", "4",
+               "--group-size", "64", *argv])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and report["ok"], report
+    assert report["format"] == slug and len(report["ranks"]) == world, report
+    assert all(not layer["problems"] for layer in report["layers"].values()), report
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--format", "awq", "--desc-act"], "AWQ has no act-order"),
+    (["--format", "awq", "--bits", "8"], "awq bits"),
+    (["--format", "exl2"], "invalid choice: 'exl2'"),
+])
+def test_the_check_command_refuses_a_format_it_cannot_write_naming_the_option(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_auto_all_reduce_on_gloo_takes_the_backend_on_every_rank(tmp_path):
     report = check_block(tmp_path, world=2, fmt=FMT, hidden=HIDDEN, inter=INTER, timeout_s=DEADLINE_S, all_reduce="auto")
     assert report["ok"], report

@@ -84,7 +84,7 @@ def check_lines(folder: Path) -> list[str]:
             lines.append(f"{path.stem}: no report")
             continue
         verdict = "PASS" if report.get("ok") else f"SKIP ({report['skipped']})" if report.get("skipped") else "FAIL"
-        lines.append(f"{path.stem}: {verdict} (world {report.get('world')}, {report.get('backend')} on "
+        lines.append(f"{path.stem}: {verdict} ({report.get('format', '?')}, world {report.get('world')}, {report.get('backend')} on "
                      f"{report.get('device')}, all-reduce {report.get('all_reduce_path', 'backend')} "
                      f"{report.get('all_reduce', '')}, kernels {report.get('kernels', '?')}, "
                      f"gate/up {_fusion(report)})")

@@ -10,7 +10,8 @@
 #             NCCL, one process per GPU; then again with the one-shot all-reduce over
 #             symmetric memory (its sum also against NCCL's; SKIP with the reason where
 #             symmetric memory cannot run), world 4 too where there are four GPUs
-#   world4    the check with four ranks: NCCL, one process per GPU where there are four;
+#   world4    the check with four ranks: NCCL, one process per GPU where there are four (GPTQ
+#             4-bit, then AWQ, GPTQ 8-bit and act-order GPTQ cut by whole groups);
 #             else sharing the two GPUs (gloo: NCCL refuses two ranks on one GPU; if gloo
 #             cannot all-reduce CUDA tensors, again staged through the host)
 #   bench     `quantcore bench tp_linear`, world 2, NCCL: the 70B-class (8192 → 28672) and
@@ -104,6 +105,10 @@ if has bench && [ "$GPUS" -ge 2 ]; then
 fi
 if has world4 && [ "$GPUS" -ge 4 ]; then
   check tp_check_w4_nccl 4 nccl cuda:rank
+  # every other format a checkpoint is written in (conformance/tp/processes.py --format)
+  check tp_check_w4_awq 4 nccl cuda:rank --format awq
+  check tp_check_w4_gptq8 4 nccl cuda:rank --bits 8
+  check tp_check_w4_gptq_act 4 nccl cuda:rank --desc-act --act-order groups
 elif has world4; then
   if ! check tp_check_w4_shared 4 gloo cuda:shared; then
     say "world 4 on shared GPUs failed: again with the all-reduce staged through the host"
