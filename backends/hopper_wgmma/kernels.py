@@ -131,24 +131,50 @@ def _operand(w16, s_row, z_row, SL: gl.constexpr, BITS: gl.constexpr,
     return out
 
 
+#: What :func:`_issue` loads: everything, the weight's side only (words, scales, zero
+#: points; the barrier told to expect the whole stage), or x's tiles only.
+ALL: gl.constexpr = gl.constexpr(0)
+WEIGHT_SIDE: gl.constexpr = gl.constexpr(1)
+X_SIDE: gl.constexpr = gl.constexpr(2)
+
+
 @gluon.jit
 def _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, stage, blk,
            tile_n, m0, n0, sub_group, BK: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
-           HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr):
+           HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr, PART: gl.constexpr = ALL):
     """TMA loads of block ``blk`` into ``stage``, completing on its barrier: its words,
-    the x tiles of its slices, and its ``ROWS`` rows of scales (and zero points)."""
+    the x tiles of its slices, and its ``ROWS`` rows of scales (and zero points); ``PART``
+    splits them in two (the barrier completes once both halves have arrived)."""
     NBYTES: gl.constexpr = (w_desc.block_type.nbytes + x_desc.block_type.nbytes
                             + ROWS * (s_desc.block_type.nbytes + (z_desc.block_type.nbytes if HAS_ZEROS else 0)))
     b = bar.index(stage)
-    mbarrier.expect(b, NBYTES)
-    tma.async_copy_global_to_shared(w_desc, [tile_n, blk * 8, 0], b, w_smem.index(stage))
-    x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-    tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
-    row = (blk * BK) // sub_group
-    for r in gl.static_range(ROWS):
-        tma.async_copy_global_to_shared(s_desc, [row + r, n0], b, s_smem.index((stage * ROWS + r) * S_PAD))
-        if HAS_ZEROS:
-            tma.async_copy_global_to_shared(z_desc, [row + r, n0], b, z_smem.index((stage * ROWS + r) * Z_PAD))
+    if PART != X_SIDE:
+        mbarrier.expect(b, NBYTES)
+        tma.async_copy_global_to_shared(w_desc, [tile_n, blk * 8, 0], b, w_smem.index(stage))
+        row = (blk * BK) // sub_group
+        for r in gl.static_range(ROWS):
+            tma.async_copy_global_to_shared(s_desc, [row + r, n0], b, s_smem.index((stage * ROWS + r) * S_PAD))
+            if HAS_ZEROS:
+                tma.async_copy_global_to_shared(z_desc, [row + r, n0], b, z_smem.index((stage * ROWS + r) * Z_PAD))
+    if PART != WEIGHT_SIDE:
+        x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+        tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
+
+
+@gluon.jit
+def _wait_for_prior_grids():
+    """``griddepcontrol.wait``: until the grids this launch depends on have finished and
+    their writes are visible (a no-op for a launch without programmatic dependence)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _let_dependents_launch():
+    """``griddepcontrol.launch_dependents``: a launch that depends on this one may start
+    its programs (they wait in :func:`_wait_for_prior_grids` before reading what this
+    one writes)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -180,7 +206,7 @@ def wgmma_kernel(
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
-    IN_FLIGHT: gl.constexpr,
+    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -230,10 +256,25 @@ def wgmma_kernel(
         mbarrier.init(bar.index(st), count=1)
     fence_async_shared()
 
-    for p in gl.static_range(STAGES):
-        if p < n_iter:
-            _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
-                   tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    if PDL == 2:
+        # The weight's first stages are read before the prior grids finish (only what they
+        # cannot have written: docs/pdl.md); x and every write wait for them.
+        for p in gl.static_range(STAGES):
+            if p < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
+                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
+        _wait_for_prior_grids()
+        for p in gl.static_range(STAGES):
+            if p < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
+                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
+    else:
+        if PDL == 1:
+            _wait_for_prior_grids()
+        for p in gl.static_range(STAGES):
+            if p < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
+                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
     if IN_FLIGHT:
@@ -269,6 +310,8 @@ def wgmma_kernel(
                            blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
+    if PDL != 0:
+        _let_dependents_launch()  # the next layer's launch may start its weight loads
 
     out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
     acc = gl.convert_layout(acc, out_layout)

@@ -16,6 +16,7 @@ kernels over the same prepared words instead (``small_m.py``); its bucket is kep
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -23,6 +24,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from quantcore.errors import InvalidArgumentError
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe.card import CardKey, card_key
 from quantcore.triton.launch import Launch, launch_state
@@ -48,6 +50,12 @@ WEIGHT_DESCRIPTORS = (0, 2, 3)
 #: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
 #: sizes repeat; a stream of ever new ones must not grow the table without bound).
 MAX_RUNS = 256
+
+#: Programmatic dependent launch (docs/pdl.md): ``off`` (the default), ``wait`` (the
+#: launch may start before the previous kernel ends; every program waits for it first) or
+#: ``prefetch`` (it also loads its weight's first stages before waiting).
+PDL_ENV = "QUANTCORE_HOPPER_PDL"
+PDL_MODES = {"off": 0, "wait": 1, "prefetch": 2}
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
              torch.int16: gl.int16, torch.uint8: gl.uint8}
@@ -190,12 +198,20 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     return (tiles, split), args, const
 
 
+def pdl_mode() -> int:
+    """The programmatic-dependent-launch mode :data:`PDL_ENV` names (0 when unset)."""
+    name = os.environ.get(PDL_ENV, "off").strip().lower() or "off"
+    if name not in PDL_MODES:
+        raise InvalidArgumentError(f"{PDL_ENV}: expected one of {list(PDL_MODES)}, got {name!r}")
+    return PDL_MODES[name]
+
+
 def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     bk = block_k(w.bits)
     slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
     return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                 HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
-                STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight)
+                STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl_mode())
 
 
 class _Bucket:
@@ -217,8 +233,12 @@ class _Bucket:
         self.x_desc = XDescriptor(dtype, w.bits, plan.bm)
         self.mid = (s_desc, z_desc, w.bias if w.bias is not None else w.scales)
         self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
-        self.launch = Launch(wgmma_kernel, constexprs=_constexprs(w, plan, walk),
-                             options=dict(num_warps=plan.num_warps), varying=VARYING,
+        constexprs = _constexprs(w, plan, walk)
+        # The launch attribute lets the launch start before the previous kernel ends; the
+        # kernel's PDL constexpr makes it wait where it must (without it, the wait is a no-op).
+        pdl = {"launch_pdl": True} if constexprs["PDL"] else {}
+        self.launch = Launch(wgmma_kernel, constexprs=constexprs, options=dict(num_warps=plan.num_warps, **pdl),
+                             varying=VARYING,
                              fixed_descriptors=WEIGHT_DESCRIPTORS, device=device)
 
     def fits(self, w: HopperWeights) -> bool:

@@ -74,3 +74,30 @@ def test_a_row_count_seen_before_reuses_its_bucket_and_a_new_weight_is_bound_aga
     weights.scales = weights.scales.clone()
     launch.linear(torch.randn(1, 512, dtype=torch.bfloat16), weights)
     assert len(recorded) == 3
+
+
+@pytest.mark.parametrize(("mode", "constexpr"), [("wait", 1), ("prefetch", 2)])
+def test_a_programmatic_dependent_launch_mode_binds_its_constexpr_and_the_launch_attribute(
+        weights: Any, recorded: list[Recorder], monkeypatch, mode: str, constexpr: int) -> None:
+    monkeypatch.setenv(launch.PDL_ENV, mode)
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(wg=1, bm=16, stages=4, split=1))
+    launch.linear(torch.randn(3, 512, dtype=torch.bfloat16), weights)
+    (recorder,) = recorded
+    assert recorder.constexprs["PDL"] == constexpr and recorder.options["launch_pdl"] is True
+
+
+def test_off_binds_no_launch_attribute(weights: Any, recorded: list[Recorder], monkeypatch) -> None:
+    monkeypatch.delenv(launch.PDL_ENV, raising=False)
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(wg=1, bm=16, stages=4, split=1))
+    launch.linear(torch.randn(3, 512, dtype=torch.bfloat16), weights)
+    (recorder,) = recorded
+    assert recorder.constexprs["PDL"] == 0 and "launch_pdl" not in recorder.options
+
+
+def test_an_unknown_mode_is_refused_naming_the_variable(weights: Any, monkeypatch) -> None:
+    from quantcore.errors import InvalidArgumentError
+
+    monkeypatch.setenv(launch.PDL_ENV, "sometimes")
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(wg=1, bm=16, stages=4, split=1))
+    with pytest.raises(InvalidArgumentError, match=r"QUANTCORE_HOPPER_PDL: expected one of \['off', 'wait', 'prefetch'\], got 'sometimes'"):
+        launch.linear(torch.randn(3, 512, dtype=torch.bfloat16), weights)

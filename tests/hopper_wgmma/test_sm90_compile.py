@@ -57,3 +57,43 @@ def test_plans_compile_for_sm90() -> None:
         groups = 16 // r["bits"]  # one per slice
         waits = [f"WARPGROUP.DEPBAR.LE gsb0, {groups:#x}"] * 2 if r["plan"]["in_flight"] else ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]
         assert r["depbar"] == waits, r
+
+
+PDL_SCRIPT = """
+import json, os, re, sys
+os.environ["QUANTCORE_HOPPER_PDL"] = sys.argv[1]
+from tools.probes.hopper_wgmma_sass import compile_plan
+from quantcore.backends.hopper_wgmma.plans import Plan
+r = compile_plan(Plan(1, 8, 4, 2, in_flight=True))
+ops = [m.group(1) for m in re.finditer(r"\\b(UTMALDG\\.[23]D|ACQBULK)\\b", r.pop("sass"))]
+print(json.dumps({"registers": r["registers"], "spill": r["spill_stack"], "hazards": r["hazards"], "ops": ops}))
+"""
+
+
+@pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+def test_programmatic_dependent_launch_waits_before_x_and_costs_no_registers() -> None:
+    """``griddepcontrol.wait`` is ACQBULK in sm_90a SASS. ``wait``: before every TMA load;
+    ``prefetch``: after the weight side of the ring's first stages (3-D words, 2-D scale
+    rows), before any of x's tiles (3-D) — so nothing another kernel writes is read early."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    runs = {}
+    for mode in ("off", "wait", "prefetch"):
+        out = subprocess.run([sys.executable, "-c", PDL_SCRIPT, mode], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "ACQBULK" not in runs["off"]["ops"]
+    for mode in ("wait", "prefetch"):
+        r = runs[mode]
+        assert r["registers"] == runs["off"]["registers"] and r["spill"] == 0 and r["hazards"] == 0, r
+        assert r["ops"].count("ACQBULK") == 1, r
+    wait_ops = runs["wait"]["ops"]
+    assert wait_ops[0] == "ACQBULK", wait_ops
+    ops = runs["prefetch"]["ops"]
+    before = ops[:ops.index("ACQBULK")]
+    stages = 4
+    assert before.count("UTMALDG.3D") == stages and before.count("UTMALDG.2D") == stages, ops  # words, scales
+    assert ops[ops.index("ACQBULK") + 1:][:stages] == ["UTMALDG.3D"] * stages, ops  # then x's tiles
