@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .errors import (
+    InvalidArgumentError,
     KernelInputError,
     NoKernelError,
     TensorFormatError,
@@ -109,7 +110,11 @@ def call_failed(
     never returns (``reason``): recorded as failed on ``device``, so no selection offers
     it there again, and passed over for this weight."""
     op = problem.op if problem is not None else fmt.op
-    reason = reason or f"call raised {_short(exc)}"
+    if not reason:
+        if exc is None:
+            raise InvalidArgumentError(f"call_failed({kernel.name}): expected the exception the call raised "
+                                       "or the reason it failed, got neither")
+        reason = f"call raised {_short(exc)}"
     selection_state(registry).record_failure(fmt.name, op, kernel.name, device, reason)
     _fell_back(fmt, device, passed_over, kernel.name, reason)
 
@@ -161,7 +166,7 @@ class BoundKernel:
         state after their inputs)."""
         kernel, prepared = self.kernel, self.prepared
         try:
-            out = kernel(*inputs, prepared, **options)  # type: ignore[operator]
+            out = kernel(*inputs, prepared, **options)
         except CALLERS_FAULT:
             raise
         except Exception as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
@@ -152,6 +152,12 @@ class Kernel(ABC):
         weight's values (an optional tensor prepare leaves out for some weights): a
         kernel with such a state declares its schema here."""
         return None
+
+    if TYPE_CHECKING:
+        # Each op kind's base declares the call with its own inputs (LinearKernel:
+        # ``(x, prepared)``); code that holds a kernel of any op kind calls it with the
+        # op's inputs, then the prepared state.
+        def __call__(self, *inputs: Any, **options: Any) -> Any: ...
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.fmt.slug} on {self.device}>"

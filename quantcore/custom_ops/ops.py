@@ -46,7 +46,7 @@ def _define(op: Op) -> Any:
     def run(*args: Any) -> Any:
         inputs, options, state, spec = split(args)
         r = resolve(spec)
-        out = r.kernel(inputs[0].device)(*inputs, r.prepared(state), **options)  # type: ignore[operator]
+        out = r.kernel(inputs[0].device)(*inputs, r.prepared(state), **options)
         return tuple(out) if op.result is not None else out
 
     def output_rule(*args: Any) -> Any:
@@ -100,4 +100,4 @@ class KernelOp:
     def __call__(self, *inputs: Any, **options: Any) -> Any:
         if traced(inputs[0]):
             return call_op(self.kernel.op, self.spec, self.state.tensors, *inputs, **options)
-        return self.kernel(*inputs, self.prepared, **options)  # type: ignore[operator]
+        return self.kernel(*inputs, self.prepared, **options)

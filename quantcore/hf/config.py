@@ -46,7 +46,9 @@ class QuantCoreConfig(QuantizationConfigMixin):
     def __init__(self, checkpoint: dict[str, Any] | None = None, quantize: dict[str, Any] | None = None,
                  v1_zeros: str | None = None, prefer: list[str] | None = None,
                  modules_to_not_convert: list[str] | None = None, **kwargs: Any) -> None:
-        self.quant_method = QUANTCORE_METHOD
+        # transformers types quant_method as its enum of built-in methods, yet a method
+        # registered with register_quantization_config is a plain string.
+        self.quant_method = QUANTCORE_METHOD  # type: ignore[assignment]
         if checkpoint is not None and quantize is not None:
             raise InvalidArgumentError("QuantCoreConfig: give checkpoint (a quantized checkpoint's config) or "
                                        "quantize (a format for a dense model), not both")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -40,6 +40,9 @@ from ..nn.linear import QuantLinear
 from ..nn.quant_module import SOURCE
 from ..nn.quantize import quantize_
 from .config import QuantCoreConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["QuantCoreHfQuantizer"]
 
@@ -72,18 +75,25 @@ class QuantCoreHfQuantizer(HfQuantizer):
 
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
         cfg = self.quantization_config
-        if self.pre_quantized and cfg.checkpoint is None:
+        if self.pre_quantized:
+            self._checkpoint_config()
+        elif cfg.quantize is None:
+            raise InvalidArgumentError("QuantCoreConfig: the model is not quantized; give quantize={'name': ...} "
+                                       "to quantize it while it loads")
+
+    def _checkpoint_config(self) -> dict[str, Any]:
+        """The quantized checkpoint's own quantization config, which its QuantCoreConfig holds."""
+        checkpoint = self.quantization_config.checkpoint
+        if checkpoint is None:
             raise InvalidArgumentError(
                 "QuantCoreConfig: this checkpoint is quantized but its quantization config holds no 'checkpoint' "
                 "(the checkpoint's own config); load it with config=quantcore.hf.config_for(path)"
             )
-        if not self.pre_quantized and cfg.quantize is None:
-            raise InvalidArgumentError("QuantCoreConfig: the model is not quantized; give quantize={'name': ...} "
-                                       "to quantize it while it loads")
+        return checkpoint
 
     # --- before the weights --------------------------------------------------------------
 
-    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+    def _process_model_before_weight_loading(self, model: PreTrainedModel, **kwargs: Any) -> PreTrainedModel:
         if not self.pre_quantized:
             return model
         files = kwargs.get("checkpoint_files") or []
@@ -91,7 +101,8 @@ class QuantCoreHfQuantizer(HfQuantizer):
             raise InvalidArgumentError("quantcore: a quantized checkpoint loads from safetensors files; none were found")
         self.folder = Path(files[0]).parent
         cfg = self.quantization_config
-        self.scheme = scheme_from_config(cfg.checkpoint, str(self.folder / "config.json"), v1_zeros=cfg.v1_zeros)
+        self.scheme = scheme_from_config(self._checkpoint_config(), str(self.folder / "config.json"),
+                                         v1_zeros=cfg.v1_zeros)
         self.planned = plan_layers(model, self.folder, self.scheme)
         for name, linear in self.planned.items():
             _replace(model, name, PendingLayer(linear.in_features, linear.out_features))
@@ -103,11 +114,14 @@ class QuantCoreHfQuantizer(HfQuantizer):
 
     # --- after the weights ---------------------------------------------------------------
 
-    def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+    def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any) -> PreTrainedModel:
         cfg = self.quantization_config
         dtype = _model_dtype(model)
         device = _model_device(model)
         if self.pre_quantized:
+            if self.folder is None:
+                raise InvalidArgumentError("quantcore: the weights of a quantized checkpoint were loaded before "
+                                           "its quantized layers were planned; load it with from_pretrained")
             layers = build_layers(self.folder, self.scheme, self.planned, device=device, dtype=dtype,
                                   prefer=cfg.prefer)
             for name, layer in layers.items():

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -195,11 +195,12 @@ class QuantModule(nn.Module):
         load), checked against the kernel's schema where the kernel can run them."""
         if not self._spec or self._blocked is not None:
             return
-        state = [self._buffers.get(n) for n in self._names]
-        if any(t is None for t in state):
-            missing = [n for n, t in zip(self._names, state, strict=True) if t is None]
+        held = {n: self._buffers.get(n) for n in self._names}
+        missing = [n for n, t in held.items() if t is None]
+        if missing:
             self.prepared, self._blocked = None, f"{type(self).__name__}: buffer {missing[0]} of the prepared state is missing"
             return
+        state = [t for t in held.values() if t is not None]
         r = resolve(self._spec)
         try:
             if state and state[0].device.type == "meta":  # shapes only: for tracing, nothing runs
@@ -233,12 +234,14 @@ class QuantModule(nn.Module):
         if self._blocked is not None:
             raise KernelInputError(self._blocked)
         kernel = self.kernel
+        if kernel is None:  # a module holds a kernel whenever nothing blocks its calls
+            raise KernelInputError(self._no_weight())
         try:
-            out = kernel(*inputs, self.prepared, **options)  # type: ignore[misc]
+            out = kernel(*inputs, self.prepared, **options)
         except Exception as exc:
             if not self.keep_source or isinstance(exc, CALLERS_FAULT) or not self._source():
                 raise
-            self._replace_failed(kernel, exc)  # type: ignore[arg-type]
+            self._replace_failed(kernel, exc)
             return self.forward(*inputs, **options)
         if self._output_checked is not kernel:  # its first call: is the answer of the op's shape?
             wrong = self.op.output_problem(self.format, self.dims, inputs, options, out)
@@ -246,7 +249,7 @@ class QuantModule(nn.Module):
                 why = f"its first call returned a wrong result: {wrong}"
                 if not self.keep_source or not self._source():
                     raise PluginError(f"{kernel.name}: {why} (build the module with keep_source=True to fall back)")
-                self._replace_failed(kernel, None, why)  # type: ignore[arg-type]
+                self._replace_failed(kernel, None, why)
                 return self.forward(*inputs, **options)
             self._output_checked = kernel
         return out
@@ -284,7 +287,7 @@ class QuantModule(nn.Module):
             )
 
     def _load_from_state_dict(
-        self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any, strict: bool,
+        self, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:
         where = prefix.rstrip(".") or type(self).__name__
@@ -305,7 +308,8 @@ class QuantModule(nn.Module):
                 if assign:  # kept as they come: views become laid-out copies (torch passes a dict of our own)
                     for n, t in zip(names, given, strict=True):
                         if prefix + n in state_dict:
-                            state_dict[prefix + n] = laid_out(t)  # type: ignore[index]
+                            # check_incoming refused any that is not a tensor
+                            state_dict[prefix + n] = laid_out(cast(torch.Tensor, t))
                 if (spec, names) != (self._spec, self._names):
                     self._restructure(spec, names, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,

@@ -96,11 +96,21 @@ def packed_schema(
         Fields(
             cls, weight=weight(g), group_size=g, ret_idx=Maybe(index), bias=Maybe(TensorSpec((n,), BIAS_DTYPES)),
             in_features=k, out_features=n,
-            by_dtype=DictOf(act_dtypes, lambda d, g=g: (meta(g, (d,)), Maybe(TensorSpec((n,), (d,))))),
+            by_dtype=DictOf(act_dtypes, _by_dtype_entry(meta, g, n)),
             **{cls.META: meta(g, (torch.float32,))}, **fields,
         )
         for g in group_sizes if g > 0 and k % g == 0
     ))
+
+
+def _by_dtype_entry(
+    meta: Callable[[int, tuple[torch.dtype, ...]], TensorSpec], g: int, n: int
+) -> Callable[[torch.dtype], tuple[TensorSpec, Maybe]]:
+    """The pattern of the ``by_dtype`` entry of an activation dtype, at group size ``g``:
+    the metadata and the optional bias, cast to that dtype."""
+    def entry(dtype: torch.dtype) -> tuple[TensorSpec, Maybe]:
+        return meta(g, (dtype,)), Maybe(TensorSpec((n,), (dtype,)))
+    return entry
 
 
 def expect_prepared(prepared: Any, cls: type[PackedLinear], kernel: str) -> None:

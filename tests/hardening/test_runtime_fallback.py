@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from quantcore.binding import bind
+from quantcore.binding import bind, call_failed
 from quantcore.errors import (
+    InvalidArgumentError,
     KernelInputError,
     NoKernelError,
     TensorFormatError,
@@ -104,3 +105,11 @@ def test_nothing_left_is_a_clear_error(registry: Registry, monkeypatch: pytest.M
     registry.register(Plugin(failing("flaky_vendor", when="prepare")), name="vendor")
     with pytest.raises(NoKernelError, match="no kernel could prepare this gptq4-g32-asym weight on cpu"):
         bind(FMT, "cpu", weights(5), problem=P, registry=registry)
+
+
+def test_a_failure_recorded_without_exception_or_reason_is_refused(registry: Registry) -> None:
+    kernel = dense_kernel("never_called")(FMT, "cpu")
+    passed_over: list[tuple[str, str]] = []
+    with pytest.raises(InvalidArgumentError, match=r"call_failed\(never_called\): expected the exception .* got neither"):
+        call_failed(FMT, "cpu", P, kernel, None, registry=registry, passed_over=passed_over)
+    assert passed_over == [] and selection_state(registry).failures == {}

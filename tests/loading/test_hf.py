@@ -215,3 +215,13 @@ def test_import_quantcore_does_not_import_transformers() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     assert quantcore.hf.QuantCoreConfig().to_dict()["quant_method"] == "quantcore"
+
+
+def test_a_quantized_checkpoint_whose_quantcore_config_holds_no_checkpoint_is_refused(tmp_path: Path) -> None:
+    import quantcore.hf  # registers quant_method quantcore with transformers
+
+    _gptq(tmp_path)
+    config = quantcore.hf.config_for(tmp_path)
+    config.quantization_config = {"quant_method": "quantcore"}
+    with pytest.raises(InvalidArgumentError, match="quantization config holds no 'checkpoint'"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, config=config, dtype=torch.bfloat16)

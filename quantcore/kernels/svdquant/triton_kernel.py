@@ -268,7 +268,7 @@ def tune_tile(
         if smem_bytes(tile, prepared.r) > 200 * 1024:  # beyond an H100 block's shared memory
             continue
         try:
-            seconds = _median_seconds(lambda t=tile: kernel.forward(x, prepared, tile=t), x.device)
+            seconds = _median_seconds(functools.partial(kernel.forward, x, prepared, tile=tile), x.device)
         except Exception as exc:  # kept for the error below
             failures.append(f"{tile.describe()}: {type(exc).__name__}: {exc}")
             continue

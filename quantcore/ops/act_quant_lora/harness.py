@@ -154,7 +154,7 @@ class ActQuantLoraHarness(OpHarness):
         return kernel.prepare(tensors, dtype=case.act_dtype)
 
     def run(self, kernel: Kernel, prepared: object, case: Case, inputs: ActInputs) -> object:
-        return kernel(inputs.x.to(kernel.device), prepared)  # type: ignore[operator]
+        return kernel(inputs.x.to(kernel.device), prepared)
 
     def judge(self, output: object, case: Case, inputs: ActInputs) -> Comparison:
         assert isinstance(case.format, SVDQuantAct)

@@ -52,7 +52,7 @@ class LinearHarness(OpHarness):
         return kernel.prepare(tensors, dtype=case.act_dtype)
 
     def run(self, kernel: Kernel, prepared: object, case: Case, inputs: LinearInputs) -> torch.Tensor:
-        return kernel(inputs.x.to(kernel.device), prepared)  # type: ignore[operator]
+        return kernel(inputs.x.to(kernel.device), prepared)
 
     def judge(self, output: torch.Tensor, case: Case, inputs: LinearInputs) -> Comparison:
         return judge_output(output, inputs.golden, case.act_dtype)

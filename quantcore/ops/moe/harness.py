@@ -110,7 +110,7 @@ class MoEHarness(OpHarness):
         if case.option("ffn"):
             up, down = cast(tuple[Any, Any], prepared)
             return moe_ffn(kernel, x, ids, weights, up, down)  # type: ignore[arg-type]
-        return kernel(x, ids, prepared, topk_weights=weights)  # type: ignore[operator]
+        return kernel(x, ids, prepared, topk_weights=weights)
 
     def judge(self, output: torch.Tensor, case: Case, inputs: MoEInputs) -> Comparison:
         return judge_output(output, inputs.golden, case.act_dtype)
