@@ -1,6 +1,7 @@
 """The one lookup of tuned tables by card features (quantcore/probe/card_tables.py), and
 that every backend that ships a table answers through it: a fake H200's device properties
-pick the H100's table, an sm_80 card gets each backend's rule."""
+pick the H200's own table where a backend ships one and the nearest (the H100's) where not,
+an sm_80 card gets each backend's rule."""
 
 from __future__ import annotations
 
@@ -96,7 +97,10 @@ def test_turboquant_and_triton_int4_by_card() -> None:
     from quantcore.backends.triton_int4.configs import Shape, default_plan, plan_for
     from quantcore.backends.turboquant_triton import configs
 
-    assert configs.table(H200) is configs.tables()[H100_SXM] and configs.table(A100) == {}
+    # Each card its own measured table (the H200's tuned on an H200), an sm_80 card none.
+    tables = configs.tables()
+    assert configs.table(H200) is tables[H200] and configs.table(H100) is tables[H100_SXM] is not tables[H200]
+    assert configs.table(A100) == {}
     shape = Shape(1, 4096, 4096, 4, 4, "bf16")
     assert plan_for(shape, H200) == plan_for(shape, H100) != default_plan(shape, 132)
     assert plan_for(shape, A100) == default_plan(shape, 108)
