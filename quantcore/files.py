@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import QuantCoreError, TensorFormatError
 
-__all__ = ["MAX_TEXT_BYTES", "read_json", "read_text", "regular_file"]
+__all__ = ["MAX_TEXT_BYTES", "read_json", "read_text", "regular_file", "replace_json"]
 
 #: Larger than any config, index or table quantcore reads (a 1000-shard index is ~10 MB).
 MAX_TEXT_BYTES = 64 << 20
@@ -69,3 +71,21 @@ def read_json(path: str | os.PathLike[str], *, limit: int = MAX_TEXT_BYTES,
         raise error(f"{Path(path)}: not valid JSON ({type(exc).__name__}: {exc})") from None
     except RecursionError:
         raise error(f"{Path(path)}: JSON nested too deeply") from None
+
+
+def replace_json(path: Path, document: Callable[[Path], Any], *, lock_timeout_s: float) -> None:
+    """Write ``document(path)`` — the new JSON, made from what ``path`` holds now — over
+    ``path``, under a file lock beside it (so concurrent writers merge instead of losing
+    each other's entries) and atomically (a temporary file moved over it: a reader never
+    sees half a file). ``document`` reads ``path`` itself, inside the lock."""
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=lock_timeout_s):
+        data = document(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -22,7 +22,6 @@ concurrent processes never leave a torn or half-merged cache.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ import torch
 from .cost import shape_class
 from .dtypes import dtype_name
 from .errors import InvalidArgumentError
-from .files import read_json, regular_file
+from .files import read_json, regular_file, replace_json
 from .problem import Problem
 
 __all__ = [
@@ -236,10 +235,8 @@ def generation() -> int:
 
 def _update(path: Path, device_name: str, entries: Mapping[str, Measurement]) -> None:
     """Merge ``entries`` into ``path`` under a file lock, then replace it atomically."""
-    from filelock import FileLock
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
+    def merged(path: Path) -> dict[str, Any]:
         current: dict[str, Any] = {}
         if path.exists():
             try:
@@ -248,13 +245,9 @@ def _update(path: Path, device_name: str, entries: Mapping[str, Measurement]) ->
             except (InvalidArgumentError, _Malformed) as exc:
                 _warn_once(path, f"malformed kernel-times table, rewritten ({exc})")
         current.update({k: m.as_json() for k, m in entries.items()})
-        data = {"schema": SCHEMA, "device_name": device_name, "entries": dict(sorted(current.items()))}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(json.dumps(data, indent=1) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        return {"schema": SCHEMA, "device_name": device_name, "entries": dict(sorted(current.items()))}
+
+    replace_json(path, merged, lock_timeout_s=LOCK_TIMEOUT_S)
 
 
 def store(problem: Problem, device_name: str, measurement: Measurement) -> None:

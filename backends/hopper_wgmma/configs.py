@@ -7,8 +7,10 @@ SXM table and an H200 its own. Within a table the key is ``(bits, K, N, M)``; a 
 the plan of the largest measured M at or below its own (at most 4× below), else the rule.
 A shape the card's own table did not measure (a table may cover only what one device
 call timed) is looked up in the next nearest table.
-fp16 takes the bf16 plans (the same tiles and instruction counts). No autotuning at run
-time: a first call compiles one kernel and times nothing.
+fp16 takes the bf16 plans (the same tiles and instruction counts). On the H100 and the
+H200 a first call compiles one kernel and times nothing; on an sm_90 card without a table
+of its own, a model-sized layer's first call times a few plans and caches the fastest
+(``first_use.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from quantcore.probe.card import CardKey
 
 from .plans import AnyPlan, Plan
 
-__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "plan_for"]
+__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "measured_here", "plan_for"]
 
 #: Shared memory a CTA keeps for the epilogue's layout conversion and the barriers, beyond
 #: the ring (bytes).
@@ -52,6 +54,11 @@ def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], AnyPlan]]:
     return load_tables()
 
 
+def has_table(card: CardKey) -> bool:
+    """Whether a table measured on ``card`` itself ships (not only a nearer card's)."""
+    return card in _tables()
+
+
 def _nearest_first(card: CardKey, keys: list[CardKey]) -> list[CardKey]:
     """``keys`` of ``card``'s architecture, this card's own first, then by nearness."""
     left, order = list(keys), []
@@ -61,17 +68,27 @@ def _nearest_first(card: CardKey, keys: list[CardKey]) -> list[CardKey]:
     return order
 
 
+def _measured(table: dict[tuple[int, int, int, int], AnyPlan], shape: Shape) -> tuple[bool, AnyPlan | None]:
+    """Whether ``table`` measured this (bits, K, N), and its plan for the call: the one of its
+    largest M at or below the call's, at most 4× below (None where there is none)."""
+    ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
+    below = [m for m in ms if m <= shape.m]
+    hit = below and shape.m <= 4 * below[-1]
+    return bool(ms), table[(shape.bits, shape.k, shape.n, below[-1])] if hit else None
+
+
 def plan_for(shape: Shape, card: CardKey) -> AnyPlan:
     """The plan of the nearest table that measured this (bits, K, N) — the card's own
     first — at the largest M at or below the call's (at most 4× below); else the rule."""
     tables = _tables()
     for key in _nearest_first(card, list(tables)):
-        table = tables[key]
-        ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
-        if not ms:
-            continue  # this table did not measure the shape: ask the next one
-        below = [m for m in ms if m <= shape.m]
-        if below and shape.m <= 4 * below[-1]:
-            return table[(shape.bits, shape.k, shape.n, below[-1])]
-        break
+        measured, plan = _measured(tables[key], shape)
+        if measured:  # else this table did not measure the shape: ask the next one
+            return plan if plan is not None else default_plan(shape, card)
     return default_plan(shape, card)
+
+
+def measured_here(shape: Shape, card: CardKey) -> bool:
+    """Whether ``card``'s own table has a plan for ``shape`` (not a nearer card's, not the rule)."""
+    table = _tables().get(card)
+    return table is not None and _measured(table, shape)[1] is not None
