@@ -5,8 +5,9 @@ The shipped tables (``tuned-<card>.json``) hold the H100's and the H200's plans;
 sm_90 card (an H100 PCIe, an H20, an H800) would run the nearest card's plans, tuned for
 another SM count and bandwidth. On such a card the first call of a (bits, K, N, M bucket)
 times a few plans on the call's own weight — the nearest card's, the rule's, and each of
-them with K split twice as far and half as far — as CUDA-graph replays, and keeps the fastest in ``$QUANTCORE_CACHE/hopper_wgmma/<card>.json``
-(default ``~/.cache/quantcore``): a second process reads it and times nothing. Every
+them with K split twice as far and half as far — as CUDA-graph replays, and keeps the
+fastest in ``$QUANTCORE_CACHE/hopper_wgmma/<card>.json`` (default
+``~/.cache/quantcore``): a second process reads it and times nothing. Every
 plan kind timed here is one the shipped tables already run (waited and in-flight wgmma
 plans; no Triton plan), so the check that proved those kinds proves these.
 
