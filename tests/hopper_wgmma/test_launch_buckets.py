@@ -45,6 +45,7 @@ def weights(recorded: list[Recorder]) -> Any:
                          ids=["one-wg", "two-wg-split"])
 def test_a_bucket_launches_what_the_plain_path_would(weights: Any, recorded: list[Recorder], plan: Plan,
                                                      monkeypatch) -> None:
+    monkeypatch.delenv(launch.PDL_ENV, raising=False)  # a PDL mode adds a launch option kernel_args has not
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: plan)
     x = torch.randn(5, 512, dtype=torch.bfloat16)
     launch.linear(x, weights)
