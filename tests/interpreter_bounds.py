@@ -11,7 +11,7 @@ the duration of the ``with`` block (through ``pytest.MonkeyPatch``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,12 +31,14 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
 
 
 @contextmanager
-def bounds_checked() -> Iterator[list[int]]:
+def bounds_checked(untouched: Sequence[torch.Tensor] = ()) -> Iterator[list[int]]:
     """Check every interpreted load and store in the block; yields a one-element list
-    counting the accesses checked (so a test can tell the check ran)."""
+    counting the accesses checked (so a test can tell the check ran). No access may touch
+    the memory of the ``untouched`` tensors either."""
     from triton.runtime import interpreter
 
     extents: list[tuple[int, int]] = []
+    forbidden = [_extent(t) for t in untouched]
     checked = [0]
     builder = interpreter.InterpreterBuilder
     init_args, load, store = (interpreter.GridExecutor._init_args_hst, builder.create_masked_load,
@@ -58,6 +60,11 @@ def bounds_checked() -> Iterator[list[int]]:
             bad = addrs[~inside][:4].tolist()
             raise AssertionError(f"{what} outside every tensor argument: {int((~inside).sum())} addresses, "
                                  f"first {bad}; arguments span {extents}")
+        for lo, hi in forbidden:
+            hit = (addrs + size > lo) & (addrs < hi)
+            if hit.any():
+                raise AssertionError(f"{what} of {int(hit.sum())} addresses in a tensor it must not touch "
+                                     f"[{lo}, {hi}), first {addrs[hit][:4].tolist()}")
 
     def load_checked(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
         check(ptrs, mask, "load")

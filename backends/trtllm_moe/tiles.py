@@ -24,7 +24,7 @@ from quantcore.probe.card_tables import H100_SXM, table_for
 
 __all__ = [
     "CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least",
-    "tile_table", "uses_wgmma",
+    "route_bound", "tile_table", "uses_wgmma",
 ]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
@@ -73,6 +73,13 @@ class MoETile:
 def pow2_at_least(v: int, low: int) -> int:
     """The power of two at or above ``v``, at least ``low`` (the kernels' route bounds)."""
     return max(low, 1 << max(0, (v - 1).bit_length()))
+
+
+def route_bound(tile: MoETile, routes: int) -> int:
+    """The GEMM's compile-time route bound ``R_PAD`` for a call of ``routes`` routes:
+    in-kernel routing reads all of them at once (a power of two >= 16 at or above them);
+    the scheduled kernel does not use it (16)."""
+    return 16 if tile.scheduled else pow2_at_least(routes, 16)
 
 
 def _pow2(v: int) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from quantcore.triton.launch import Launch, launch_state
 
-from .tiles import MoETile, check_tile, pow2_at_least
+from .tiles import MoETile, check_tile, pow2_at_least, route_bound
 from .triton_source import moe_w8a16_kernel, route_schedule_kernel, schedule_words
 
 __all__ = ["GEMM_VARYING", "Bucket", "launch_state"]
@@ -72,7 +72,7 @@ class Bucket:
                                                    CHUNK=max(16, min(1024, 8192 // e_pad)),
                                                    WRITE_TOKENS=tile.x_sorted))
         self.gemm = Launch(moe_w8a16_kernel, device=device, varying=GEMM_VARYING, options=options, constexprs=dict(
-            flags, R_PAD=16 if tile.scheduled else pow2_at_least(routes, 16), SCHEDULED=tile.scheduled,
+            flags, R_PAD=route_bound(tile, routes), SCHEDULED=tile.scheduled,
             PERSISTENT=self.persistent > 0, X_SORTED=tile.x_sorted))
 
     def fits(self, prepared: Any) -> bool:

@@ -48,9 +48,10 @@ activation row ``r // x_div``. Two ways to give a program its routes:
 **Stray ids.** An expert id outside ``[0, E)`` (any int32 or int64 value) is never used
 as an address: :func:`_route_experts` maps every such id to the key ``E``, the routes of
 that key form one more group after the experts (a program of its own in-kernel, a run
-of tiles after the last expert's when scheduled), and that group writes NaN rows instead
-of reading weights. So a bad id gives a loud result, not an out-of-bounds access or a
-plausible wrong number, and the host never has to read the ids to check them.
+of tiles after the last expert's when scheduled), and that group's tiles give NaN rows
+without reading a weight (:func:`_expert_tile`). So a bad id gives a loud result, not an
+out-of-bounds access or a plausible wrong number, and the host never has to read the
+ids to check them.
 
 **GATED** fuses TensorRT-LLM's SwiGLU (``h[:I] · SiLU(h[I:])``): a tile's rows are 8
 linear-half columns then the same 8 gate-half columns, repeated, so each thread holds a
@@ -89,16 +90,13 @@ def _route_experts(ids_ptr, offs, R, E):
     ``R`` routes. Every use of an id in these kernels goes through this key."""
     live = offs < R
     ids = tl.load(ids_ptr + offs, mask=live, other=0)
-    key = tl.where((ids >= 0) & (ids < E), ids, E)
+    # one unsigned comparison: a negative id, read unsigned, is larger than any E
+    if ids.dtype == tl.int64:
+        inside = ids.to(tl.uint64, bitcast=True) < E.to(tl.uint64)
+    else:
+        inside = ids.to(tl.uint32, bitcast=True) < E.to(tl.uint32)
+    key = tl.where(inside, ids, E)
     return tl.where(live, key, -1).to(tl.int32)
-
-
-@triton.jit
-def _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS,
-                BN: tl.constexpr, BM: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr):
-    """NaN rows for routes whose expert id lies outside ``[0, E)``: no weight is read."""
-    _store(tl.full((BN, BM), float("nan"), tl.float32), y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS,
-           BN, BM, GATED, HAS_RW)
 
 
 @triton.jit
@@ -163,15 +161,22 @@ def _logical_tile(b0, b1, b2, b3, BN: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _expert_tile(
     x_ptr, x_rows, m_ok,
-    w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+    w_ptr, s_ptr, z_ptr, e, E, cols, n_ok, N, G,
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr,
     FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr,
 ):
     """``acc[BN, BM] = W[e][:, cols]ᵀ · x[rows]ᵀ`` in float32, the weight tile
-    dequantized in registers as the dot's left operand."""
+    dequantized in registers as the dot's left operand. For the stray key ``e == E``, NaN:
+    the same code runs with every weight and scale load masked off (at expert ``E - 1``'s
+    addresses, never touched) and the accumulator starting at NaN. Not a branch around
+    the K-loop: on sm_90 such a branch makes ptxas build the loop's wgmma descriptors in
+    per-thread registers, 10 % more instructions a K-step in the decode tile (README.md
+    here, "Expert ids outside [0, E)")."""
     WORDS: tl.constexpr = BK // 4
-    e64 = e.to(tl.int64)
+    expert = e < E
+    n_ok = n_ok & expert
+    e64 = tl.minimum(e, E - 1).to(tl.int64)
     # word (w, n) of an expert: (n // 2)·K/2 + (w // 16)·32 + (n % 2)·16 + w % 16
     w_base = w_ptr + e64 * (K // 4) * N
     offs_w = tl.arange(0, WORDS)
@@ -188,7 +193,7 @@ def _expert_tile(
     else:
         sz = s_ptr + e64 * G * N + cols
         zz = z_ptr + e64 * G * N + cols
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    acc = tl.full((BN, BM), tl.where(expert, 0.0, float("nan")), tl.float32)
     for k0 in range(0, K, BK):
         g = (k0 // GROUP) * N
         if SCALE_PAIRS:
@@ -273,7 +278,7 @@ def _scheduled_tile(
     within an expert N-tile by N-tile with its M-tiles side by side. With
     ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's last) runs at
     half width: half the MMA, the same weight tile. The tiles after the last expert's
-    (``e == E``) hold the stray routes: NaN rows."""
+    (``e == E``) hold the stray routes: NaN rows (:func:`_expert_tile`)."""
     e = tl.sum((ends <= tile).to(tl.int32), axis=0)  # in [0, E]: E past the last expert's tiles
     first = tl.load(starts_ptr + e)
     count = tl.load(starts_ptr + e + 1) - first
@@ -282,33 +287,28 @@ def _scheduled_tile(
     pid_n = local // m_tiles
     start = first + (local % m_tiles) * BM
     end = first + count
-    if e < E:
-        cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
-        if SPLIT_TAIL and end - start <= BM // 2:
-            _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                    rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                    PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
-        else:
-            _m_tile(start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                    rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                    PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+    cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
+    if SPLIT_TAIL and end - start <= BM // 2:
+        _m_tile(start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
     else:
-        pos = start + tl.arange(0, BM)
-        m_ok = pos < end
-        routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
-        _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+        _m_tile(start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
+                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
 
 
 @triton.jit
 def _m_tile(
-    start, end, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
+    start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
     rw_ptr, y_ptr, stride_y, N, COLS, G,
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
     PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
     SCALE_PAIRS: tl.constexpr,
 ):
-    """Sorted positions ``start ..`` (before ``end``) of one expert, one N-tile."""
+    """Sorted positions ``start ..`` (before ``end``) of one expert (or of the stray
+    routes, ``e == E``), one N-tile."""
     pos = start + tl.arange(0, BM)
     m_ok = pos < end
     routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
@@ -317,7 +317,7 @@ def _m_tile(
     else:
         x_rows = (routes // x_div).to(tl.int64) * stride_x
     acc = _expert_tile(
-        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
+        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, E, cols, n_ok, N, G,
         K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
     )
     _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
@@ -386,15 +386,12 @@ def moe_w8a16_kernel(
                     hit = mine[None, :] & (slot[None, :] == want[:, None])
                     routes = tl.sum(tl.where(hit, offs_r[None, :], 0), axis=1)
                     m_ok = want < count
-                    if e < E:
-                        x_rows = (routes // x_div).to(tl.int64) * stride_x
-                        acc = _expert_tile(
-                            x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, cols, n_ok, N, G,
-                            K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
-                        )
-                        _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
-                    else:
-                        _stray_rows(routes, m_ok, y_ptr, stride_y, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+                    x_rows = (routes // x_div).to(tl.int64) * stride_x
+                    acc = _expert_tile(
+                        x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, E, cols, n_ok, N, G,
+                        K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+                    )
+                    _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
 
 
 @triton.jit(do_not_specialize=["R", "E", "n_tiles", "x_div"])

@@ -41,10 +41,11 @@ STRAYS = {torch.int32: (-1, E, 2**31 - 1, -(2**31)), torch.int64: (-1, E, 2**31 
 TOL = 2 * 2.0**-8  # bf16, relative Frobenius error, as the other kernel tests
 
 
-def _accesses_checked() -> Any:
-    """Every load and store bounds-checked under the interpreter (yields the count of
-    accesses checked); on a GPU the compiled kernels run unobserved (yields [-1])."""
-    return bounds_checked() if INTERPRETED else contextlib.nullcontext([-1])
+def _accesses_checked(untouched: tuple[torch.Tensor, ...] = ()) -> Any:
+    """Every load and store bounds-checked under the interpreter, none touching the
+    ``untouched`` tensors (yields the count of accesses checked); on a GPU the compiled
+    kernels run unobserved (yields [-1])."""
+    return bounds_checked(untouched) if INTERPRETED else contextlib.nullcontext([-1])
 
 
 def _routing(dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,13 +106,15 @@ def test_weighted_and_gated_calls_give_nan_where_a_stray_route_goes(tile: str) -
     assert _rel(a[~stray], swiglu(moe_gemm_reference(x, clean, dense))[~stray]) < TOL
 
 
-def test_all_routes_stray() -> None:
+def test_all_routes_stray_give_nan_and_read_no_weight() -> None:
     gen, kernel, w, _ = _setup()
     x = torch.randn(T, K, generator=gen).bfloat16().to(DEVICE)
     ids = torch.full((T, TOPK), E, dtype=torch.int32, device=DEVICE)
+    ids[::2, 0] = -1
     for tile in TILES.values():
-        with _accesses_checked():
+        with _accesses_checked((w.layout, w.scales, w.zeros)) as checked:
             assert kernel.forward(x, ids, w, tile=tile).isnan().all()
+        assert checked[0] != 0
 
 
 def test_the_schedule_sorts_stray_routes_last() -> None:

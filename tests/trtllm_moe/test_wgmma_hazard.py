@@ -38,13 +38,13 @@ from tools.compile_report.trtllm_moe_triton import compile_one
 from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
 from quantcore.probe.card_tables import H100_SXM
 bad = MoETile(256, 128, 64, 8, 4, scheduled=True, scale_pairs=False)
-jobs = {("bad", "fp16", json.dumps(asdict(bad)))}
+jobs = {("bad", "fp16", json.dumps(asdict(bad)), 8192)}
 for t in (1, 16, 64, 512, 4096):
     for dtype, scale in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         tile = pick_tile(2 * t, 8, 4096, 128, scale_dtype=scale, card=H100_SXM)
-        jobs.add(("picked", dtype, json.dumps(asdict(tile))))
-for kind, dtype, spec in sorted(jobs):
-    r = compile_one(MoETile(**json.loads(spec)), dtype=dtype)
+        jobs.add(("picked", dtype, json.dumps(asdict(tile)), 2 * t))
+for kind, dtype, spec, routes in sorted(jobs):
+    r = compile_one(MoETile(**json.loads(spec)), routes=routes, dtype=dtype)
     print(json.dumps({"kind": kind, "dtype": dtype, "tile": r["tile"], "hazards": r["wgmma_hazards"],
                       "spill_stack": r["spill_stack"]}))
 """

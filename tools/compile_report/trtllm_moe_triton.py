@@ -1,9 +1,11 @@
 """The ``trtllm_moe_triton`` kernel for Hopper (sm_90): registers, spill stack, shared
 memory, and the SASS of the main loop (the K-loop: the shortest loop holding the matrix
 instructions) — its instruction mix per weight element converted, whether the tensor-core
-instructions are wgmma (HGMMA), how the weights are read from shared memory. The
-arguments are specialised as Triton's launcher specialises them (16-divisible pointers
-and integers)."""
+instructions are wgmma (HGMMA), how the weights are read from shared memory, whether the
+wgmma descriptors are moved from per-thread registers (R2UR) — and the kernel's
+instructions in all. The arguments are specialised as Triton's launcher specialises them
+(16-divisible pointers and integers) and the route bound follows the call's routes, as
+in the launcher (``tiles.route_bound``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile
+from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile, route_bound
 from quantcore.probe.card_tables import H100_SXM
 from quantcore.triton.compile_report import (
     backward_loops,
@@ -42,9 +44,11 @@ def loop_mix(sass: str) -> tuple[int, collections.Counter[str]]:
 
 
 def compile_one(
-    tile: MoETile, *, gated: bool = False, sym: bool = True, dtype: str = "bf16", sass_dir: Path | None = None,
-    **shape: int,
+    tile: MoETile, *, routes: int = 32, gated: bool = False, sym: bool = True, dtype: str = "bf16",
+    sass_dir: Path | None = None, **shape: int,
 ) -> dict[str, Any]:
+    """``tile`` compiled for a call of ``routes`` routes (T · top-k) at :data:`SHAPE`
+    (``shape`` overrides its entries)."""
     from quantcore.backends.trtllm_moe.triton_source import moe_w8a16_kernel as fn
 
     dims = {**SHAPE, **shape}
@@ -53,7 +57,7 @@ def compile_one(
             "sched_ptr": "*i32", "rw_ptr": "*fp32", "y_ptr": f"*{dtype}"}
     ints = {"stride_x": k, "x_div": 2, "stride_y": n // 2 if gated else n, "R": 3, "E": e, "N": n,
             "COLS": n // 2 if gated else n, "HALF": n // 2, "G": k // group, "TILES": 3, "PROGS": 3}
-    const = {"K": k, "GROUP": group, "BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "R_PAD": 32,
+    const = {"K": k, "GROUP": group, "BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "R_PAD": route_bound(tile, routes),
              "E_PAD": max(2, 1 << (e - 1).bit_length()), "SCHEDULED": tile.scheduled,
              "PERSISTENT": tile.scheduled and tile.persistent > 0, "X_SORTED": tile.x_sorted, "GATED": gated,
              "HAS_RW": False, "SYM": sym, "PRE_SCALE": tile.pre_scale, "EXACT_FMA": dtype == "bf16",
@@ -64,16 +68,17 @@ def compile_one(
                             divisible=[*ptrs, *(a for a, v in ints.items() if v % 16 == 0)])
     if sass_dir is not None:
         stem = f"moe-{tile.bm}x{tile.bn}x{tile.bk}-w{tile.num_warps}s{tile.num_stages}" + (
-            "-sched" if tile.scheduled else "-small") + ("-gated" if gated else "")
+            "-sched" if tile.scheduled else f"-small-r{route_bound(tile, routes)}") + ("-gated" if gated else "")
         (sass_dir / f"{stem}.sass").write_text(compiled.sass)
         (sass_dir / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
     count, mix = loop_mix(compiled.sass)
     # weight elements this thread converts per K-step: BN·BK over the threads
     per_thread = tile.bn * tile.bk / (tile.num_warps * 32)
     keep = ("HGMMA", "HMMA", "LDSM", "LDS", "LDGSTS", "LDG", "PRMT", "LOP3", "SHF", "FFMA", "FADD", "FMUL", "F2FP",
-            "BAR", "WARPGROUP", "LDL", "STL")
+            "BAR", "WARPGROUP", "R2UR", "LDL", "STL")
     return {"tile": tile.describe(), "gated": gated, "sym": sym, "dtype": dtype, "registers": compiled.registers,
-            "spill_stack": compiled.spill_stack, "shared": compiled.shared, "loop_instructions": count,
+            "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "instructions": len(instructions(compiled.sass)), "loop_instructions": count,
             "per_weight_element": round(count / per_thread, 2), "mix": {op: mix[op] for op in keep if mix[op]},
             "wgmma_hazards": len(register_operand_hazards(compiled.sass))}
 
@@ -84,10 +89,10 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     rows = []
     for t in (1, 16, 64, 512, 4096):
         tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
-        rows.append({"T": t, **compile_one(tile, sass_dir=sass_dir)})
+        rows.append({"T": t, **compile_one(tile, routes=2 * t, sass_dir=sass_dir)})
     prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
-    rows.append({"T": 4096, **compile_one(prefill, gated=True, sass_dir=sass_dir)})
-    rows.append({"T": 4096, **compile_one(prefill, sym=False)})
+    rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, gated=True, sass_dir=sass_dir)})
+    rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, sym=False)})
     fp16 = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], scale_dtype=torch.float16, card=H100_SXM)
-    rows.append({"T": 4096, **compile_one(fp16, dtype="fp16")})
+    rows.append({"T": 4096, **compile_one(fp16, routes=2 * 4096, dtype="fp16")})
     return rows
