@@ -55,7 +55,8 @@ def profile_variant(name: str, dims: dict[str, int], device: str, steps: int, to
     stats = pstats.Stats(profiler)
     rows = []
     for (path, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
-        where = path.split("site-packages/")[-1].split("quantcore/")[-1]
+        where = path.split("site-packages/")[-1]
+        where = where.removeprefix(str(Path.cwd()) + "/")  # the repository's own files, relative
         rows.append({"function": f"{where}:{line}({func})", "calls_per_step": ncalls / steps,
                      "own_us_per_step": 1e6 * tottime / steps, "cum_us_per_step": 1e6 * cumtime / steps})
     rows.sort(key=lambda r: -r["own_us_per_step"])
