@@ -88,13 +88,16 @@ def plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan:
     return plan if isinstance(plan, TritonPlan) else fit_stages(plan, w, card.smem_kib * 1024)
 
 
-def prepare_x(x2: torch.Tensor) -> torch.Tensor:
-    """x as TMA reads it: contiguous, 16-byte aligned, K a multiple of 32 (zero-padded)."""
-    m, k = x2.shape
+def prepare_x(x: torch.Tensor) -> torch.Tensor:
+    """x ``[..., K]`` as TMA reads it: contiguous, 16-byte aligned, K a multiple of 32 (else
+    a zero-padded ``[M, K32]`` copy). Its rows are read from its storage: the descriptor
+    takes M rows of ``shape[-1]`` elements from its base, whatever its rank."""
+    k = x.shape[-1]
     k32 = -(-k // SLICE) * SLICE
-    if k32 == k and x2.is_contiguous() and x2.data_ptr() % 16 == 0:
-        return x2
-    out = torch.zeros(m, k32, dtype=x2.dtype, device=x2.device)
+    if k32 == k and x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    x2 = x.reshape(-1, k)
+    out = torch.zeros(x2.shape[0], k32, dtype=x.dtype, device=x.device)
     out[:, :k] = x2
     return out
 
@@ -105,20 +108,23 @@ def _nvmma(dtype: torch.dtype, rank: int, swizzle: int = 0) -> Any:
 
 
 def weight_descriptors(w: HopperWeights, wg: int) -> tuple[Any, Any, Any]:
-    """The TMA descriptors of the prepared weight for ``wg`` tiles per CTA (cached)."""
+    """The TMA descriptors of the prepared weight for ``wg`` tiles per CTA (cached with the
+    tensors they describe: a state whose tensors were replaced gets new ones)."""
     key = ("descriptors", wg)
-    have = w.runtime.get(key)
-    if have is None:
-        tiles, blocks = w.tiles, w.blocks
-        words = w.qweight.view(torch.int16).view(tiles, blocks * 8, 256)
-        w_desc = TensorDescriptor(words, [tiles, blocks * 8, 256], [blocks * 2048, 256, 1], [wg, 8, 256],
-                                  _nvmma(torch.int16, 3))
-        s = w.scales
-        s_desc = TensorDescriptor(s, list(s.shape), [s.shape[1], 1], [1, TILE_N * wg], _nvmma(s.dtype, 2))
-        # Without zero points the kernel never reads z_desc; any uint8 view will do.
-        z = w.zeros if w.zeros is not None else w.qweight.view(torch.uint8).view(tiles, -1)
-        z_desc = TensorDescriptor(z, list(z.shape), [z.stride(0), 1], [1, TILE_N * wg], _nvmma(torch.uint8, 2))
-        have = w.runtime[key] = (w_desc, s_desc, z_desc)
+    kept = w.runtime.get(key)
+    if kept is not None and kept[0] is w.qweight and kept[1] is w.scales and kept[2] is w.zeros:
+        return kept[3]  # type: ignore[no-any-return]
+    tiles, blocks = w.tiles, w.blocks
+    words = w.qweight.view(torch.int16).view(tiles, blocks * 8, 256)
+    w_desc = TensorDescriptor(words, [tiles, blocks * 8, 256], [blocks * 2048, 256, 1], [wg, 8, 256],
+                              _nvmma(torch.int16, 3))
+    s = w.scales
+    s_desc = TensorDescriptor(s, list(s.shape), [s.shape[1], 1], [1, TILE_N * wg], _nvmma(s.dtype, 2))
+    # Without zero points the kernel never reads z_desc; any uint8 view will do.
+    z = w.zeros if w.zeros is not None else w.qweight.view(torch.uint8).view(tiles, -1)
+    z_desc = TensorDescriptor(z, list(z.shape), [z.stride(0), 1], [1, TILE_N * wg], _nvmma(torch.uint8, 2))
+    have = (w_desc, s_desc, z_desc)
+    w.runtime[key] = (w.qweight, w.scales, w.zeros, have)
     return have
 
 
@@ -137,14 +143,14 @@ class XDescriptor:
         m, k = x.shape
         return TensorDescriptor(x, [k // SLICE, m, SLICE], [SLICE, k, 1], self.box, self.layout)
 
-    def __call__(self, x: torch.Tensor) -> Any:
-        """The same descriptor without TensorDescriptor's checks (microseconds a call):
-        for an x that ``prepare_x`` returned (16-byte aligned base, contiguous, K a multiple
-        of 32, so every stride is a multiple of 16 bytes) with M > 0 (the kernel returns
-        before launching for M = 0), every check that depends on x passes; the box and the
-        layout depend on the plan alone, and are those :meth:`checked` (the plain path,
-        ``kernel_args``) checks."""
-        m, k = x.shape
+    def __call__(self, x: torch.Tensor, m: int) -> Any:
+        """The same descriptor over the ``m`` rows of ``x`` ``[..., K]`` without
+        TensorDescriptor's checks (microseconds a call): for an x that ``prepare_x`` returned
+        (16-byte aligned base, contiguous, K a multiple of 32, so every stride is a multiple
+        of 16 bytes) with M > 0 (the kernel is never called with none), every check that
+        depends on x passes; the box and the layout depend on the plan alone, and are those
+        :meth:`checked` (the plain path, ``kernel_args``) checks."""
+        k = x.shape[-1]
         desc = _new(TensorDescriptor)
         desc.base, desc.shape, desc.strides = x, [k // SLICE, m, SLICE], [SLICE, k, 1]
         desc.block_shape, desc.layout, desc.padding = self.box, self.layout, "zero"
@@ -246,13 +252,14 @@ class _Bucket:
         s = self.source
         return s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
 
-    def __call__(self, x2: torch.Tensor, w: HopperWeights) -> torch.Tensor:
-        m, n = x2.shape[0], self.n
-        x = prepare_x(x2)
-        y = torch.empty((m, n), dtype=self.dtype, device=self.device)
+    def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
+        """``y`` ``[..., N]`` for the ``m`` rows of a contiguous ``x`` ``[..., K]``."""
+        n = self.n
+        y = torch.empty((*x.shape[:-1], n), dtype=self.dtype, device=self.device)
+        x = prepare_x(x)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
         ws, counters = self.split_k(w.runtime, m, n, tiles)
-        self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x), *self.mid, y, ws, counters, m, *self.tail)
+        self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x, m), *self.mid, y, ws, counters, m, *self.tail)
         return y
 
 
@@ -262,24 +269,36 @@ def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan
     return _Bucket(w, dtype, device, plan)
 
 
-def _bucket(x2: torch.Tensor, w: HopperWeights) -> _Bucket | SmallMBucket:
-    # Kept with the packed weight tensor, not the state object: the custom op rebuilds the
-    # state object around the same tensors at every call.
+def _bucket(x: torch.Tensor, w: HopperWeights, m: int) -> _Bucket | SmallMBucket:
+    """The bucket of a call of ``m`` rows: one lookup in the state's ``runtime`` (keyed by
+    activation dtype, device and M), the weight's buckets (:func:`_bind`) on a miss."""
+    bucket = w.runtime.get((x.dtype, x.device, m))
+    if bucket is not None and bucket.fits(w):
+        return bucket  # type: ignore[no-any-return]
+    return _bind(x, w, m)
+
+
+def _bind(x: torch.Tensor, w: HopperWeights, m: int) -> _Bucket | SmallMBucket:
+    """The bucket of a call of ``m`` rows from the buckets kept with the packed weight tensor
+    (not the state object: the custom op rebuilds the state object around the same tensors
+    at every call), bound on a row count's first call, and remembered in ``w.runtime``."""
     state = launch_state(w.qweight)
-    key = (x2.dtype, x2.device)
+    key = (x.dtype, x.device)
     runs: dict[int, _Bucket | SmallMBucket] | None = state.get(key)
     if runs is None:
         runs = state[key] = {}
-    m = x2.shape[0]
     bucket = runs.get(m)
     if bucket is None or not bucket.fits(w):
-        plan = _measured_on_first_use(m, w, x2, plan_of(m, w, x2.device))
+        plan = _measured_on_first_use(m, w, x, plan_of(m, w, x.device))
         bucket = next((b for b in runs.values() if b.plan == plan and b.fits(w)), None)
         if bucket is None:
-            bucket = _new_bucket(w, x2.dtype, x2.device, plan)
+            bucket = _new_bucket(w, x.dtype, x.device, plan)
         if len(runs) >= MAX_RUNS:
             runs.clear()
+            for seen in [k for k in w.runtime if isinstance(k, tuple) and len(k) == 3 and k[:2] == key]:
+                del w.runtime[seen]
         runs[m] = bucket
+    w.runtime[(x.dtype, x.device, m)] = bucket
     return bucket
 
 
@@ -301,21 +320,22 @@ def _measured_on_first_use(m: int, w: HopperWeights, x2: torch.Tensor, plan: Any
     return chosen if isinstance(chosen, TritonPlan) else fit_stages(chosen, w, card.smem_kib * 1024)
 
 
-def linear(x2: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> torch.Tensor:
-    """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] (already permuted by ret_idx); ``plan``
-    overrides the choice (tests, the probes) and takes Triton's own launch path (a Triton
-    plan: its bucket, kept per plan)."""
+def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> torch.Tensor:
+    """``y = x · Ŵᵀ + b`` ``[..., N]`` for ``x`` ``[..., K]`` with at least one row (already
+    permuted by ret_idx); ``plan`` overrides the choice (tests, the probes) and takes
+    Triton's own launch path (a Triton plan: its bucket, kept per plan)."""
+    m = x.numel() // w.in_features
     if plan is None:
-        return _bucket(x2, w)(x2, w)
+        return _bucket(x, w, m)(x, w, m)
     if isinstance(plan, TritonPlan):
-        return _small_m_bucket(x2, w, plan)(x2, w)
-    m = x2.shape[0]
+        return _small_m_bucket(x, w, plan)(x, w, m)
     n = w.out_features
-    x = prepare_x(x2)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    shape = (*x.shape[:-1], n)
+    x = prepare_x(x).reshape(m, -1)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
-    ws, counters = SplitKBuffers(split_steps(w, plan).split, x2.device, w.scales)(w.runtime, m, n, tiles)
-    grid, args, const = kernel_args(x, w, plan, y, ws, counters)
+    ws, counters = SplitKBuffers(split_steps(w, plan).split, x.device, w.scales)(w.runtime, m, n, tiles)
+    grid, args, const = kernel_args(x, w, plan, y.view(m, n), ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y
 

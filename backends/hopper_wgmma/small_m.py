@@ -87,14 +87,15 @@ class SmallMBucket:
         s = self.source
         return s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
 
-    def __call__(self, x2: torch.Tensor, w: HopperWeights) -> torch.Tensor:
-        """``y = x2 · Ŵᵀ + b`` for ``x2`` [M, K] of this bucket's dtype."""
-        if x2.dtype != self.dtype:
-            raise KernelInputError(f"x2: expected {self.dtype}, got {describe(x2)}")
-        x2 = x2.contiguous()  # the launch passes K as the row stride
-        m, n = x2.shape[0], self.n
-        y = torch.empty((m, n), dtype=self.dtype, device=self.device)
+    def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
+        """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` rows of ``x`` ``[..., K]`` of this
+        bucket's dtype."""
+        if x.dtype != self.dtype:
+            raise KernelInputError(f"x: expected {self.dtype}, got {describe(x)}")
+        x = x.contiguous()  # the launch passes K as the row stride
+        n = self.n
+        y = torch.empty((*x.shape[:-1], n), dtype=self.dtype, device=self.device)
         grid, tiles = launch_grid(self.plan.path, m, self.n_tiles, self.block_m, self.split)
         ws, counters = self.split_k(w.runtime, m, n, tiles)
-        self.launch(grid, x2, *self.fixed, y, ws, counters, m, *self.tail)
+        self.launch(grid, x, *self.fixed, y, ws, counters, m, *self.tail)
         return y

@@ -192,10 +192,12 @@ def _buckets(x2: torch.Tensor, w: TritonIntWeights) -> _Buckets:
 
 
 def linear(x2: torch.Tensor, w: TritonIntWeights, plan: Plan | None = None) -> torch.Tensor:
-    """``y = x2 · Ŵᵀ + b`` for a contiguous ``x2`` [M, K] (already permuted by ret_idx);
-    ``plan`` overrides the choice (tests, the tile probe)."""
+    """``y = x2 · Ŵᵀ + b`` for a contiguous ``x2`` [..., K] (already permuted by ret_idx),
+    ``[..., N]``; ``plan`` overrides the choice (tests, the tile probe)."""
     if not x2.is_contiguous():  # the bound launch passes K as the row stride
         raise KernelInputError(f"x2: expected a contiguous [M, K], got {describe(x2)} with strides {x2.stride()}")
+    if x2.dim() != 2:  # the buckets take [M, K]
+        return linear(x2.view(-1, x2.shape[-1]), w, plan).view(*x2.shape[:-1], w.out_features)
     buckets = _buckets(x2, w)
     if plan is None:
         run = bisect.bisect_right(buckets.breaks, x2.shape[0])

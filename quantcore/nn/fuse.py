@@ -180,7 +180,8 @@ class _FusedOutputs:
         version = version_of(x)
         split = self._split
         if split is None or split[0] is not x or split[1] != version:
-            split = (x, version, tuple(self.fused(x).split(self.sizes, dim=-1)))
+            # split_with_sizes itself: Tensor.split is a Python wrapper around it.
+            split = (x, version, self.fused(x).split_with_sizes(self.sizes, -1))
             self._split, self._left = split, len(self.sizes)
         self._left -= 1
         if self._left <= 0:  # every part served: hold no tensor between forwards

@@ -6,7 +6,8 @@ every descriptor into the C launcher's arguments at every call: it encodes a
 ``CUtensorMap`` (``cuTensorMapEncodeTiled``) and spreads its shape and strides. A layer
 passes its weight's descriptors, the same objects every call: :func:`direct_launch`
 encodes those once, when the kernel is bound, and generates one function that hands the
-C launcher the tuple the wrapper would have built, encoding only the others per call.
+C launcher the tuple the wrapper would have built, encoding the others per call — or
+passing a per-call descriptor's last encoding again when it encodes the same thing.
 
 It reads what the wrapper keeps in its closure (the C launcher, the descriptor positions
 and their metadata) and checks that everything is as docs/triton-launch.md describes; any
@@ -30,6 +31,24 @@ DirectLaunch = Callable[[tuple[int, int, int], int, tuple[Any, ...]], bool]
 #: metadata, enter hook, exit hook.
 BASE_ARGS = 13
 _FREE = ("launcher", "tensordesc_indices", "tensordesc_meta")
+
+
+#: A per-call TMA descriptor, its last encoding kept: the ``CUtensorMap`` that
+#: ``make_tensordesc_arg`` fills depends on the descriptor's base address, shape, strides
+#: and padding (the element type, box and swizzle are the compiled kernel's metadata, fixed
+#: for this function), so a call whose descriptor has all of them equal (the caching
+#: allocator hands an eager loop the same block) passes the same encoding; any difference
+#: encodes again. Only the address is kept, never the tensor, so the block can come back.
+#: The pair is replaced whole: a thread reads one call's key with that call's encoding.
+_ENCODE_LAST = (
+    "    k{i} = (a{i}.base.data_ptr(), a{i}.base.dtype, a{i}.padding, *a{i}.shape, *a{i}.strides)\n"
+    "    h{i} = last{i}[0]\n"
+    "    if h{i}[0] == k{i}:\n"
+    "        e{i} = h{i}[1]\n"
+    "    else:\n"
+    "        e{i} = driver.make_tensordesc_arg(a{i}, m{i})\n"
+    "        last{i}[0] = (k{i}, e{i})\n"
+)
 
 
 def _driver() -> Any:
@@ -97,6 +116,7 @@ def direct_launch(kernel: Any, args: Sequence[Any], tail: Sequence[Any],
         "cooperative": launcher.launch_cooperative_grid, "pdl": launcher.launch_pdl,
     }
     passed: list[str] = []
+    encode = ""
     for i in range(len(args)):
         if i in fixed:
             scope[f"f{i}"] = args[i]  # kept alive with the function: its CUtensorMap holds the base's address
@@ -104,6 +124,11 @@ def direct_launch(kernel: Any, args: Sequence[Any], tail: Sequence[Any],
             for j, value in enumerate(encoded):
                 scope[f"e{i}_{j}"] = value
                 passed.append(f"e{i}_{j}")
+        elif i in which and meta[which[i]] is not None:
+            scope[f"m{i}"] = meta[which[i]]
+            scope[f"last{i}"] = [((), ())]  # (what was encoded, its encoding) of the last call
+            encode += _ENCODE_LAST.format(i=i)
+            passed.append(f"*e{i}")
         elif i in which:
             scope[f"m{i}"] = meta[which[i]]
             passed.append(f"*driver.make_tensordesc_arg(a{i}, m{i})")
@@ -118,6 +143,7 @@ def direct_launch(kernel: Any, args: Sequence[Any], tail: Sequence[Any],
            f"    {unpack}{',' if len(args) == 1 else ''} = args\n"
            f"    if not ({same}):\n"
            f"        return False\n"
+           f"{encode}"
            f"    raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, metadata,\n"
            f"        None, None, None, {', '.join(passed)})\n"
            f"    return True\n")

@@ -302,3 +302,48 @@ def test_fixed_descriptor_positions_are_checked_when_the_launch_is_made() -> Non
     for fixed in ((5,), (4,)):  # beyond the runtime arguments; a varying one
         with pytest.raises(TypeError, match="fixed descriptor positions"):
             Launch(fn, constexprs={"BLOCK": 64}, varying=(4,), fixed_descriptors=fixed, device=torch.device("cuda", 0))
+
+
+def test_a_per_call_descriptor_is_encoded_again_only_when_what_it_encodes_differs(
+    encoded: collections.Counter[int],
+) -> None:
+    """The last encoding of x's descriptor is reused for a descriptor of the same base
+    address, shape, strides, padding and dtype (the caching allocator's block handed back),
+    and encoded anew on any difference; each call hands the C launcher what Triton's
+    wrapper would."""
+    raw = RawLauncher()
+    launcher = cuda_launcher(raw, TMA_META)
+    launch, _ = _launch(launcher)
+    w, s, y = _weight()
+    launch(GRID, w, _x(), s, y, 16)  # the first call: kernel[grid]
+    block = torch.randn(32, 128).bfloat16()
+
+    def over(m: int = 16, padding: str = "zero", base: torch.Tensor = block, row: int = 128) -> Any:
+        return TensorDescriptor(base, [4, m, 32], [32, row, 1], [4, 16, 32], _layout(3), padding)
+
+    same = [over() for _ in range(3)]  # three objects, one encoding
+    others = [over(m=8), over(padding="nan"), over(base=block.view(torch.float16)),
+              over(base=block[1:].clone()), over(row=256, m=8), over()]
+    encodings = []
+    for x in same + others:
+        launch(GRID, w, x, s, y, 16)
+        encodings.append(encoded[id(x)])
+        call = raw.calls.pop()
+        assert call == _tritons_call(launcher, raw, (w, x, s, y, 16))
+    assert encodings[:3] == [1, 0, 0]
+    assert encodings[3:] == [1, 1, 1, 1, 1, 1]  # each differs from the call before it
+
+
+def test_the_reused_encoding_keeps_no_tensor_alive(encoded: collections.Counter[int]) -> None:
+    """Only the address is kept: the activation's block can go back to the allocator."""
+    raw = RawLauncher()
+    launch, fn = _launch(cuda_launcher(raw, TMA_META))
+    w, s, y = _weight()
+    launch(GRID, w, _x(), s, y, 16)
+    x = _x()
+    launch(GRID, w, x, s, y, 16)
+    kept = weakref.ref(x.base)
+    fn.slow.clear()
+    del x
+    gc.collect()
+    assert kept() is None

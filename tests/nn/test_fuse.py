@@ -149,6 +149,36 @@ def test_one_fused_call_serves_every_part_and_a_new_input_runs_again() -> None:
         assert torch.equal(torch.cat([attn.q_proj(z), attn.k_proj(z), attn.v_proj(z)], -1), attn.qkv_proj(z))
 
 
+def test_the_parts_of_one_fused_call_add_one_split_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host cost: what the parts ask of torch beyond the fused layer's own call is one
+    split_with_sizes per fused call (each aten op costs the host microseconds on a GPU),
+    not through Tensor.split's Python wrapper."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AtenOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = _quantized(_dense(), GPTQ(bits=4, group_size=32), fuse=True)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(1, 1, 128)
+    whole = attn.qkv_proj(x)
+    attn.qkv_proj.forward = lambda _: whole  # the fused layer's own ops left out of the count
+    wrapped: list[object] = []
+    split = torch.Tensor.split
+    monkeypatch.setattr(torch.Tensor, "split", lambda *a, **kw: wrapped.append(a) or split(*a, **kw))
+    counted = AtenOps()
+    with torch.no_grad(), counted:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    assert counted.ops == ["split_with_sizes"] and not wrapped
+    assert torch.equal(torch.cat([q, k, v], -1), whole)
+
+
 def test_threads_sharing_a_fused_model_each_get_their_own_inputs_outputs() -> None:
     from concurrent.futures import ThreadPoolExecutor
 

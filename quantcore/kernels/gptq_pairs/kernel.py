@@ -3,8 +3,8 @@ pair-interleaved codes (:mod:`.layout`): what ``triton_int4`` and ``hopper_wgmma
 
 :class:`PairedGPTQKernel` checks the bits and the activation dtype, prepares (the stored
 tensors moved to the device, then the backend's transform) and calls (the activation
-checked, flattened to ``[M, K]``, permuted by ``ret_idx``, handed to the backend's
-launcher). A backend names its transform, its prepared state, its launcher and its own
+checked, made contiguous or permuted by ``ret_idx``, handed to the backend's launcher
+in its own shape). A backend names its transform, its prepared state, its launcher and its own
 limits (:meth:`~PairedGPTQKernel.layout_supports`); :class:`AWQViaGPTQLanes`, put before
 the backend's GPTQ kernel among a class's bases, makes the AWQ kernel of it.
 """
@@ -93,9 +93,13 @@ class PairedGPTQKernel(LinearKernel):
 
     @staticmethod
     def launcher() -> Callable[[torch.Tensor, Any], torch.Tensor]:
-        """The backend's ``linear(x2, prepared)`` for a contiguous ``x2`` ``[M, K]`` already
-        permuted by ``ret_idx``; imported on the first call (it imports triton)."""
+        """The backend's ``linear(x, prepared)`` for a contiguous ``x`` ``[..., K]`` with at
+        least one row, already permuted by ``ret_idx``, returning ``[..., N]``; imported on
+        the first call (it imports triton)."""
         raise NotImplementedError
+
+    #: :meth:`launcher`'s answer, looked up by the first call.
+    _linear: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
 
     def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
         if type(prepared) is not self.prepared_type:
@@ -103,16 +107,16 @@ class PairedGPTQKernel(LinearKernel):
                 f"prepared: expected the {self.prepared_type.__name__} that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
             )
-        k, n = prepared.in_features, prepared.out_features
-        check_x(x, k, ACT_DTYPES, prepared.qweight.device)
-        linear = self.launcher()
-        flat = x.dim() == 2
-        x2 = x if flat else x.reshape(-1, k)
-        if x2.shape[0] == 0:
-            return x.new_empty(*x.shape[:-1], n)
-        x2 = x2.index_select(1, prepared.ret_idx) if prepared.ret_idx is not None else x2.contiguous()
-        y = linear(x2, prepared)
-        return y if flat else y.view(*x.shape[:-1], n)
+        check_x(x, prepared.in_features, ACT_DTYPES, prepared.qweight.device)
+        if x.numel() == 0:
+            return x.new_empty(*x.shape[:-1], prepared.out_features)
+        # Any rank: the launcher reads x's rows from its storage and makes y in x's shape,
+        # so a model's [B, T, K] costs no view either way.
+        x = x.index_select(-1, prepared.ret_idx) if prepared.ret_idx is not None else x.contiguous()
+        linear = self._linear
+        if linear is None:
+            linear = self._linear = self.launcher()
+        return linear(x, prepared)
 
 
 class AWQViaGPTQLanes(PairedGPTQKernel):

@@ -3,6 +3,7 @@ state extends it and says how its tensors are laid out)."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ class PairedWeights:
     ret_idx: torch.Tensor | None
     bias: torch.Tensor | None
     #: Launch-time state (split-K counters, descriptors), filled on first use; not part of the layout.
-    runtime: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    runtime: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def blocks(self) -> int:
