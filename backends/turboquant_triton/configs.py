@@ -33,9 +33,12 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
 __all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
-           "table", "tables"]
+           "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
+#: ``kernel`` or ``outside``: where the tensor-core kernel's input rotation runs, for every
+#: bucket made while it is set, whatever the config says (to time both on one device).
+ROTATION_ENV = "QUANTCORE_TURBOQUANT_MMA_ROTATION"
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,10 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program."""
+    """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program;
+    ``rotate_in_kernel``: each program rotates its x columns itself (one launch a call)
+    or x is rotated once per call by a GEMM before the launch (two); None: the rule of
+    :func:`rotate_in_kernel`."""
 
     block_n: int = 64
     block_m: int = 16
@@ -69,6 +75,7 @@ class MmaConfig:
     warps: int = 4
     stages: int = 3
     ctas: int = 264
+    rotate_in_kernel: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,8 @@ def m_bucket(m: int) -> int:
     return min(max(16, 1 << max(m - 1, 0).bit_length()), 4096)
 
 
-def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
+def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object,
+               rotation_per_group: bool = False) -> MmaConfig:
     hit = table(card).get(("mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
     if isinstance(hit, MmaConfig):
         return hit
@@ -175,7 +183,28 @@ def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int
         return MmaConfig(block_n=64, block_m=16)
     if m <= 32:  # 3 stages would need exactly 48 KB: unlaunchable beside the 1 KB table (lookup.py)
         return MmaConfig(block_n=64, block_m=32, stages=4)
+    if rotate_in_kernel(MmaConfig(), rotation_per_group):
+        # The rotation's [d, 64] float32 result beside the output tile: at 4 warps two
+        # passes spill (255 registers) and one pass holds 239; 8 warps hold 118-127 and 2
+        # stages keep two programs an SM (100-136 KB shared; tools/compile_report).
+        return MmaConfig(block_n=64, block_m=64, warps=8, stages=2)
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
+
+
+def rotate_in_kernel(cfg: MmaConfig, rotation_per_group: bool) -> bool:
+    """Whether the tensor-core kernel rotates x itself: ``QUANTCORE_TURBOQUANT_MMA_ROTATION``
+    if set, else the config's ``rotate_in_kernel``, else the rule — in the kernel for one
+    rotation shared by every group (d² values read once per program), outside with a
+    rotation per group (each program would read d² 16-bit values per group, 4d/block_n
+    times the group's index bytes: 8× at d = 128 and 64-row tiles, at every M)."""
+    forced = os.environ.get(ROTATION_ENV)
+    if forced:
+        if forced not in ("kernel", "outside"):
+            raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'kernel' or 'outside', got {forced!r}")
+        return forced == "kernel"
+    if cfg.rotate_in_kernel is not None:
+        return cfg.rotate_in_kernel
+    return not rotation_per_group
 
 
 def path_for(card: CardKey | None) -> PathChoice:
