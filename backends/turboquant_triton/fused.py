@@ -6,8 +6,8 @@
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
   launch; each program rotates its own x columns (a shared rotation: one launch a call),
   or the input is rotated once per call by one small GEMM for every pass before it
-  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group, or as
-  ``configs.rotate_in_kernel`` says);
+  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group, or forced:
+  ``configs.rotate_in_kernel``);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -203,7 +203,7 @@ class _Mma(_Bucket):
                         codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
-            TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel, ROT_PER_GROUP=per_group,
+            TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel,
             HAS_PARTIAL=partial, HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(passes[0].rotation.dtype),
             INTERPRET=interpreting(),
         )

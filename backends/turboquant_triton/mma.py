@@ -15,17 +15,19 @@ the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
 
 Where ``x_rot`` comes from (the constexpr ``ROTATE``):
 
-* ``ROTATE`` (the default for a shared rotation): each program rotates the x columns of
-  the groups it owns itself, as the decode kernel does (``gemv.py``) — per group and
-  distinct rotation one ``tl.dot(Πᵀ, x_gᵀ)`` ([d, d]·[d, BLOCK_M], float32 accumulation,
-  rounded to the rotation's dtype as the outside GEMM rounds its result), Πᵀ loaded once
-  per program before the group loop (R = 1) or per group (R = G). x is read as it came,
-  [M, K]; the call is this one launch. It costs d/BLOCK_N more matrix-unit work per
-  group (the rotation is made again by each of the N/BLOCK_N programs that share an x
-  tile) and d² rotation values read from L2 per program (per group with R = G);
+* ``ROTATE`` (a rotation shared by every group, R = 1; the default there): each program
+  rotates the x columns of the groups it owns itself, as the decode kernel does
+  (``gemv.py``) — per group and distinct rotation one ``tl.dot(Πᵀ, x_gᵀ)``
+  ([d, d]·[d, BLOCK_M], float32 accumulation, rounded to the rotation's dtype as the
+  outside GEMM rounds its result), Πᵀ loaded once per program before the group loop and
+  kept in shared memory. x is read as it came, [M, K]; the call is this one launch. It
+  costs d/BLOCK_N more matrix-unit work per group (each of the N/BLOCK_N programs that
+  share an x tile rotates it again) and d² rotation values read from L2 per program;
 * otherwise x is rotated once per call by one small GEMM outside
   (``quantcore/kernels/turboquant/rotation.py``): [M, G, X_COPIES, d], group g of pass p
-  at ``(g·X_COPIES + p)·d`` of row m.
+  at ``(g·X_COPIES + p)·d`` of row m. A rotation per group (R = G) is always applied
+  there: in the kernel each program would read d² values per group, and the pipeliner
+  would keep one per stage in shared memory (over 227 KB with two passes at d = 128).
 
 X_COPIES = 2 when the passes have their own rotations, 1 when one rotation serves every
 pass (then one rotated copy of each group serves both).
@@ -64,16 +66,14 @@ def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexp
 
 
 @triton.jit
-def _rotation_t(rot_ptr, r, ok, D: tl.constexpr):
-    """Πᵀ of rotation ``r`` ([R, d, d] at ``rot_ptr``): [D, D], element (i, j) = Π[r, j, i]
-    (zero where ``ok`` is false: a split's groups past K; None: always read)."""
+def _rotation_t(rot_ptr, D: tl.constexpr):
+    """Πᵀ of the shared rotation ([1, d, d] at ``rot_ptr``): [D, D], (i, j) = Π[j, i]."""
     dd = tl.arange(0, D)
-    ptrs = rot_ptr + r * (D * D) + dd[None, :] * D + dd[:, None]
-    return tl.load(ptrs) if ok is None else tl.load(ptrs, mask=ok, other=0.0)
+    return tl.load(rot_ptr + dd[None, :] * D + dd[:, None])
 
 
 @triton.jit
-def _x_t(x_ptr, offs_m, m_mask, g, row_stride, col0, D: tl.constexpr):
+def _x_t(x_ptr, offs_m, m_mask, row_stride, col0, D: tl.constexpr):
     """[D, BLOCK_M]: the d columns at ``col0`` of rows ``offs_m`` (rows past M and masked
     groups read 0)."""
     dd = tl.arange(0, D)
@@ -123,7 +123,7 @@ def mma_kernel(
     M, N, stride_idx, stride_idx2,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
-    ROTATE: tl.constexpr, ROT_PER_GROUP: tl.constexpr,
+    ROTATE: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -136,10 +136,10 @@ def mma_kernel(
     m_mask = offs_m < M
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
-    if ROTATE and not ROT_PER_GROUP:  # one Πᵀ per rotation for every group: loaded once
-        pt = _rotation_t(rot_ptr, 0, None, D)
+    if ROTATE:  # one Πᵀ per rotation for every group: loaded once, kept in shared memory
+        pt = _rotation_t(rot_ptr, D)
         if X_COPIES == 2:
-            pt2 = _rotation_t(rot2_ptr, 0, None, D)
+            pt2 = _rotation_t(rot2_ptr, D)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for i in range(0, GPC):
         # No branch on the last split's missing groups (it would stop the pipeliner):
@@ -147,22 +147,18 @@ def mma_kernel(
         g = split * GPC + i
         g_ok = g < N_GROUPS
         if ROTATE:
-            xg = _x_t(x_ptr, offs_m, m_mask & g_ok, g, K, g * D, D)
-            if ROT_PER_GROUP:
-                pt = _rotation_t(rot_ptr, g, g_ok, D)
+            xg = _x_t(x_ptr, offs_m, m_mask & g_ok, K, g * D, D)
             xt = _rotated_t(pt, xg, DOT_FP32, INTERPRET)
         else:
-            xt = _x_t(x_ptr, offs_m, m_mask & g_ok, g, X_COPIES * K, g * (X_COPIES * D), D)
+            xt = _x_t(x_ptr, offs_m, m_mask & g_ok, X_COPIES * K, g * (X_COPIES * D), D)
         acc += _group_product(idx_ptr, scale_ptr, xt, rows, rmask & g_ok, g, stride_idx, cb_ptr, N_GROUPS, D,
                               BLOCK_N, DOT_FP32, INTERPRET)
         if TWO_PASSES:
             if X_COPIES == 2:  # pass 2's own rotation of the group
                 if ROTATE:
-                    if ROT_PER_GROUP:
-                        pt2 = _rotation_t(rot2_ptr, g, g_ok, D)
                     xt = _rotated_t(pt2, xg, DOT_FP32, INTERPRET)
                 else:  # its copy follows pass 1's
-                    xt = _x_t(x_ptr, offs_m, m_mask & g_ok, g, 2 * K, g * (2 * D) + D, D)
+                    xt = _x_t(x_ptr, offs_m, m_mask & g_ok, 2 * K, g * (2 * D) + D, D)
             acc += _group_product(idx2_ptr, scale2_ptr, xt, rows, rmask & g_ok, g, stride_idx2, cb_ptr, N_GROUPS,
                                   D, BLOCK_N, DOT_FP32, INTERPRET)
     out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]

@@ -1,8 +1,9 @@
 """The tensor-core kernel rotating x itself (``mma.py``, ``ROTATE``) under the interpreter:
 against the golden output at several M, one pass and two, the passes' own rotations or
-one shared, a rotation per group, one split and several (ragged), with and without bias
-and a running partial; and against the same kernel fed by the rotation GEMM outside. Which
-variant a bucket takes (``configs.rotate_in_kernel``) and how it is forced."""
+one shared by both, one split and several (ragged), with and without bias and a running
+partial; and against the same kernel fed by the rotation GEMM outside. Which variant a
+bucket takes (``configs.rotate_in_kernel``: a rotation per group always outside) and how
+it is forced."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ LAYERS = {
     "shared-rotation": (TurboQuant(group_size=D, residual=True), True),
     "per-group": (TurboQuant(group_size=D, rotation_per_group=True, residual=True), False),
 }
+#: The layers whose rotation the kernel applies itself (one shared by every group).
+ROTATED_IN_KERNEL = ["one-pass", "own-rotations", "shared-rotation"]
 #: (groups a program, bias, partial): one split, and 3 splits of 3, 3 and 2 groups.
 PLANS = [(8, True, False), (3, False, True), (3, True, True), (8, False, False)]
 
@@ -77,7 +80,7 @@ def _run(prep: Any, x: torch.Tensor, gpc: int, in_kernel: bool, *, bias: bool, p
 
 
 @pytest.mark.parametrize("m", [2, 5, 16, 33])
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", ROTATED_IN_KERNEL)
 def test_in_kernel_rotation_matches_the_golden_and_the_outside_rotation(name: str, m: int) -> None:
     fmt, t, prep = _layer(name, seed=m)
     gen = torch.Generator().manual_seed(100 + m)
@@ -130,8 +133,8 @@ def test_split_k_tickets_are_reset_for_the_next_launch() -> None:
 
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations", "per-group"])
 def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """By default a shared rotation is applied in the kernel and a rotation per group
-    outside; the config's ``rotate_in_kernel`` and then the environment override it."""
+    """A shared rotation is applied in the kernel unless the config's ``rotate_in_kernel``
+    is False, and the environment overrides both; a rotation per group always outside."""
     from quantcore.backends.turboquant_triton import configs
     from quantcore.backends.turboquant_triton.fused import fused_linear
 
@@ -151,28 +154,31 @@ def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str
     assert default.in_kernel is (not per_group)
     assert (default.rotate is None) is default.in_kernel  # no rotation GEMM kept when the kernel rotates
     assert default.constexprs["ROTATE"] is default.in_kernel
-    forced_out = made(configs.MmaConfig(block_n=32, rotate_in_kernel=False))
-    forced_in = made(configs.MmaConfig(block_n=32, rotate_in_kernel=True))
-    assert not forced_out.in_kernel and forced_in.in_kernel
+    assert not made(configs.MmaConfig(block_n=32, rotate_in_kernel=False)).in_kernel
+    assert made(configs.MmaConfig(block_n=32, rotate_in_kernel=True)).in_kernel is (not per_group)
     monkeypatch.setenv(configs.ROTATION_ENV, "outside")
     assert not made(configs.MmaConfig(block_n=16, rotate_in_kernel=True)).in_kernel
     monkeypatch.setenv(configs.ROTATION_ENV, "kernel")
-    assert made(configs.MmaConfig(block_n=16, gpc=2, rotate_in_kernel=False)).in_kernel
+    assert made(configs.MmaConfig(block_n=16, gpc=2, rotate_in_kernel=False)).in_kernel is (not per_group)
     monkeypatch.setenv(configs.ROTATION_ENV, "inside")
     with pytest.raises(InvalidArgumentError, match=configs.ROTATION_ENV + ".*'kernel' or 'outside'.*'inside'"):
-        configs.rotate_in_kernel(configs.MmaConfig(), per_group)
+        configs.rotate_in_kernel(configs.MmaConfig(), False)
 
 
-def test_the_rule_gives_the_in_kernel_rotation_its_own_wide_tile(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a table entry, M > 32 with the rotation in the kernel takes 8 warps and 2
-    stages (4 warps spill with two passes, tools/compile_report); outside, the measured
-    4-warp tile."""
+def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a table entry the tile follows where the rotation runs: from M = 33 in the
+    kernel 8 warps and 2 stages (4 warps spill with two passes), at M = 17-32 2 stages
+    (3-5 need exactly 48 KB with some d = 64 layout); outside, the measured tiles."""
     from quantcore.backends.turboquant_triton import configs
 
     monkeypatch.delenv(configs.ROTATION_ENV, raising=False)
-    inside = configs.mma_config(None, 64, 4096, 4096, 128, 2, torch.bfloat16)
-    outside = configs.mma_config(None, 64, 4096, 4096, 128, 2, torch.bfloat16, rotation_per_group=True)
-    assert (inside.block_m, inside.warps, inside.stages) == (64, 8, 2)
-    assert (outside.block_m, outside.warps, outside.stages) == (64, 4, 3)
-    assert configs.mma_config(None, 16, 4096, 4096, 128, 2, torch.bfloat16) == configs.MmaConfig(block_n=64,
-                                                                                                  block_m=16)
+
+    def tile(m: int, per_group: bool) -> tuple[int, int, int]:
+        cfg = configs.mma_config(None, m, 4096, 4096, 128, 2, torch.bfloat16, rotation_per_group=per_group)
+        return cfg.block_m, cfg.warps, cfg.stages
+
+    assert tile(64, False) == (64, 8, 2) and tile(64, True) == (64, 4, 3)
+    assert tile(32, False) == (32, 4, 2) and tile(32, True) == (32, 4, 4)
+    assert tile(16, False) == tile(16, True) == (16, 4, 3)
+    monkeypatch.setenv(configs.ROTATION_ENV, "outside")
+    assert tile(64, False) == (64, 4, 3)

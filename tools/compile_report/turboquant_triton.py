@@ -61,39 +61,37 @@ def _loop_and_prologue(sass: str) -> tuple[Any, Any]:
 
 
 def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[str, Any]]:
-    """The tensor-core kernel at ``cfg``: x rotated outside and inside the kernel (one pass;
-    with ``everything`` also two passes with their own rotations, and a rotation per
-    group). ``rotation_loads_in_loop``: global loads (LDG, LDGSTS) a thread issues per
-    group beyond the outside variant's — 0 when Π stays where it was loaded before the
-    loop."""
+    """The tensor-core kernel at ``cfg`` with x rotated outside and inside it (one pass;
+    with ``everything`` also two with their own rotations). ``rotation_loads_in_loop``:
+    global loads (LDG, LDGSTS) in the group loop beyond the outside variant's (fewer
+    with two passes: one x tile for both) — not above 0 when Π stays where it was loaded
+    before the loop."""
     from quantcore.backends.turboquant_triton import mma
 
-    variants = [(False, False, False), (True, False, False)]
-    if everything:
-        variants += [(False, True, False), (True, True, False), (True, False, True)]
     rows, base_loads = [], {}
-    for rotate, two, per_group in variants:
-        const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROT_PER_GROUP=per_group,
-                     HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
-        runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
-        name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
-        name += f"-{'in' if rotate else 'out'}{'-pergroup' if per_group else ''}"
-        res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
-                       sass_dir / f"{name}.sass" if sass_dir else None)
-        sass = res.pop("sass")
-        loop, before = _loop_and_prologue(sass)
-        hist = opcode_counts(i.opcode for i in instructions(sass))
-        loads = loop["LDG"] + loop["LDGSTS"]
-        if not rotate:
-            base_loads[two] = loads
-        row = {"kernel": "mma", **{k: v for k, v in cfg.__dict__.items() if k != "rotate_in_kernel"},
-               "passes": 1 + two, "rotate_in_kernel": rotate, "rotation_per_group": per_group, **res,
-               "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"], "wgmma_in_loop": loop["HGMMA"],
-               "loop_instructions": sum(loop.values()), "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
-        if rotate:
-            row["rotation_loads_in_loop"] = loads - base_loads[two]
-        rows.append(row)
+    for two in (False, True) if everything else (False,):
+        for rotate in (False, True):
+            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                         TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, HAS_PARTIAL=True, HAS_BIAS=True,
+                         DOT_FP32=False, INTERPRET=False)
+            runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
+            name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
+            name += "-in" if rotate else "-out"
+            res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
+                           sass_dir / f"{name}.sass" if sass_dir else None)
+            sass = res.pop("sass")
+            loop, before = _loop_and_prologue(sass)
+            hist = opcode_counts(i.opcode for i in instructions(sass))
+            loads = loop["LDG"] + loop["LDGSTS"]
+            row = {"kernel": "mma", **{k: v for k, v in cfg.__dict__.items() if k != "rotate_in_kernel"},
+                   "passes": 1 + two, "rotate_in_kernel": rotate, **res, "wgmma": hist["HGMMA"],
+                   "mma_sync": hist["HMMA"], "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
+                   "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
+            if rotate:
+                row["rotation_loads_in_loop"] = loads - base_loads[two]
+            else:
+                base_loads[two] = loads
+            rows.append(row)
     return rows
 
 
@@ -128,7 +126,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
             rows.append({"kernel": "gemv", "passes": 1 + two, **cfg.__dict__, **res,
                          "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
                          "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
-    mma_cfgs = {configs.mma_config(None, m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
+    mma_cfgs = {configs.mma_rule(m, inside) for m in (16, 32, 64) for inside in (False, True)}
     mma_cfgs |= {c for c in shipped if isinstance(c, configs.MmaConfig)}
     geometries = {(c.block_n, c.block_m, c.gpc, c.warps, c.stages): c for c in sorted(mma_cfgs, key=str)}
     for _, cfg in sorted(geometries.items()):  # what the compiler sees (ctas only sizes the grid)
