@@ -36,9 +36,9 @@ __all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_confi
            "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
-#: ``kernel`` or ``outside``: where the tensor-core kernel applies a shared input rotation,
-#: for every bucket made while it is set, whatever the config says (to time both on one
-#: device); a rotation per group is always applied outside.
+#: ``kernel`` or ``outside``: where the tensor-core kernel applies a shared 16-bit input
+#: rotation, for every bucket made while it is set, whatever the config says (to time both
+#: on one device); a rotation per group or in float32 is always applied outside.
 ROTATION_ENV = "QUANTCORE_TURBOQUANT_MMA_ROTATION"
 
 
@@ -199,20 +199,26 @@ def mma_rule(m: int, in_kernel: bool) -> MmaConfig:
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
 
 
-def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object,
-               rotation_per_group: bool = False) -> MmaConfig:
+def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object, *,
+               rotation_per_group: bool = False, fp32_operands: bool = False) -> MmaConfig:
     """The table's entry, else the rule's tile for where the rotation runs by default."""
     hit = mma_entry(card, m, k, n, d, passes, dtype)
-    return hit if hit is not None else mma_rule(m, rotate_in_kernel(MmaConfig(), rotation_per_group))
+    if hit is not None:
+        return hit
+    inside = rotate_in_kernel(MmaConfig(), rotation_per_group=rotation_per_group, fp32_operands=fp32_operands)
+    return mma_rule(m, inside)
 
 
-def rotate_in_kernel(cfg: MmaConfig, rotation_per_group: bool) -> bool:
-    """Whether the tensor-core kernel rotates x itself (``mma.py``). A rotation per group
-    never is: each program would read d² values per group, 4d/block_n times the group's
+def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> bool:
+    """Whether the tensor-core kernel rotates x itself (``mma.py``). Never for a rotation
+    per group — each program would read d² values per group, 4d/block_n times the group's
     index bytes (8× at d = 128 and 64-row tiles, at every M), and keep one per pipeline
-    stage in shared memory. A shared rotation is unless ``QUANTCORE_TURBOQUANT_MMA_ROTATION``
-    says ``outside`` (or ``kernel``), or else the config's ``rotate_in_kernel`` is False."""
-    if rotation_per_group:
+    stage in shared memory — nor with float32 operands on a GPU, where Π alone takes
+    64 KB of shared memory at d = 128 and two passes on 64-row tiles need more than an
+    SM's 227 KB. A shared 16-bit rotation is rotated in the kernel unless
+    ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says ``outside`` (or ``kernel``), or else the
+    config's ``rotate_in_kernel`` is False."""
+    if rotation_per_group or fp32_operands:
         return False
     forced = os.environ.get(ROTATION_ENV)
     if forced:

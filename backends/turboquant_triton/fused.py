@@ -6,8 +6,8 @@
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
   launch; each program rotates its own x columns (a shared rotation: one launch a call),
   or the input is rotated once per call by one small GEMM for every pass before it
-  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group, or forced:
-  ``configs.rotate_in_kernel``);
+  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group or in float32,
+  or forced: ``configs.rotate_in_kernel``);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -193,10 +193,11 @@ class _Mma(_Bucket):
         self.groups = k // d
         p1, p2 = self.p1, self.p2
         own = p2 is not p1 and p2.rotation is not p1.rotation
-        per_group = p1.rotation.shape[0] != 1
-        self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, per_group)
+        where = dict(rotation_per_group=p1.rotation.shape[0] != 1,
+                     fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
+        self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
-        self.in_kernel = configs.rotate_in_kernel(self.cfg, per_group)
+        self.in_kernel = configs.rotate_in_kernel(self.cfg, **where)
         if not self.in_kernel:  # one rotated copy of x per distinct rotation, side by side (rotation.py)
             self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,

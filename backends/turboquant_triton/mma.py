@@ -15,9 +15,9 @@ the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
 
 Where ``x_rot`` comes from (the constexpr ``ROTATE``):
 
-* ``ROTATE`` (a rotation shared by every group, R = 1; the default there): each program
-  rotates the x columns of the groups it owns itself, as the decode kernel does
-  (``gemv.py``) — per group and distinct rotation one ``tl.dot(Πᵀ, x_gᵀ)``
+* ``ROTATE`` (the default for a rotation shared by every group, R = 1, in 16 bits on a
+  GPU): each program rotates the x columns of the groups it owns itself, as the decode
+  kernel does (``gemv.py``) — per group and distinct rotation one ``tl.dot(Πᵀ, x_gᵀ)``
   ([d, d]·[d, BLOCK_M], float32 accumulation, rounded to the rotation's dtype as the
   outside GEMM rounds its result), Πᵀ loaded once per program before the group loop and
   kept in shared memory. x is read as it came, [M, K]; the call is this one launch. It
@@ -27,7 +27,8 @@ Where ``x_rot`` comes from (the constexpr ``ROTATE``):
   (``quantcore/kernels/turboquant/rotation.py``): [M, G, X_COPIES, d], group g of pass p
   at ``(g·X_COPIES + p)·d`` of row m. A rotation per group (R = G) is always applied
   there: in the kernel each program would read d² values per group, and the pipeliner
-  would keep one per stage in shared memory (over 227 KB with two passes at d = 128).
+  would keep one per stage in shared memory (over 227 KB with two passes at d = 128); so
+  is a float32 rotation on a GPU (``configs.rotate_in_kernel``).
 
 X_COPIES = 2 when the passes have their own rotations, 1 when one rotation serves every
 pass (then one rotated copy of each group serves both).

@@ -1,7 +1,7 @@
 """What only a GPU can show of the tensor-core kernel rotating x itself (``mma.py``,
 ``ROTATE``): the compiled dot on 16-bit operands (the interpreter feeds it float32) against
-the golden output and against the rotation GEMM outside, at d = 128, 64 and 32, one pass
-and two, the passes' own rotations or one shared, one split and several, with and without
+the golden output and against the rotation GEMM outside, at d = 128 and 64, one pass and
+two, the passes' own rotations or one shared, one split and several, with and without
 a running partial; and a CUDA graph that replays it with the split-K tickets reset."""
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ LAYERS = [
     pytest.param(TurboQuant(group_size=128, residual=True), False, id="own-rotations"),
     pytest.param(TurboQuant(group_size=128, residual=True), True, id="shared-rotation"),
     pytest.param(TurboQuant(group_size=64, residual=True), False, id="own-rotations-g64"),
-    pytest.param(TurboQuant(group_size=32), False, id="one-pass-g32"),
 ]
 
 

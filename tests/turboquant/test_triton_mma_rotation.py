@@ -18,6 +18,7 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import InvalidArgumentError
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
+from tests.launch_recorder import record_launches
 
 INTERPRETER = enable_interpreter_for("cpu")
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
@@ -162,23 +163,54 @@ def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str
     assert made(configs.MmaConfig(block_n=16, gpc=2, rotate_in_kernel=False)).in_kernel is (not per_group)
     monkeypatch.setenv(configs.ROTATION_ENV, "inside")
     with pytest.raises(InvalidArgumentError, match=configs.ROTATION_ENV + ".*'kernel' or 'outside'.*'inside'"):
-        configs.rotate_in_kernel(configs.MmaConfig(), False)
+        configs.rotate_in_kernel(configs.MmaConfig())
 
 
 def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a table entry the tile follows where the rotation runs: from M = 33 in the
     kernel 8 warps and 2 stages (4 warps spill with two passes), at M = 17-32 2 stages
-    (3-5 need exactly 48 KB with some d = 64 layout); outside, the measured tiles."""
+    (3-5 need exactly 48 KB with some d = 64 layout); outside — a rotation per group or
+    float32 operands on a GPU, always — the measured tiles."""
     from quantcore.backends.turboquant_triton import configs
 
     monkeypatch.delenv(configs.ROTATION_ENV, raising=False)
 
-    def tile(m: int, per_group: bool) -> tuple[int, int, int]:
-        cfg = configs.mma_config(None, m, 4096, 4096, 128, 2, torch.bfloat16, rotation_per_group=per_group)
+    def tile(m: int, per_group: bool = False, fp32: bool = False) -> tuple[int, int, int]:
+        cfg = configs.mma_config(None, m, 4096, 4096, 128, 2, torch.bfloat16, rotation_per_group=per_group,
+                                 fp32_operands=fp32)
         return cfg.block_m, cfg.warps, cfg.stages
 
-    assert tile(64, False) == (64, 8, 2) and tile(64, True) == (64, 4, 3)
-    assert tile(32, False) == (32, 4, 2) and tile(32, True) == (32, 4, 4)
-    assert tile(16, False) == tile(16, True) == (16, 4, 3)
+    assert tile(64) == (64, 8, 2) and tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
+    assert tile(32) == (32, 4, 2) and tile(32, per_group=True) == tile(32, fp32=True) == (32, 4, 4)
+    assert tile(16) == tile(16, per_group=True) == tile(16, fp32=True) == (16, 4, 3)
     monkeypatch.setenv(configs.ROTATION_ENV, "outside")
-    assert tile(64, False) == (64, 4, 3)
+    assert tile(64) == (64, 4, 3)
+    monkeypatch.setenv(configs.ROTATION_ENV, "kernel")  # never for a rotation per group or in float32
+    assert tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
+    assert not configs.rotate_in_kernel(configs.MmaConfig(rotate_in_kernel=True), fp32_operands=True)
+
+
+def test_float32_rotations_stay_outside_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planned as on a GPU (launches recorded, not run): float32 rotations take the GEMM
+    outside (Π would take 64 KB of shared memory at d = 128), 16-bit ones the kernel;
+    under the interpreter, float32 rotations are rotated in the kernel."""
+    from quantcore.backends.turboquant_triton import fused
+    from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
+
+    monkeypatch.delenv(ROTATION_ENV, raising=False)
+    _, _, prep = _layer("own-rotations")
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(9))
+
+    def in_kernel(rotation_dtype: torch.dtype) -> bool:
+        passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(rotation_dtype)) for p in prep.passes)
+        codebook = prep.codebook.clone()  # buckets of their own
+        fused.fused_linear(x.to(rotation_dtype), passes, codebook, group_size=D, partial=None, bias=None,
+                           out_dtype=rotation_dtype, path="mma")
+        (bucket,) = [b for b in fused.launch_state(codebook).values() if isinstance(b, fused._Mma)]
+        return bool(bucket.in_kernel)
+
+    assert in_kernel(torch.float32)  # the interpreter
+    record_launches(monkeypatch, fused)
+    monkeypatch.setattr(fused, "interpreting", lambda: False)
+    assert not in_kernel(torch.float32)
+    assert in_kernel(torch.bfloat16) and in_kernel(torch.float16)
