@@ -32,10 +32,14 @@ from quantcore.errors import InvalidArgumentError
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
-__all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "path_for",
-           "table", "tables"]
+__all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "mma_entry",
+           "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
+#: ``kernel`` or ``outside``: where the tensor-core kernel applies a shared 16-bit input
+#: rotation, for every bucket made while it is set, whatever the config says (to time both
+#: on one device); a rotation per group or in float32 is always applied outside.
+ROTATION_ENV = "QUANTCORE_TURBOQUANT_MMA_ROTATION"
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,10 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program."""
+    """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program;
+    ``rotate_in_kernel``: each program rotates its x columns itself (one launch a call;
+    None counts as True) or, False, x is rotated once per call by a GEMM before the launch
+    (two) — :func:`rotate_in_kernel` has the last word."""
 
     block_n: int = 64
     block_m: int = 16
@@ -69,6 +76,7 @@ class MmaConfig:
     warps: int = 4
     stages: int = 3
     ctas: int = 264
+    rotate_in_kernel: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -167,15 +175,57 @@ def m_bucket(m: int) -> int:
     return min(max(16, 1 << max(m - 1, 0).bit_length()), 4096)
 
 
-def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig:
+def mma_entry(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object) -> MmaConfig | None:
+    """The card's table entry for this layer and M bucket, if any."""
     hit = table(card).get(("mma", k, n, d, passes, _dtype_name(dtype), m_bucket(m)))
-    if isinstance(hit, MmaConfig):
-        return hit
+    return hit if isinstance(hit, MmaConfig) else None
+
+
+def mma_rule(m: int, in_kernel: bool) -> MmaConfig:
+    """The tensor-core tile where no table entry fits, for x rotated in the kernel or
+    outside it (shared-memory sizes and registers: ``python -m tools.compile_report``)."""
     if m <= 16:
         return MmaConfig(block_n=64, block_m=16)
-    if m <= 32:  # 3 stages would need exactly 48 KB: unlaunchable beside the 1 KB table (lookup.py)
-        return MmaConfig(block_n=64, block_m=32, stages=4)
+    if m <= 32:
+        # Dynamic shared memory of exactly 48 KB cannot launch beside the 1 KB codebook
+        # table (lookup.py): outside, 3 stages hit it at d = 128; inside, 3, 4 and 5
+        # stages each hit it with one of d = 64's pass layouts, 2 with none.
+        return MmaConfig(block_n=64, block_m=32, stages=2 if in_kernel else 4)
+    if in_kernel:
+        # The rotation's [d, 64] float32 result beside the output tile: at 4 warps two
+        # passes spill (255 registers) and one pass holds 239; 8 warps hold 118-127 and 2
+        # stages keep two programs an SM (100-136 KB shared at d = 128).
+        return MmaConfig(block_n=64, block_m=64, warps=8, stages=2)
     return MmaConfig(block_n=64, block_m=64)  # beat 128-row tiles at M = 128 on the H100
+
+
+def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object, *,
+               rotation_per_group: bool = False, fp32_operands: bool = False) -> MmaConfig:
+    """The table's entry, else the rule's tile for where the rotation runs by default."""
+    hit = mma_entry(card, m, k, n, d, passes, dtype)
+    if hit is not None:
+        return hit
+    inside = rotate_in_kernel(MmaConfig(), rotation_per_group=rotation_per_group, fp32_operands=fp32_operands)
+    return mma_rule(m, inside)
+
+
+def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> bool:
+    """Whether the tensor-core kernel rotates x itself (``mma.py``). Never for a rotation
+    per group — each program would read d² values per group, 4d/block_n times the group's
+    index bytes (8× at d = 128 and 64-row tiles, at every M), and keep one per pipeline
+    stage in shared memory — nor with float32 operands on a GPU, where Π alone takes
+    64 KB of shared memory at d = 128 and two passes on 64-row tiles need more than an
+    SM's 227 KB. A shared 16-bit rotation is rotated in the kernel unless
+    ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says ``outside`` (or ``kernel``), or else the
+    config's ``rotate_in_kernel`` is False."""
+    if rotation_per_group or fp32_operands:
+        return False
+    forced = os.environ.get(ROTATION_ENV)
+    if forced:
+        if forced not in ("kernel", "outside"):
+            raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'kernel' or 'outside', got {forced!r}")
+        return forced == "kernel"
+    return cfg.rotate_in_kernel is not False
 
 
 def path_for(card: CardKey | None) -> PathChoice:

@@ -3,9 +3,11 @@
 
 * M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
   passes in one launch;
-* M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel on the input rotated once per call
-  (one small GEMM for every pass, ``quantcore/kernels/turboquant/rotation.py``), split
-  over K, all passes in one launch;
+* M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
+  launch; each program rotates its own x columns (a shared rotation: one launch a call),
+  or the input is rotated once per call by one small GEMM for every pass before it
+  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group or in float32,
+  or forced: ``configs.rotate_in_kernel``);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -54,7 +56,7 @@ _to_output = to_output
 #: (the decode kernel's second pass reads its own), the running partial; for the
 #: tensor-core kernel M.
 GEMV_VARYING = (0, 1, 10)
-MMA_VARYING = (0, 7, 11)
+MMA_VARYING = (0, 9, 13)
 
 
 def interpreting() -> bool:
@@ -180,7 +182,8 @@ class _Gemv(_Bucket):
 
 
 class _Mma(_Bucket):
-    rotate: InputRotation
+    """The tensor-core kernel, x rotated inside it (one launch a call) or by one GEMM
+    before it (``configs.rotate_in_kernel``)."""
 
     def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
@@ -188,17 +191,22 @@ class _Mma(_Bucket):
         super().__init__(passes, codebook, bias, device)
         n, k = self.n, self.k
         self.groups = k // d
-        self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype)
-        self.tiles_n = triton.cdiv(n, self.cfg.block_n)
         p1, p2 = self.p1, self.p2
-        # One rotated copy of x per distinct rotation, side by side (rotation.py).
         own = p2 is not p1 and p2.rotation is not p1.rotation
-        self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
-        self.weights = (_words(p1.indices), p1.scales, _words(p2.indices), p2.scales, codebook)
+        where = dict(rotation_per_group=p1.rotation.shape[0] != 1,
+                     fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
+        self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
+        self.tiles_n = triton.cdiv(n, self.cfg.block_n)
+        self.in_kernel = configs.rotate_in_kernel(self.cfg, **where)
+        if not self.in_kernel:  # one rotated copy of x per distinct rotation, side by side (rotation.py)
+            self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
+        self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
+                        codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
-            TWO_PASSES=len(passes) == 2, X_COPIES=self.rotate.copies, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
-            DOT_FP32=_dot_fp32(passes[0].rotation.dtype), INTERPRET=interpreting(),
+            TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel,
+            HAS_PARTIAL=partial, HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(passes[0].rotation.dtype),
+            INTERPRET=interpreting(),
         )
         #: By (groups per program, split): both follow M's row tiles, within the bucket.
         self.launches: dict[tuple[int, int], Launch] = {}
@@ -224,12 +232,12 @@ class _Mma(_Bucket):
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         m = x2d.shape[0]
         launch, grid, split, tiles = self.plans.get(m) or self._plan(m)
-        x_rot = self.rotate(x2d)
+        x = x2d if self.rotate is None else self.rotate(x2d)
         if split > 1:
             ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
         else:
             ws, tk = out, self.codebook
-        launch(grid, x_rot, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, m,
+        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, m,
                self.n, self.k // 8, self.k // 8)
 
 

@@ -42,7 +42,7 @@ from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
-__all__ = ["codebook_table", "nibble_values", "rotated_planes", "to_output"]
+__all__ = ["codebook_table", "nibble_values", "rotated_planes", "rounded", "to_output"]
 
 
 @triton.jit
@@ -130,14 +130,20 @@ def rotated_planes(xr, ROWS: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def to_output(acc, out_ptr):
-    """``acc`` (fp32) in the output dtype, rounded to nearest even. For bf16 the rounding
-    is done on the bits: the interpreter's own fp32 → bf16 conversion truncates, and the
-    explicit form is exact on the GPU as well (the result is then representable)."""
-    if out_ptr.dtype.element_ty == tl.bfloat16:
+def rounded(acc, dtype: tl.constexpr):
+    """``acc`` (fp32) in ``dtype``, rounded to nearest even. For bf16 the rounding is done
+    on the bits: the interpreter's own fp32 → bf16 conversion truncates, and the explicit
+    form is exact on the GPU as well (the result is then representable)."""
+    if dtype == tl.bfloat16:
         bits = acc.to(tl.uint32, bitcast=True)
-        rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        nearest = ((bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)
         # A NaN keeps its own conversion: the GPU's NaN is 0x7FFFFFFF, whose rounding
         # carry runs into the sign bit and would write -0.0 (found by the H100 fuzz).
-        acc = tl.where(acc != acc, acc, rounded)
-    return acc.to(out_ptr.dtype.element_ty)
+        acc = tl.where(acc != acc, acc, nearest)
+    return acc.to(dtype)
+
+
+@triton.jit
+def to_output(acc, out_ptr):
+    """``acc`` (fp32) in the output dtype, rounded to nearest even (:func:`rounded`)."""
+    return rounded(acc, out_ptr.dtype.element_ty)

@@ -13,10 +13,26 @@ the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
 * the (row, group) scale multiplies that group's [BLOCK_N, BLOCK_M] result — once per
   output element and group, not once per weight element.
 
-``x_rot`` is the input rotated once per call by one small GEMM outside
-(``quantcore/kernels/turboquant/rotation.py``): [M, G, X_COPIES, d], group g of pass p at
-``(g·X_COPIES + p)·d`` of row m — X_COPIES = 2 when the passes have their own rotations,
-1 when a single rotated copy serves every pass.
+Where ``x_rot`` comes from (the constexpr ``ROTATE``):
+
+* ``ROTATE`` (the default for a rotation shared by every group, R = 1, in 16 bits on a
+  GPU): each program rotates the x columns of the groups it owns itself, as the decode
+  kernel does (``gemv.py``) — per group and distinct rotation one ``tl.dot(Πᵀ, x_gᵀ)``
+  ([d, d]·[d, BLOCK_M], float32 accumulation, rounded to the rotation's dtype as the
+  outside GEMM rounds its result), Πᵀ loaded once per program before the group loop and
+  kept in shared memory. x is read as it came, [M, K]; the call is this one launch. It
+  costs d/BLOCK_N more matrix-unit work per group (each of the N/BLOCK_N programs that
+  share an x tile rotates it again) and d² rotation values read from L2 per program;
+* otherwise x is rotated once per call by one small GEMM outside
+  (``quantcore/kernels/turboquant/rotation.py``): [M, G, X_COPIES, d], group g of pass p
+  at ``(g·X_COPIES + p)·d`` of row m. A rotation per group (R = G) is always applied
+  there: in the kernel each program would read d² values per group, and the pipeliner
+  would keep one per stage in shared memory (over 227 KB with two passes at d = 128); so
+  is a float32 rotation on a GPU (``configs.rotate_in_kernel``).
+
+X_COPIES = 2 when the passes have their own rotations, 1 when one rotation serves every
+pass (then one rotated copy of each group serves both).
+
 With SPLIT > 1 the split partials meet as in the decode kernel (``gemv.py``): a float32
 workspace and a ticket per output tile; the last program adds them in split order.
 """
@@ -29,7 +45,7 @@ import triton.language as tl
 from quantcore.triton.interpreter import serialize_launches
 
 from .gemv import _release
-from .lookup import codebook_table, nibble_values, to_output
+from .lookup import codebook_table, nibble_values, rounded, to_output
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
@@ -51,16 +67,48 @@ def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexp
 
 
 @triton.jit
-def _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask, offs_m, m_mask, g, stride_idx, cb_ptr,
-                   M, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr, X_COPIES: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
-    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32 (``x_ptr`` at this pass's
-    copy of group 0, row 0)."""
+def _rotation_t(rot_ptr, D: tl.constexpr):
+    """Πᵀ of the shared rotation ([1, d, d] at ``rot_ptr``): [D, D], (i, j) = Π[j, i]."""
+    dd = tl.arange(0, D)
+    return tl.load(rot_ptr + dd[None, :] * D + dd[:, None])
+
+
+@triton.jit
+def _x_t(x_ptr, offs_m, m_mask, row_stride, col0, D: tl.constexpr):
+    """[D, BLOCK_M]: the d columns at ``col0`` of rows ``offs_m`` (rows past M and masked
+    groups read 0)."""
+    dd = tl.arange(0, D)
+    return tl.load(x_ptr + offs_m[None, :].to(tl.int64) * row_stride + col0 + dd[:, None], mask=m_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _cast(v, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 ``v`` in ``dtype``, rounded to nearest even (see :func:`_rotated_t`)."""
+    return rounded(v, dtype) if INTERPRET else v.to(dtype)
+
+
+@triton.jit
+def _rotated_t(pt, xt, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """x_rot_gᵀ = Πᵀ x_gᵀ, [D, BLOCK_M] in Π's dtype: the d-term dot products the outside
+    GEMM computes (x cast to Π's dtype, float32 accumulation, one rounding to nearest even:
+    ``cvt.rn`` on the GPU, on the bits under the interpreter, whose own conversion to bf16
+    truncates)."""
+    if xt.dtype != pt.dtype:
+        xt = _cast(xt.to(tl.float32), pt.dtype, INTERPRET)
+    if DOT_FP32:
+        r = tl.dot(pt.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+    else:
+        r = tl.dot(pt, xt)
+    return _cast(r, pt.dtype, INTERPRET)
+
+
+@triton.jit
+def _group_product(idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N_GROUPS: tl.constexpr,
+                   D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32, ``xt`` = x_rot_gᵀ [D, BLOCK_M]."""
     WPG: tl.constexpr = D // 8
     w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG, D, BLOCK_N, INTERPRET)
-    dd = tl.arange(0, D)
-    xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * (X_COPIES * K) + g * (X_COPIES * D) + dd[:, None],
-                 mask=m_mask[None, :], other=0.0)
     if DOT_FP32:
         part = tl.dot(w_hat, xt.to(tl.float32), input_precision="ieee")
     else:
@@ -71,11 +119,12 @@ def _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask, offs_m, m_mask, g, st
 
 @triton.jit
 def mma_kernel(
-    x_ptr, idx_ptr, scale_ptr, idx2_ptr, scale2_ptr,
+    x_ptr, idx_ptr, scale_ptr, rot_ptr, idx2_ptr, scale2_ptr, rot2_ptr,
     cb_ptr, out_ptr, partial_ptr, bias_ptr, ws_ptr, ticket_ptr,
     M, N, stride_idx, stride_idx2,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
+    ROTATE: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -88,18 +137,31 @@ def mma_kernel(
     m_mask = offs_m < M
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
+    if ROTATE:  # one Πᵀ per rotation for every group: loaded once, kept in shared memory
+        pt = _rotation_t(rot_ptr, D)
+        if X_COPIES == 2:
+            pt2 = _rotation_t(rot2_ptr, D)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for i in range(0, GPC):
         # No branch on the last split's missing groups (it would stop the pipeliner):
         # their loads are masked, so their scale and activations are zero.
         g = split * GPC + i
         g_ok = g < N_GROUPS
-        acc += _group_product(idx_ptr, scale_ptr, x_ptr, rows, rmask & g_ok, offs_m, m_mask & g_ok, g, stride_idx,
-                              cb_ptr, M, K, N_GROUPS, D, X_COPIES, BLOCK_N, DOT_FP32, INTERPRET)
-        if TWO_PASSES:  # pass 2's copy of each group follows pass 1's (or is it, with one copy)
-            acc += _group_product(idx2_ptr, scale2_ptr, x_ptr + (X_COPIES - 1) * D, rows, rmask & g_ok, offs_m,
-                                  m_mask & g_ok, g, stride_idx2, cb_ptr, M, K, N_GROUPS, D, X_COPIES, BLOCK_N,
-                                  DOT_FP32, INTERPRET)
+        if ROTATE:
+            xg = _x_t(x_ptr, offs_m, m_mask & g_ok, K, g * D, D)
+            xt = _rotated_t(pt, xg, DOT_FP32, INTERPRET)
+        else:
+            xt = _x_t(x_ptr, offs_m, m_mask & g_ok, X_COPIES * K, g * (X_COPIES * D), D)
+        acc += _group_product(idx_ptr, scale_ptr, xt, rows, rmask & g_ok, g, stride_idx, cb_ptr, N_GROUPS, D,
+                              BLOCK_N, DOT_FP32, INTERPRET)
+        if TWO_PASSES:
+            if X_COPIES == 2:  # pass 2's own rotation of the group
+                if ROTATE:
+                    xt = _rotated_t(pt2, xg, DOT_FP32, INTERPRET)
+                else:  # its copy follows pass 1's
+                    xt = _x_t(x_ptr, offs_m, m_mask & g_ok, 2 * K, g * (2 * D) + D, D)
+            acc += _group_product(idx2_ptr, scale2_ptr, xt, rows, rmask & g_ok, g, stride_idx2, cb_ptr, N_GROUPS,
+                                  D, BLOCK_N, DOT_FP32, INTERPRET)
     out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]
     mask = rmask[:, None] & m_mask[None, :]
     if SPLIT == 1:

@@ -44,3 +44,18 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             assert r["loop_instructions_per_weight"] <= (4.8 if r["unroll"] >= 3 else 5.7), r
         if r["kernel"] == "mma":
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
+    outside = {(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"]): r
+               for r in rows if r["kernel"] == "mma" and not r["rotate_in_kernel"]}
+    inside = [r for r in rows if r["kernel"] == "mma" and r["rotate_in_kernel"]]
+    assert inside and len(inside) == len(outside)
+    for r in inside:
+        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"])]
+        # Π (one shared rotation) is loaded before the group loop and stays in shared
+        # memory: the loop issues no global load the outside variant does not.
+        assert r["rotation_loads_in_loop"] == 0, r
+        assert r["prologue_global_loads"] > twin["prologue_global_loads"], r
+        # The rotation's dot runs on wgmma too (at 4 warps, d/block_n = 2 times the weight's
+        # instructions: 24 against 8).
+        assert r["wgmma_in_loop"] > twin["wgmma_in_loop"] and r["mma_sync"] == 0, (r, twin)
+        if r["warps"] == 4:
+            assert r["wgmma_in_loop"] == twin["wgmma_in_loop"] * (1 + 128 // r["block_n"]), (r, twin)

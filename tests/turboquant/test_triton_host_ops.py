@@ -7,8 +7,12 @@ Per call, after a bucket's first:
 
 * decode (M = 1, a shared rotation): the output, nothing else — the split-K workspace and
   tickets are kept per stream;
-* tensor-core kernel: the output, x viewed as its groups, one GEMM rotating x for every
-  pass (``[P₁ | P₂]`` made once);
+* tensor-core kernel rotating x itself (a shared rotation, by default): the output and
+  one launch, nothing else;
+* tensor-core kernel fed by the rotation outside (a rotation per group, always; a shared
+  one when forced): the
+  output, x viewed as its groups, one GEMM rotating x for every pass (``[P₁ | P₂]`` made
+  once);
 * dequantize + GEMM: the scratch, the output, the rotation GEMM, the product — no
   concatenation of rotations a call;
 * the module (TurboQuantLinear) adds no op to the kernel's.
@@ -29,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.backends.turboquant_triton import TurboQuantTriton
 from quantcore.backends.turboquant_triton import fused as fused_mod
-from quantcore.backends.turboquant_triton.configs import GemvConfig, PathChoice
+from quantcore.backends.turboquant_triton.configs import ROTATION_ENV, GemvConfig, PathChoice
 from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
@@ -87,6 +91,14 @@ def _layer(fmt: TurboQuant, seed: int = 0) -> tuple[dict[str, torch.Tensor], Tur
     return t, kernel, kernel.prepare(t, dtype=torch.float32)
 
 
+def _rotation(monkeypatch: pytest.MonkeyPatch, where: str | None) -> None:
+    """Force the tensor-core kernel's rotation ``kernel`` or ``outside``; None: the default."""
+    if where is None:
+        monkeypatch.delenv(ROTATION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ROTATION_ENV, where)
+
+
 def _launches(recorded: list[Recorder]) -> int:
     return sum(len(r.calls) for r in recorded)
 
@@ -105,14 +117,38 @@ def test_decode_call_allocates_only_its_output(recorded: list[Recorder], fmt: Tu
 
 
 @pytest.mark.parametrize("mode", ["inference", "no_grad"])
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
-def test_tensor_core_call_is_one_rotation_gemm_and_its_launch(recorded: list[Recorder], fmt: TurboQuant,
-                                                              mode: str) -> None:
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.slug)
+def test_tensor_core_call_is_its_output_and_one_launch(recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch,
+                                                       fmt: TurboQuant, mode: str) -> None:
+    """A shared rotation: the kernel rotates x itself. No torch op but the output, one
+    launch a call, split over K."""
+    _rotation(monkeypatch, None)
     _, kernel, prepared = _layer(fmt)
     x = torch.randn(2, K)
     before = _launches(recorded)
     ops = _ops(lambda: kernel(x, prepared), mode)
     assert [r.fn.__name__ for r in recorded] == ["mma_kernel"] and _launches(recorded) - before == 3
+    assert recorded[0].constexprs["ROTATE"] is True
+    grid, args = recorded[0].calls[-1]
+    assert grid[1] == 4  # split over K: the workspace and tickets are kept, not allocated
+    assert args[0] is x  # x as it came: no rotated copy
+    assert args[3] is prepared.passes[0].rotation and args[6] is prepared.passes[-1].rotation
+    assert ops == Counter(empty=1), ops
+
+
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
+def test_tensor_core_call_rotating_outside_is_one_rotation_gemm_and_its_launch(
+    recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant, mode: str,
+) -> None:
+    """Forced (a shared rotation) or the default (a rotation per group)."""
+    _rotation(monkeypatch, None if fmt.rotation_per_group else "outside")
+    _, kernel, prepared = _layer(fmt)
+    x = torch.randn(2, K)
+    before = _launches(recorded)
+    ops = _ops(lambda: kernel(x, prepared), mode)
+    assert [r.fn.__name__ for r in recorded] == ["mma_kernel"] and _launches(recorded) - before == 3
+    assert recorded[0].constexprs["ROTATE"] is False
     assert recorded[0].calls[-1][0][1] == 4  # split over K: a workspace and tickets
     gemms = ops["mm"] + ops["bmm"]
     assert gemms == 1, ops  # both passes rotated by one GEMM

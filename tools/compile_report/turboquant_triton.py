@@ -23,9 +23,9 @@ __all__ = ["report"]
 _GEMV_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr": "*bf16",
               "idx2_ptr": "*i32", "scale2_ptr": "*fp32", "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16",
               "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
-_MMA_PTRS = {"x_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "idx2_ptr": "*i32",
-             "scale2_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16", "partial_ptr": "*fp32",
-             "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+_MMA_PTRS = {"x_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr": "*bf16", "idx2_ptr": "*i32",
+             "scale2_ptr": "*fp32", "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16",
+             "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 _DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
 
 
@@ -49,11 +49,57 @@ def _longest_loop(sass: str) -> Any:
     return opcode_counts(opcodes_in(ins, max(loops, key=lambda span: len(opcodes_in(ins, span)))))
 
 
+def _loop_and_prologue(sass: str) -> tuple[Any, Any]:
+    """Opcode counts of the longest loop (the tensor-core kernel's group loop) and of the
+    instructions before it."""
+    ins = instructions(sass)
+    loops = backward_loops(ins)
+    if not loops:
+        return opcode_counts([]), opcode_counts(i.opcode for i in ins)
+    span = max(loops, key=lambda s: len(opcodes_in(ins, s)))
+    return opcode_counts(opcodes_in(ins, span)), opcode_counts(i.opcode for i in ins if i.address < span[0])
+
+
+def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[str, Any]]:
+    """The tensor-core kernel at ``cfg`` with x rotated outside and inside it (one pass;
+    with ``everything`` also two with their own rotations). ``rotation_loads_in_loop``:
+    global loads (LDG, LDGSTS) in the group loop beyond the outside variant's (fewer
+    with two passes: one x tile for both) — not above 0 when Π stays where it was loaded
+    before the loop."""
+    from quantcore.backends.turboquant_triton import mma
+
+    rows, base_loads = [], {}
+    for two in (False, True) if everything else (False,):
+        for rotate in (False, True):
+            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                         TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, HAS_PARTIAL=True, HAS_BIAS=True,
+                         DOT_FP32=False, INTERPRET=False)
+            runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
+            name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
+            name += "-in" if rotate else "-out"
+            res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
+                           sass_dir / f"{name}.sass" if sass_dir else None)
+            sass = res.pop("sass")
+            loop, before = _loop_and_prologue(sass)
+            hist = opcode_counts(i.opcode for i in instructions(sass))
+            loads = loop["LDG"] + loop["LDGSTS"]
+            row = {"kernel": "mma", **{k: v for k, v in cfg.__dict__.items() if k != "rotate_in_kernel"},
+                   "passes": 1 + two, "rotate_in_kernel": rotate, **res, "wgmma": hist["HGMMA"],
+                   "mma_sync": hist["HMMA"], "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
+                   "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
+            if rotate:
+                row["rotation_loads_in_loop"] = loads - base_loads[two]
+            else:
+                base_loads[two] = loads
+            rows.append(row)
+    return rows
+
+
 def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
     """One row per kernel variant: the decode kernel at its default and shipped geometries
     (K = 4096, d = 128; one pass, and two with ``everything``), the tensor-core kernel at
-    its M tiles, the dequantization kernel."""
-    from quantcore.backends.turboquant_triton import configs, dequant, gemv, mma
+    its M tiles with x rotated outside and inside it, the dequantization kernel."""
+    from quantcore.backends.turboquant_triton import configs, dequant, gemv
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
@@ -80,15 +126,11 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
             rows.append({"kernel": "gemv", "passes": 1 + two, **cfg.__dict__, **res,
                          "loop_instructions_per_weight": round(sum(loop.values()) / weights, 2),
                          "loop_lds_per_weight": round(loop["LDS"] / weights, 2)})
-    mma_cfgs = {configs.mma_config(None, m, 4096, 14336, 128, 1, "bfloat16") for m in (16, 32, 64)}
+    mma_cfgs = {configs.mma_rule(m, inside) for m in (16, 32, 64) for inside in (False, True)}
     mma_cfgs |= {c for c in shipped if isinstance(c, configs.MmaConfig)}
-    for cfg in sorted(mma_cfgs, key=str):
-        const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     TWO_PASSES=everything, X_COPIES=2 if everything else 1, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
-        runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
-        res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages)
-        hist = opcode_counts(i.opcode for i in instructions(res.pop("sass")))
-        rows.append({"kernel": "mma", **cfg.__dict__, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"]})
+    geometries = {(c.block_n, c.block_m, c.gpc, c.warps, c.stages): c for c in sorted(mma_cfgs, key=str)}
+    for _, cfg in sorted(geometries.items()):  # what the compiler sees (ctas only sizes the grid)
+        rows += _mma_rows(cfg, everything, sass_dir)
     const = dict(N_GROUPS=32, D=128, BLOCK_N=32, GPC=2, PASSES=2, INTERPRET=False)
     runtime = {**_DEQ_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32", "col0": "i32"}
     res = _compile(dequant.dequant_kernel, runtime, const, 4, 1)

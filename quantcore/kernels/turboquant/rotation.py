@@ -6,7 +6,8 @@ groups of x are the same and only the rotation differs, so one GEMM against the 
 rotations side by side, ``[P₁ | P₂]`` ([d, 2d]), gives both: row (m, g) of the result is
 ``[x_g P₁ | x_g P₂]``, which in memory is ``x_rot [M, G, P, d]`` — pass p of group g at
 ``(g·P + p)·d`` within row m. The fused kernels read that layout directly (the tensor-core
-kernel with its ``X_COPIES`` constexpr, the dequantize + GEMM path as ``x_cat``).
+kernel with its ``X_COPIES`` constexpr where it does not rotate x itself, the dequantize +
+GEMM path as ``x_cat``).
 
 Each dot product is the one :func:`.base.rotate_input` computes (the same operands, d
 terms accumulated in float32); only the GEMM that holds it is wider.
