@@ -47,9 +47,28 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
         if not collect_cells(profile=config.getoption("--qc-profile"), formats=formats, kernels=kernels):
             raise pytest.UsageError(no_cells_message(formats, kernels))
-    from quantcore.conformance.interpreter import enable_interpreter_for
+    if interpreter_wanted(device, _named(config, "--qc-device"), _cuda_present()):
+        from quantcore.conformance.interpreter import enable_interpreter_for
 
-    enable_interpreter_for(device)
+        enable_interpreter_for(device)
+
+
+def interpreter_wanted(device: str, named: bool, cuda_present: bool) -> bool:
+    """Whether this session runs Triton under its interpreter: for CPU cells, unless the
+    device was left at its default on a machine with a GPU — there the session also runs the
+    GPU's own tests (compiled Triton, Gluon, inductor), which the interpreter would break
+    for the whole process."""
+    return str(device).split(":")[0] == "cpu" and (named or not cuda_present)
+
+
+def _named(config: pytest.Config, option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in config.invocation_params.args)
+
+
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -215,9 +215,12 @@ def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_o
     index bytes (8× at d = 128 and 64-row tiles, at every M), and keep one per pipeline
     stage in shared memory — nor with float32 operands on a GPU, where Π alone takes
     64 KB of shared memory at d = 128 and two passes on 64-row tiles need more than an
-    SM's 227 KB. A shared 16-bit rotation is rotated in the kernel unless
-    ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says ``outside`` (or ``kernel``), or else the
-    config's ``rotate_in_kernel`` is False."""
+    SM's 227 KB. A shared 16-bit rotation is rotated in the kernel when
+    ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says ``kernel`` (``outside``: never), or else when
+    the config's ``rotate_in_kernel`` is True. Not by default: on the H100 the in-kernel
+    rotation takes an eager call from 2.1× to 1.1× nn.Linear's host time at M = 16, but
+    its CUDA-graph time from 43 to 58–60 µs at M = 1–16 and from 84–87 to 155–169 µs at
+    M = 128 (4096×14336, 14336×4096; README.md, "Rotation inside the tensor-core kernel")."""
     if rotation_per_group or fp32_operands:
         return False
     forced = os.environ.get(ROTATION_ENV)
@@ -225,7 +228,7 @@ def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_o
         if forced not in ("kernel", "outside"):
             raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'kernel' or 'outside', got {forced!r}")
         return forced == "kernel"
-    return cfg.rotate_in_kernel is not False
+    return cfg.rotate_in_kernel is True
 
 
 def path_for(card: CardKey | None) -> PathChoice:

@@ -120,9 +120,9 @@ def test_decode_call_allocates_only_its_output(recorded: list[Recorder], fmt: Tu
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.slug)
 def test_tensor_core_call_is_its_output_and_one_launch(recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch,
                                                        fmt: TurboQuant, mode: str) -> None:
-    """A shared rotation: the kernel rotates x itself. No torch op but the output, one
-    launch a call, split over K."""
-    _rotation(monkeypatch, None)
+    """A shared rotation the kernel is asked to apply itself: no torch op but the output,
+    one launch a call, split over K."""
+    _rotation(monkeypatch, "kernel")
     _, kernel, prepared = _layer(fmt)
     x = torch.randn(2, K)
     before = _launches(recorded)
@@ -141,7 +141,7 @@ def test_tensor_core_call_is_its_output_and_one_launch(recorded: list[Recorder],
 def test_tensor_core_call_rotating_outside_is_one_rotation_gemm_and_its_launch(
     recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant, mode: str,
 ) -> None:
-    """Forced (a shared rotation) or the default (a rotation per group)."""
+    """The default (for a shared rotation as for a rotation per group), and forced."""
     _rotation(monkeypatch, None if fmt.rotation_per_group else "outside")
     _, kernel, prepared = _layer(fmt)
     x = torch.randn(2, K)

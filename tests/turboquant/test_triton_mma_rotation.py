@@ -134,8 +134,9 @@ def test_split_k_tickets_are_reset_for_the_next_launch() -> None:
 
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations", "per-group"])
 def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """A shared rotation is applied in the kernel unless the config's ``rotate_in_kernel``
-    is False, and the environment overrides both; a rotation per group always outside."""
+    """A shared rotation is applied in the kernel when the config's ``rotate_in_kernel`` is
+    True (outside by default: faster on the GPU), and the environment overrides both; a
+    rotation per group always outside."""
     from quantcore.backends.turboquant_triton import configs
     from quantcore.backends.turboquant_triton.fused import fused_linear
 
@@ -152,9 +153,10 @@ def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str
         return next(b for key, b in fused.launch_state(prep.codebook).items() if key[5] == cfg)
 
     default = made(None)
-    assert default.in_kernel is (not per_group)
-    assert (default.rotate is None) is default.in_kernel  # no rotation GEMM kept when the kernel rotates
-    assert default.constexprs["ROTATE"] is default.in_kernel
+    assert not default.in_kernel and default.rotate is not None and default.constexprs["ROTATE"] is False
+    inside = made(configs.MmaConfig(block_n=32, gpc=2, rotate_in_kernel=True))
+    assert (inside.rotate is None) is inside.in_kernel  # no rotation GEMM kept when the kernel rotates
+    assert inside.constexprs["ROTATE"] is inside.in_kernel
     assert not made(configs.MmaConfig(block_n=32, rotate_in_kernel=False)).in_kernel
     assert made(configs.MmaConfig(block_n=32, rotate_in_kernel=True)).in_kernel is (not per_group)
     monkeypatch.setenv(configs.ROTATION_ENV, "outside")
@@ -167,10 +169,10 @@ def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str
 
 
 def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a table entry the tile follows where the rotation runs: from M = 33 in the
-    kernel 8 warps and 2 stages (4 warps spill with two passes), at M = 17-32 2 stages
-    (3-5 need exactly 48 KB with some d = 64 layout); outside — a rotation per group or
-    float32 operands on a GPU, always — the measured tiles."""
+    """Without a table entry the tile follows where the rotation runs: outside (the
+    default; a rotation per group or float32 operands on a GPU, always) the measured tiles;
+    in the kernel from M = 33 8 warps and 2 stages (4 warps spill with two passes), at
+    M = 17-32 2 stages (3-5 need exactly 48 KB with some d = 64 layout)."""
     from quantcore.backends.turboquant_triton import configs
 
     monkeypatch.delenv(configs.ROTATION_ENV, raising=False)
@@ -180,24 +182,25 @@ def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pyt
                                  fp32_operands=fp32)
         return cfg.block_m, cfg.warps, cfg.stages
 
-    assert tile(64) == (64, 8, 2) and tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
-    assert tile(32) == (32, 4, 2) and tile(32, per_group=True) == tile(32, fp32=True) == (32, 4, 4)
+    assert tile(64) == tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
+    assert tile(32) == tile(32, per_group=True) == tile(32, fp32=True) == (32, 4, 4)
     assert tile(16) == tile(16, per_group=True) == tile(16, fp32=True) == (16, 4, 3)
     monkeypatch.setenv(configs.ROTATION_ENV, "outside")
     assert tile(64) == (64, 4, 3)
     monkeypatch.setenv(configs.ROTATION_ENV, "kernel")  # never for a rotation per group or in float32
+    assert tile(64) == (64, 8, 2) and tile(32) == (32, 4, 2) and tile(16) == (16, 4, 3)
     assert tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
     assert not configs.rotate_in_kernel(configs.MmaConfig(rotate_in_kernel=True), fp32_operands=True)
 
 
 def test_float32_rotations_stay_outside_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planned as on a GPU (launches recorded, not run): float32 rotations take the GEMM
-    outside (Π would take 64 KB of shared memory at d = 128), 16-bit ones the kernel;
-    under the interpreter, float32 rotations are rotated in the kernel."""
+    outside (Π would take 64 KB of shared memory at d = 128) even where the kernel is asked
+    to rotate; under the interpreter, float32 rotations are rotated in the kernel."""
     from quantcore.backends.turboquant_triton import fused
     from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
 
-    monkeypatch.delenv(ROTATION_ENV, raising=False)
+    monkeypatch.setenv(ROTATION_ENV, "kernel")
     _, _, prep = _layer("own-rotations")
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(9))
 
