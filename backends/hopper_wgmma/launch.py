@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -29,6 +30,7 @@ from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe.card import CardKey, card_key
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
+from quantcore.triton.unowned import unowned
 
 from .configs import SMEM_RESERVE, Shape, plan_for
 from .first_use import first_use_plan
@@ -109,19 +111,21 @@ def _nvmma(dtype: torch.dtype, rank: int, swizzle: int = 0) -> Any:
 
 def weight_descriptors(w: HopperWeights, wg: int) -> tuple[Any, Any, Any]:
     """The TMA descriptors of the prepared weight for ``wg`` tiles per CTA (cached with the
-    tensors they describe: a state whose tensors were replaced gets new ones)."""
+    tensors they describe: a state whose tensors were replaced gets new ones), on
+    :func:`~quantcore.triton.unowned.unowned` tensors: the buckets in the weight's launch
+    state hold them."""
     key = ("descriptors", wg)
     kept = w.runtime.get(key)
     if kept is not None and kept[0] is w.qweight and kept[1] is w.scales and kept[2] is w.zeros:
         return kept[3]  # type: ignore[no-any-return]
     tiles, blocks = w.tiles, w.blocks
-    words = w.qweight.view(torch.int16).view(tiles, blocks * 8, 256)
+    words = unowned(w.qweight.view(torch.int16).view(tiles, blocks * 8, 256))
     w_desc = TensorDescriptor(words, [tiles, blocks * 8, 256], [blocks * 2048, 256, 1], [wg, 8, 256],
                               _nvmma(torch.int16, 3))
     s = w.scales
     s_desc = TensorDescriptor(s, list(s.shape), [s.shape[1], 1], [1, TILE_N * wg], _nvmma(s.dtype, 2))
     # Without zero points the kernel never reads z_desc; any uint8 view will do.
-    z = w.zeros if w.zeros is not None else w.qweight.view(torch.uint8).view(tiles, -1)
+    z = unowned(w.zeros if w.zeros is not None else w.qweight.view(torch.uint8).view(tiles, -1))
     z_desc = TensorDescriptor(z, list(z.shape), [z.stride(0), 1], [1, TILE_N * wg], _nvmma(torch.uint8, 2))
     have = (w_desc, s_desc, z_desc)
     w.runtime[key] = (w.qweight, w.scales, w.zeros, have)
@@ -228,7 +232,8 @@ class _Bucket:
     def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
-        self.source = (w.qweight, w.scales, w.zeros, w.bias)
+        #: The packed tensor by weak reference: it owns the launch state this is kept in.
+        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
         n = w.out_features
         self.n = n
         walk = split_steps(w, plan)
@@ -250,7 +255,7 @@ class _Bucket:
 
     def fits(self, w: HopperWeights) -> bool:
         s = self.source
-        return s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
         """``y`` ``[..., N]`` for the ``m`` rows of a contiguous ``x`` ``[..., K]``."""

@@ -17,6 +17,7 @@ output, the split-K workspace and the grid.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import triton
@@ -27,6 +28,7 @@ from quantcore.kernels.gptq_pairs.triton_kernels import gemv_kernel, launch_grid
 from quantcore.tensors import describe
 from quantcore.triton.launch import Launch
 from quantcore.triton.split_k import SplitKBuffers
+from quantcore.triton.unowned import unowned
 
 from .layout import HopperWeights
 from .plans import TritonPlan
@@ -52,7 +54,8 @@ class SmallMBucket:
     def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: TritonPlan) -> None:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
-        self.source = (w.qweight, w.scales, w.zeros, w.bias)
+        #: The packed tensor by weak reference: it owns the launch state this is kept in.
+        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
         k, n = w.in_features, w.out_features
         self.n = n
         any_t = w.scales
@@ -66,9 +69,9 @@ class SmallMBucket:
                      EVEN_K=k % block_k(w.bits) == 0, EVEN_N=n % plan.block_n == 0, ASM=not interpreting,
                      BLOCK_N=plan.block_n, FRAGMENTS=True)
         if plan.path == "gemv":
-            kernel, weight, block_m = gemv_kernel, w.qweight, 1
+            kernel, weight, block_m = gemv_kernel, unowned(w.qweight), 1
         else:
-            kernel, weight, block_m = mma_kernel, w.qweight.view(torch.int16), plan.block_m
+            kernel, weight, block_m = mma_kernel, unowned(w.qweight.view(torch.int16)), plan.block_m
             const |= dict(BLOCK_M=plan.block_m, OPERAND=plan.operand)
         self.steps = triton.cdiv(triton.cdiv(w.blocks, plan.split), plan.block_b)
         self.split = triton.cdiv(w.blocks, self.steps * plan.block_b)
@@ -85,7 +88,7 @@ class SmallMBucket:
 
     def fits(self, w: HopperWeights) -> bool:
         s = self.source
-        return s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
         """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` rows of ``x`` ``[..., K]`` of this

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from quantcore.tensors import describe
 from quantcore.triton.buffers import KeptBuffers
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
+from quantcore.triton.unowned import unowned
 
 from .configs import DEQUANT_BLOCK_N, INTERPRETER_MMA, Plan, Shape, plan_breaks, plan_for
 from .layout import TritonIntWeights
@@ -113,7 +115,8 @@ class _Bucket:
     def __init__(self, w: TritonIntWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
-        self.source = (w.qweight, w.scales, w.zeros, w.group_map, w.bias)
+        #: The packed tensor by weak reference: it owns the launch state this is kept in.
+        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.group_map, w.bias)
         k, n = w.in_features, w.out_features
         self.n = n
         any_t = w.scales
@@ -124,7 +127,7 @@ class _Bucket:
         if plan.path == "dequant":
             self.launch = Launch(dequant_kernel, constexprs=dict(**common, BLOCK_N=DEQUANT_BLOCK_N), device=device)
             self.grid = (triton.cdiv(n, DEQUANT_BLOCK_N), w.blocks, 1)
-            self.fixed = (w.qweight.view(torch.int16), w.scales, zeros, gmap)
+            self.fixed = (unowned(w.qweight.view(torch.int16)), w.scales, zeros, gmap)
             self.tail = (n, k, *runtime)
             self.bias = w.bias.to(dtype) if w.bias is not None else None
             return
@@ -133,11 +136,11 @@ class _Bucket:
         if plan.path == "gemv":
             cfg: Any = plan.gemv
             tiles_args = dict(BLOCK_N=cfg.block_n, BLOCK_B=cfg.block_b)
-            kernel, weight = gemv_kernel, w.qweight
+            kernel, weight = gemv_kernel, unowned(w.qweight)
         else:
             cfg = plan.mma
             tiles_args = dict(BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_B=cfg.block_b, OPERAND=cfg.operand)
-            kernel, weight = mma_kernel, w.qweight.view(torch.int16)
+            kernel, weight = mma_kernel, unowned(w.qweight.view(torch.int16))
         self.steps = triton.cdiv(triton.cdiv(w.blocks, cfg.split_k), cfg.block_b)
         self.split = triton.cdiv(w.blocks, self.steps * cfg.block_b)
         self.split_k = SplitKBuffers(self.split, device, any_t)
@@ -154,7 +157,7 @@ class _Bucket:
 
     def fits(self, w: TritonIntWeights) -> bool:
         s = self.source
-        return (s[0] is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.group_map
+        return (s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.group_map
                 and s[4] is w.bias)
 
     def __call__(self, x2: torch.Tensor, w: TritonIntWeights) -> torch.Tensor:

@@ -10,11 +10,13 @@ Imports triton: loaded on the first call.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 from quantcore.triton.launch import Launch, launch_state
+from quantcore.triton.unowned import unowned
 
 from .tiles import MoETile, check_tile, pow2_at_least, route_bound
 from .triton_source import moe_w8a16_kernel, route_schedule_kernel, schedule_words
@@ -47,8 +49,9 @@ class Bucket:
         # fp32 out when the routes are summed afterwards, and under the interpreter, whose
         # fp32 → bf16 conversion truncates instead of rounding to nearest.
         self.y_dtype = torch.float32 if weighted or interpreted else x_dtype
-        self.source = (prepared.layout, prepared.scales, prepared.zeros)
-        words = prepared.layout.view(torch.int32)
+        # The layout tensor by weak reference: it owns the launch state this is kept in.
+        self.source = (weakref.ref(prepared.layout), prepared.scales, prepared.zeros)
+        words = unowned(prepared.layout.view(torch.int32))
         zeros = prepared.zeros if prepared.zeros is not None else prepared.scales
         self.weights, self.placeholder = (words, prepared.scales, zeros), prepared.scales
         self.dims = (e, n, self.cols, n // 2, prepared.scales.shape[1])
@@ -78,7 +81,7 @@ class Bucket:
     def fits(self, prepared: Any) -> bool:
         """Made for these tensors (a state rebuilt around them is the same weight)."""
         s = self.source
-        return s[0] is prepared.layout and s[1] is prepared.scales and s[2] is prepared.zeros
+        return s[0]() is prepared.layout and s[1] is prepared.scales and s[2] is prepared.zeros
 
     def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, x_div: int, route_weights: torch.Tensor | None,
                  y: torch.Tensor) -> None:

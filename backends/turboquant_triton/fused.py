@@ -40,6 +40,7 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
 from quantcore.tensors import laid_out, version_of
 from quantcore.triton.launch import Launch, launch_state
+from quantcore.triton.unowned import unowned
 
 from . import configs
 from .dequant import dequant_kernel
@@ -108,8 +109,10 @@ class _Bucket:
         self.p1, self.p2 = passes[0], passes[-1]
         self.n, half = passes[0].indices.shape
         self.k = 2 * half
-        self.codebook = codebook
-        self.bias_or_cb = bias if bias is not None else codebook
+        # The codebook owns the launch state this is kept in: bound as a tensor over its
+        # memory that does not refer to it (quantcore/triton/unowned.py).
+        self.codebook = unowned(codebook)
+        self.bias_or_cb = bias if bias is not None else self.codebook
         #: The input rotation the host runs before the launch, if any.
         self.rotate: InputRotation | None = None
 
@@ -147,7 +150,7 @@ class _Gemv(_Bucket):
         x_dot = x_dtype if self.shared else torch.float32 if self.prerotate else passes[0].rotation.dtype
         p1, p2 = self.p1, self.p2
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
-                        codebook)
+                        self.codebook)
         options: dict[str, int] = dict(num_warps=cfg.warps, num_stages=1)
         if cfg.maxnreg and not interpreting():
             options["maxnreg"] = cfg.maxnreg
@@ -201,7 +204,7 @@ class _Mma(_Bucket):
         if not self.in_kernel:  # one rotated copy of x per distinct rotation, side by side (rotation.py)
             self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
-                        codebook)
+                        self.codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
             TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel,
@@ -257,7 +260,7 @@ class _Dequant(_Bucket):
         self.grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc), 1)
         self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=4), constexprs=dict(
             N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p, INTERPRET=interpreting()))
-        self.per_pass = [(_words(data.indices), data.scales, codebook) for data in passes]
+        self.per_pass = [(_words(data.indices), data.scales, self.codebook) for data in passes]
         self.bias_cdt = bias.to(dtype) if bias is not None else None
         self.bias_version = version_of(bias) if bias is not None else -1
         #: ``x_cat``'s columns match ``W_cat``'s: every pass's copy, shared rotations too.

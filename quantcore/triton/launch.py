@@ -36,6 +36,9 @@ in Triton 3.6 is written down in docs/triton-launch.md.
 launchers keep what they decided for a weight. They key it by a tensor of the weight, not
 by the prepared-state object: the custom ops rebuild that object around the same tensors
 at every call, and a bucket checks that the tensors it was made for are the ones given.
+Nothing in a state may refer to its owner, or the two would live as long as the process:
+a bucket remembers the owner by weak reference and binds it, its views and the tensor
+descriptors on them over :func:`~.unowned.unowned` aliases of its memory.
 
 Imports triton: import this module where a kernel runs, not at ``import quantcore``.
 """
@@ -252,7 +255,8 @@ _states_lock = threading.RLock()
 
 def launch_state(owner: Any) -> dict[Any, Any]:
     """A dict kept for ``owner`` (a weight's tensor) while it lives, keyed by its identity:
-    another object — a copy, a tensor moved to another device — gets its own."""
+    another object — a copy, a tensor moved to another device — gets its own. What the
+    dict holds must not refer to ``owner`` (module docstring), else neither is ever freed."""
     hit = _states.get(id(owner))
     if hit is not None and hit[0]() is owner:
         return hit[1]

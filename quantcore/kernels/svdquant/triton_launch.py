@@ -16,6 +16,7 @@ import torch
 from ...formats.svdquant import SVDQuantAct
 from ...triton.buffers import KeptBuffers, stream_key
 from ...triton.launch import Launch, launch_state
+from ...triton.unowned import unowned
 from .tile import Tile, launch_geometry, rank_block
 from .triton_source import act_quant_lora_kernel
 
@@ -57,7 +58,9 @@ class Bucket:
         self.unread = torch.empty(8, dtype=dtype, device=device)
         self.rsmooth = prepared.rsmooth  # with lora_down, the weight this bucket was made for
         self.rs = prepared.rsmooth if prepared.rsmooth is not None else self.unread
-        self.w = prepared.lora_down if r else self.unread
+        # lora_down owns the launch state this is kept in: bound as a tensor over its memory
+        # that does not refer to it (quantcore/triton/unowned.py).
+        self.w = unowned(prepared.lora_down) if r else self.unread
         extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
         self.launch = Launch(
             act_quant_lora_kernel, device=device, varying=VARYING,
