@@ -66,7 +66,7 @@ def main(path: str) -> None:
     result: dict[str, Any] = {"device_name": torch.cuda.get_device_name(), "tune": os.environ.get("QUANTCORE_HOPPER_TUNE"),
                               "first_process": first_calls()}
     cache = os.path.join(os.environ.get("QUANTCORE_CACHE", ""), "hopper_wgmma")
-    result["cache_files"] = {f: json.loads(Path(cache, f).read_text()) for f in sorted(os.listdir(cache))} if os.path.isdir(cache) else {}
+    result["cache_files"] = {f: json.loads(Path(cache, f).read_text()) for f in sorted(os.listdir(cache)) if f.endswith(".json")} if os.path.isdir(cache) else {}
     subprocess.run([sys.executable, "-m", "tools.probes.hopper_first_use", path + ".second", "second"], check=True)
     result["second_process"] = json.loads(Path(path + ".second").read_text())
     os.remove(path + ".second")
