@@ -160,7 +160,9 @@ class _Gemv(_Bucket):
                 N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
                 ROWS_CTA=rows_cta, BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
                 TWO_PASSES=len(passes) == 2, X_ROTATED=not self.shared, HAS_PARTIAL=partial,
-                HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(x_dot), INTERPRET=interpreting(),
+                HAS_BIAS=bias is not None, INTERPRET=interpreting(),
+                # x and Π of different dtypes (a float32 layer called in bf16) meet in float32.
+                DOT_FP32=_dot_fp32(x_dot) or x_dot != passes[0].rotation.dtype,
             ),
         )
 

@@ -226,3 +226,19 @@ def test_dequantize_bias_in_the_compute_dtype_follows_an_in_place_load() -> None
         bias.add_(1.0)
     result = compare(call(), linear_reference(x, fmt.dequantize(t), bias), tolerance_for(torch.bfloat16))
     assert result.ok, result.problem
+
+
+@pytest.mark.parametrize(("x_dtype", "wanted"), [(torch.bfloat16, True), (torch.float32, True)])
+def test_decode_kernel_multiplies_x_and_a_rotation_of_another_dtype_in_float32(
+        recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, x_dtype: torch.dtype, wanted: bool) -> None:
+    """A layer prepared in float32 called in bf16 (as a float32 model is under autocast):
+    the decode kernel's rotation dot gets operands of one dtype (``tl.dot`` of bf16 and fp32
+    does not compile for the GPU), planned as on a GPU (launches recorded, not run)."""
+    monkeypatch.setattr(fused_mod, "interpreting", lambda: False)
+    _, _, prepared = _layer(FORMATS[0])  # float32 rotations
+    x = torch.randn(1, K).to(x_dtype)
+    cfg = GemvConfig(gpc=4, ctas=8, br=4, warps=4)
+    fused_mod.fused_linear(x, prepared.passes, prepared.codebook, group_size=D, partial=None, bias=None,
+                           out_dtype=x_dtype, path="gemv", config=cfg)
+    (launch,) = [r for r in recorded if r.fn.__name__ == "gemv_kernel"]
+    assert launch.constexprs["X_ROTATED"] is False and launch.constexprs["DOT_FP32"] is wanted
