@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.backends.hopper_wgmma import launch, small_m
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
@@ -28,26 +27,17 @@ from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
 from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn.linear import QuantLinear
+from tests.aten_ops import AtenOps
 from tests.launch_recorder import Recorder, record_launches
 
 K, N = 512, 256
-
-
-class _AtenOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _ops(call: Callable[[], object]) -> Counter[str]:
     """The aten ops of one call after a warm-up call (the bucket made and bound)."""
     with torch.no_grad():
         call()
-        counted = _AtenOps()
+        counted = AtenOps()
         with counted:
             call()
     return Counter(counted.ops)

@@ -153,16 +153,7 @@ def test_the_parts_of_one_fused_call_add_one_split_and_nothing_else(monkeypatch:
     """Host cost: what the parts ask of torch beyond the fused layer's own call is one
     split_with_sizes per fused call (each aten op costs the host microseconds on a GPU),
     not through Tensor.split's Python wrapper."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class AtenOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+    from tests.aten_ops import AtenOps
 
     model = _quantized(_dense(), GPTQ(bits=4, group_size=32), fuse=True)
     attn = model.model.layers[0].self_attn

@@ -16,7 +16,6 @@ from unittest.mock import Mock
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
 from quantcore.backends.trtllm_moe import triton_launch
@@ -24,6 +23,7 @@ from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, reads_ids
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.probe.card_tables import H100_SXM
+from tests.aten_ops import AtenOps
 from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
@@ -101,18 +101,6 @@ def test_the_ids_are_read_on_the_host_only_off_cuda() -> None:
     assert reads_ids([[0, 1]])  # not a tensor: check_routing refuses it by name
 
 
-class _Ops(TorchDispatchMode):
-    """The aten ops a call runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize(
     ("t", "ids_dtype", "rw_dtype", "ops"),
     [
@@ -137,9 +125,9 @@ def test_a_cuda_call_reads_no_ids_and_runs_only_its_allocations(
     ids[0, 0] = 8  # out of range: not read, so not refused (the kernels give its route NaN)
     rw = torch.rand(t, 2, generator=gen).to(rw_dtype) if rw_dtype is not None else None
     kernel(x, ids, w, topk_weights=rw)  # the bucket's first call
-    with _Ops() as seen:
+    with AtenOps() as seen:
         y = kernel(x, ids, w, topk_weights=rw)
-    assert seen.names == ops
+    assert seen.ops == ops
     assert y.shape == ((t, 128) if rw is not None else (t, 2, 128)) and y.dtype == torch.bfloat16
     with pytest.raises(KernelInputError, match="x: expected"):  # every other check stays
         kernel(x.float(), ids, w)

@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.backends.turboquant_triton import TurboQuantTriton
 from quantcore.backends.turboquant_triton import fused as fused_mod
@@ -39,6 +38,7 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.nn.turboquant import TurboQuantLinear
 from quantcore.ops.linear import linear_reference
+from tests.aten_ops import AtenOps
 from tests.launch_recorder import Recorder, record_launches
 
 INTERPRETER = enable_interpreter_for("cpu")
@@ -47,16 +47,6 @@ pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before 
 K, N, D = 512, 64, 32  # 16 groups: the decode and tensor-core kernels split K
 FORMATS = [TurboQuant(group_size=D), TurboQuant(group_size=D, residual=True),
            TurboQuant(group_size=D, rotation_per_group=True, residual=True)]
-
-
-class _AtenOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 @contextmanager
@@ -70,7 +60,7 @@ def _ops(call: Callable[[], object], mode: str) -> Counter[str]:
     with _grad_mode(mode):
         call()
         call()
-        counted = _AtenOps()
+        counted = AtenOps()
         with counted:
             call()
     return Counter(counted.ops)
