@@ -3,11 +3,14 @@ host-cost tests of every backend count (each aten op costs the host microseconds
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AtenOps"]
+__all__ = ["AtenOps", "ops_of_call"]
 
 
 class AtenOps(TorchDispatchMode):
@@ -20,3 +23,17 @@ class AtenOps(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
+
+
+def ops_of_call(call: Callable[[], object], *, warm_ups: int = 1,
+                mode: AbstractContextManager[Any] | None = None) -> Counter[str]:
+    """The aten ops of one ``call`` after ``warm_ups`` calls (the bucket made and bound),
+    all under ``mode`` (``torch.no_grad()`` unless given)."""
+    import torch
+
+    with mode if mode is not None else torch.no_grad():
+        for _ in range(warm_ups):
+            call()
+        with AtenOps() as counted:
+            call()
+    return Counter(counted.ops)

@@ -27,20 +27,14 @@ from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
 from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn.linear import QuantLinear
-from tests.aten_ops import AtenOps
+from tests.aten_ops import ops_of_call
 from tests.launch_recorder import Recorder, record_launches
 
 K, N = 512, 256
 
 
 def _ops(call: Callable[[], object]) -> Counter[str]:
-    """The aten ops of one call after a warm-up call (the bucket made and bound)."""
-    with torch.no_grad():
-        call()
-        counted = AtenOps()
-        with counted:
-            call()
-    return Counter(counted.ops)
+    return ops_of_call(call)
 
 
 @pytest.fixture

@@ -5,26 +5,15 @@ machine: Triton compiles for an explicit target with its bundled ptxas."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from quantcore.triton.compile_report import tools_available
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compile_report_rows import compile_report_rows
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_default_tiles_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "tools.compile_report", "act_quant_lora"],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout)
+    rows = compile_report_rows("act_quant_lora")
     assert len(rows) == 6
     for r in rows:
         # the H100 tiles cap registers for occupancy (8–56 spilled bytes), and R = 256

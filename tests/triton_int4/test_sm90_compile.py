@@ -5,26 +5,15 @@ an explicit target with its bundled ptxas."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from quantcore.triton.compile_report import tools_available
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compile_report_rows import compile_report_rows
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_report_tiles_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "tools.compile_report", "triton_int4"],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout)
+    rows = compile_report_rows("triton_int4", timeout=900)
     assert len(rows) == 10
     for r in rows:
         assert r["spill_stack"] == 0, r

@@ -10,28 +10,18 @@ instructions a K-step at T = 1, 10 % more time on the H100 (triton_source.py,
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from quantcore.triton.compile_report import tools_available
+from tests.compile_report_rows import compile_report_rows
 
-ROOT = Path(__file__).resolve().parents[2]
 #: T → (K-loop instructions, whole kernel's), measured with Triton 3.6's bundled ptxas.
 DECODE_BUDGET = {1: (285, 776), 16: (317, 912), 64: (534, 2968)}
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_decode_tiles_keep_their_k_loop_and_uniform_wgmma_descriptors() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "tools.compile_report", "trtllm_moe_triton"],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout)
+    rows = compile_report_rows("trtllm_moe_triton", timeout=900)
     decode = {r["T"]: r for r in rows if "in-kernel routes" in r["tile"]}
     assert sorted(decode) == sorted(DECODE_BUDGET)
     for t, (loop, whole) in DECODE_BUDGET.items():

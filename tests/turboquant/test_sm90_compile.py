@@ -3,28 +3,15 @@ checked on any machine: Triton compiles for an explicit target with its bundled 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from quantcore.triton.compile_report import tools_available
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compile_report_rows import compile_report_rows
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_autotune_configs_compile_for_sm90_without_spills() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.compile_report", "turboquant_triton"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads(out.stdout)
+    rows = compile_report_rows("turboquant_triton")
     assert {r["kernel"] for r in rows} == {"gemv", "mma", "dequant"}
     for r in rows:
         assert r["spill_stack"] == 0, r

@@ -38,7 +38,7 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.nn.turboquant import TurboQuantLinear
 from quantcore.ops.linear import linear_reference
-from tests.aten_ops import AtenOps
+from tests.aten_ops import ops_of_call
 from tests.launch_recorder import Recorder, record_launches
 
 INTERPRETER = enable_interpreter_for("cpu")
@@ -56,14 +56,7 @@ def _grad_mode(mode: str) -> Iterator[None]:
 
 
 def _ops(call: Callable[[], object], mode: str) -> Counter[str]:
-    """The aten ops of one call after two warm-up calls (the bucket made and bound)."""
-    with _grad_mode(mode):
-        call()
-        call()
-        counted = AtenOps()
-        with counted:
-            call()
-    return Counter(counted.ops)
+    return ops_of_call(call, warm_ups=2, mode=_grad_mode(mode))
 
 
 @pytest.fixture
