@@ -28,6 +28,8 @@ if [[ $set_name == check ]]; then
   part=check
 fi
 mkdir -p "$RESULTS"
+# A device machine starts bare: quantcore from this checkout (its package map needs the install).
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RESULTS/install.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 if [[ -n ${VARIANTS:-} ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs the seed kernels' CPU-side work left, one part per call, each within a few
-# minutes (estimates: none has run yet). From the repository root, quantcore installed
-# with `pip install --no-deps -e .`; results and logs go to $RESULTS.
+# minutes (estimates: none has run yet). From the repository root,
+# installing quantcore from it (`pip install --no-deps -e .`); results and logs go to $RESULTS.
 #
 #   bash tools/probes/seed_kernels_gpu.sh moe_hazard|svdquant_tuned|turboquant_tune|offload_crossover|tables
 #
@@ -18,6 +18,8 @@
 set -uo pipefail
 RESULTS=${RESULTS:-$PWD/seed-kernels-results}
 mkdir -p "$RESULTS"
+# A device machine starts bare: quantcore from this checkout (its package map needs the install).
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RESULTS/install.log" 2>&1
 part=${1:?part: moe_hazard, svdquant_tuned, turboquant_tune, offload_crossover or tables}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader

@@ -15,6 +15,8 @@ set -uo pipefail
 RESULTS=${RESULTS:-trtllm_moe-results}
 W=$(mktemp -d)
 mkdir -p "$RESULTS"
+# A device machine starts bare: quantcore from this checkout (its package map needs the install).
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RESULTS/install.log" 2>&1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$W/gpu.txt"
 py=python3
