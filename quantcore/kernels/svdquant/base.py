@@ -109,7 +109,7 @@ class SVDQuantKernel(ActQuantLoraKernel):
                 f"prepared: expected the SVDQuantWeights that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
             )
-        if prepared.fmt != self.fmt:
+        if prepared.fmt is not self.fmt and prepared.fmt != self.fmt:
             raise KernelInputError(
                 f"prepared: made for {prepared.fmt.slug}, but this {self.name} writes {self.fmt.slug}; "
                 f"prepare the layer with a kernel for {self.fmt.slug}"

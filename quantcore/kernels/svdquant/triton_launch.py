@@ -20,22 +20,26 @@ from ...triton.unowned import unowned
 from .tile import Tile, launch_geometry, rank_block
 from .triton_source import act_quant_lora_kernel
 
-__all__ = ["VARYING", "Bucket", "launch_state"]
+__all__ = ["VARYING", "Bucket", "keeps_scratch", "launch_state"]
 
 #: The arguments that change between calls of a bucket and that Triton specialises: x,
 #: its row stride and M. (The outputs and workspaces are fresh allocations or kept
 #: buffers; q is not specialised; pointers a launch never reads are a fixed stand-in.)
 VARYING = (0, 1, 9)
 
-#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own):
-#: one buffer per device and stream, so concurrent streams never share tickets.
+#: Per-row-tile tickets, zero between calls (the last program of a tile resets its own),
+#: and the LoRA partials of shared row tiles (each written before it is read, in the same
+#: launch): one buffer of each per device and stream, so concurrent streams never share
+#: them, and a call allocates neither.
 _TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024)
+_PARTIALS = KeptBuffers(torch.float32, zero=False)
 
 
-def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
-    if device.type != "cuda":
-        return torch.zeros(size, dtype=torch.int32, device=device)
-    return _TICKETS.get(stream_key(device), size, device)
+def keeps_scratch(device: torch.device) -> bool:
+    """Whether a launch on ``device`` takes its tickets and partials from the kept buffers:
+    on CUDA, whose launches on one stream run in order. Elsewhere (the interpreter on a
+    CPU, where two threads may run launches at once) a call makes its own."""
+    return device.type == "cuda"
 
 
 class Bucket:
@@ -72,8 +76,13 @@ class Bucket:
 
     def __call__(self, x: torch.Tensor, m: int, qout: torch.Tensor, oscales: torch.Tensor, lora: torch.Tensor) -> None:
         if self.shared:
-            part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
-            tickets = _ticket_buffer(self.device, self.row_tiles)
+            if keeps_scratch(self.device):
+                stream = stream_key(self.device)
+                part = _PARTIALS.get(stream, self.part_numel, self.device)
+                tickets = _TICKETS.get(stream, self.row_tiles, self.device)
+            else:
+                part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
+                tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=self.device)
         else:
             part = tickets = lora  # never read: no row tile is shared
         scale_bits = oscales.view(torch.uint8 if self.fp4 else torch.int16)
