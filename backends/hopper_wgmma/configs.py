@@ -4,7 +4,10 @@ same architecture), else a rule.
 Tables are keyed by :class:`quantcore.probe.card.CardKey` — architecture, SMs, shared
 memory per block, bandwidth class — not by a device name, so an H100 NVL finds the H100
 SXM table and an H200 its own. Within a table the key is ``(bits, K, N, M)``; a call takes
-the plan of the largest measured M at or below its own (at most 4× below), else the rule.
+the plan of the largest measured M at or below its own (at most 4× below) if that plan's
+activation tile holds the call's rows. A plan tuned for 16 rows would read the weight
+four times at 64, so a call whose M the shape's table rows do not serve takes the plan of
+the nearest measured shape at its M (split re-fitted to the same CTA count), else the rule.
 A shape the card's own table did not measure (a table may cover only what one device
 call timed) is looked up in the next nearest table.
 fp16 takes the bf16 plans (the same tiles and instruction counts). On the H100 and the
@@ -15,12 +18,15 @@ of its own, a model-sized layer's first call times a few plans and caches the fa
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from quantcore.kernels.gptq_pairs.plans import Shape, pow2_at_least
 from quantcore.probe.card import CardKey
 
-from .plans import AnyPlan, Plan
+from .plans import AnyPlan, Plan, TritonPlan
 
-__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "measured_here", "plan_for"]
+__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "measured_here", "plan_for", "tile_rows"]
 
 #: Shared memory a CTA keeps for the epilogue's layout conversion and the barriers, beyond
 #: the ring (bytes).
@@ -68,23 +74,83 @@ def _nearest_first(card: CardKey, keys: list[CardKey]) -> list[CardKey]:
     return order
 
 
-def _measured(table: dict[tuple[int, int, int, int], AnyPlan], shape: Shape) -> tuple[bool, AnyPlan | None]:
+#: A measured plan serves Ms up to this many times the M it was measured at.
+M_REACH = 4
+
+Table = dict[tuple[int, int, int, int], AnyPlan]
+
+
+def tile_rows(plan: AnyPlan) -> int:
+    """Activation rows one program of ``plan`` multiplies."""
+    if isinstance(plan, TritonPlan):
+        return 1 if plan.path == "gemv" else plan.block_m
+    return plan.bm
+
+
+def _serves(plan: AnyPlan, measured_m: int, m: int) -> bool:
+    """Whether a plan measured at ``measured_m`` rows serves ``m`` rows: M at most
+    ``M_REACH``× above, and no more passes over the weight than measured — one activation
+    tile holds the call's rows, unless the measured M already took several tiles (a
+    compute-bound plan, which more rows do not change in kind)."""
+    rows = tile_rows(plan)
+    return measured_m <= m <= M_REACH * measured_m and (m <= rows or measured_m > rows)
+
+
+def _measured(table: Table, shape: Shape) -> tuple[bool, AnyPlan | None]:
     """Whether ``table`` measured this (bits, K, N), and its plan for the call: the one of its
-    largest M at or below the call's, at most 4× below (None where there is none)."""
+    largest M at or below the call's, if it serves the call (:func:`_serves`; else None)."""
     ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
     below = [m for m in ms if m <= shape.m]
-    hit = below and shape.m <= 4 * below[-1]
-    return bool(ms), table[(shape.bits, shape.k, shape.n, below[-1])] if hit else None
+    if not below:
+        return bool(ms), None
+    plan = table[(shape.bits, shape.k, shape.n, below[-1])]
+    return True, plan if _serves(plan, below[-1], shape.m) else None
+
+
+def _ctas(plan: Plan, shape: Shape) -> int:
+    return -(-shape.n // (64 * plan.wg)) * -(-shape.m // plan.bm) * plan.split
+
+
+def _nearest_shape(table: Table, shape: Shape) -> AnyPlan | None:
+    """The plan ``table`` measured for the nearest (K, N) of the same bits at an M that
+    serves the call (K and N compared by ratio), its K split re-fitted so the call runs about
+    as many CTAs as the measured one did; None where no row serves."""
+    best: tuple[tuple[float, int], tuple[int, int, int, int]] | None = None
+    for key, plan in table.items():
+        bits, k, n, m = key
+        if bits != shape.bits or not _serves(plan, m, shape.m):
+            continue
+        rank = (abs(math.log2(k / shape.k)) + abs(math.log2(n / shape.n)), shape.m - m)
+        if best is None or rank < best[0]:
+            best = (rank, key)
+    if best is None:
+        return None
+    _, k, n, m = best[1]
+    plan = table[best[1]]
+    if not isinstance(plan, Plan):
+        return plan
+    measured = Shape(m, k, n, shape.bits)
+    one_split = dataclasses.replace(plan, split=1)
+    split = round(_ctas(plan, measured) / _ctas(one_split, shape))
+    return dataclasses.replace(plan, split=max(1, min(split, shape.blocks // 2 or 1)))
 
 
 def plan_for(shape: Shape, card: CardKey) -> AnyPlan:
     """The plan of the nearest table that measured this (bits, K, N) — the card's own
-    first — at the largest M at or below the call's (at most 4× below); else the rule."""
+    first — at the largest M at or below the call's, where it serves the call; else the
+    nearest measured shape's plan at the call's M, the card's own table first; else the rule."""
     tables = _tables()
-    for key in _nearest_first(card, list(tables)):
+    order = _nearest_first(card, list(tables))
+    for key in order:
         measured, plan = _measured(tables[key], shape)
-        if measured:  # else this table did not measure the shape: ask the next one
-            return plan if plan is not None else default_plan(shape, card)
+        if plan is not None:
+            return plan
+        if measured:  # this table measured the shape, not for this M: no other card's row of it
+            break
+    for key in order:
+        plan = _nearest_shape(tables[key], shape)
+        if plan is not None:
+            return plan
     return default_plan(shape, card)
 
 

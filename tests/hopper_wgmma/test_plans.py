@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantcore.backends.hopper_wgmma.configs import Shape, default_plan, plan_for
+from quantcore.backends.hopper_wgmma.configs import Shape, default_plan, plan_for, tile_rows
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
 from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
@@ -42,8 +42,38 @@ def test_shipped_tables_parse_into_valid_plans() -> None:
 def test_the_table_answers_measured_shapes_and_the_m_just_below() -> None:
     table = load_tables()[H200]
     assert plan_for(Shape(16, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 16)]
-    assert plan_for(Shape(20, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 16)]  # largest measured M below
-    assert plan_for(Shape(3, 4096, 4096, 4), H200) == table[(4, 4096, 4096, 1)]
+    assert plan_for(Shape(3, 4096, 4096, 4), H200) == table[(4, 4096, 4096, 1)]  # largest measured M below
+    assert plan_for(Shape(4, 4096, 4096, 4), H200) == table[(4, 4096, 4096, 1)]  # 4x reach, its 8-row tile
+    # A plan measured with several row tiles (compute-bound) serves up to 4x its M.
+    assert plan_for(Shape(3000, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 2048)]
+
+
+@pytest.mark.parametrize("card", [H100, H200])
+@pytest.mark.parametrize(("m", "k", "n"), [(20, 4096, 14336), (64, 4096, 28672), (48, 4096, 6144),
+                                           (128, 4096, 12288), (40, 8192, 57344)])
+def test_a_plan_tuned_for_fewer_rows_is_not_stretched_over_more_row_tiles(card: CardKey, m: int, k: int,
+                                                                          n: int) -> None:
+    """A small-M plan read the weight once per row tile it was measured with: at an M its
+    tile does not hold, it would read the weight again for every tile (a 16-row plan at
+    M = 64: four times). Such calls take a plan whose tile holds their rows."""
+    plan = plan_for(Shape(m, k, n, 4), card)
+    assert tile_rows(plan) >= m
+
+
+def test_the_nearest_measured_shape_lends_its_plan_with_the_split_refitted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No row of (4096, 28672) serves M = 64: the plan of the nearest shape measured at 64
+    is taken, K split so the call runs about as many CTAs as the measured one."""
+    measured = Plan(1, 64, 5, 4, in_flight=True)
+    tables = {H100: {(4, 4096, 28672, 16): Plan(1, 16, 4, 1, in_flight=True),
+                     (4, 4096, 4096, 64): measured, (4, 14336, 4096, 64): Plan(1, 32, 4, 1)}}
+    monkeypatch.setattr("quantcore.backends.hopper_wgmma.configs._tables", lambda: tables)
+    # 4096 x 4096: 64 tiles x 4 splits = 256 CTAs; 4096 x 28672 has 448 tiles: split 1.
+    assert plan_for(Shape(64, 4096, 28672, 4), H100) == Plan(1, 64, 5, 1, in_flight=True)
+    # 4096 x 1024: 16 tiles, so 16 splits keep 256 CTAs.
+    assert plan_for(Shape(64, 4096, 1024, 4), H100) == Plan(1, 64, 5, 16, in_flight=True)
+    # No row serves 512 rows (4x reach): the rule.
+    assert plan_for(Shape(512, 4096, 28672, 4), H100) == default_plan(Shape(512, 4096, 28672, 4), H100)
 
 
 def test_shapes_off_the_table_take_the_rule() -> None:
@@ -91,7 +121,9 @@ def test_a_shape_the_own_table_lacks_comes_from_the_next_nearest(monkeypatch: py
     assert plan_for(Shape(16, 4096, 4096, 4), H100) == own
     assert plan_for(Shape(16, 4096, 4096, 8), H100) == other
     assert plan_for(Shape(16, 4096, 4096, 4), H200) == other
-    assert plan_for(Shape(16, 4096, 1024, 4), H100) == default_plan(Shape(16, 4096, 1024, 4), H100)
+    # A shape no table measured: the nearest measured shape's plan (own table first), split
+    # re-fitted to the same CTA count (64 tiles x 2 there, 16 tiles here).
+    assert plan_for(Shape(16, 4096, 1024, 4), H100) == Plan(1, 16, 4, 8, in_flight=True)
     # A shape the own table measured, but only at an M far below: the rule, not another table.
     assert plan_for(Shape(512, 4096, 4096, 4), H100) == default_plan(Shape(512, 4096, 4096, 4), H100)
 
