@@ -33,6 +33,8 @@ import quantcore
 from quantcore.errors import QuantCoreWarning
 from quantcore.formats.base import Format
 
+from . import grouped_attention
+
 __all__ = [
     "LLAMA_3_1_8B",
     "Decoder",
@@ -63,10 +65,13 @@ def llama_config(dims: Mapping[str, int]) -> Any:
 
 def random_llama(dims: Mapping[str, int], device: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """``LlamaForCausalLM`` with random weights (transformers' own init), built in ``dtype``
-    directly on ``device``."""
+    directly on ``device``, its attention :mod:`~quantcore.benchmarks.grouped_attention`'s
+    (a decode step reads each KV head once). The config carries that choice, so every copy
+    made from the model (:func:`quantized_copy`, :func:`reference_copy`) attends alike."""
     import transformers
 
     config = llama_config(dims)
+    config._attn_implementation = grouped_attention.register()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -10,6 +10,7 @@ __all__ = [
     "FusionError",
     "InvalidArgumentError",
     "KernelInputError",
+    "MissingDependencyError",
     "NoKernelError",
     "PluginError",
     "QuantCoreError",
@@ -57,6 +58,11 @@ class FusionError(InvalidArgumentError):
     """Layers that cannot become one along N: formats, group sizes, bits, ``g_idx``,
     rotations, devices or activation dtypes that differ, or a format without a
     concatenation. The message names the layers and what differs."""
+
+
+class MissingDependencyError(QuantCoreError, ImportError):
+    """A package quantcore needs for this call is absent, or its version lacks what is
+    needed; the message names the package, its version and what is missing."""
 
 
 class UnknownFormatError(QuantCoreError, LookupError):

@@ -1,7 +1,10 @@
 """End to end: a Llama-architecture model with Llama-3.1-8B's layer shapes (hidden 4096,
 intermediate 14336, 32 heads, 8 KV heads, vocabulary 128256, 32 layers; random weights),
 dense bf16 beside the same model quantized with ``quantcore.quantize_``, generating in one
-harness (:mod:`quantcore.benchmarks.decode`).
+harness (:mod:`quantcore.benchmarks.decode`). Attention is the same in every variant: a
+decode step packs the grouped query heads onto their KV head and reads the cache once (no
+K/V repeat), as engines' decode attention does (:mod:`quantcore.benchmarks.grouped_attention`);
+prefill is transformers' sdpa.
 
 Variants (``QUANTCORE_DECODE_VARIANTS=a,b,…`` picks some, in that order):
 
