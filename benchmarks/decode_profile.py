@@ -9,13 +9,23 @@ be explained from a trace (``torch.profiler``).
 The suite's models and harness are used as they are: for a decode case ``--steps``
 decode steps (compiled unless the case is ``eager``), for a prefill case as many
 prefills; each step is launched by the host, not replayed from a CUDA graph, so the gaps
-show what a graph would remove. On CUDA each kernel's time goes to the part of the op that
-launched it (a ``quantcore::linear`` op, a matmul whose shapes hold the vocabulary, an
-attention op …) or, for a kernel ``torch.compile`` generated, to the ops its name fuses
-(``…rsqrt…``: a norm); the gaps are the step's span minus the time some kernel ran. On
-the CPU the parts are the ops' own time, and what is left of the wall time is the host's
-time outside ops. ``--out`` gets one JSON per case (and a chrome trace per variant with
-``--trace``).
+show what a graph would remove. On CUDA each kernel's (and copy's) time goes to the part
+of the op that launched it (a ``quantcore::linear`` op, a matmul whose shapes hold the
+vocabulary, an attention op …) or, where the ops around its launch name no part — in a
+compiled step a kernel's launcher is an inductor-generated function or nothing —, to the
+part its own name tells: inductor names a kernel after the ops it fuses (``…rsqrt…``: a
+norm), GEMM libraries and quantcore's kernels after themselves (``nvjet_…``, ``…gemm…``,
+``wgmma_kernel``: the linears). Each kernel counts once, as the device event it is; the
+ranges ``record_function`` puts around code appear on the device timeline too, spanning
+the kernels launched inside them, and count for nothing (docs/benchmarks.md, "How the
+profile reads a trace"). An instant in which several kernels run at once (programmatic
+dependent launch starts a kernel before its predecessor ends, docs/pdl.md) counts to each
+a share, so the parts and the gaps add up to the span of the steps' kernels, within the
+wall time; the gaps are that span minus the time some kernel ran.
+Where only kernel names tell a GEMM apart, the LM head is not told from the linears: its
+part reads ``None`` ("in linears" in the table). On the CPU the parts are the ops' own
+time, and what is left of the wall time is the host's time outside ops. ``--out`` gets
+one JSON per case (and a chrome trace per variant with ``--trace``).
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ PARTS = ("linears", "attention", "norms", "lm_head", "embedding", "sampling", "o
 #: The profiler range an eager run puts around a module's call: ``part: linears`` ….
 _RANGE = "part: "
 _MATMUL = re.compile(r"^aten::(mm|addmm|linear|matmul)$")
-#: (part, what an op's or a kernel's name contains), tried in order.
+#: (part, what an op's name contains), tried in order.
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("attention", re.compile(r"scaled_dot_product|flash|efficient_attention|fmha|attention", re.I)),
     ("linears", re.compile(r"quantcore|_weight_int4pack_mm|^aten::(mm|addmm|linear|matmul|bmm)$")),
@@ -51,6 +61,29 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("embedding", re.compile(r"embedding", re.I)),
     ("sampling", re.compile(r"argmax", re.I)),
 )
+#: (part, what a device kernel's name contains), tried in order, for a kernel whose
+#: launching ops name no part. GEMMs: cuBLAS (``nvjet_…``, ``sm90_xmma_gemm_…``, ``…gemv…``,
+#: ``cublasLt::splitKreduce…``), CUTLASS, tinygemm (``tinygemm_m16n8k16_…``), inductor's
+#: matmul templates (``triton_tem_fused_mm_0``) and quantcore's Triton and Gluon kernels
+#: (backends/ and quantcore/kernels/: ``wgmma_kernel``, ``gemv_kernel``, ``mma_kernel``,
+#: ``dequant_kernel`` and ``rotate_kernel`` before a GEMM, the MoE and SVDQuant kernels).
+_KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("linears", re.compile(r"gemm|gemv|nvjet|cutlass|cublas|^triton_tem_|gptq_pairs|_mma|wgmma|"
+                           r"^(mma|dequant|rotate|act_quant_lora|moe_w8a16|route_schedule)_kernel", re.I)),
+    ("norms", re.compile(r"rsqrt|rms_norm|layer_norm", re.I)),
+    ("embedding", re.compile(r"embedding", re.I)),
+    ("sampling", re.compile(r"argmax", re.I)),
+)
+#: The device events that are the device's own work (``activity_type``); the others are
+#: ``gpu_user_annotation`` (a ``record_function`` range drawn over the kernels launched
+#: inside it) and ``cuda_sync`` (the host waiting), spans over work already counted
+#: (docs/benchmarks.md, "How the profile reads a trace").
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+#: CPU events the profiler takes from the CUDA runtime and driver, not ops: their ids
+#: are the driver's correlation ids (a kernel's own id is its launch's), another numbering
+#: than the ids of ops, which a kernel's ``linked_correlation_id`` names.
+_RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "overhead"})
 
 
 def _part_of(names: Sequence[str], shapes: Sequence[Any], vocab: int) -> str | None:
@@ -69,6 +102,13 @@ def _part_of(names: Sequence[str], shapes: Sequence[Any], vocab: int) -> str | N
     return None
 
 
+def _kernel_part(name: str) -> str | None:
+    for part, pattern in _KERNEL_RULES:
+        if pattern.search(name):
+            return part
+    return None
+
+
 def _chain(event: Any) -> tuple[list[str], list[Any]]:
     """Names and input shapes from the outermost enclosing op down to ``event``."""
     names, shapes = [], []
@@ -79,27 +119,75 @@ def _chain(event: Any) -> tuple[list[str], list[Any]]:
     return names[::-1], shapes[::-1]
 
 
-def attribute(events: Sequence[Any], vocab: int, *, steps: int, wall_s: float) -> dict[str, float]:
-    """Milliseconds per step of each part, plus ``gaps`` (CUDA: the device idle within
-    the span of the steps' kernels) or ``host`` (CPU: wall time outside every op)."""
+def _launcher_of(events: Sequence[Any]) -> Callable[[Any], Any]:
+    """A device event → the CPU event that launched it: the op its
+    ``linked_correlation_id`` names (what torch's own tables use), else the runtime call
+    with its correlation id (``cudaLaunchKernel``, ``cuLaunchKernelEx`` …), whose enclosing
+    ops are those around the launch — the only way to the ``part: …`` ranges of an eager
+    run, which link no kernel. The two numberings overlap, so each has its own table."""
     from torch.autograd import DeviceType
 
-    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    ops, calls = {}, {}
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            runtime = getattr(e, "activity_type", None) in _RUNTIME or getattr(e, "linked_correlation_id", 0)
+            (calls if runtime else ops)[e.id] = e
+
+    def launcher(kernel: Any) -> Any:
+        link, own = getattr(kernel, "linked_correlation_id", 0), getattr(kernel, "id", 0)
+        return (ops.get(link) if link else None) or (calls.get(own) if own else None)
+
+    return launcher
+
+
+def _is_work(event: Any) -> bool:
+    kind = getattr(event, "activity_type", None)
+    return not getattr(event, "is_user_annotation", False) and (kind is None or kind in _DEVICE_WORK)
+
+
+def _shares(spans: Sequence[tuple[float, float, str]]) -> tuple[dict[str, float], float]:
+    """Each part's time out of ``(start, end, part)`` spans, and the time some span ran:
+    an instant in which n spans run at once counts 1/n to each, so the parts add up to the
+    busy time, whatever overlaps."""
+    edges = sorted([(a, 1, p) for a, _, p in spans] + [(b, -1, p) for _, b, p in spans])
     parts: dict[str, float] = defaultdict(float)
+    running: dict[str, int] = defaultdict(int)
+    busy, total, last = 0.0, 0, 0.0
+    for t, step, part in edges:
+        if total:
+            busy += t - last
+            for p, n in running.items():
+                if n:
+                    parts[p] += (t - last) * n / total
+        running[part] += step
+        total += step
+        last = t
+    return dict(parts), busy
+
+
+def attribute(events: Sequence[Any], vocab: int, *, steps: int, wall_s: float) -> dict[str, float | None]:
+    """Milliseconds per step of each part, plus ``gaps`` (CUDA: the device idle within
+    the span of the steps' kernels) or ``host`` (CPU: wall time outside every op). On
+    CUDA the parts and gaps add up to that span; ``lm_head`` is None where a GEMM was
+    known by its kernel's name alone (the LM head's time is then in ``linears``)."""
+    from torch.autograd import DeviceType
+
+    device = [e for e in events if e.device_type == DeviceType.CUDA and _is_work(e)]
+    parts: dict[str, float] = defaultdict(float)
+    head_unseen = False
     if device:
-        launchers = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+        launcher = _launcher_of(events)
         spans = []
         for k in device:
-            names, shapes = _chain(launchers.get(getattr(k, "linked_correlation_id", 0)))
-            part = _part_of(names, shapes, vocab) or _part_of([k.name], [None], vocab) or "other"
-            parts[part] += k.time_range.elapsed_us()
-            spans.append((k.time_range.start, k.time_range.end))
-        spans.sort()
-        busy, end = 0.0, float("-inf")
-        for a, b in spans:
-            busy += max(0.0, b - max(a, end))
-            end = max(end, b)
-        parts["gaps"] = (spans[-1][1] - spans[0][0]) - busy
+            names, shapes = _chain(launcher(k))
+            part = _part_of(names, shapes, vocab)
+            if part is None:
+                part = _kernel_part(k.name) or "other"
+                head_unseen |= part == "linears"  # no op's shapes to tell the LM head by
+            spans.append((k.time_range.start, k.time_range.end, part))
+        shares, busy = _shares(spans)
+        parts.update(shares)
+        parts["gaps"] = max(b for _, b, _ in spans) - min(a for a, _, _ in spans) - busy
     else:
         for e in events:
             if e.device_type != DeviceType.CPU or "::" not in e.name:
@@ -107,7 +195,10 @@ def attribute(events: Sequence[Any], vocab: int, *, steps: int, wall_s: float) -
             names, shapes = _chain(e)
             parts[_part_of(names, shapes, vocab) or "other"] += e.self_cpu_time_total
         parts["host"] = max(0.0, wall_s * 1e6 - sum(parts.values()))
-    return {p: round(us / 1e3 / steps, 4) for p, us in parts.items()}
+    out: dict[str, float | None] = {p: round(us / 1e3 / steps, 4) for p, us in parts.items()}
+    if head_unseen and not out.get("lm_head"):
+        out["lm_head"] = None
+    return out
 
 
 def _module_part(name: str, module: nn.Module) -> str | None:
@@ -192,6 +283,10 @@ def profile_case(dims: dict[str, int], device: str, names: Sequence[str], *, ste
     return out
 
 
+#: The table's cell for an LM head that kernel names could not tell from the linears.
+_HEAD_IN_LINEARS = "in linears"
+
+
 def table(result: dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -199,8 +294,8 @@ def table(result: dict[str, Any]) -> str:
     for name, v in result["variants"].items():
         parts = v["parts_ms_per_step"]
         idle = "gaps" if "gaps" in parts else "host"
-        rows.append([name, f"{v['wall_ms_per_step']:.3f}", *[f"{parts.get(p, 0.0):.3f}" for p in (*PARTS, idle)],
-                     v["kernels"]])
+        cells = [_HEAD_IN_LINEARS if parts.get(p, 0.0) is None else f"{parts.get(p, 0.0):.3f}" for p in (*PARTS, idle)]
+        rows.append([name, f"{v['wall_ms_per_step']:.3f}", *cells, v["kernels"]])
     headers = ["variant", "wall ms/step", *PARTS, "gaps / host", "kernels"]
     return f"{result['case']} (ms per step)\n" + tabulate(rows, headers=headers, disable_numparse=True)
 

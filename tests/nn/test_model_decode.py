@@ -109,7 +109,7 @@ def test_the_summary_tells_speed_quality_and_every_target(suite) -> None:
     assert len(suite.summarize(small)) == 1  # targets are the 32-layer model's
 
 
-# --- the per-part profile -------------------------------------------------------------------------
+# --- the per-part profile (its attribution on synthetic events: tests/nn/test_decode_profile.py) ---
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["compiled", "eager"])
@@ -126,44 +126,3 @@ def test_the_profile_splits_a_step_into_its_parts(suite, eager: bool) -> None:
         assert parts["host"] >= 0 and sum(parts.values()) == pytest.approx(v["wall_ms_per_step"], rel=0.02)
     assert result["variants"]["gptq4-g128-fused"]["kernels"] == "aten_cpu"
 
-
-class _Span:
-    def __init__(self, start: float, end: float) -> None:
-        self.start, self.end = start, end
-
-    def elapsed_us(self) -> float:
-        return self.end - self.start
-
-
-class _Event:
-    def __init__(self, name: str, device: str, *, id: int = 0, link: int = 0, span=(0.0, 0.0), parent=None,
-                 shapes=None) -> None:
-        from torch.autograd import DeviceType
-
-        self.name, self.id, self.linked_correlation_id = name, id, link
-        self.device_type = DeviceType.CUDA if device == "cuda" else DeviceType.CPU
-        self.time_range, self.cpu_parent, self.input_shapes = _Span(*span), parent, shapes
-
-
-def test_device_kernels_go_to_the_op_that_launched_them_and_idle_time_to_gaps() -> None:
-    """The CUDA path of the attribution, on events shaped as torch.profiler gives them:
-    a kernel links to its launch, whose parents are the ops; an LM head is a matmul over
-    the vocabulary; a generated kernel is known by the ops its name fuses."""
-    from quantcore.benchmarks.decode_profile import attribute
-
-    vocab = 1000
-    qlinear = _Event("quantcore::linear", "cpu")
-    head = _Event("aten::mm", "cpu", shapes=[[2, 64], [64, vocab]])
-    attn = _Event("aten::_scaled_dot_product_efficient_attention", "cpu")
-    launches = [_Event("cudaLaunchKernel", "cpu", id=i, parent=p) for i, p in
-                enumerate([qlinear, head, attn, None, None], start=1)]
-    kernels = [
-        _Event("int4_gemv", "cuda", link=1, span=(0, 10)),
-        _Event("gemv2T_kernel", "cuda", link=2, span=(12, 20)),
-        _Event("fmha_cutlassF", "cuda", link=3, span=(20, 26)),
-        _Event("triton_red_fused_add_mean_mul_pow_rsqrt_0", "cuda", link=4, span=(30, 33)),
-        _Event("triton_poi_fused_cat_mul_1", "cuda", link=5, span=(31, 34)),
-    ]
-    parts = attribute([qlinear, head, attn, *launches, *kernels], vocab, steps=2, wall_s=1.0)
-    assert parts == {"linears": 0.005, "lm_head": 0.004, "attention": 0.003, "norms": 0.0015, "other": 0.0015,
-                     "gaps": 0.003}  # idle: 10–12 and 26–30 of the 0–34 span, per step
