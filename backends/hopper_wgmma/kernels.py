@@ -200,13 +200,47 @@ def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
 
 
 @gluon.jit
+def _ws_consume(acc, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter,
+                STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
+                BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
+                WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
+                a_layout: gl.constexpr, words_layout: gl.constexpr):
+    """The consumer warpgroups of a warp-specialised program: the in-flight walk (two blocks
+    per trip, the previous block's groups retired after each), handing each retired
+    block's stage back on its ``empty`` barrier instead of refilling it."""
+    gl.assume(n_iter > 0)
+    for j in range(0, n_iter, 2):
+        for u in gl.static_range(2):
+            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, full, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+            acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
+            done = j + u - 1
+            mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=(done >= 0) & (done + STAGES < n_iter))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return (acc,)
+
+
+@gluon.jit
+def _ws_produce(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter, blk0,
+                tile_n, m0, n0, sub_group, STAGES: gl.constexpr, BK: gl.constexpr, PAIRS: gl.constexpr,
+                ROWS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr):
+    """The producer warp of a warp-specialised program: every block's TMA loads, each once
+    the consumers have handed its stage back (the ring's first fill waits for nothing)."""
+    for i in range(n_iter):
+        stage = i % STAGES
+        mbarrier.wait(empty.index(stage), ((i // STAGES) - 1) & 1, pred=i >= STAGES)
+        _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, full, stage, blk0 + i,
+               tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+
+
+@gluon.jit
 def wgmma_kernel(
     w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, stride_ym, blocks, steps, split_k, sub_group,
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
-    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0,
+    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -254,6 +288,14 @@ def wgmma_kernel(
     bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
         mbarrier.init(bar.index(st), count=1)
+    if WS:
+        # Per stage, "empty": the consumers are done with its block. Gluon's arrive is one
+        # thread's, after a barrier over the consumer warps (the compiler's), so one arrival.
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for st in gl.static_range(STAGES):
+            mbarrier.init(empty.index(st), count=1)
+    else:
+        empty = bar
     fence_async_shared()
 
     if PDL == 2:
@@ -268,7 +310,7 @@ def wgmma_kernel(
             if p < n_iter:
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
-    else:
+    elif not WS:  # with WS the producer partition fills the ring
         if PDL == 1:
             _wait_for_prior_grids()
         for p in gl.static_range(STAGES):
@@ -277,7 +319,15 @@ def wgmma_kernel(
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    if IN_FLIGHT:
+    if WS:
+        acc = gl.warp_specialize(
+            [(_ws_consume, (acc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter, STAGES, PAIRS, ROWS,
+                            SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout,
+                            words_layout)),
+             (_ws_produce, (w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter,
+                            blk0, tile_n, m0, n0, sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD))],
+            [1], [24])[0]
+    elif IN_FLIGHT:
         # Two blocks per trip (the module's docstring says why); the launcher gives every
         # program an even block count.
         for j in range(0, n_iter, 2):
@@ -310,6 +360,8 @@ def wgmma_kernel(
                            blk0 + nxt, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
+        if WS:
+            mbarrier.invalidate(empty.index(st))
     if PDL != 0:
         _let_dependents_launch()  # the next layer's launch may start its weight loads
 

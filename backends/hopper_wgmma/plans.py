@@ -34,22 +34,32 @@ class Plan:
     #: Leave each block's wgmma groups in flight while the next block is dequantized (a
     #: wait per block retires the one before); excludes ``per_wait`` 2.
     in_flight: bool = False
+    #: Warp-specialised: one producer warp issues every TMA load against per-stage "empty"
+    #: barriers and the consumer warpgroups only wait, dequantize and multiply (the
+    #: in-flight walk without a CTA barrier per block); needs ``in_flight``. Opt-in: no
+    #: shipped table and not the rule name it until a device run has measured it.
+    ws: bool = False
 
     def __post_init__(self) -> None:
         if (self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1
                 or self.per_wait not in (1, 2) or (self.in_flight and self.per_wait != 1)):
             raise ValueError(f"hopper_wgmma plan out of range: {self}")
+        if self.ws and not self.in_flight:
+            raise ValueError(f"hopper_wgmma plan: ws (a producer warp) needs in_flight=True, got {self}")
 
     @property
     def num_warps(self) -> int:
+        """The consumer warps a launch asks for; a warp-specialised plan's producer warp
+        is added by the compiler (the compiled kernel's ``num_warps`` counts it)."""
         return 4 * self.wg
 
     def stage_bytes(self, bits: int, scale_bytes: int, sub_rows: int, zeros: bool) -> int:
         """Shared memory one stage of the ring takes (rows of scales and zero points in
-        slots of at least 128 bytes, as TMA writes them)."""
+        slots of at least 128 bytes, as TMA writes them; a warp-specialised plan's second
+        mbarrier per stage, 8 bytes)."""
         bk = 512 // bits
         row = max(128, 64 * self.wg * scale_bytes) + (max(128, 64 * self.wg) if zeros else 0)
-        return self.wg * 4096 + self.bm * bk * 2 + sub_rows * row
+        return self.wg * 4096 + self.bm * bk * 2 + sub_rows * row + 8 * self.ws
 
 
 @dataclass(frozen=True)
