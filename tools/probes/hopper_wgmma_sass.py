@@ -1,6 +1,7 @@
 """Compile ``hopper_wgmma`` for sm_90a on any machine (no GPU) and read what the compiler
 made: registers, spill stack, shared memory, and in the main loop the HGMMAs, the
-``WARPGROUP.DEPBAR`` waits (how many wgmma groups stay in flight), barriers, shared and
+``WARPGROUP.DEPBAR`` waits (how many wgmma groups stay in flight), barriers (CTA-wide, or
+named over a warp-specialised partition's warps; the producer's ``setmaxnreg``), shared and
 global load widths, and instructions per weight code; and ``hazards``, the writes to a
 register an in-flight HGMMA still reads (``hopper_wgmma_hazards.py``), which must be 0.
 
@@ -39,31 +40,52 @@ def _tool(name: str) -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
 
 
-def _loop(sass: str) -> list[str]:
+def _loop(sass: str, holding: str = "HGMMA", without: str | None = None) -> list[str]:
     """Instructions (opcode and operands) of the backward-branch loop holding the most
-    HGMMAs (the walk over K)."""
+    ``holding`` instructions (HGMMA: the walk over K), among those with no ``without``."""
     ins = re.findall(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);", sass)
     best: list[str] = []
+
+    def count(body: list[str], op: str) -> int:
+        return sum(o.startswith(op) for o in body)
+
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op.startswith("BRA") and target and int(target.group(1), 16) < int(addr, 16):
             lo, hi = int(target.group(1), 16), int(addr, 16)
             body = [f"{o} {r}".strip() for a, o, r in ins if lo <= int(a, 16) <= hi]
-            if sum(o.startswith("HGMMA") for o in body) > sum(o.startswith("HGMMA") for o in best):
+            if (without is None or not count(body, without)) and count(body, holding) > count(best, holding):
                 best = body
     return best
+
+
+def _barriers(body: list[str]) -> tuple[int, list[int]]:
+    """(CTA-wide ``BAR.SYNC``s, thread counts of the named barriers over part of the CTA:
+    ``BAR.SYNC id, threads``, which a warp-specialised partition's compiler barriers are)."""
+    cta, named = 0, []
+    for line in body:
+        if line.startswith("BAR.SYNC"):
+            args = line.split(None, 1)[1].split(",") if " " in line else []
+            if len(args) > 1:
+                named.append(int(args[1], 0))
+            else:
+                cta += 1
+    return cta, named
 
 
 def loop_profile(sass: str, codes_per_iteration: int, threads: int) -> dict[str, Any]:
     body = _loop(sass)
     ops = [line.split()[0] for line in body]
     hist = collections.Counter(op.split(".")[0] for op in ops)
+    cta, named = _barriers(body)
     return {
         "loop_instructions": len(ops),
         "instr_per_code": round(len(ops) * threads / max(codes_per_iteration, 1), 2),
         "hgmma": sum(op.startswith("HGMMA") for op in ops),
         "depbar": [line for line in body if line.startswith("WARPGROUP.DEPBAR")],
         "bar_sync": sum(op.startswith("BAR.SYNC") for op in ops),
+        "bar_cta": cta,
+        "bar_named": named,
         "lds128": sum(op.startswith("LDS") and ".128" in op for op in ops),
         "ldg": sum(op.startswith("LDG") for op in ops),
         "tma": sum(op.startswith("UTMALDG") for op in ops),
@@ -113,10 +135,14 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
 
     codes = 64 * plan.wg * 512 // bits
     hazards = operand_hazards(sass)
+    producer = _loop(sass, "UTMALDG", without="HGMMA")
     return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
             "sym": sym, "registers": get("REG"), "spill_stack": get("STACK"), "shared": compiled.metadata.shared,
-            **loop_profile(sass, codes, 128 * plan.wg), "hazards": len(hazards),
-            "first_hazards": [h.__dict__ for h in hazards[:4]], "sass": sass}
+            "warps": compiled.metadata.num_warps,
+            # setmaxnreg: a warp-specialised kernel hands the producer warp's registers to the consumers.
+            "setmaxnreg": re.findall(r"USETMAXREG\.[A-Z_.]+ (?:U?P\w+, )?(0x[0-9a-f]+)", sass),
+            **loop_profile(sass, codes, 128 * plan.wg), "producer_loop_instructions": len(producer),
+            "hazards": len(hazards), "first_hazards": [h.__dict__ for h in hazards[:4]], "sass": sass}
 
 
 #: What the report compiles: the decode, middle and prefill tiles at 4 and 8 bits, each
@@ -140,6 +166,9 @@ REPORT: list[tuple[Plan, dict[str, Any]]] = [
     (Plan(2, 128, 4, 1, in_flight=True), {"bits": 8, "dtype": torch.float16}),
     (Plan(2, 256, 3, 1, in_flight=True), {}),
     (Plan(2, 256, 3, 1, in_flight=True), {"sym": False}),
+    (Plan(1, 128, 4, 1, in_flight=True, ws=True), {"group": 32, "dtype": torch.float16}),
+    (Plan(2, 128, 4, 1, in_flight=True, ws=True), {"sym": False}),
+    (Plan(2, 256, 3, 1, in_flight=True, ws=True), {}),
 ]
 
 

@@ -1,7 +1,8 @@
 """One device call's worth of work for ``hopper_wgmma`` (an sm_90 GPU):
 
 1. ``check``: every plan shape (1–2 warpgroups, 8–256 activation rows, split K or not,
-   groups waited for at each block or left in flight) on 4/8-bit, sym/asym, groups
+   groups waited for at each block or left in flight, the latter also with a producer
+   warp: ``Plan.ws``) on 4/8-bit, sym/asym, groups
    32/64/128/−1, act-order, v1, AWQ, bf16/fp16, bias, fp32/bf16 scales, and K and N
    that are not multiples of a block or tile, against the float64 golden output
    (``quantcore.ops``' tolerance); ``--repeat`` runs each cell again and records whether
@@ -22,7 +23,8 @@ Writes ``DIR/check[-i-of-n].json``, ``DIR/time-<bits>-<dtypes>.json`` as it goes
 cut short keeps what was done) and prints a compact table last. On any machine,
 ``--table DIR/device.json DIR/time-*.json DIR/check.json --out FOLDER`` writes the
 fastest plans as the backend's ``tuned-<card>.json`` — none of a kind (in flight, two
-blocks per wait, Triton) that the check found wrong or unrepeatable, none that beats the plan the
+blocks per wait, warp-specialised, Triton) that the check found wrong or unrepeatable, no
+warp-specialised one unless the check ran that kind, none that beats the plan the
 call took by less than ``MARGIN`` — keeping the entries of an existing table of that card
 that these timings did not measure.
 """
@@ -73,6 +75,11 @@ TRITON_CHECK_PLANS = [TritonPlan("mma", 64, 16, split=3, block_b=2), TritonPlan(
 
 def in_flight_twin(plan: Plan) -> Plan:
     return dataclasses.replace(plan, per_wait=1, in_flight=True)
+
+
+def ws_twin(plan: Plan) -> Plan:
+    """``plan``'s in-flight walk with a producer warp issuing the loads (``Plan.ws``)."""
+    return dataclasses.replace(in_flight_twin(plan), ws=True)
 
 
 def _sync() -> None:
@@ -128,10 +135,12 @@ def check_cases() -> list[dict[str, Any]]:
     ]
     # Every in-flight plan on the main 4- and 8-bit cases and the long walk; elsewhere the
     # twins of two of the case's plans (the format's code paths, not the tiles, vary there).
+    # Each in-flight plan also with its producer warp (ws), on the same cells.
     full = {0, 1, 7, len(cases) - 1}
     for ci, case in enumerate(cases):
         old = [p for p in case["plans"] if p is not None]
         new = IN_FLIGHT_PLANS if ci in full else [in_flight_twin(p) for p in old[:2]]
+        new = new + [ws_twin(p) for p in new]
         case["plans"] = case["plans"] + [p for p in dict.fromkeys(new) if p not in case["plans"]] + TRITON_CHECK_PLANS
     return cases
 
@@ -201,15 +210,11 @@ def merge_checks(out: Path) -> list[dict[str, Any]]:
     """``check-*-of-*.json`` → ``check.json``, with a summary per kind of plan."""
     rows = [r for p in sorted(out.glob("check-*-of-*.json")) for r in json.loads(p.read_text())]
     (out / "check.json").write_text(json.dumps(rows, indent=1))
-    for kind in (False, True):
-        mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) != "triton"
-                and r["plan"].get("in_flight", False) == kind]
+    for kind in ("waited", "two blocks per wait", "in flight", WS_KIND, "triton"):
+        mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) == kind]
         ok = sum(r["ok"] for r in mine)
         same = sum(r.get("same", True) for r in mine)
-        print(f"{'in flight' if kind else 'waited'}: {ok}/{len(mine)} within tolerance, {same} bit-identical across runs")
-    mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) == "triton"]
-    print(f"triton: {sum(r['ok'] for r in mine)}/{len(mine)} within tolerance, "
-          f"{sum(r.get('same', True) for r in mine)} bit-identical across runs")
+        print(f"{kind}: {ok}/{len(mine)} within tolerance, {same} bit-identical across runs")
     print(f"all: {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
     return rows
 
@@ -240,7 +245,8 @@ def triton_candidates(m: int, k: int, n: int, bits: int, sms: int) -> list[Trito
 def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | None = None) -> list[AnyPlan]:
     """The plans timed at one point: the shipped one and its variants (two blocks per
     wait, groups in flight), then tiles around it, each waited for at every block and
-    left in flight; at M ≤ 16 also shallow rings (more CTAs resident per SM) and the
+    left in flight; from M = 128 each in-flight one also with its producer warp
+    (:func:`ws_twin`); at M ≤ 16 also shallow rings (more CTAs resident per SM) and the
     Triton plans (:func:`triton_candidates`)."""
     blocks = k // (512 // bits)
     tiles_n = n // 64
@@ -283,6 +289,9 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         add(1, 128, 3, [1])
         if bits == 4:
             add(2, 256, 3, [1, 2])
+    if m >= 128:
+        for plan in [p for p in out if isinstance(p, Plan) and p.in_flight]:
+            put(ws_twin(plan))
     for plan in triton_candidates(m, k, n, bits, sms):
         put(plan)
     return out
@@ -316,7 +325,8 @@ def run_warm(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
         for plan in plans:
             # A Triton plan's split and K are constexprs of its kernel: one kernel per (plan, shape).
             key = (("triton", str(plan), k, n, m == 1) if isinstance(plan, TritonPlan) else
-                   ("wgmma", plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, m == 1))
+                   ("wgmma", plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, plan.ws,
+                    m == 1))
             groups.setdefault(key, []).append((k, n, m, plan))
     mine = [u for key in sorted(groups)[shard[0]::shard[1]] for u in groups[key]]
     t0, done = time.time(), 0
@@ -431,13 +441,16 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                 mine_rows = [r for r in here if r["variant"] == "hopper"]
                 cub = next(r["us"] for r in here if r["variant"] == "cublas")
                 ship = next((r for r in mine_rows if r["default"]), None)
-                kinds = {kind: [r for r in mine_rows if _kind(r["plan"]) == kind] for kind in ("waited", "in flight", "triton")}
+                kinds = {kind: [r for r in mine_rows if _kind(r["plan"]) == kind]
+                         for kind in ("waited", "in flight", WS_KIND, "triton")}
                 waited = min(kinds["waited"], key=lambda r: r["us"], default=None)
                 flying = min(kinds["in flight"], key=lambda r: r["us"], default=None)
+                produced = min(kinds[WS_KIND], key=lambda r: r["us"], default=None)
                 small = min(kinds["triton"], key=lambda r: r["us"], default=None)
 
                 print(f"{bits}b {dname} K{k} N{n} M{m}: cublas {cub:.1f} | shipped {_shown(ship, cub)} | best waited "
                       f"{_shown(waited, cub)} | best in flight {_shown(flying, cub)} {flying['plan'] if flying else ''} "
+                      f"| best ws {_shown(produced, cub)} {produced['plan'] if produced else ''} "
                       f"| best triton {_shown(small, cub)} {small['plan'] if small else ''} "
                       f"[{time.time() - t0:.0f}s]", flush=True)
                 (out / name).write_text(json.dumps(rows, indent=1))
@@ -448,17 +461,28 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
 
 #: A timed plan replaces the one a call took (``default``) only when at least this much faster.
 MARGIN = 0.03
+#: The kind (``_kind``) of a warp-specialised plan: never shipped unless a check ran it.
+WS_KIND = "warp-specialised"
 
 
 def _kind(plan: dict) -> str:
     if "path" in plan:
         return "triton"
+    if plan.get("ws"):
+        return WS_KIND
     return "in flight" if plan.get("in_flight") else "two blocks per wait" if plan.get("per_wait") == 2 else "waited"
 
 
 def unsafe_kinds(check: list[dict]) -> set[str]:
     """Kinds of plan (``_kind``) with a check cell wrong or not bit-identical across runs."""
     return {_kind(r["plan"]) for r in check if isinstance(r["plan"], dict) and not (r["ok"] and r.get("same", True))}
+
+
+def unchecked_kinds(check: list[dict]) -> set[str]:
+    """The warp-specialised kind unless the check ran it: a check from before it existed,
+    or none, proves nothing of it."""
+    ran = {_kind(r["plan"]) for r in check if isinstance(r["plan"], dict)}
+    return set() if WS_KIND in ran else {WS_KIND}
 
 
 def best_table(rows: list[dict], info: dict, keep: dict | None = None, unsafe: set[str] = frozenset()) -> dict:
@@ -512,9 +536,9 @@ def main(argv: list[str]) -> int:
         info = json.loads(next(Path(p) for p in args.table if p.endswith("device.json")).read_text())
         rows = [r for p in args.table if Path(p).name.startswith("time-") for r in json.loads(Path(p).read_text())]
         check = [r for p in args.table if Path(p).name == "check.json" for r in json.loads(Path(p).read_text())]
-        unsafe = unsafe_kinds(check)
+        unsafe = unsafe_kinds(check) | unchecked_kinds(check)
         if not check:
-            print("no check.json given: every kind of plan is taken as checked")
+            print(f"no check.json given: every kind of plan but {WS_KIND!r} is taken as checked")
         elif unsafe:
             print(f"not shipped (wrong or unrepeatable in the check): {sorted(unsafe)}")
         slug = CardKey(**info["card_key"]).slug
