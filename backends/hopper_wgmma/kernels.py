@@ -30,6 +30,10 @@ different PTX registers, and none is rewritten before its wait (with one block p
 the next trip's operands *are* the same PTX registers — such plans computed wrong,
 README.md). ``tools/probes/hopper_wgmma_hazards.py`` checks the SASS for it.
 
+``WS`` (opt-in, README.md "Warp-specialised producer"): a producer warp issues every
+block's TMA loads once the consumers hand its stage back on a second, "empty" barrier per
+stage; the consumer warpgroups walk the in-flight order without issuing loads.
+
 Split-K (programs over K runs of one tile) stores fp32 partials; the last program of a
 tile to arrive sums them in split order (deterministic, one launch, no zeroed buffer).
 """
@@ -248,7 +252,7 @@ def wgmma_kernel(
     zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
     ``IN_FLIGHT``: a wait per block leaves its groups in flight; else ``PER_WAIT`` blocks
     (1 or 2) between two full waits. Both pairs of blocks need an even block count per
-    program."""
+    program. ``WS`` (with ``IN_FLIGHT``, ``PDL`` 0): a producer warp issues the loads."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
