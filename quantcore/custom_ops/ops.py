@@ -36,6 +36,13 @@ from .state import flatten
 __all__ = ["KernelOp", "call_op", "traced"]
 
 
+#: The ``quantcore`` op namespace. The ops are defined on a plain ``torch.library.Library``
+#: rather than through ``torch.library.custom_op``, whose Python wrappers (autograd
+#: dispatch, a dynamo-disabled frame) cost a compiled call more host time than the rest of
+#: the op's path; these ops have no gradient (quantized weights are not trained here).
+_LIBRARY = torch.library.Library("quantcore", "DEF")
+
+
 def _define(op: Op) -> Any:
     """``quantcore::<op.name>``: the op, with the declaration's output rule as its fake."""
     n_in, n_opt = len(op.inputs), len(op.options)
@@ -54,8 +61,9 @@ def _define(op: Op) -> Any:
         r = resolve(spec)
         return op.output(r.fmt, r.dims, *inputs, **options)
 
-    custom = torch.library.custom_op(f"quantcore::{op.name}", run, mutates_args=(), schema=op.schema)
-    custom.register_fake(output_rule)
+    _LIBRARY.define(op.name + op.schema)
+    _LIBRARY.impl(op.name, run, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"quantcore::{op.name}", output_rule, lib=_LIBRARY)
     return getattr(torch.ops.quantcore, op.name)
 
 

@@ -160,3 +160,19 @@ def test_every_cpu_kernel_is_an_op_with_a_correct_fake(registry: Any) -> None:
 
 def _tuple(out: Any) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, tuple) else (out,)
+
+
+def test_a_gradient_through_the_op_is_refused_not_dropped() -> None:
+    """The ops have no gradient: a backward through one raises, whatever kernel ran (a
+    gradient silently missing would train a wrong model); the forward still runs."""
+    import quantcore
+    from quantcore.custom_ops import call_op
+
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
+    quantcore.quantize_(model, GPTQ(bits=4, group_size=128))
+    layer = model[0]
+    x = torch.randn(3, 128, requires_grad=True)
+    y = call_op(layer.op.name, layer._spec, layer.state_tensors(), x)
+    assert y.shape == (3, 64) and y.requires_grad
+    with pytest.raises(RuntimeError, match="not implemented|no autograd"):
+        y.sum().backward()
