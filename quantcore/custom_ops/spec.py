@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..problem import MAX_DIM
 from ..registry import default_registry
 from ..tensors import laid_out
 from .schema import restore
-from .state import FlattenedState, class_path, flatten, unflatten
+from .state import FlattenedState, builder, class_path, flatten, unflatten
 
 __all__ = ["SPEC_VERSION", "Resolved", "make_spec", "resolve"]
 
@@ -46,6 +46,8 @@ class Resolved:
     _kernels: dict[torch.device, Kernel] = field(default_factory=dict)
     #: (data_ptr, dtype, shape, stride, device) of each tensor of the states already checked.
     _checked: set[tuple[Any, ...]] = field(default_factory=set)
+    #: The tree, read once: builds the prepared state on a checked state's tensors.
+    _build: Callable[[Sequence[torch.Tensor]], Any] | None = None
 
     def kernel(self, device: torch.device) -> Kernel:
         k = self._kernels.get(device)
@@ -63,7 +65,9 @@ class Resolved:
         key = tuple((t.data_ptr(), t.dtype, t.shape, t.stride(), t.device) for t in state
                     if isinstance(t, torch.Tensor))
         if len(key) == len(state) and key in self._checked:
-            return unflatten(self.tree, state, allowed=self.allowed)
+            if self._build is None:
+                self._build = builder(self.tree, allowed=self.allowed)
+            return self._build(state)
         where_device = device if device is not None else (state[0].device if state else torch.device("cpu"))
         prepared = restore(self.kernel(where_device), self.tree, state, self.dims, where=where,
                            allowed=self.allowed, names=names, one_device=one_device)

@@ -31,14 +31,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import PluginError, QuantCoreError, TensorFormatError
 
-__all__ = ["FlattenedState", "class_path", "flatten", "resolve_class", "tensor_count", "unflatten"]
+__all__ = ["FlattenedState", "builder", "class_path", "flatten", "resolve_class", "tensor_count", "unflatten"]
 
 #: What a tree node may be: JSON values, with tensors as {"T": index}.
 Tree = Any
@@ -126,67 +126,92 @@ def unflatten(
     """The object :func:`flatten` described, with ``tensors`` in place of its own. A tree
     is data (it may come from a file): one that :func:`flatten` cannot have written is a
     :class:`~quantcore.errors.TensorFormatError` naming ``where``."""
+    return builder(tree, allowed=allowed, where=where)(list(tensors))
+
+
+def builder(
+    tree: str | Tree, *, allowed: Iterable[str] = ("quantcore",), where: str = "prepared-state tree",
+) -> Callable[[Sequence[torch.Tensor]], Any]:
+    """:func:`unflatten` in two steps: the tree read and checked once (its classes
+    resolved), and a function that builds the object on a list of tensors — what a call
+    through a custom op repeats, so it does only the building. A tensor index past the
+    list's end is a :class:`~quantcore.errors.TensorFormatError` at build time."""
     try:
         node = json.loads(tree) if isinstance(tree, str) else tree
     except ValueError as exc:
         raise TensorFormatError(f"{where}: not a prepared-state tree ({exc})") from None
-    ts = list(tensors)
     allow = tuple(allowed)
 
     def bad(n: Any, why: str) -> TensorFormatError:
         return TensorFormatError(f"{where}: {why}: {json.dumps(n, default=repr)[:80]}")
 
-    def build(n: Tree) -> Any:
+    def const(value: Any) -> Callable[[Sequence[torch.Tensor]], Any]:
+        return lambda ts: value
+
+    def compile_node(n: Tree) -> Callable[[Sequence[torch.Tensor]], Any]:
         if isinstance(n, list):
             raise bad(n, "a bare list is not a node")
         if not isinstance(n, dict):
-            return n
+            return const(n)
         if "T" in n:
             i = n["T"]
-            if type(i) is not int or not 0 <= i < len(ts):
-                raise bad(n, f"tensor index out of range (0..{len(ts) - 1})")
-            return ts[i]
+            if type(i) is not int or i < 0:
+                raise bad(n, "tensor index out of range")
+
+            def tensor(ts: Sequence[torch.Tensor], i: int = i, n: Tree = n) -> torch.Tensor:
+                if i >= len(ts):
+                    raise bad(n, f"tensor index out of range (0..{len(ts) - 1})")
+                return ts[i]
+            return tensor
         if "f" in n and len(n) == 1:
             try:
-                return float(n["f"])
+                return const(float(n["f"]))
             except (TypeError, ValueError):
                 raise bad(n, "not a float") from None
         if "dtype" in n:
             if not isinstance(n["dtype"], str):
                 raise bad(n, "not a dtype name")
-            return _dtype(n["dtype"], where)
+            return const(_dtype(n["dtype"], where))
         for key in ("t", "l"):
             if key in n:
                 items = n[key]
                 if not isinstance(items, list):
                     raise bad(n, "expected a list of items")
-                built = [build(v) for v in items]
-                return tuple(built) if key == "t" else built
+                parts = [compile_node(v) for v in items]
+                if key == "t":
+                    return lambda ts: tuple(f(ts) for f in parts)
+                return lambda ts: [f(ts) for f in parts]
         if "D" in n:
             pairs = n["D"]
             if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
                 raise bad(n, "expected a list of [key, value] pairs")
-            out = {}
+            entries = []
             for k, v in pairs:
-                key = _hashable(build(k))
+                key_node = compile_node(k)
+                if isinstance(k, dict) and "T" in k:
+                    raise bad(n, "a dict keyed by tensors")
+                dict_key = _hashable(key_node(()))
                 try:
-                    hash(key)
+                    hash(dict_key)
                 except TypeError:
                     raise bad(n, "a dict key that cannot be hashed") from None
-                out[key] = build(v)
-            return out
+                entries.append((dict_key, compile_node(v)))
+            return lambda ts: {k: f(ts) for k, f in entries}
         if "obj" in n:
             cls = _resolve(n["obj"], allow, where)
             hook = getattr(cls, "__quantcore_unflatten__", None)
             if hook is None:
                 raise bad(n, f"{n['obj']} has no __quantcore_unflatten__")
-            value = build(n.get("v"))
-            try:
-                return hook(value)
-            except QuantCoreError:
-                raise
-            except Exception as exc:  # the class's own code, on data from a file
-                raise bad(n, f"{n['obj']}.__quantcore_unflatten__ raised {type(exc).__name__}: {exc}") from None
+            value = compile_node(n.get("v"))
+
+            def obj(ts: Sequence[torch.Tensor], hook: Any = hook, value: Any = value, n: Tree = n) -> Any:
+                try:
+                    return hook(value(ts))
+                except QuantCoreError:
+                    raise
+                except Exception as exc:  # the class's own code, on data from a file
+                    raise bad(n, f"{n['obj']}.__quantcore_unflatten__ raised {type(exc).__name__}: {exc}") from None
+            return obj
         if "nt" in n:
             cls = _resolve(n["nt"], allow, where)
             items = n.get("f")
@@ -194,20 +219,25 @@ def unflatten(
             if not (issubclass(cls, tuple) and isinstance(fields, tuple)) or not isinstance(items, list) \
                     or len(items) != len(fields):
                 raise bad(n, f"not a named tuple of {n['nt']}")
-            return cls(*(build(v) for v in items))
+            parts = [compile_node(v) for v in items]
+            return lambda ts: cls(*(f(ts) for f in parts))
         if "dc" in n:
             cls = _resolve(n["dc"], allow, where)
             fields = n.get("f")
             if not dataclasses.is_dataclass(cls) or not isinstance(fields, dict) \
                     or set(fields) != {f.name for f in dataclasses.fields(cls)}:
                 raise bad(n, f"not the fields of dataclass {n['dc']}")
-            obj: Any = object.__new__(cls)
-            for name, v in fields.items():
-                object.__setattr__(obj, name, build(v))
-            return obj
+            named = [(name, compile_node(v)) for name, v in fields.items()]
+
+            def dc(ts: Sequence[torch.Tensor], cls: type = cls) -> Any:
+                obj: Any = object.__new__(cls)
+                for name, f in named:
+                    object.__setattr__(obj, name, f(ts))
+                return obj
+            return dc
         raise bad(n, "unknown node")
 
-    return build(node)
+    return compile_node(node)
 
 
 def tensor_count(tree: str | Tree) -> int:

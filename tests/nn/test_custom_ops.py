@@ -13,8 +13,8 @@ import torch
 
 from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.custom_ops import KernelOp, flatten, unflatten
-from quantcore.custom_ops.state import resolve_class
-from quantcore.errors import PluginError
+from quantcore.custom_ops.state import builder, resolve_class
+from quantcore.errors import PluginError, TensorFormatError
 from quantcore.formats.gptq import GPTQ
 from quantcore.ops.harness import get_harness
 from quantcore.probe import probe
@@ -82,6 +82,21 @@ def test_flatten_round_trips_nested_state_and_shares_repeated_tensors() -> None:
     assert torch.equal(back.keyed[("x", 2)], torch.arange(5) * 2)
     assert back.flags[:4] == [True, 3, "s", None] and math.isnan(back.flags[4])
     assert isinstance(back.flags[5], Opaque) and back.flags[5].label == "lut"
+
+
+def test_a_builder_reads_the_tree_once_and_builds_on_each_call_s_tensors() -> None:
+    """What a call through an op repeats: the tree read once, then per call an object on
+    that call's tensors (none kept from an earlier call, no container shared between calls)."""
+    obj = Outer(inners=(Inner(torch.ones(2), 1.5),), pair=Pair(torch.zeros(3), None), flags=[1, "a"])
+    flat = flatten(obj)
+    build = builder(flat.tree, allowed=("quantcore", __name__.split(".")[0]))
+    first, second = [t + 1 for t in flat.tensors], [t + 2 for t in flat.tensors]
+    a, b = build(first), build(second)
+    assert a.inners[0].a is first[0] and b.inners[0].a is second[0] and b.pair.left is second[1]
+    assert a.flags == b.flags == [1, "a"] and a.flags is not b.flags
+    assert type(a) is Outer and a.inners[0].scale == 1.5
+    with pytest.raises(TensorFormatError, match="tensor index out of range"):
+        build(first[:1])
 
 
 def test_flatten_names_what_it_cannot_take_and_unflatten_imports_only_allowed_packages() -> None:
