@@ -30,6 +30,7 @@ __all__ = [
     "Cost",
     "DeviceRates",
     "batch_dim",
+    "column_fill",
     "device_rates",
     "grouped_weight_bytes",
     "linear_cost",
@@ -133,6 +134,15 @@ class Cost:
         if self.launches * rates.launch_s > max(memory, compute):
             return "launch"
         return "memory" if memory >= compute else "compute"
+
+
+def column_fill(n: int, full: int = 4096) -> float:
+    """The share of a tiled GEMM's compute rate left where ``N`` is below ``full``: a row
+    of output tiles holds too few column tiles to fill the SMs, and the K split that fills
+    them writes and re-reads its partials. Fit to the H100's int4 kernels at N = 1024 and
+    M = 128–512, about half their rate at N = 4096
+    (``benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json``)."""
+    return float(min(1.0, n / full) ** 0.5)
 
 
 def grouped_weight_bytes(k: int, n: int, bits: float, group_size: int, *, scale_bytes: int = 2,

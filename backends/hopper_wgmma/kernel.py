@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.cost import Cost, linear_cost
+from quantcore.cost import Cost, column_fill, linear_cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Requirements, Support
 from quantcore.kernels.gptq_pairs.kernel import (
@@ -53,6 +53,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         if caps.device_type != "cuda":
             return linear_cost(problem, weight, bandwidth=1e-3, compute=1e-3, note="no GPU: never chosen")
         compute = 0.45 if m <= 64 else 0.6 if m <= 256 else 0.75 if m <= 1024 else 0.65
+        if m > 64:
+            compute *= column_fill(problem["N"])
         return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2 if m <= 2 else 1,
                            note="fit to benchmarks/results/nvidia-h200 (hopper_wgmma README.md)")
 

@@ -222,12 +222,10 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     slices_per_row = (16 // w.bits) if w.sub_group >= bk else w.sub_group // SLICE
     pdl = pdl_mode()
     # The producer warp walks the in-flight order; where the walk falls back to a wait per
-    # block (an odd block count) the plan runs without it.
-    ws = plan.ws and walk.in_flight
-    if ws and pdl:
-        raise InvalidArgumentError(f"{PDL_ENV}: a warp-specialised plan (ws=True) runs without programmatic "
-                                   f"dependent launch; got {plan} with {PDL_ENV}={os.environ[PDL_ENV]!r}: unset it "
-                                   f"or take a plan without ws")
+    # block (an odd block count), or programmatic dependent launch is asked for (the producer
+    # would issue loads before the wait that orders them), the plan runs without it: the
+    # same tile and walk, the consumers issuing the loads.
+    ws = plan.ws and walk.in_flight and not pdl
     return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws)

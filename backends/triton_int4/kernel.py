@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.cost import Cost, linear_cost
+from quantcore.cost import Cost, column_fill, linear_cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Requirements, Support
 from quantcore.kernels.gptq_pairs.kernel import (
@@ -68,6 +68,8 @@ class TritonInt4GPTQ(PairedGPTQKernel):
         if caps.device_type == "cpu":
             return linear_cost(problem, weight, bandwidth=2e-4, compute=2e-4, note="Triton interpreter")
         compute = 0.3 if m <= 64 else 0.4 if m <= 256 else 0.7 if m <= 1024 else 0.85
+        if 64 < m <= 1024:  # its own fused tiles; above, cuBLAS tiles the dequantized weight
+            compute *= column_fill(problem["N"])
         return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2,
                            note="fit to benchmarks/results/nvidia-h100-80gb-hbm3")
 

@@ -1,8 +1,8 @@
 """Warp-specialised plans (``Plan.ws``: a producer warp issues the TMA loads), checked
 without a GPU: they need the in-flight walk, round-trip through the tables' format (rows
-written before the field existed still parse), are never the rule's or a shipped table's
+written before the field existed still parse), are never the rule's
 choice, launch with the consumers' warp count and the ``WS`` constexpr (not where the walk
-falls back to a wait per block), refuse programmatic dependent launch, and reach the
+falls back to a wait per block, nor with programmatic dependent launch), and reach the
 device sweep: checked as twins of the in-flight check plans, timed from M = 128, shipped
 by ``--table`` only where a check ran them."""
 
@@ -61,7 +61,7 @@ def test_a_ws_stage_holds_one_more_barrier() -> None:
         assert WS.stage_bytes(bits, 2, 1, zeros) == plain.stage_bytes(bits, 2, 1, zeros) + 8
 
 
-def test_neither_the_rule_nor_a_shipped_table_names_a_ws_plan() -> None:
+def test_the_rule_never_names_a_ws_plan_and_tables_only_where_the_sweep_timed_one() -> None:
     for m in (1, 16, 64, 128, 512, 2048, 8192):
         for k, n in ((4096, 14336), (14336, 4096), (4096, 1024)):
             for bits in (4, 8):
@@ -69,7 +69,9 @@ def test_neither_the_rule_nor_a_shipped_table_names_a_ws_plan() -> None:
     tables = load_tables()
     assert tables
     for table in tables.values():
-        assert not any(getattr(plan, "ws", False) for plan in table.values())
+        for key, plan in table.items():
+            if getattr(plan, "ws", False):
+                assert plan.in_flight and key[-1] >= 128, (key, plan)
 
 
 @pytest.fixture
@@ -111,11 +113,14 @@ def test_other_plans_bind_ws_off_and_an_odd_block_count_runs_without_the_produce
 
 
 @pytest.mark.parametrize("mode", ["wait", "prefetch"])
-def test_ws_with_programmatic_dependent_launch_is_refused_naming_both(monkeypatch, mode: str) -> None:
+def test_with_programmatic_dependent_launch_a_ws_plan_runs_its_in_flight_twin(recorded: list[Recorder],
+                                                                              monkeypatch, mode: str) -> None:
     monkeypatch.setenv(launch.PDL_ENV, mode)
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: WS)
-    with pytest.raises(InvalidArgumentError, match=rf"QUANTCORE_HOPPER_PDL: .*ws=True.*'{mode}'"):
-        launch.linear(torch.randn(3, 512, dtype=torch.bfloat16), _weights(512))
+    launch.linear(torch.randn(3, 512, dtype=torch.bfloat16), _weights(512))
+    (recorder,) = recorded
+    assert recorder.constexprs["WS"] is False and recorder.constexprs["IN_FLIGHT"] is True
+    assert recorder.constexprs["PDL"] == launch.PDL_MODES[mode]
 
 
 def test_the_sweep_checks_the_ws_twin_of_every_in_flight_check_plan() -> None:
@@ -137,6 +142,17 @@ def test_the_sweep_times_ws_twins_from_m_128() -> None:
         assert flying and all(ws_twin(p) in plans for p in flying)
     for m in (1, 16, 64):
         assert not any(isinstance(p, Plan) and p.ws for p in candidates(m, 4096, 14336, 4, 132, Plan(1, 16, 8, 5)))
+
+
+def test_a_shipped_ws_plan_is_timed_with_its_waited_and_in_flight_variants() -> None:
+    for m in (1, 128, 8192):
+        plans = candidates(m, 4096, 14336, 4, 132, WS)
+        assert plans[:4] == [
+            dataclasses.replace(WS, in_flight=False, ws=False),
+            dataclasses.replace(WS, per_wait=2, in_flight=False, ws=False),
+            dataclasses.replace(WS, ws=False),
+            WS,
+        ]
 
 
 def _rows(plain_us: float, ws_us: float) -> list[dict]:

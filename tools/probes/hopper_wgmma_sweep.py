@@ -74,7 +74,8 @@ TRITON_CHECK_PLANS = [TritonPlan("mma", 64, 16, split=3, block_b=2), TritonPlan(
 
 
 def in_flight_twin(plan: Plan) -> Plan:
-    return dataclasses.replace(plan, per_wait=1, in_flight=True)
+    """``plan``'s in-flight walk, its consumers issuing the loads (no producer warp)."""
+    return dataclasses.replace(plan, per_wait=1, in_flight=True, ws=False)
 
 
 def ws_twin(plan: Plan) -> Plan:
@@ -260,9 +261,11 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         put(shipped)
         shipped = None
     if shipped is not None:
-        put(dataclasses.replace(shipped, per_wait=1, in_flight=False))
-        put(dataclasses.replace(shipped, per_wait=2, in_flight=False))
+        put(dataclasses.replace(shipped, per_wait=1, in_flight=False, ws=False))
+        put(dataclasses.replace(shipped, per_wait=2, in_flight=False, ws=False))
         put(in_flight_twin(shipped))
+        if shipped.ws:
+            put(shipped)
 
     def add(wg: int, bm: int, stages: int, per_sm: list[float]) -> None:
         tiles = -(-tiles_n // wg) * -(-m // bm)
