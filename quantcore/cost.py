@@ -4,7 +4,11 @@ kernel for the shape.
 A kernel's :meth:`~quantcore.kernel.Kernel.cost` returns a :class:`Cost` for one problem on
 one device: the bytes the call must move and the flops it must do, and the share of the
 device's copy bandwidth and of its dense-matmul rate the kernel reaches there — a roofline
-with the kernel's own efficiencies, plus a fixed cost per launch. The shares are the
+with the kernel's own efficiencies, plus a fixed cost per launch. A kernel whose stream is
+latency-bound also declares the bytes per second its own pipeline sustains: a card with
+faster memory does not raise that rate, so there the kernel reaches a smaller share of the
+copy bandwidth (the int4 kernels take the same time at M = 1 on the H100 and on the H200,
+whose copy bandwidth is 1.4× the H100's). The shares are the
 "of copy BW" and "of matmul" columns of ``quantcore bench``, so a kernel's author reads them
 off a benchmark run. The shape moves the choice through the roofline: a kernel that streams
 its weight at 60 % of the bandwidth but multiplies at 4 % of the matmul rate wins at M = 1
@@ -35,6 +39,7 @@ __all__ = [
     "grouped_weight_bytes",
     "linear_cost",
     "shape_class",
+    "weight_fill",
     "with_batch",
 ]
 
@@ -79,6 +84,8 @@ class DeviceRates:
 _MEASURED = {
     "NVIDIA H100 80GB HBM3": DeviceRates(
         3.00e12, 6.86e14, 2.0e-6, "measured: benchmarks/results/nvidia-h100-80gb-hbm3 (copy, bf16 8192³ matmul)"),
+    "NVIDIA H200": DeviceRates(
+        4.24e12, 7.13e14, 2.0e-6, "measured: benchmarks/results/nvidia-h200 (copy, bf16 8192³ matmul)"),
 }
 #: Nominal rates by device type, for devices nobody has measured: balanced like the
 #: measured ones of their kind (a CPU: the 2-thread AMD EPYC of benchmarks/results/amd-epyc).
@@ -101,8 +108,11 @@ class Cost:
 
     ``bandwidth`` is the share of the device's copy bandwidth (read + write) the kernel
     reaches while memory-bound, ``compute`` its share of the dense bf16 matmul rate while
-    compute-bound; ``launches`` fixed launch costs are added. ``note`` says what the
-    numbers rest on (shown by ``explain``)."""
+    compute-bound; ``launches`` fixed launch costs are added. ``stream_bytes_per_s`` caps
+    the memory-bound rate where the stream is latency-bound (the bytes each SM keeps in
+    flight over the DRAM latency, or a chain of dependent steps per block of codes): a
+    rate in bytes per second, not a share, because a faster memory does not raise it.
+    ``note`` says what the numbers rest on (shown by ``explain``)."""
 
     bytes: float
     flops: float
@@ -110,17 +120,20 @@ class Cost:
     compute: float
     launches: int = 1
     note: str = ""
+    stream_bytes_per_s: float = math.inf
 
     def __post_init__(self) -> None:
         for name in ("bandwidth", "compute"):
             share = getattr(self, name)
             if not (isinstance(share, (int, float)) and share > 0 and math.isfinite(share)):
                 raise ValueError(f"Cost.{name}: expected a share > 0, got {share!r}")
+        if not (isinstance(self.stream_bytes_per_s, (int, float)) and self.stream_bytes_per_s > 0):
+            raise ValueError(f"Cost.stream_bytes_per_s: expected a rate > 0, got {self.stream_bytes_per_s!r}")
         if self.bytes < 0 or self.flops < 0 or self.launches < 0:
             raise ValueError(f"Cost: bytes, flops and launches must be >= 0, got {self.bytes}, {self.flops}, {self.launches}")
 
     def memory_s(self, rates: DeviceRates) -> float:
-        return self.bytes / (rates.copy_bytes_per_s * self.bandwidth)
+        return self.bytes / min(rates.copy_bytes_per_s * self.bandwidth, self.stream_bytes_per_s)
 
     def compute_s(self, rates: DeviceRates) -> float:
         return self.flops / (rates.matmul_flops_per_s * self.compute)
@@ -139,10 +152,22 @@ class Cost:
 def column_fill(n: int, full: int = 4096) -> float:
     """The share of a tiled GEMM's compute rate left where ``N`` is below ``full``: a row
     of output tiles holds too few column tiles to fill the SMs, and the K split that fills
-    them writes and re-reads its partials. Fit to the H100's int4 kernels at N = 1024 and
-    M = 128–512, about half their rate at N = 4096
-    (``benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json``)."""
+    them writes and re-reads its partials. Fit to ``hopper_wgmma`` at N = 1024 and M = 512,
+    about half its rate at N = 4096 on both cards
+    (``benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json``,
+    ``benchmarks/results/nvidia-h200/gptq_linear.json``)."""
     return float(min(1.0, n / full) ** 0.5)
+
+
+def weight_fill(k: int, n: int, full: int = 4096 * 14336) -> float:
+    """The share of a split-K GEMM's compute rate left at one row of output tiles (M up to
+    a tile) where the weight holds fewer than ``full`` inputs × outputs: the tiles and K
+    splits that fill the SMs each walk fewer blocks, so the pipeline's fill and the partial
+    sums weigh more. Fit to ``hopper_wgmma`` at M = 128, the same on both cards (of the
+    matmul rate, past its launch: 0.80–0.84, 0.60, 0.40–0.42 and 0.13 at 4096×14336,
+    14336×4096, 4096×4096 and 4096×1024; ``benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json``,
+    ``benchmarks/results/nvidia-h200/gptq_linear.json``)."""
+    return float(min(1.0, k * n / full) ** 0.5)
 
 
 def grouped_weight_bytes(k: int, n: int, bits: float, group_size: int, *, scale_bytes: int = 2,
@@ -153,8 +178,9 @@ def grouped_weight_bytes(k: int, n: int, bits: float, group_size: int, *, scale_
 
 
 def linear_cost(problem: Problem, weight_bytes: float, *, bandwidth: float, compute: float,
-                launches: int = 1, note: str = "") -> Cost:
+                launches: int = 1, note: str = "", stream_bytes_per_s: float = math.inf) -> Cost:
     """A linear's cost: the weight read once, x read and y written once, 2·M·K·N flops."""
     m, k, n = problem["M"], problem["K"], problem["N"]
     act = problem.act_dtype.itemsize
-    return Cost(weight_bytes + act * (m * k + m * n), 2 * m * k * n, bandwidth, compute, launches, note)
+    return Cost(weight_bytes + act * (m * k + m * n), 2 * m * k * n, bandwidth, compute, launches, note,
+                stream_bytes_per_s)

@@ -44,13 +44,16 @@ class AtenCudaGPTQ(LinearKernel):
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
-        # benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,awq}_linear.json (CUDA graphs): about
-        # 60 % of the copy bandwidth at M = 1, then compute-bound from M ≈ 8 at about 4 % of
-        # the bf16 matmul rate (tinygemm's mma tiles are sized for a GEMV): 0.65× cuBLAS at
-        # M = 8, 0.37× at M = 32; below M = 16 its tiles are emptier still (~3 %).
+        # benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,awq}_linear.json and
+        # benchmarks/results/nvidia-h200/{gptq,awq}_linear.json (CUDA graphs): at M = 1 its
+        # loads are latency-bound, 1.8–1.9 TB/s on both cards (60 % of the H100's copy
+        # bandwidth, 45 % of the H200's: 18.1–18.7 µs at 4096×14336 on each); then
+        # compute-bound from M ≈ 8 at about 4 % of the bf16 matmul rate (tinygemm's mma tiles
+        # are sized for a GEMV): 0.65× cuBLAS at M = 8, 0.37× at M = 32; below M = 16 its
+        # tiles are emptier still (~3 %).
         return int4pack_cost(problem, group_sizes=OP_GROUP_SIZES, bandwidth=0.6,
-                             compute=0.03 if problem["M"] <= 8 else 0.04,
-                             note="fit to benchmarks/results/nvidia-h100-80gb-hbm3")
+                             compute=0.03 if problem["M"] <= 8 else 0.04, stream_bytes_per_s=1.8e12,
+                             note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
 
     def _gptq(self, tensors: Mapping[str, torch.Tensor]) -> tuple[GPTQ, Mapping[str, torch.Tensor]]:
         return self.fmt, tensors  # type: ignore[return-value]

@@ -8,13 +8,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.cost import Cost, column_fill, linear_cost
+from quantcore.cost import Cost, column_fill, linear_cost, weight_fill
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Requirements, Support
 from quantcore.kernels.gptq_pairs.kernel import (
     ACT_DTYPES,
     AWQViaGPTQLanes,
     PairedGPTQKernel,
+    code_bits,
     weight_bytes,
 )
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
@@ -42,21 +43,34 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
-        # Read off benchmarks/results/nvidia-h200/gptq_linear.json beside the declared costs
-        # of triton_int4 and aten_cuda (README.md): the weight streams as fast as
-        # triton_int4's; at M ≤ 2 the split-K pass and its reduction cost about a launch
-        # more than tinygemm's single GEMV; from M = 32 to 1024 the multiply runs 1.3–2×
-        # faster than triton_int4's fused tiles; above, triton_int4's dequantize + cuBLAS
-        # is faster.
+        # Fit to benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,awq}_linear.json and
+        # benchmarks/results/nvidia-h200/{gptq,awq,gptq8}_linear.json (CUDA graphs), beside the
+        # declared costs of triton_int4, aten_cuda and cuBLAS (torch_fallback). To M ≈ 32 the
+        # TMA ring streams the large weights at 1.9–2.8 TB/s on both cards, 4- and 8-bit alike
+        # (a block is 64 bytes a row at either width, so as many bytes are in flight): a rate,
+        # not a share, as the H200's faster memory does not raise it. At M ≤ 2 the split-K
+        # pass and its reduction cost a launch more than tinygemm's single GEMV. The multiply
+        # reaches ~45 % of the bf16 matmul rate on the large shapes to M = 64; at M = 128
+        # 0.80–0.84 / 0.60 / 0.40–0.42 / 0.13 of it at 4096×14336 / 14336×4096 / 4096² /
+        # 4096×1024 on both cards (weight_fill); from M = 512 0.75, half at N = 1024
+        # (column_fill); above M = 1024 triton_int4's dequantize + cuBLAS is faster. 8-bit
+        # codes dequantize through fp32 in bf16 (README.md): 0.6–0.8 of the 4-bit rate.
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type != "cuda":
             return linear_cost(problem, weight, bandwidth=1e-3, compute=1e-3, note="no GPU: never chosen")
-        compute = 0.45 if m <= 64 else 0.6 if m <= 256 else 0.75 if m <= 1024 else 0.65
-        if m > 64:
-            compute *= column_fill(problem["N"])
-        return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2 if m <= 2 else 1,
-                           note="fit to benchmarks/results/nvidia-h200 (hopper_wgmma README.md)")
+        k, n = problem["K"], problem["N"]
+        if m <= 64:
+            compute = 0.45
+        elif m <= 256:
+            compute = 0.75 * weight_fill(k, n)
+        else:
+            compute = (0.75 if m <= 1024 else 0.65) * column_fill(n)
+        if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16:
+            compute *= 0.65
+        return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2 if m <= 2 else 1,
+                           stream_bytes_per_s=2.4e12,
+                           note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
 
     @classmethod
     def layout_supports(cls, fmt: GPTQ, problem: Problem) -> Support:

@@ -48,13 +48,16 @@ class DequantLinear(LinearKernel):
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
-        # The dense matmul itself, on a weight in the activation dtype: cuBLAS at ~75 % of
-        # the H100's copy bandwidth and its full matmul rate; torch on the AMD EPYC at ~37 %
-        # and ~80 % (benchmarks/results: the dense_bf16 peer, which this kernel matches).
+        # The dense matmul itself, on a weight in the activation dtype (benchmarks/results:
+        # the dense_bf16 peer, which this kernel matches). cuBLAS on the H100 and the H200
+        # ({gptq,awq}_linear.json): ~6 µs of fixed cost (three launches' worth), then the
+        # weight at ~1.1× the copy ceiling (a copy's bytes are half writes, a GEMV's are
+        # reads): 8 µs at 8 MB, 13–17 µs at 34 MB, 31–45 µs at 117 MB; its full matmul rate.
+        # torch on the AMD EPYC at ~37 % of the copy bandwidth and ~80 % of the matmul rate.
         w = problem.act_dtype.itemsize * problem["K"] * problem["N"]
         if caps.device_type == "cpu":
             return linear_cost(problem, w, bandwidth=0.37, compute=0.8, note="dense matmul")
-        return linear_cost(problem, w, bandwidth=0.75, compute=1.0, note="dense matmul")
+        return linear_cost(problem, w, bandwidth=1.1, compute=1.0, launches=3, note="dense matmul")
 
     def prepare(
         self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None

@@ -9,13 +9,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.cost import Cost, column_fill, linear_cost
+from quantcore.cost import Cost, linear_cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Requirements, Support
 from quantcore.kernels.gptq_pairs.kernel import (
     ACT_DTYPES,
     AWQViaGPTQLanes,
     PairedGPTQKernel,
+    code_bits,
     weight_bytes,
 )
 from quantcore.kernels.gptq_pairs.layout import SLICE
@@ -57,21 +58,26 @@ class TritonInt4GPTQ(PairedGPTQKernel):
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
-        # benchmarks/results/nvidia-h100-80gb-hbm3/gptq_linear.json (CUDA graphs): the weight
-        # streams at ~60 % of the copy bandwidth up to M ≈ 32 (split-K MMA tiles), after ~4 µs
-        # of fixed cost (the split-K reduction);
-        # the multiply reaches ~30 % of the bf16 matmul rate at M = 64, ~40 % at 128-256,
-        # ~70 % at 512-1024 (128×128 fused tiles) and ~85 % above (dequantize + cuBLAS).
-        # On a CPU this is Triton's interpreter: thousands of times slower than torch.
+        # Fit to benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,gptq8}_linear.json and
+        # benchmarks/results/nvidia-h200/{gptq,gptq8}_linear.json (CUDA graphs). Up to M ≈ 32
+        # the weight streams after ~4 µs of fixed cost (the split-K reduction) at a rate set by
+        # the latency of each slice's dequantize → MMA → wait (README.md), the same codes per
+        # second on both cards: 1.7–2.3 TB/s at 4 bits, up to twice the bytes at 8 bits within
+        # ~80 % of the copy bandwidth (8-bit: 2.2–2.5 TB/s on the H100, 2.7–3.2 on the H200).
+        # The multiply reaches ~30 % of the bf16 matmul rate to M = 256 and 35–48 % at
+        # M = 512 with its fused tiles (a quarter of that at N = 1024), ~85 % above
+        # (dequantize + cuBLAS). On a CPU this is Triton's interpreter: thousands of times
+        # slower than torch.
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type == "cpu":
             return linear_cost(problem, weight, bandwidth=2e-4, compute=2e-4, note="Triton interpreter")
-        compute = 0.3 if m <= 64 else 0.4 if m <= 256 else 0.7 if m <= 1024 else 0.85
+        compute = 0.3 if m <= 256 else 0.45 if m <= 1024 else 0.85
         if 64 < m <= 1024:  # its own fused tiles; above, cuBLAS tiles the dequantized weight
-            compute *= column_fill(problem["N"])
-        return linear_cost(problem, weight, bandwidth=0.6, compute=compute, launches=2,
-                           note="fit to benchmarks/results/nvidia-h100-80gb-hbm3")
+            compute *= min(1.0, problem["N"] / 4096)
+        return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2,
+                           stream_bytes_per_s=1.8e12 * code_bits(problem) / 4,
+                           note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
 
     @classmethod
     def layout_supports(cls, fmt: GPTQ, problem: Problem) -> Support:

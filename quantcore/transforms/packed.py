@@ -8,6 +8,7 @@ check the activation, permute it, run the op, add the bias, restore the batch sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -159,6 +160,7 @@ def int4pack_cost(
     bandwidth: float,
     compute: float,
     note: str = "",
+    stream_bytes_per_s: float = math.inf,
 ) -> Cost:
     """The cost of one call of a torch int4pack op (:mod:`quantcore.cost`): the int4 codes,
     one scale and one zero per (op group, column) in the activation dtype — the op's group
@@ -169,4 +171,5 @@ def int4pack_cost(
     gs = k if gs in (-1, None) else gs
     op_group = max((g for g in group_sizes if g > 0 and gs % g == 0), default=max(group_sizes[0], 1))
     weight = grouped_weight_bytes(k, problem["N"], 4, op_group, scale_bytes=2 * problem.act_dtype.itemsize)
-    return linear_cost(problem, weight, bandwidth=bandwidth, compute=compute, note=note)
+    return linear_cost(problem, weight, bandwidth=bandwidth, compute=compute, note=note,
+                       stream_bytes_per_s=stream_bytes_per_s)

@@ -36,6 +36,26 @@ def test_seconds_is_the_roofline_plus_launches() -> None:
     assert Cost(1.0, 1.0, 1.0, 1.0, launches=3).bound(RATES) == "launch"
 
 
+def test_a_stream_rate_caps_the_bandwidth_share() -> None:
+    """A latency-bound kernel takes the same time on a card with twice the bandwidth; below
+    its rate, the share of the card's bandwidth rules."""
+    fast = dataclasses.replace(RATES, copy_bytes_per_s=2 * RATES.copy_bytes_per_s)
+    capped = Cost(bytes=1e6, flops=1.0, bandwidth=0.8, compute=1.0, stream_bytes_per_s=5e11)
+    assert capped.memory_s(RATES) == pytest.approx(2e-6) and capped.memory_s(fast) == pytest.approx(2e-6)
+    free = Cost(bytes=1e6, flops=1.0, bandwidth=0.8, compute=1.0)
+    assert free.memory_s(fast) == pytest.approx(free.memory_s(RATES) / 2)
+    slow = dataclasses.replace(RATES, copy_bytes_per_s=RATES.copy_bytes_per_s / 4)
+    assert capped.memory_s(slow) == pytest.approx(1e6 / (0.8 * slow.copy_bytes_per_s))
+    p = Problem.linear(GPTQ(), M=1, K=256, N=256, dtype=torch.bfloat16)
+    assert linear_cost(p, 1e6, bandwidth=1.0, compute=1.0, stream_bytes_per_s=5e11).stream_bytes_per_s == 5e11
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, float("nan")])
+def test_a_stream_rate_must_be_positive(rate: float) -> None:
+    with pytest.raises(ValueError, match=r"Cost\.stream_bytes_per_s: expected a rate > 0"):
+        Cost(1.0, 1.0, 1.0, 1.0, stream_bytes_per_s=rate)
+
+
 @pytest.mark.parametrize("share", [0, -0.5, float("nan"), float("inf")])
 def test_a_share_must_be_positive_and_finite(share: float) -> None:
     with pytest.raises(ValueError, match=r"Cost\.bandwidth: expected a share > 0"):
@@ -68,5 +88,7 @@ def test_rates_measured_for_known_devices_nominal_otherwise() -> None:
     assert cpu.source.startswith("nominal") and cpu.copy_bytes_per_s > 0
     h100 = dataclasses.replace(probe("cpu"), device_type="cuda", name="NVIDIA H100 80GB HBM3")
     assert device_rates(h100).source.startswith("measured") and device_rates(h100).copy_bytes_per_s == 3.0e12
+    h200 = dataclasses.replace(h100, name="NVIDIA H200")  # its ceilings in benchmarks/results/nvidia-h200
+    assert device_rates(h200).source.startswith("measured") and device_rates(h200).copy_bytes_per_s == 4.24e12
     odd = dataclasses.replace(probe("cpu"), device_type="quantum", name="?")
     assert device_rates(odd).matmul_flops_per_s > 0

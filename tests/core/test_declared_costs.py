@@ -1,8 +1,8 @@
 """The built-in kernels' declared costs agree with the committed measurements: for every
-case of every linear-like suite in ``benchmarks/results`` (the H100's and this CPU's), the
-kernel ``get_kernel`` chooses from the declarations alone (no measured table) runs within
-``GOAL``× the fastest kernel that keeps the weight compressed, as measured; and with
-``allow_dense=True`` within ``GOAL``× the fastest of all."""
+case of every linear-like suite in ``benchmarks/results`` (the H100's, the H200's and this
+CPU's), the kernel ``get_kernel`` chooses from the declarations alone (no measured table)
+runs within ``GOAL``× the fastest kernel that keeps the weight compressed, as measured; and
+with ``allow_dense=True`` within ``GOAL``× the fastest of all."""
 
 from __future__ import annotations
 
@@ -26,14 +26,16 @@ from quantcore.probe import Capabilities, PackageStatus, probe
 from quantcore.problem import Problem
 from quantcore.registry import Registry
 
-SUITES = ("gptq_linear", "awq_linear", "turboquant_linear", "trtllm_moe", "svdquant_prequant")
+SUITES = ("gptq_linear", "awq_linear", "gptq8_linear", "turboquant_linear", "trtllm_moe", "svdquant_prequant")
+H100 = Capabilities(
+    device="cuda:0", device_type="cuda", available=True, name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0), torch_version=torch.__version__,
+    packages=(PackageStatus("triton", "3.6.0", True), PackageStatus("cuda.tile", None, False, "not installed"),
+              PackageStatus("tensorrt_llm", None, False, "not installed")),
+    aten_ops=frozenset({"_convert_weight_to_int4pack", "_weight_int4pack_mm"}), fp8=True)
 DEVICES = {
-    "nvidia-h100-80gb-hbm3": Capabilities(
-        device="cuda:0", device_type="cuda", available=True, name="NVIDIA H100 80GB HBM3",
-        compute_capability=(9, 0), torch_version=torch.__version__,
-        packages=(PackageStatus("triton", "3.6.0", True), PackageStatus("cuda.tile", None, False, "not installed"),
-                  PackageStatus("tensorrt_llm", None, False, "not installed")),
-        aten_ops=frozenset({"_convert_weight_to_int4pack", "_weight_int4pack_mm"}), fp8=True),
+    "nvidia-h100-80gb-hbm3": H100,
+    "nvidia-h200": dataclasses.replace(H100, name="NVIDIA H200"),  # the same sm_90 probe, its own rates
     "amd-epyc": dataclasses.replace(
         probe("cpu"), name="AMD EPYC", packages=(PackageStatus("triton", "3.6.0", False, "no GPU"),)),
 }
@@ -44,7 +46,7 @@ def _problems(suite: str, dims: dict[str, int], variant: str) -> tuple[Problem, 
     from quantcore.benchmarks.suites import get_suite
 
     mod = get_suite(suite)
-    if suite in ("gptq_linear", "awq_linear"):
+    if suite in ("gptq_linear", "awq_linear", "gptq8_linear"):
         return Problem.linear(mod.FMT, M=dims["M"], K=dims["K"], N=dims["N"], dtype=mod.DTYPE), variant
     if suite == "turboquant_linear":
         fmt = dataclasses.replace(mod.FMT, residual=variant.endswith("+res"))
@@ -84,7 +86,7 @@ def test_declared_costs_choose_as_measured(caps: Capabilities, problem: Problem,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(selection, "probe", lambda device: caps)
     if caps.device_type == "cuda":
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the H100's rows are compiled runs
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the GPUs' rows are compiled runs
     kernels = {e.cls.name: e.cls for e in registry.kernels(problem.format.name, problem.op)}
     timed = {k: t for k, t in times.items() if k in kernels}
     if "torch_fallback" not in timed and "dense_bf16" in times:

@@ -30,20 +30,25 @@ from ...triton.checks import check_x
 from .layout import SUPPORTED_BITS
 from .weights import PairedWeights
 
-__all__ = ["ACT_DTYPES", "AWQViaGPTQLanes", "PairedGPTQKernel", "weight_bytes"]
+__all__ = ["ACT_DTYPES", "AWQViaGPTQLanes", "PairedGPTQKernel", "code_bits", "weight_bytes"]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 
 Tensors = Mapping[str, torch.Tensor]
 
 
+def code_bits(problem: Problem) -> int:
+    """Bits per code of ``problem``'s prepared weight (AWQ counts as 4-bit)."""
+    fmt = problem.format
+    return fmt.bits if isinstance(fmt, GPTQ) else 4
+
+
 def weight_bytes(problem: Problem) -> float:
     """Bytes of a prepared weight of ``problem``: the codes, 2-byte scales and one byte of
-    zero point per group and output (AWQ counts as 4-bit)."""
-    fmt = problem.format
-    bits, gs = (fmt.bits, fmt.group_size) if isinstance(fmt, GPTQ) else (4, getattr(fmt, "group_size", -1))
+    zero point per group and output."""
+    gs = getattr(problem.format, "group_size", -1)
     k, n = problem["K"], problem["N"]
-    return grouped_weight_bytes(k, n, bits, gs if gs > 0 else k, scale_bytes=2, zero_bits=8)
+    return grouped_weight_bytes(k, n, code_bits(problem), gs if gs > 0 else k, scale_bytes=2, zero_bits=8)
 
 
 class PairedGPTQKernel(LinearKernel):
