@@ -29,8 +29,8 @@ __all__ = ["ACT_DTYPES", "HopperWgmmaAWQ", "HopperWgmmaGPTQ"]
 
 class HopperWgmmaGPTQ(PairedGPTQKernel):
     name: ClassVar[str] = "hopper_wgmma"
-    #: Above triton_int4 (110) on sm_90, where its declared cost is lower at every M
-    #: (README.md); the costs decide.
+    #: Above triton_int4 (110) on sm_90; the declared costs decide (``cost``), the priority
+    #: only breaks ties.
     priority: ClassVar[int] = 120
     description: ClassVar[str] = ("GPTQ 4/8-bit on Hopper in Gluon: TMA ring, dequantized operand in registers, "
                                   "async wgmma, split-K")
