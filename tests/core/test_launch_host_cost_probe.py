@@ -2,7 +2,8 @@
 torch: its stubbed runtime answers every CUDA query a launcher makes (the current device,
 the device properties a card key is read from), puts back what it replaced, and the probe
 times every Triton call path, module and custom op end to end in a subprocess (compiled
-kernels, not the interpreter the test session uses)."""
+kernels, not the interpreter the test session uses), where no module runs more functions
+around its kernel than ``QuantLinear``."""
 
 from __future__ import annotations
 
@@ -50,3 +51,10 @@ def test_the_probe_runs_every_path_on_a_cpu(tmp_path: Path) -> None:
     for times in result["modules"].values():
         assert min(times["kernel"], times["module"], times["custom_op"]) > 0
         assert times["module_over_kernel"] == times["module"] - times["kernel"]
+    # a count of the functions a call runs does not move with the machine's load: no module
+    # runs more around its kernel than QuantLinear does
+    for m in (1, 16):
+        linear = result["modules"][f"QuantLinear (triton_int4)/M{m}"]["functions_module_over_kernel"]
+        assert 0 < linear <= 10
+        for name in MODULES[1:]:
+            assert result["modules"][f"{name}/M{m}"]["functions_module_over_kernel"] <= linear, name

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 import types
@@ -118,6 +120,16 @@ def stubbed(plain: bool) -> Iterator[None]:
 def per_call(fn: Callable[[], object], calls: int, repeats: int = 5) -> float:
     """The best of ``repeats`` runs of ``calls`` calls: seconds per call."""
     return interleaved({"fn": fn}, calls, repeats)["fn"]
+
+
+def functions_per_call(fn: Callable[[], object], calls: int = 20) -> float:
+    """How many Python and built-in functions one call runs (``cProfile``'s count, after a
+    warm call): unlike a time, it does not move with the machine's load."""
+    fn()
+    profile = cProfile.Profile()
+    profile.runcall(lambda: [fn() for _ in range(calls)])
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return (sum(v[1] for v in stats.values()) - 2) / calls  # less the lambda and its list comprehension
 
 
 def interleaved(fns: dict[str, Callable[[], object]], calls: int, repeats: int = 5) -> dict[str, float]:
@@ -255,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                     times = interleaved(paths, args.calls, args.repeats)
                     times["module_over_kernel"] = times["module"] - times["kernel"]
                     times["custom_op_over_kernel"] = times["custom_op"] - times["kernel"]
+                    counted = {k: functions_per_call(fn) for k, fn in paths.items()}
+                    times["functions_module_over_kernel"] = counted["module"] - counted["kernel"]
+                    times["functions_custom_op_over_kernel"] = counted["custom_op"] - counted["kernel"]
                     results["modules"][f"{name}/M{m}"] = times
                     rows.append((name, m, times))
         unbound = {f"{made._fn.__name__}: {made.fallback}" for made in MADE
@@ -263,10 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             print("launches that did not bind:", *sorted(unbound), sep="\n  ")
         results["unbound"] = sorted(unbound)
         print(f"\n{'module (kernel), bound launches':38s} {'M':>5s} {'kernel µs':>9s} {'module µs':>9s} {'+µs':>6s} "
-              f"{'op µs':>9s} {'+µs':>6s}")
+              f"{'+fns':>5s} {'op µs':>9s} {'+µs':>6s} {'+fns':>5s}")
         for name, m, t in rows:
             print(f"{name:38s} {m:5d} {t['kernel'] * 1e6:9.2f} {t['module'] * 1e6:9.2f} "
-                  f"{t['module_over_kernel'] * 1e6:6.2f} {t['custom_op'] * 1e6:9.2f} {t['custom_op_over_kernel'] * 1e6:6.2f}")
+                  f"{t['module_over_kernel'] * 1e6:6.2f} {t['functions_module_over_kernel']:5.0f} "
+                  f"{t['custom_op'] * 1e6:9.2f} {t['custom_op_over_kernel'] * 1e6:6.2f} "
+                  f"{t['functions_custom_op_over_kernel']:5.0f}")
         dense = torch.nn.Linear(128, 256, bias=False, dtype=torch.bfloat16)
         x = torch.randn(1, 128).bfloat16()
         results["nn.Linear"] = per_call(lambda: dense(x), args.calls, args.repeats)
