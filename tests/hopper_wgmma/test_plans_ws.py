@@ -19,7 +19,6 @@ from quantcore.backends.hopper_wgmma.configs import default_plan
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan, plan_from_dict
 from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
-from quantcore.errors import InvalidArgumentError
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernels.gptq_pairs.plans import Shape
 from quantcore.probe.card import CardKey
