@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from ..custom_ops import traced
 from ..errors import InvalidArgumentError
 from ..formats.base import Format
 from ..ops.moe import swiglu
@@ -45,7 +46,11 @@ class QuantExperts(QuantModule):
     def forward(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return super().forward(x, topk_ids, topk_weights=topk_weights)  # type: ignore[no-any-return]
+        # QuantModule.forward with this signature: the direct route, else every check.
+        kernel = self._direct
+        if kernel is not None and not traced(x):
+            return kernel(x, topk_ids, self.prepared, topk_weights=topk_weights)  # type: ignore[no-any-return]
+        return self._forward_checked((x, topk_ids), {"topk_weights": topk_weights})  # type: ignore[no-any-return]
 
 
 class QuantMoE(nn.Module):

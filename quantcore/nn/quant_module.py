@@ -24,8 +24,11 @@ a plain attribute. So:
 A call has two routes. While traced — ``torch.compile`` (one op, no graph break),
 ``torch.export`` (the buffers are the graph's buffers), fake or meta tensors — it is the
 op kind's custom op (``quantcore::linear`` …). Otherwise it is the kernel called on the
-prepared state: one test, one call, nothing looked up or checked again (the kernel checks
-its own input).
+prepared state. What does not depend on the call's inputs — whether anything blocks the
+module, whether the kernel's output was checked, whether a kept source could replace a
+failing kernel — is decided by the first call after the kernel or its state changes; from
+then on a call is one attribute test, the trace test and the kernel's call (the kernel
+checks its own input, so every check that protects memory stays).
 
 The op kind's declaration (:class:`quantcore.ops.Op`) gives the module its weight dims,
 its problem and its op, so ``QuantModule(fmt, tensors)`` runs any op kind (``fmt.op``);
@@ -116,6 +119,11 @@ class QuantModule(nn.Module):
         self._names: tuple[str, ...] = ()
         #: The kernel whose first output was found of the op's shape and dtype.
         self._output_checked: Kernel | None = None
+        #: The kernel an eager call runs with nothing around it: set by a call of
+        #: :meth:`_forward_checked` that found nothing blocking, the output checked and no
+        #: kept source to fall back on; None (every call checked) from any change of the
+        #: kernel, its prepared state or what blocks the module until then.
+        self._direct: Kernel | None = None
         self._prefer = _preferences(prefer)
         self._device = _concrete(device if device is not None else "cpu")
         if self._device.type != "meta":
@@ -172,7 +180,7 @@ class QuantModule(nn.Module):
             self.register_buffer(name, t)
         self._names = names
         self._spec = make_spec(kernel, state, self.dims)
-        self.kernel, self.prepared, self._blocked = kernel, prepared, None
+        self.kernel, self.prepared, self._blocked, self._direct = kernel, prepared, None, None
 
     def _free_name(self, name: str) -> str:
         return f"{TAKEN_PREFIX}{name}" if self._taken(name) or name.startswith(SOURCE) else name
@@ -193,6 +201,7 @@ class QuantModule(nn.Module):
     def _rebuild(self) -> None:
         """The prepared state again, on the buffers as they are now (after a move or a
         load), checked against the kernel's schema where the kernel can run them."""
+        self._direct = None
         if not self._spec or self._blocked is not None:
             return
         held = {n: self._buffers.get(n) for n in self._names}
@@ -225,6 +234,14 @@ class QuantModule(nn.Module):
     # --- calling ---------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **options: Any) -> Any:
+        kernel = self._direct
+        if kernel is not None and inputs and not traced(inputs[0]):
+            return kernel(*inputs, self.prepared, **options)
+        return self._forward_checked(inputs, options)
+
+    def _forward_checked(self, inputs: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        """A call off the direct route: traced (the custom op), blocked, the kernel's first
+        call (its output checked), or a call a kept source may rescue."""
         if not inputs:
             raise KernelInputError(f"{type(self).__name__}: expected the op's inputs {list(self.op.inputs)}, got none")
         if traced(inputs[0]):
@@ -252,6 +269,8 @@ class QuantModule(nn.Module):
                 self._replace_failed(kernel, None, why)
                 return self.forward(*inputs, **options)
             self._output_checked = kernel
+        if not self.keep_source and kernel is self.kernel:  # nothing to fall back on: later calls go straight to it
+            self._direct = kernel
         return out
 
     def _replace_failed(self, kernel: Kernel, exc: Exception | None, reason: str = "") -> None:
@@ -345,7 +364,7 @@ class QuantModule(nn.Module):
             incoming = state_dict.get(prefix + name)
             if isinstance(incoming, torch.Tensor):
                 self.register_buffer(name, torch.empty_like(incoming, device=self._device))
-        self._spec = spec
+        self._spec, self._direct = spec, None
         kernel_cls = resolve(spec).kernel_cls
         self.kernel, self._blocked = resolve(spec).kernel(self._device), self._cannot_run(kernel_cls, self._device)
         self._drop_source()  # it belongs to the weight this state replaces

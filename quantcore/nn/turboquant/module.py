@@ -15,6 +15,7 @@ pass's buffers stay in (pinned) host memory and reach the GPU through a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -175,15 +176,17 @@ class TurboQuantLinear(QuantModule):
 
     # --- forward ---------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._pass2_names:
-            return super().forward(x)  # type: ignore[no-any-return]
-        if traced(x):
+    def _forward_checked(self, inputs: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        # An offloaded module never takes the direct route: offloading rebuilds the state
+        # (which clears it) and its calls come here, never to the base class that sets it.
+        if not self._pass2_names or not inputs:
+            return super()._forward_checked(inputs, options)
+        if traced(inputs[0]):
             raise KernelInputError(
                 "cpu_offload_pass2 streams pass 2 on a side stream and runs eagerly; compile or export the model "
                 "without it"
             )
-        return self._forward_offloaded(x)
+        return self._forward_offloaded(*inputs, **options)
 
     def _forward_offloaded(self, x: torch.Tensor) -> torch.Tensor:
         kernel, prepared = self.kernel, self.prepared
