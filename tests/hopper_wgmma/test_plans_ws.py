@@ -133,14 +133,13 @@ def test_the_sweep_checks_the_ws_twin_of_every_in_flight_check_plan() -> None:
     assert twins >= 40  # eight in-flight plans on four cases, two on most others
 
 
-def test_the_sweep_times_ws_twins_from_m_128() -> None:
+def test_the_sweep_times_the_ws_twin_of_every_in_flight_candidate() -> None:
     shipped = Plan(2, 256, 3, 1, in_flight=True)
-    for m in (128, 512, 2048, 8192):
+    for m in (1, 16, 32, 64, 128, 512, 2048, 8192):
         plans = [p for p in candidates(m, 4096, 14336, 4, 132, shipped) if isinstance(p, Plan)]
         flying = [p for p in plans if p.in_flight and not p.ws]
-        assert flying and all(ws_twin(p) in plans for p in flying)
-    for m in (1, 16, 64):
-        assert not any(isinstance(p, Plan) and p.ws for p in candidates(m, 4096, 14336, 4, 132, Plan(1, 16, 8, 5)))
+        assert flying and all(ws_twin(p) in plans for p in flying), m
+        assert all(dataclasses.replace(p, ws=False) in plans for p in plans if p.ws), m
 
 
 def test_a_shipped_ws_plan_is_timed_with_its_waited_and_in_flight_variants() -> None:

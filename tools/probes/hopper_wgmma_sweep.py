@@ -246,8 +246,8 @@ def triton_candidates(m: int, k: int, n: int, bits: int, sms: int) -> list[Trito
 def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | None = None) -> list[AnyPlan]:
     """The plans timed at one point: the shipped one and its variants (two blocks per
     wait, groups in flight), then tiles around it, each waited for at every block and
-    left in flight; from M = 128 each in-flight one also with its producer warp
-    (:func:`ws_twin`); at M ≤ 16 also shallow rings (more CTAs resident per SM) and the
+    left in flight, each in-flight one also with its producer warp (:func:`ws_twin`);
+    at M ≤ 16 also shallow rings (more CTAs resident per SM) and the
     Triton plans (:func:`triton_candidates`)."""
     blocks = k // (512 // bits)
     tiles_n = n // 64
@@ -292,9 +292,8 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         add(1, 128, 3, [1])
         if bits == 4:
             add(2, 256, 3, [1, 2])
-    if m >= 128:
-        for plan in [p for p in out if isinstance(p, Plan) and p.in_flight]:
-            put(ws_twin(plan))
+    for plan in [p for p in out if isinstance(p, Plan) and p.in_flight]:
+        put(ws_twin(plan))
     for plan in triton_candidates(m, k, n, bits, sms):
         put(plan)
     return out
