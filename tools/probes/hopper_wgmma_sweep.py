@@ -281,8 +281,8 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         if m == 1:
             add(1, 8, 8, [2, 4])
             add(1, 8, 4, [4, 8])
-        if m == 64:
-            add(2, 64, 4, [1, 2])
+        if m >= 16:  # two consumer warpgroups: with a producer warp the faster tile at M = 64
+            add(2, bm, 4, [1, 2])
     elif m <= 128:
         add(1, 128, 3, [1, 2])
         add(2, 128, 4, [1, 2])
