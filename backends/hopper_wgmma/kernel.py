@@ -54,7 +54,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # 0.80–0.84 / 0.60 / 0.40–0.42 / 0.13 of it at 4096×14336 / 14336×4096 / 4096² /
         # 4096×1024 on both cards (weight_fill); from M = 512 0.75, half at N = 1024
         # (column_fill); above M = 1024 triton_int4's dequantize + cuBLAS is faster. 8-bit
-        # codes dequantize through fp32 in bf16 (README.md): 0.6–0.8 of the 4-bit rate.
+        # codes dequantize through fp32 in bf16 (README.md): 0.65 of the 4-bit rate, 0.8 at
+        # M = 128 where the H100's table runs the producer-warp plans (gptq8_linear.json).
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type != "cuda":
@@ -67,7 +68,7 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         else:
             compute = (0.75 if m <= 1024 else 0.65) * column_fill(n)
         if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16:
-            compute *= 0.65
+            compute *= 0.8 if 64 < m <= 256 else 0.65
         return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2 if m <= 2 else 1,
                            stream_bytes_per_s=2.4e12,
                            note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
