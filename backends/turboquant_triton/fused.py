@@ -4,10 +4,11 @@
 * M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
   passes in one launch;
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
-  launch; each program rotates its own x columns (a shared rotation: one launch a call),
-  or the input is rotated once per call by one small GEMM for every pass before it
-  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group or in float32,
-  or forced: ``configs.rotate_in_kernel``);
+  launch; the input is rotated once per call by one small GEMM for every pass before it
+  (``quantcore/kernels/turboquant/rotation.py``; the default, and always for a rotation
+  per group or in float32), or — a shared rotation, asked for (``configs.mma_rotation``)
+  — each program rotates its own x columns, or the launch's first programs rotate x once
+  into a kept workspace for the others (one launch a call either way);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -47,7 +48,7 @@ from .dequant import dequant_kernel
 from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
-from .workspace import split_k_buffers
+from .workspace import rotation_buffers, split_k_buffers
 
 __all__ = ["fused_linear", "interpreting"]
 
@@ -57,7 +58,7 @@ _to_output = to_output
 #: (the decode kernel's second pass reads its own), the running partial; for the
 #: tensor-core kernel M.
 GEMV_VARYING = (0, 1, 10)
-MMA_VARYING = (0, 9, 13)
+MMA_VARYING = (0, 9, 15)
 
 
 def interpreting() -> bool:
@@ -187,8 +188,8 @@ class _Gemv(_Bucket):
 
 
 class _Mma(_Bucket):
-    """The tensor-core kernel, x rotated inside it (one launch a call) or by one GEMM
-    before it (``configs.rotate_in_kernel``)."""
+    """The tensor-core kernel, x rotated by one GEMM before it, or inside it by every
+    program or once by its first programs (one launch a call; ``configs.mma_rotation``)."""
 
     def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
@@ -202,14 +203,17 @@ class _Mma(_Bucket):
                      fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
         self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
-        self.in_kernel = configs.rotate_in_kernel(self.cfg, **where)
-        if not self.in_kernel:  # one rotated copy of x per distinct rotation, side by side (rotation.py)
+        #: ``outside``, ``kernel`` or ``once`` (configs.mma_rotation).
+        self.rotation = configs.mma_rotation(self.cfg, **where)
+        self.in_kernel, self.once = self.rotation == "kernel", self.rotation == "once"
+        self.x_copies = 2 if own else 1
+        if self.rotation == "outside":  # one rotated copy of x per distinct rotation, side by side (rotation.py)
             self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
                         self.codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
-            TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel,
+            TWO_PASSES=len(passes) == 2, X_COPIES=self.x_copies, ROTATE=self.in_kernel, ROTATE_ONCE=self.once,
             HAS_PARTIAL=partial, HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(passes[0].rotation.dtype),
             INTERPRET=interpreting(),
         )
@@ -231,7 +235,10 @@ class _Mma(_Bucket):
                 mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
                 options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
             )
-        plan = self.plans[m] = (launch, (self.tiles_n, split, tiles_m), split, self.tiles_n * tiles_m)
+        grid = (self.tiles_n, split, tiles_m)
+        if self.once:  # the rotation programs (a chunk per rotation, group and row tile), then the tiles
+            grid = (self.x_copies * self.groups * tiles_m + self.tiles_n * split * tiles_m, 1, 1)
+        plan = self.plans[m] = (launch, grid, split, self.tiles_n * tiles_m)
         return plan
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -242,8 +249,12 @@ class _Mma(_Bucket):
             ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
         else:
             ws, tk = out, self.codebook
-        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, m,
-               self.n, self.k // 8, self.k // 8)
+        if self.once:
+            xr, counts = rotation_buffers(self.device, m * self.x_copies * self.k, self.p1.rotation.dtype)
+        else:
+            xr, counts = self.codebook, self.codebook
+        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
+               counts, m, self.n, self.k // 8, self.k // 8)
 
 
 class _Dequant(_Bucket):
