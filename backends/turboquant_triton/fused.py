@@ -56,9 +56,9 @@ __all__ = ["fused_linear", "interpreting"]
 _to_output = to_output
 #: The arguments Triton specialises that change between calls of a bucket: the activation
 #: (the decode kernel's second pass reads its own), the running partial; for the
-#: tensor-core kernel M.
+#: tensor-core kernel M and the number of z-slices of rotation programs.
 GEMV_VARYING = (0, 1, 10)
-MMA_VARYING = (0, 9, 15)
+MMA_VARYING = (0, 9, 15, 19)
 
 
 def interpreting() -> bool:
@@ -220,9 +220,9 @@ class _Mma(_Bucket):
         #: By (groups per program, split): both follow M's row tiles, within the bucket.
         self.launches: dict[tuple[int, int], Launch] = {}
         #: By M: the launch, its grid, its split and its output tiles.
-        self.plans: dict[int, tuple[Launch, tuple[int, int, int], int, int]] = {}
+        self.plans: dict[int, tuple[Launch, tuple[int, int, int], int, int, int]] = {}
 
-    def _plan(self, m: int) -> tuple[Launch, tuple[int, int, int], int, int]:
+    def _plan(self, m: int) -> tuple[Launch, tuple[int, int, int], int, int, int]:
         cfg = self.cfg
         tiles_m = triton.cdiv(m, cfg.block_m)
         # Split K only as far as needed to fill the GPU (each split costs a partial tile).
@@ -235,15 +235,18 @@ class _Mma(_Bucket):
                 mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
                 options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
             )
-        grid = (self.tiles_n, split, tiles_m)
-        if self.once:  # the rotation programs (a chunk per rotation, group and row tile), then the tiles
-            grid = (self.x_copies * self.groups * tiles_m + self.tiles_n * split * tiles_m, 1, 1)
-        plan = self.plans[m] = (launch, grid, split, self.tiles_n * tiles_m)
+        grid, rotating = (self.tiles_n, split, tiles_m), 0
+        if self.once:  # z-slices of rotation programs (a chunk per rotation, group and row tile) first
+            rotating = triton.cdiv(self.x_copies * self.groups * tiles_m, self.tiles_n * split)
+            grid = (self.tiles_n, split, rotating + tiles_m)
+            if interpreting():  # which runs a grid x-major: one dimension, in linear order (mma.py)
+                grid = (grid[0] * grid[1] * grid[2], 1, 1)
+        plan = self.plans[m] = (launch, grid, split, self.tiles_n * tiles_m, rotating)
         return plan
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         m = x2d.shape[0]
-        launch, grid, split, tiles = self.plans.get(m) or self._plan(m)
+        launch, grid, split, tiles, rotating = self.plans.get(m) or self._plan(m)
         x = x2d if self.rotate is None else self.rotate(x2d)
         if split > 1:
             ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
@@ -254,7 +257,7 @@ class _Mma(_Bucket):
         else:
             xr, counts = self.codebook, self.codebook
         launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
-               counts, m, self.n, self.k // 8, self.k // 8)
+               counts, m, self.n, self.k // 8, self.k // 8, rotating)
 
 
 class _Dequant(_Bucket):

@@ -126,8 +126,8 @@ def test_tensor_core_call_rotating_once_is_its_output_and_one_launch(
     recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant, mode: str,
 ) -> None:
     """A shared rotation applied once per call by the launch's own rotation programs: no
-    torch op but the output, one launch a call over a one-dimensional grid (the rotation
-    programs, then the output tiles), the rotated x and its counts kept."""
+    torch op but the output, one launch a call (z-slices of rotation programs, then the
+    output tiles), the rotated x and its counts kept."""
     from quantcore.backends.turboquant_triton.workspace import rotation_buffers
 
     _rotation(monkeypatch, "once")
@@ -140,7 +140,9 @@ def test_tensor_core_call_rotating_once_is_its_output_and_one_launch(
     copies = recorded[0].constexprs["X_COPIES"]
     grid, args = recorded[0].calls[-1]
     split, tiles_n = 4, -(-N // recorded[0].constexprs["BLOCK_N"])
-    assert grid == (copies * (K // D) + tiles_n * split, 1, 1)  # one row tile: chunks, then tiles
+    rotating = -(-copies * (K // D) // (tiles_n * split))  # z-slices holding every chunk (one row tile)
+    assert args[19] == rotating >= 1
+    assert grid == (tiles_n * split * (rotating + 1), 1, 1)  # the interpreter's grid: one dimension
     assert args[0] is x  # x as it came: rotated by the launch
     xr, counts = rotation_buffers(x.device, 2 * copies * K, prepared.passes[0].rotation.dtype)
     assert args[13] is xr and args[14] is counts

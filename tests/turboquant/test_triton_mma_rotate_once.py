@@ -150,3 +150,34 @@ def test_a_count_left_over_makes_the_result_nan_not_stale() -> None:
     assert bad.isnan().all()
     assert counts[:2].tolist() == [0, 0]  # the launch still resets them
     assert torch.equal(_call(prep, x, "once", 8, 16, out_dtype=torch.float32), good)
+
+
+@pytest.mark.parametrize("name", ["one-pass", "own-rotations"])
+def test_planned_for_a_gpu_the_rotation_programs_come_first(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Planned as on a GPU (launches recorded, not run): the grid is (N tiles, split, z),
+    its first z-slices hold at least every (rotation, group, row tile) chunk — the lowest
+    linear ids — and the rest one slice per row tile; the default path keeps its grid."""
+    from quantcore.backends.turboquant_triton import fused
+    from quantcore.backends.turboquant_triton.configs import MmaConfig
+    from tests.launch_recorder import record_launches
+
+    recorded = record_launches(monkeypatch, fused)
+    monkeypatch.setattr(fused, "interpreting", lambda: False)
+    _, _, prep = _layer(name)
+    passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes)  # a GPU's
+    copies = 2 if name == "own-rotations" else 1
+    for m, block_m in ((16, 16), (40, 16), (40, 64)):
+        x = torch.randn(m, K).to(torch.bfloat16)
+        for once in (True, False):
+            cfg = MmaConfig(block_n=16, block_m=block_m, gpc=3, ctas=1000, rotate_once=once)
+            fused.fused_linear(x, passes, prep.codebook, group_size=D, partial=None, bias=None,
+                               out_dtype=torch.bfloat16, path="mma", config=cfg)
+            grid, args = recorded[-1].calls[-1]
+            tiles_m, split = -(-m // block_m), 3  # 8 groups, 3 a program
+            assert grid[:2] == (N // 16, split) and recorded[-1].constexprs["ROTATE_ONCE"] is once
+            if once:
+                rotating = args[19]
+                assert grid[2] == rotating + tiles_m
+                assert (rotating - 1) * grid[0] * grid[1] < copies * (K // D) * tiles_m <= rotating * grid[0] * grid[1]
+            else:
+                assert grid[2] == tiles_m and args[19] == 0
