@@ -33,13 +33,16 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
 __all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "mma_entry",
-           "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
+           "mma_rotation", "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
-#: ``kernel`` or ``outside``: where the tensor-core kernel applies a shared 16-bit input
-#: rotation, for every bucket made while it is set, whatever the config says (to time both
-#: on one device); a rotation per group or in float32 is always applied outside.
+#: ``outside``, ``kernel`` or ``once``: where the tensor-core kernel applies a shared 16-bit
+#: input rotation (:func:`mma_rotation`), for every bucket made while it is set, whatever
+#: the config says (to time them on one device); a rotation per group or in float32 is
+#: always applied outside.
 ROTATION_ENV = "QUANTCORE_TURBOQUANT_MMA_ROTATION"
+#: The values of :data:`ROTATION_ENV`.
+MMA_ROTATIONS = ("outside", "kernel", "once")
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ class MmaConfig:
     """Tensor-core kernel: a [block_n, block_m] output tile, ``gpc`` groups per program;
     ``rotate_in_kernel``: each program rotates its x columns itself (one launch a call;
     None counts as True) or, False, x is rotated once per call by a GEMM before the launch
-    (two) — :func:`rotate_in_kernel` has the last word."""
+    (two); ``rotate_once``: x rotated once per call by rotation programs of the same
+    launch (one launch; wins over ``rotate_in_kernel``) — :func:`mma_rotation` has the
+    last word."""
 
     block_n: int = 64
     block_m: int = 16
@@ -77,6 +82,7 @@ class MmaConfig:
     stages: int = 3
     ctas: int = 264
     rotate_in_kernel: bool | None = None
+    rotate_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,8 @@ def mma_entry(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int,
 
 def mma_rule(m: int, in_kernel: bool) -> MmaConfig:
     """The tensor-core tile where no table entry fits, for x rotated in the kernel or
-    outside it (shared-memory sizes and registers: ``python -m tools.compile_report``)."""
+    outside it — or once, by the launch's rotation programs, whose group loop is the
+    outside variant's (shared-memory sizes and registers: ``python -m tools.compile_report``)."""
     if m <= 16:
         return MmaConfig(block_n=64, block_m=16)
     if m <= 32:
@@ -209,26 +216,39 @@ def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int
     return mma_rule(m, inside)
 
 
-def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> bool:
-    """Whether the tensor-core kernel rotates x itself (``mma.py``). Never for a rotation
-    per group — each program would read d² values per group, 4d/block_n times the group's
-    index bytes (8× at d = 128 and 64-row tiles, at every M), and keep one per pipeline
-    stage in shared memory — nor with float32 operands on a GPU, where Π alone takes
-    64 KB of shared memory at d = 128 and two passes on 64-row tiles need more than an
-    SM's 227 KB. A shared 16-bit rotation is rotated in the kernel when
-    ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says ``kernel`` (``outside``: never), or else when
-    the config's ``rotate_in_kernel`` is True. Not by default: on the H100 the in-kernel
-    rotation takes an eager call from 2.1× to 1.1× nn.Linear's host time at M = 16, but
-    its CUDA-graph time from 43 to 58–60 µs at M = 1–16 and from 84–87 to 155–169 µs at
-    M = 128 (4096×14336, 14336×4096; README.md, "Rotation inside the tensor-core kernel")."""
+def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> str:
+    """Where the tensor-core kernel gets x rotated (``mma.py``): ``outside`` (one GEMM
+    before the launch), ``kernel`` (each program rotates its own x columns) or ``once``
+    (the launch's first programs rotate x once into a workspace that the others read).
+
+    Always ``outside`` for a rotation per group — in the kernel each program would read d²
+    values per group, 4d/block_n times the group's index bytes (8× at d = 128 and 64-row
+    tiles, at every M), and keep one per pipeline stage in shared memory — and with
+    float32 operands on a GPU, where Π alone takes 64 KB of shared memory at d = 128 and
+    two passes on 64-row tiles need more than an SM's 227 KB. A shared 16-bit rotation
+    goes where ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says, else ``once`` when the config's
+    ``rotate_once`` is True, ``kernel`` when its ``rotate_in_kernel`` is True. Not in the
+    kernel by default: on the H100 the in-kernel rotation takes an eager call from 2.1× to
+    1.1× nn.Linear's host time at M = 16, but its CUDA-graph time from 43 to 58–60 µs at
+    M = 1–16 and from 84–87 to 155–169 µs at M = 128 (4096×14336, 14336×4096; README.md,
+    "Rotation inside the tensor-core kernel"). ``once`` is one launch without the repeated
+    rotation; its GPU time is not yet measured, so it is not the default either."""
     if rotation_per_group or fp32_operands:
-        return False
+        return "outside"
     forced = os.environ.get(ROTATION_ENV)
     if forced:
-        if forced not in ("kernel", "outside"):
-            raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'kernel' or 'outside', got {forced!r}")
-        return forced == "kernel"
-    return cfg.rotate_in_kernel is True
+        if forced not in MMA_ROTATIONS:
+            raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'outside', 'kernel' or 'once', got {forced!r}")
+        return forced
+    if cfg.rotate_once:
+        return "once"
+    return "kernel" if cfg.rotate_in_kernel is True else "outside"
+
+
+def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> bool:
+    """Whether each program of the tensor-core kernel rotates its own x columns
+    (:func:`mma_rotation` is ``kernel``); the tile rule follows it."""
+    return mma_rotation(cfg, rotation_per_group=rotation_per_group, fp32_operands=fp32_operands) == "kernel"
 
 
 def path_for(card: CardKey | None) -> PathChoice:

@@ -4,10 +4,11 @@
 * M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
   passes in one launch;
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
-  launch; each program rotates its own x columns (a shared rotation: one launch a call),
-  or the input is rotated once per call by one small GEMM for every pass before it
-  (``quantcore/kernels/turboquant/rotation.py``; a rotation per group or in float32,
-  or forced: ``configs.rotate_in_kernel``);
+  launch; the input is rotated once per call by one small GEMM for every pass before it
+  (``quantcore/kernels/turboquant/rotation.py``; the default, and always for a rotation
+  per group or in float32), or — a shared rotation, asked for (``configs.mma_rotation``)
+  — each program rotates its own x columns, or the launch's first programs rotate x once
+  into a kept workspace for the others (one launch a call either way);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -47,7 +48,7 @@ from .dequant import dequant_kernel
 from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
-from .workspace import split_k_buffers
+from .workspace import rotation_buffers, split_k_buffers
 
 __all__ = ["fused_linear", "interpreting"]
 
@@ -55,9 +56,9 @@ __all__ = ["fused_linear", "interpreting"]
 _to_output = to_output
 #: The arguments Triton specialises that change between calls of a bucket: the activation
 #: (the decode kernel's second pass reads its own), the running partial; for the
-#: tensor-core kernel M.
+#: tensor-core kernel M and the number of z-slices of rotation programs.
 GEMV_VARYING = (0, 1, 10)
-MMA_VARYING = (0, 9, 13)
+MMA_VARYING = (0, 9, 15, 19)
 
 
 def interpreting() -> bool:
@@ -187,8 +188,8 @@ class _Gemv(_Bucket):
 
 
 class _Mma(_Bucket):
-    """The tensor-core kernel, x rotated inside it (one launch a call) or by one GEMM
-    before it (``configs.rotate_in_kernel``)."""
+    """The tensor-core kernel, x rotated by one GEMM before it, or inside it by every
+    program or once by its first programs (one launch a call; ``configs.mma_rotation``)."""
 
     def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
@@ -202,23 +203,26 @@ class _Mma(_Bucket):
                      fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
         self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
-        self.in_kernel = configs.rotate_in_kernel(self.cfg, **where)
-        if not self.in_kernel:  # one rotated copy of x per distinct rotation, side by side (rotation.py)
+        #: ``outside``, ``kernel`` or ``once`` (configs.mma_rotation).
+        self.rotation = configs.mma_rotation(self.cfg, **where)
+        self.in_kernel, self.once = self.rotation == "kernel", self.rotation == "once"
+        self.x_copies = 2 if own else 1
+        if self.rotation == "outside":  # one rotated copy of x per distinct rotation, side by side (rotation.py)
             self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
                         self.codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
-            TWO_PASSES=len(passes) == 2, X_COPIES=2 if own else 1, ROTATE=self.in_kernel,
+            TWO_PASSES=len(passes) == 2, X_COPIES=self.x_copies, ROTATE=self.in_kernel, ROTATE_ONCE=self.once,
             HAS_PARTIAL=partial, HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(passes[0].rotation.dtype),
             INTERPRET=interpreting(),
         )
         #: By (groups per program, split): both follow M's row tiles, within the bucket.
         self.launches: dict[tuple[int, int], Launch] = {}
         #: By M: the launch, its grid, its split and its output tiles.
-        self.plans: dict[int, tuple[Launch, tuple[int, int, int], int, int]] = {}
+        self.plans: dict[int, tuple[Launch, tuple[int, int, int], int, int, int]] = {}
 
-    def _plan(self, m: int) -> tuple[Launch, tuple[int, int, int], int, int]:
+    def _plan(self, m: int) -> tuple[Launch, tuple[int, int, int], int, int, int]:
         cfg = self.cfg
         tiles_m = triton.cdiv(m, cfg.block_m)
         # Split K only as far as needed to fill the GPU (each split costs a partial tile).
@@ -231,19 +235,29 @@ class _Mma(_Bucket):
                 mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
                 options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
             )
-        plan = self.plans[m] = (launch, (self.tiles_n, split, tiles_m), split, self.tiles_n * tiles_m)
+        grid, rotating = (self.tiles_n, split, tiles_m), 0
+        if self.once:  # z-slices of rotation programs (a chunk per rotation, group and row tile) first
+            rotating = triton.cdiv(self.x_copies * self.groups * tiles_m, self.tiles_n * split)
+            grid = (self.tiles_n, split, rotating + tiles_m)
+            if interpreting():  # which runs a grid x-major: one dimension, in linear order (mma.py)
+                grid = (grid[0] * grid[1] * grid[2], 1, 1)
+        plan = self.plans[m] = (launch, grid, split, self.tiles_n * tiles_m, rotating)
         return plan
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
         m = x2d.shape[0]
-        launch, grid, split, tiles = self.plans.get(m) or self._plan(m)
+        launch, grid, split, tiles, rotating = self.plans.get(m) or self._plan(m)
         x = x2d if self.rotate is None else self.rotate(x2d)
         if split > 1:
             ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
         else:
             ws, tk = out, self.codebook
-        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, m,
-               self.n, self.k // 8, self.k // 8)
+        if self.once:
+            xr, counts = rotation_buffers(self.device, m * self.x_copies * self.k, self.p1.rotation.dtype)
+        else:
+            xr, counts = self.codebook, self.codebook
+        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
+               counts, m, self.n, self.k // 8, self.k // 8, rotating)
 
 
 class _Dequant(_Bucket):

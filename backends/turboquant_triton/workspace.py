@@ -1,12 +1,17 @@
-"""Per-device scratch the split-K kernels share: the float32 workspace in which each split
-stores its partials, and the tickets (int32, zero between launches) with which the last
-program of a row chunk learns that every split has stored them.
+"""Per-device scratch the TurboQuant Triton kernels share, kept per (device, stream) so that
+no call allocates it:
 
-Each launch leaves its tickets at zero again (the last program resets its chunk's) and
-reads back only the partials it stored, so one pair of arrays serves every launch on a
-device in stream order, with no allocation a call; launches that run concurrently on two
-streams must not share them. The arrays are kept per (device, stream) and only grow,
-outside any CUDA-graph pool (:mod:`quantcore.triton.buffers`).
+* the split-K kernels' float32 workspace, in which each split stores its partials, and
+  their tickets (int32, zero between launches), with which the last program of a row
+  chunk learns that every split has stored them;
+* the tensor-core kernel's rotated x when it rotates x once per call itself
+  (``mma.py``, ``ROTATE_ONCE``), and the two counts (int32, zero between launches) that
+  join its rotation programs and its output tiles.
+
+Each launch leaves its tickets and counts at zero again (its last program resets them)
+and reads back only what it stored, so one set of arrays serves every launch on a device
+in stream order; launches that run concurrently on two streams must not share them. The
+arrays only grow, outside any CUDA-graph pool (:mod:`quantcore.triton.buffers`).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ import torch
 
 from quantcore.triton.buffers import KeptBuffers, stream_key
 
-__all__ = ["split_k_buffers"]
+__all__ = ["rotation_buffers", "split_k_buffers"]
 
 _PARTIALS = KeptBuffers(torch.float32, zero=False, minimum=1 << 16, doubling=True)
 _TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024, doubling=True)
+#: By (device, stream, dtype): the rotated x of one call, in the rotation's dtype.
+_ROTATED = KeptBuffers(None, zero=False, minimum=1 << 16, doubling=True)
+_COUNTS = KeptBuffers(torch.int32, zero=True, minimum=32)
 
 
 def split_k_buffers(device: torch.device, partials: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,3 +34,10 @@ def split_k_buffers(device: torch.device, partials: int, tickets: int) -> tuple[
     tickets for the current stream of ``device``."""
     key = stream_key(device)
     return _PARTIALS.get(key, partials, device), _TICKETS.get(key, tickets, device)
+
+
+def rotation_buffers(device: torch.device, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """At least ``numel`` elements of ``dtype`` for the rotated x and the two zeroed int32
+    counts for the current stream of ``device``."""
+    key = stream_key(device)
+    return _ROTATED.get((*key, dtype), numel, device, dtype), _COUNTS.get(key, 2, device)

@@ -1,8 +1,11 @@
 """What only a GPU can show of the tensor-core kernel rotating x itself (``mma.py``,
-``ROTATE``): the compiled dot on 16-bit operands (the interpreter feeds it float32) against
-the golden output and against the rotation GEMM outside, at d = 128 and 64, one pass and
-two, the passes' own rotations or one shared, one split and several, with and without
-a running partial; and a CUDA graph that replays it with the split-K tickets reset."""
+``ROTATE``, and once per call by its first programs, ``ROTATE_ONCE``): the compiled dot on
+16-bit operands (the interpreter feeds it float32) against the golden output and against
+the rotation GEMM outside, at d = 128 and 64, one pass and two, the passes' own rotations
+or one shared, one split and several, with and without a running partial; the rotation
+programs and the output tiles of one launch meeting on the GPU's schedule (the
+interpreter runs them in order); and a CUDA graph that replays each with the split-K
+tickets and the counts reset."""
 
 from __future__ import annotations
 
@@ -37,11 +40,11 @@ def _layer(fmt: TurboQuant, shared: bool, seed: int) -> tuple[dict[str, torch.Te
 
 
 def _call(prep: Any, x: torch.Tensor, d: int, block_m: int, gpc: int, in_kernel: bool,
-          partial: torch.Tensor | None = None) -> torch.Tensor:
+          partial: torch.Tensor | None = None, once: bool = False) -> torch.Tensor:
     from quantcore.backends.turboquant_triton.configs import MmaConfig
     from quantcore.backends.turboquant_triton.fused import fused_linear
 
-    cfg = MmaConfig(block_n=64, block_m=block_m, gpc=gpc, ctas=1000, rotate_in_kernel=in_kernel)
+    cfg = MmaConfig(block_n=64, block_m=block_m, gpc=gpc, ctas=1000, rotate_in_kernel=in_kernel, rotate_once=once)
     return fused_linear(x, prep.passes, prep.codebook, group_size=d, partial=partial, bias=prep.bias,
                         out_dtype=torch.bfloat16, path="mma", config=cfg)
 
@@ -92,3 +95,43 @@ def test_cuda_graph_replays_the_in_kernel_rotation(gpc: int) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, _call(prep, x, 128, 16, gpc, True))  # split partials added in split order
+
+
+@pytest.mark.parametrize("m", [1, 16, 33, 128])
+@pytest.mark.parametrize(("fmt", "shared"), LAYERS)
+def test_cuda_rotation_once_matches_golden_and_outside(fmt: TurboQuant, shared: bool, m: int) -> None:
+    t, prep = _layer(fmt, shared, seed=2000 + m)
+    d = fmt.group_size
+    gen = torch.Generator().manual_seed(3000 + m)
+    x = torch.randn(m, K, generator=gen).to(torch.bfloat16).cuda()
+    partial = torch.randn(m, N, generator=gen)
+    ref = linear_reference(x.cpu(), fmt.dequantize(t), t["bias"])
+    block_m = 16 if m <= 16 else 64
+    tol = tolerance_for(torch.bfloat16)
+    for gpc in (K // d, 3):  # one split; several, the last ragged
+        once = _call(prep, x, d, block_m, gpc, False, once=True)
+        for what, other in (("golden", ref), ("outside", _call(prep, x, d, block_m, gpc, False).double().cpu())):
+            result = compare(once, other, tol)
+            assert result.ok, f"once vs {what}, gpc={gpc}: {result.problem}"
+        for _ in range(3):  # the counts reset: the same bits call after call
+            assert torch.equal(_call(prep, x, d, block_m, gpc, False, once=True), once)
+        y = _call(prep, x, d, block_m, gpc, False, partial.cuda(), once=True)
+        result = compare(y, ref + partial.double(), tol)
+        assert result.ok, f"once with partial, gpc={gpc}: {result.problem}"
+
+
+@pytest.mark.parametrize("gpc", [8, 3])
+def test_cuda_graph_replays_the_rotation_once(gpc: int) -> None:
+    fmt = TurboQuant(group_size=128, residual=True)
+    _, prep = _layer(fmt, False, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(40, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    _call(prep, x, 128, 16, gpc, False, once=True)  # bucket, kept buffers and binary made outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _call(prep, x, 128, 16, gpc, False, once=True)
+    for _ in range(3):
+        x.copy_(torch.randn(40, K, device="cuda", dtype=torch.bfloat16, generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, _call(prep, x, 128, 16, gpc, False, once=True))

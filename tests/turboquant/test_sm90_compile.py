@@ -32,9 +32,19 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
         if r["kernel"] == "mma":
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
     outside = {(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"]): r
-               for r in rows if r["kernel"] == "mma" and not r["rotate_in_kernel"]}
-    inside = [r for r in rows if r["kernel"] == "mma" and r["rotate_in_kernel"]]
-    assert inside and len(inside) == len(outside)
+               for r in rows if r["kernel"] == "mma" and r["rotation"] == "outside"}
+    inside = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "kernel"]
+    once = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "once"]
+    assert inside and len(inside) == len(outside) == len(once)
+    for r in once:
+        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"])]
+        # The output tiles' group loop is the outside variant's: the same matrix-unit work and
+        # loads in the loop, and (the rotation programs' Π sharing the tiles' shared memory,
+        # the program ids read where the tile starts) the same programs an SM.
+        assert r["wgmma_in_loop"] == twin["wgmma_in_loop"] and r["rotation_loads_in_loop"] == 0, (r, twin)
+        assert r["blocks_per_sm"] == twin["blocks_per_sm"], (r, twin)
+        assert r["registers"] <= twin["registers"] + 8, (r, twin)
+        assert r["wgmma"] > twin["wgmma"] and r["mma_sync"] == 0, (r, twin)  # the rotation's dot: wgmma too
     for r in inside:
         twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"])]
         # Π (one shared rotation) is loaded before the group loop and stays in shared

@@ -7,8 +7,9 @@ Per call, after a bucket's first:
 
 * decode (M = 1, a shared rotation): the output, nothing else — the split-K workspace and
   tickets are kept per stream;
-* tensor-core kernel rotating x itself (a shared rotation, by default): the output and
-  one launch, nothing else;
+* tensor-core kernel rotating x itself, in every program or once per call by the
+  launch's first programs (a shared rotation, when asked for): the output and one
+  launch, nothing else;
 * tensor-core kernel fed by the rotation outside (a rotation per group, always; a shared
   one when forced): the
   output, x viewed as its groups, one GEMM rotating x for every pass (``[P₁ | P₂]`` made
@@ -116,6 +117,35 @@ def test_tensor_core_call_is_its_output_and_one_launch(recorded: list[Recorder],
     assert grid[1] == 4  # split over K: the workspace and tickets are kept, not allocated
     assert args[0] is x  # x as it came: no rotated copy
     assert args[3] is prepared.passes[0].rotation and args[6] is prepared.passes[-1].rotation
+    assert ops == Counter(empty=1), ops
+
+
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.slug)
+def test_tensor_core_call_rotating_once_is_its_output_and_one_launch(
+    recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant, mode: str,
+) -> None:
+    """A shared rotation applied once per call by the launch's own rotation programs: no
+    torch op but the output, one launch a call (z-slices of rotation programs, then the
+    output tiles), the rotated x and its counts kept."""
+    from quantcore.backends.turboquant_triton.workspace import rotation_buffers
+
+    _rotation(monkeypatch, "once")
+    _, kernel, prepared = _layer(fmt)
+    x = torch.randn(2, K)
+    before = _launches(recorded)
+    ops = _ops(lambda: kernel(x, prepared), mode)
+    assert [r.fn.__name__ for r in recorded] == ["mma_kernel"] and _launches(recorded) - before == 3
+    assert recorded[0].constexprs["ROTATE_ONCE"] is True and recorded[0].constexprs["ROTATE"] is False
+    copies = recorded[0].constexprs["X_COPIES"]
+    grid, args = recorded[0].calls[-1]
+    split, tiles_n = 4, -(-N // recorded[0].constexprs["BLOCK_N"])
+    rotating = -(-copies * (K // D) // (tiles_n * split))  # z-slices holding every chunk (one row tile)
+    assert args[19] == rotating >= 1
+    assert grid == (tiles_n * split * (rotating + 1), 1, 1)  # the interpreter's grid: one dimension
+    assert args[0] is x  # x as it came: rotated by the launch
+    xr, counts = rotation_buffers(x.device, 2 * copies * K, prepared.passes[0].rotation.dtype)
+    assert args[13] is xr and args[14] is counts
     assert ops == Counter(empty=1), ops
 
 

@@ -135,8 +135,9 @@ def test_split_k_tickets_are_reset_for_the_next_launch() -> None:
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations", "per-group"])
 def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """A shared rotation is applied in the kernel when the config's ``rotate_in_kernel`` is
-    True (outside by default: faster on the GPU), and the environment overrides both; a
-    rotation per group always outside."""
+    True, once by the launch's rotation programs when its ``rotate_once`` is (outside by
+    default: faster on the GPU), and the environment overrides both; a rotation per group
+    always outside."""
     from quantcore.backends.turboquant_triton import configs
     from quantcore.backends.turboquant_triton.fused import fused_linear
 
@@ -163,14 +164,23 @@ def test_which_variant_a_bucket_takes(monkeypatch: pytest.MonkeyPatch, name: str
     assert not made(configs.MmaConfig(block_n=16, rotate_in_kernel=True)).in_kernel
     monkeypatch.setenv(configs.ROTATION_ENV, "kernel")
     assert made(configs.MmaConfig(block_n=16, gpc=2, rotate_in_kernel=False)).in_kernel is (not per_group)
+    monkeypatch.delenv(configs.ROTATION_ENV)
+    once = made(configs.MmaConfig(block_n=32, gpc=3, rotate_once=True, rotate_in_kernel=True))
+    assert once.once is (not per_group) and not once.in_kernel and (once.rotate is None) is once.once
+    assert once.constexprs["ROTATE_ONCE"] is once.once and once.constexprs["ROTATE"] is False
+    monkeypatch.setenv(configs.ROTATION_ENV, "once")
+    assert made(configs.MmaConfig(block_n=16, gpc=3)).once is (not per_group)
+    monkeypatch.setenv(configs.ROTATION_ENV, "outside")
+    assert made(configs.MmaConfig(block_n=32, gpc=3, rotate_once=True)).rotation == "outside"
     monkeypatch.setenv(configs.ROTATION_ENV, "inside")
-    with pytest.raises(InvalidArgumentError, match=configs.ROTATION_ENV + ".*'kernel' or 'outside'.*'inside'"):
+    with pytest.raises(InvalidArgumentError, match=configs.ROTATION_ENV + ".*'outside', 'kernel' or 'once'.*'inside'"):
         configs.rotate_in_kernel(configs.MmaConfig())
 
 
 def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a table entry the tile follows where the rotation runs: outside (the
-    default; a rotation per group or float32 operands on a GPU, always) the measured tiles;
+    default; a rotation per group or float32 operands on a GPU, always) and once the
+    measured tiles;
     in the kernel from M = 33 8 warps and 2 stages (4 warps spill with two passes), at
     M = 17-32 2 stages (3-5 need exactly 48 KB with some d = 64 layout)."""
     from quantcore.backends.turboquant_triton import configs
@@ -191,12 +201,15 @@ def test_the_rule_gives_the_in_kernel_rotation_tiles_of_its_own(monkeypatch: pyt
     assert tile(64) == (64, 8, 2) and tile(32) == (32, 4, 2) and tile(16) == (16, 4, 3)
     assert tile(64, per_group=True) == tile(64, fp32=True) == (64, 4, 3)
     assert not configs.rotate_in_kernel(configs.MmaConfig(rotate_in_kernel=True), fp32_operands=True)
+    monkeypatch.setenv(configs.ROTATION_ENV, "once")  # its group loop is the outside variant's: its tiles
+    assert tile(64) == (64, 4, 3) and tile(32) == (32, 4, 4) and tile(16) == (16, 4, 3)
 
 
 def test_float32_rotations_stay_outside_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planned as on a GPU (launches recorded, not run): float32 rotations take the GEMM
     outside (Π would take 64 KB of shared memory at d = 128) even where the kernel is asked
-    to rotate; under the interpreter, float32 rotations are rotated in the kernel."""
+    to rotate, in every program or once; under the interpreter, float32 rotations are
+    rotated in the kernel."""
     from quantcore.backends.turboquant_triton import fused
     from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
 
@@ -204,16 +217,20 @@ def test_float32_rotations_stay_outside_on_a_gpu(monkeypatch: pytest.MonkeyPatch
     _, _, prep = _layer("own-rotations")
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(9))
 
-    def in_kernel(rotation_dtype: torch.dtype) -> bool:
+    def rotation(rotation_dtype: torch.dtype) -> str:
         passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(rotation_dtype)) for p in prep.passes)
         codebook = prep.codebook.clone()  # buckets of their own
         fused.fused_linear(x.to(rotation_dtype), passes, codebook, group_size=D, partial=None, bias=None,
                            out_dtype=rotation_dtype, path="mma")
         (bucket,) = [b for b in fused.launch_state(codebook).values() if isinstance(b, fused._Mma)]
-        return bool(bucket.in_kernel)
+        assert bucket.in_kernel is (bucket.rotation == "kernel")
+        return str(bucket.rotation)
 
-    assert in_kernel(torch.float32)  # the interpreter
+    assert rotation(torch.float32) == "kernel"  # the interpreter
     record_launches(monkeypatch, fused)
     monkeypatch.setattr(fused, "interpreting", lambda: False)
-    assert not in_kernel(torch.float32)
-    assert in_kernel(torch.bfloat16) and in_kernel(torch.float16)
+    assert rotation(torch.float32) == "outside"
+    assert rotation(torch.bfloat16) == rotation(torch.float16) == "kernel"
+    monkeypatch.setenv(ROTATION_ENV, "once")  # the same for the rotation once per call
+    assert rotation(torch.float32) == "outside"
+    assert rotation(torch.bfloat16) == rotation(torch.float16) == "once"

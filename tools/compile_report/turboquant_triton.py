@@ -25,7 +25,8 @@ _GEMV_PTRS = {"x_ptr": "*bf16", "x2_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr
               "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 _MMA_PTRS = {"x_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr": "*bf16", "idx2_ptr": "*i32",
              "scale2_ptr": "*fp32", "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16",
-             "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+             "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32", "xr_ptr": "*bf16",
+             "sync_ptr": "*i32"}
 _DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
 
 
@@ -33,7 +34,9 @@ def _compile(fn: Any, runtime: dict[str, str], const: dict[str, Any], warps: int
              dump: Path | None = None, maxnreg: int | None = None) -> dict[str, Any]:
     # What the launcher would assume for 16-aligned pointers and strides.
     options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
-    compiled = compile_sm90(fn, runtime, const, options=options, divisible=[a for a in runtime if a != "M"])
+    # (``rotating``, a z-slice count of 1 or 2 at the measured shapes, is not.)
+    compiled = compile_sm90(fn, runtime, const, options=options,
+                            divisible=[a for a in runtime if a not in ("M", "rotating")])
     if dump is not None:
         dump.write_text(compiled.sass)
     return {"registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
@@ -61,36 +64,41 @@ def _loop_and_prologue(sass: str) -> tuple[Any, Any]:
 
 
 def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[str, Any]]:
-    """The tensor-core kernel at ``cfg`` with x rotated outside and inside it (one pass;
-    with ``everything`` also two with their own rotations). ``rotation_loads_in_loop``:
-    global loads (LDG, LDGSTS) in the group loop beyond the outside variant's (fewer
-    with two passes: one x tile for both) — not above 0 when Π stays where it was loaded
-    before the loop."""
+    """The tensor-core kernel at ``cfg`` with x rotated outside it, inside it by every
+    program, and once by its rotation programs (``rotation``; one pass, with
+    ``everything`` also two with their own rotations). ``rotation_loads_in_loop``: global
+    loads (LDG, LDGSTS) in the group loop beyond the outside variant's (fewer with two
+    passes: one x tile for both) — not above 0 when Π stays where it was loaded before
+    the loop, and 0 for the rotation once, whose group loop reads the rotated x as the
+    outside variant's does."""
     from quantcore.backends.turboquant_triton import mma
 
     rows, base_loads = [], {}
     for two in (False, True) if everything else (False,):
-        for rotate in (False, True):
+        for where in ("outside", "kernel", "once"):
+            rotate = where == "kernel"
             const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                         TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, HAS_PARTIAL=True, HAS_BIAS=True,
-                         DOT_FP32=False, INTERPRET=False)
-            runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
+                         TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROTATE_ONCE=where == "once",
+                         HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
+            runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32",
+                       "rotating": "i32"}
             name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
-            name += "-in" if rotate else "-out"
+            name += {"outside": "-out", "kernel": "-in", "once": "-once"}[where]
             res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
                            sass_dir / f"{name}.sass" if sass_dir else None)
             sass = res.pop("sass")
             loop, before = _loop_and_prologue(sass)
             hist = opcode_counts(i.opcode for i in instructions(sass))
             loads = loop["LDG"] + loop["LDGSTS"]
-            row = {"kernel": "mma", **{k: v for k, v in cfg.__dict__.items() if k != "rotate_in_kernel"},
-                   "passes": 1 + two, "rotate_in_kernel": rotate, **res, "wgmma": hist["HGMMA"],
+            row = {"kernel": "mma",
+                   **{k: v for k, v in cfg.__dict__.items() if k not in ("rotate_in_kernel", "rotate_once")},
+                   "passes": 1 + two, "rotation": where, "rotate_in_kernel": rotate, **res, "wgmma": hist["HGMMA"],
                    "mma_sync": hist["HMMA"], "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
                    "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
-            if rotate:
-                row["rotation_loads_in_loop"] = loads - base_loads[two]
-            else:
+            if where == "outside":
                 base_loads[two] = loads
+            else:
+                row["rotation_loads_in_loop"] = loads - base_loads[two]
             rows.append(row)
     return rows
 
@@ -98,7 +106,8 @@ def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[st
 def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
     """One row per kernel variant: the decode kernel at its default and shipped geometries
     (K = 4096, d = 128; one pass, and two with ``everything``), the tensor-core kernel at
-    its M tiles with x rotated outside and inside it, the dequantization kernel."""
+    its M tiles with x rotated outside it, inside it and once by its rotation programs,
+    the dequantization kernel."""
     from quantcore.backends.turboquant_triton import configs, dequant, gemv
     from quantcore.probe.card_tables import H100_SXM
 
