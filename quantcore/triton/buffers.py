@@ -34,7 +34,11 @@ def kept_buffer(numel: int, dtype: torch.dtype, device: torch.device, *, zero: b
     pool even while cudagraph trees route this thread into theirs; zeroed when ``zero``."""
     make = torch.zeros if zero else torch.empty
     if device.type != "cuda" or capturing(device):
-        return make(numel, dtype=dtype, device=device)
+        # Kept past the call: never an inference tensor, which later in-place use outside
+        # inference mode would refuse. (A CUDA buffer is made on a helper thread, where the
+        # caller's inference mode does not apply.)
+        with torch.inference_mode(False):
+            return make(numel, dtype=dtype, device=device)
     made: list[torch.Tensor] = []
 
     def allocate() -> None:
