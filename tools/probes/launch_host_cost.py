@@ -14,7 +14,7 @@ host's Python work on this CPU, not a GPU machine's host µs (``quantcore bench 
 on the GPU gives those). TurboQuant at M = 16 rotates its input by a GEMM before the
 kernel: that GEMM computes here, so its row is mostly compute.
 
-    python -m tools.probes.launch_host_cost [--calls 2000] [--repeats 5] [--label NAME] [--json PATH]
+    python -m tools.probes.launch_host_cost [--calls 2000] [--repeats 5] [--ms 1,16] [--label NAME] [--json PATH]
 
 ``--json`` appends the run, labelled, to a JSON list (run once per tree to compare two).
 Run with ``TRITON_INTERPRET`` unset (the kernels must be compiled ``JITFunction`` objects).
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--label", default="this tree")
+    p.add_argument("--ms", default="1,16", help="the batch rows M, comma-separated (1,16,128,1024: across the buckets)")
     p.add_argument("--json", type=Path, help="append the numbers to this JSON list")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'Triton call path (K = N = 4096)':38s} {'M':>5s} {'bound µs':>9s} {'plain µs':>9s}")
     with torch.inference_mode():
-        for m in (1, 16):
+        for m in (int(v) for v in args.ms.split(",")):
             found = families(m)
             for name, fn in triton_paths(found).items():
                 times = {}

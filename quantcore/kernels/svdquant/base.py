@@ -18,7 +18,7 @@ from ...problem import Problem
 from ...schema import Fields, Maybe, OneOf, TensorSpec
 from ...tensors import stored_on
 
-__all__ = ["SVDQuantKernel", "SVDQuantWeights", "allocate_outputs"]
+__all__ = ["OutputLayout", "SVDQuantKernel", "SVDQuantWeights", "allocate_outputs", "output_layout"]
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,23 @@ class SVDQuantWeights:
         return self.lora_down.shape[1]
 
 
+OutputLayout = tuple[tuple[tuple[int, int], torch.dtype], ...]
+
+
+def output_layout(fmt: SVDQuantAct, m_pad: int, n: int, r: int) -> OutputLayout:
+    """The ``(shape, dtype)`` of ``qout``, ``oscales`` and ``lora_act_out`` for ``m_pad``
+    (padded) rows: what a launcher that allocates per call computes once."""
+    return (((m_pad, n // 2), torch.uint8), ((n // fmt.block, m_pad), fmt.scale_dtype),
+            ((m_pad, r), torch.float32))
+
+
 def allocate_outputs(
     fmt: SVDQuantAct, m: int, n: int, r: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uninitialised ``qout``, ``oscales`` and ``lora_act_out`` for M rows (padded)."""
-    m_pad = fmt.padded_rows(m)
-    qout = torch.empty(m_pad, n // 2, dtype=torch.uint8, device=device)
-    oscales = torch.empty(n // fmt.block, m_pad, dtype=fmt.scale_dtype, device=device)
-    lora = torch.empty(m_pad, r, dtype=torch.float32, device=device)
-    return qout, oscales, lora
+    (q, qd), (s, sd), (lo, ld) = output_layout(fmt, fmt.padded_rows(m), n, r)
+    return (torch.empty(q, dtype=qd, device=device), torch.empty(s, dtype=sd, device=device),
+            torch.empty(lo, dtype=ld, device=device))
 
 
 class SVDQuantKernel(ActQuantLoraKernel):

@@ -30,6 +30,7 @@ import torch
 from ...cost import Cost
 from ...errors import KernelInputError
 from ...formats.svdquant import SVDQuantAct
+from ...formats.svdquant.numerics import padded_rows
 from ...kernel import Requirements, Support
 from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
@@ -182,16 +183,16 @@ class TritonActQuantLora(SVDQuantKernel):
         return self.forward(x, prepared)
 
     def forward(self, x: torch.Tensor, prepared: SVDQuantWeights, *, tile: Tile | None = None) -> ActQuantLoraOutput:
-        """The call without validation (inputs must pass :meth:`check_call`)."""
+        """The call without validation (inputs must pass :meth:`check_call`). Everything
+        but the outputs and the launch is decided once per bucket (:mod:`.triton_launch`)."""
         fmt = self.fmt
         assert isinstance(fmt, SVDQuantAct)
-        m, n = x.shape
-        qout, oscales, lora = allocate_outputs(fmt, m, n, prepared.r, x.device)
-        m_pad = qout.shape[0]
-        if m_pad == 0:
-            return ActQuantLoraOutput(qout, oscales, lora)
+        m = x.shape[0]
+        if m == 0:
+            return ActQuantLoraOutput(*allocate_outputs(fmt, 0, x.shape[1], prepared.r, x.device))
         if x.stride(1) != 1:
             x = x.contiguous()
+        m_pad = padded_rows(m, fmt.pad_size)
         launcher = _launcher()
         # Kept with the LoRA tensor (the custom op rebuilds the state object at every call).
         state = launcher.launch_state(prepared.lora_down)
@@ -204,8 +205,7 @@ class TritonActQuantLora(SVDQuantKernel):
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
             bucket = state[key] = launcher.Bucket(fmt, prepared, chosen, m_pad, x.dtype, x.device, compiled=compiled,
                                                   interpreted=interpreted(), sms=sms, gpu_math=gpu_math())
-        bucket(x, m, qout, oscales, lora)
-        return ActQuantLoraOutput(qout, oscales, lora)
+        return bucket(x, m)  # type: ignore[no-any-return]
 
     def _tile(self, x: torch.Tensor, prepared: SVDQuantWeights, m_pad: int) -> Tile:
         fmt = self.fmt

@@ -3,8 +3,10 @@
 A :class:`Bucket` holds what a call decides once per prepared layer, padded row count
 (``M_pad``: the tile and the stream-K geometry follow it) and activation dtype: the tile,
 the grid, the constexprs, the compiled kernel bound to its launcher
-(:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonActQuantLora.forward``
-keeps buckets with the layer's LoRA tensor. Imports triton: loaded on the first call.
+(:class:`quantcore.triton.launch.Launch`), the outputs' shapes and dtypes, and, per stream,
+the kept scratch its shared row tiles use. ``triton_kernel.TritonActQuantLora.forward``
+keeps buckets with the layer's LoRA tensor. A call's host work is the same at every M: three
+output allocations, two bit views of them, the launch. Imports triton: loaded on the first call.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from typing import Any
 import torch
 
 from ...formats.svdquant import SVDQuantAct
-from ...triton.buffers import KeptBuffers, stream_key
+from ...ops.act_quant_lora import ActQuantLoraOutput
+from ...triton.buffers import KeptBuffers, capturing, stream_key
 from ...triton.launch import Launch, launch_state
 from ...triton.unowned import unowned
+from .base import output_layout
 from .tile import Tile, launch_geometry, rank_block
 from .triton_source import act_quant_lora_kernel
 
@@ -57,6 +61,12 @@ class Bucket:
             programs = self.row_tiles  # the interpreter: whole row tiles, no partials
         self.grid = (programs, 1, 1)
         self.shared = bool(r) and programs > 1  # row tiles split between programs: partials and tickets
+        self.keeps = keeps_scratch(device)
+        #: Per stream, the kept partials and tickets this bucket's launches use there.
+        self._scratch: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layout = output_layout(fmt, m_pad, n, r)
+        #: The dtype the kernel writes the scales' bits as (fp8 e4m3 or fp16).
+        self.scale_bits = torch.uint8 if fmt.fp4 else torch.int16
         self.part_numel = self.row_tiles * self.slots * tile.bm * r
         #: Stands in for the pointers a launch never reads (no smooth, no LoRA), in x's dtype.
         self.unread = torch.empty(8, dtype=dtype, device=device)
@@ -74,17 +84,34 @@ class Bucket:
             options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra),
         )
 
-    def __call__(self, x: torch.Tensor, m: int, qout: torch.Tensor, oscales: torch.Tensor, lora: torch.Tensor) -> None:
-        if self.shared:
-            if keeps_scratch(self.device):
-                stream = stream_key(self.device)
-                part = _PARTIALS.get(stream, self.part_numel, self.device)
-                tickets = _TICKETS.get(stream, self.row_tiles, self.device)
-            else:
-                part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
-                tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=self.device)
-        else:
+    def __call__(self, x: torch.Tensor, m: int) -> ActQuantLoraOutput:
+        """The outputs for ``x``'s ``m`` rows (``x`` checked, its rows unit-strided)."""
+        (q_shape, q_dtype), (s_shape, s_dtype), (l_shape, l_dtype) = self.layout
+        qout = torch.empty(q_shape, dtype=q_dtype, device=self.device)
+        oscales = torch.empty(s_shape, dtype=s_dtype, device=self.device)
+        lora = torch.empty(l_shape, dtype=l_dtype, device=self.device)
+        if not self.shared:
             part = tickets = lora  # never read: no row tile is shared
-        scale_bits = oscales.view(torch.uint8 if self.fp4 else torch.int16)
-        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout.view(torch.int32), scale_bits,
+        elif self.keeps:
+            part, tickets = self._kept_scratch()
+        else:
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
+            tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=self.device)
+        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout.view(torch.int32), oscales.view(self.scale_bits),
                     lora if self.r else self.unread, part, tickets, m, self.m_pad, self.slots)
+        return ActQuantLoraOutput(qout, oscales, lora)
+
+    def _kept_scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The partials and tickets of the current stream: the kept buffers, remembered per
+        stream after the first call there. One that a larger bucket outgrows stays valid
+        for this one (an outgrown buffer is retired, never freed, and still holds what this
+        bucket needs); one made for a graph being captured is that graph's alone and not
+        remembered."""
+        stream = stream_key(self.device)
+        hit = self._scratch.get(stream)
+        if hit is not None:
+            return hit
+        hit = (_PARTIALS.get(stream, self.part_numel, self.device), _TICKETS.get(stream, self.row_tiles, self.device))
+        if not capturing(self.device):
+            self._scratch[stream] = hit
+        return hit
