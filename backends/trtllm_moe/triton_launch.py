@@ -4,7 +4,9 @@ A :class:`Bucket` holds what a call of one tile decides once for an expert-weigh
 the constexprs, the fixed arguments, the kernels bound to their launchers
 (:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonMoE`` keeps buckets with
 the weights' layout tensor, by tile (which follows the routes per expert),
-power-of-two route count (the kernels' compile-time loop bounds), dtype and variant.
+power-of-two route count (the kernels' compile-time loop bounds), dtype and variant. A
+call is the output allocation and one launch; a tile with the scheduling kernel
+(``MoETile.two_launches``) adds the schedule's buffer and that kernel's launch.
 Imports triton: loaded on the first call.
 """
 

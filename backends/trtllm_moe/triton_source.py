@@ -34,16 +34,21 @@ activation row ``r // x_div``. Two ways to give a program its routes:
 - ``SCHEDULED = False`` (decode): program (d, n-tile) takes the d-th distinct expert of
   the call, found in the kernel from all ``R ≤ R_PAD`` ids, and compacts that expert's
   routes into blocks of ``BM`` itself. One launch, nothing before it.
-- ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile). One
-  small kernel (:func:`route_schedule_kernel`) counting-sorts the routes by expert and
-  writes each expert's first sorted position and first tile; the tiles, ordered expert,
-  N-tile, M-tile (the M-tiles that share a weight tile run side by side and read it once
-  from HBM), go one to a program, or ``PERSISTENT`` programs walk them ``PROGS`` apart
-  (a run-time loop bound: not under the interpreter). ``SPLIT_TAIL`` runs an expert's
-  last M-tile of at most ``BM / 2`` routes at half width. ``X_SORTED`` reads the
-  activations from a copy already permuted into sorted order (contiguous rows) instead of
-  gathering rows by route inside the loads (measured slower on the H100: kept as a
-  variant).
+- ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile); the
+  tiles, ordered expert, N-tile, M-tile (the M-tiles that share a weight tile run side by
+  side and read it once from HBM), go one to a program, or ``PERSISTENT`` programs walk
+  them ``PROGS`` apart (a run-time loop bound: not under the interpreter).
+  ``SPLIT_TAIL`` runs an expert's last M-tile of at most ``BM / 2`` routes at half width.
+  Each program derives its tile from the ids (one launch): :func:`_key_counts` counts the
+  routes per expert, their tiles' scan gives the program its expert and M-tile, and
+  :func:`_window_routes` finds that M-tile's routes in route order. Or, with
+  ``SCHEDULE_KERNEL``, one small kernel launched first (:func:`route_schedule_kernel`)
+  counting-sorts the routes by expert and writes each expert's first sorted position and
+  first tile, and the programs read them. Both give an M-tile the same routes in the same
+  slots, so the same outputs bit for bit. ``X_SORTED`` (with the scheduling kernel) reads
+  the activations from a copy already permuted into sorted order (contiguous rows)
+  instead of gathering rows by route inside the loads (measured slower on the H100: kept
+  as a variant).
 
 **Stray ids.** An expert id outside ``[0, E)`` (any int32 or int64 value) is never used
 as an address: :func:`_route_experts` maps every such id to the key ``E``, the routes of

@@ -10,6 +10,7 @@ in the launcher (``tiles.route_bound``)."""
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +92,19 @@ def compile_one(
 
 
 def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
-    """The H100's tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), the
-    fused-SwiGLU and asymmetric variants of the prefill tile, and its fp16 tile."""
+    """The H100's tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), the prefill
+    tile scheduled the other way (one launch or two), its fused-SwiGLU variants both
+    ways, its asymmetric variant, and its fp16 tile."""
     rows = []
     for t in (1, 16, 64, 512, 4096):
         tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
         rows.append({"T": t, **compile_one(tile, routes=2 * t, sass_dir=sass_dir)})
     prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
+    # the other way of scheduling the prefill tile (one launch or two: tiles.ONE_LAUNCH_MAX_ROUTES)
+    other = replace(prefill, schedule_kernel=not prefill.two_launches)
+    rows.append({"T": 4096, **compile_one(other, routes=2 * 4096, sass_dir=sass_dir)})
     rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, gated=True, sass_dir=sass_dir)})
+    rows.append({"T": 4096, **compile_one(other, routes=2 * 4096, gated=True, sass_dir=sass_dir)})
     rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, sym=False)})
     fp16 = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], scale_dtype=torch.float16, card=H100_SXM)
     rows.append({"T": 4096, **compile_one(fp16, routes=2 * 4096, dtype="fp16")})
