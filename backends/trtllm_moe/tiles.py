@@ -23,8 +23,8 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import H100_SXM, table_for
 
 __all__ = [
-    "CHUNK", "ENV_TABLE", "NARROW", "ONE_LAUNCH_MAX_ROUTES", "SCAN_LOG", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least",
-    "route_bound", "tile_table", "uses_wgmma",
+    "CHUNK", "ENV_TABLE", "NARROW", "ONE_LAUNCH_MAX_ROUTES", "SCAN_LOG", "SMALL_MAX_ROUTES", "MoETile", "check_tile",
+    "pick_tile", "pow2_at_least", "route_bound", "tile_table", "uses_wgmma",
 ]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
@@ -51,8 +51,8 @@ class MoETile:
     expert and routes from the ids itself (one launch), or with ``schedule_kernel`` reads
     them from a scheduling kernel launched first. ``x_sorted``: read a permuted copy of
     the activations instead of gathering rows by route (written by the scheduling kernel:
-    implies it). ``pre_scale``: dequantize before
-    the dot (TensorRT-LLM's numerics) rather than scale each K-tile's partial sum.
+    implies it). ``pre_scale``: dequantize before the dot (TensorRT-LLM's numerics)
+    rather than scale each K-tile's partial sum.
     ``asm``: PRMT through inline PTX (the GPU; the interpreter cannot run PTX).
     ``scale_pairs``: read scales as 32-bit pairs (pipelined copies) rather than 16-bit.
     ``split_tail`` (scheduled): an expert's last M-tile of at most ``bm / 2`` routes runs
