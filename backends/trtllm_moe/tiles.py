@@ -23,14 +23,22 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import H100_SXM, table_for
 
 __all__ = [
-    "CHUNK", "ENV_TABLE", "NARROW", "SMALL_MAX_ROUTES", "MoETile", "check_tile", "pick_tile", "pow2_at_least",
-    "route_bound", "tile_table", "uses_wgmma",
+    "CHUNK", "ENV_TABLE", "NARROW", "ONE_LAUNCH_MAX_ROUTES", "SCAN_LOG", "SMALL_MAX_ROUTES", "MoETile", "check_tile",
+    "pick_tile", "pow2_at_least", "route_bound", "tile_table", "uses_wgmma",
 ]
 
 CHUNK = 64  # K rows per interleaved column tile of the layout
 #: Up to this many routes the kernel finds each expert's routes itself (one launch);
 #: more are sorted by a scheduling kernel first.
 SMALL_MAX_ROUTES = 128
+#: A scheduled program without the scheduling kernel reads the expert ids ``2**SCAN_LOG``
+#: at a time (README.md here, "Routes": what that costs a program).
+SCAN_LOG = 10
+#: Up to this many routes a scheduled call is one launch (each program finds its tile's
+#: routes in the ids); above, the scheduling kernel sorts them first, where the per-program
+#: scan of all the ids would grow past a few per cent of a tile's work (README.md here,
+#: "Routes"). A power of two: the launcher's buckets change there too.
+ONE_LAUNCH_MAX_ROUTES = 2048
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,12 @@ class MoETile:
 
     ``scheduled``: a tile scheduler over (expert, M-tile, N-tile) with ``persistent``
     programs per SM (0: one program per tile) — prefill; otherwise each program finds
-    its expert's routes in the kernel — decode. ``x_sorted``: read a permuted copy of the
-    activations instead of gathering rows by route. ``pre_scale``: dequantize before
-    the dot (TensorRT-LLM's numerics) rather than scale each K-tile's partial sum.
+    its expert's routes in the kernel — decode. A scheduled program derives its tile's
+    expert and routes from the ids itself (one launch), or with ``schedule_kernel`` reads
+    them from a scheduling kernel launched first. ``x_sorted``: read a permuted copy of
+    the activations instead of gathering rows by route (written by the scheduling kernel:
+    implies it). ``pre_scale``: dequantize before the dot (TensorRT-LLM's numerics)
+    rather than scale each K-tile's partial sum.
     ``asm``: PRMT through inline PTX (the GPU; the interpreter cannot run PTX).
     ``scale_pairs``: read scales as 32-bit pairs (pipelined copies) rather than 16-bit.
     ``split_tail`` (scheduled): an expert's last M-tile of at most ``bm / 2`` routes runs
@@ -59,13 +70,19 @@ class MoETile:
     asm: bool = True
     scale_pairs: bool = True
     split_tail: bool = False
+    schedule_kernel: bool = False
+
+    @property
+    def two_launches(self) -> bool:
+        """A scheduled tile whose routes a scheduling kernel sorts before the GEMM."""
+        return self.scheduled and (self.schedule_kernel or self.x_sorted)
 
     def describe(self) -> str:
         mode = "scheduled" if self.scheduled else "in-kernel routes"
         extra = [f"{self.persistent}/SM" if self.scheduled and self.persistent else "",
                  "x sorted" if self.x_sorted else "", "post-scale" if not self.pre_scale else "",
                  "no asm" if not self.asm else "", "16-bit scales" if not self.scale_pairs else "",
-                 "split tail" if self.split_tail else ""]
+                 "split tail" if self.split_tail else "", "schedule kernel" if self.two_launches else ""]
         return (f"{self.bm}x{self.bn}x{self.bk} w{self.num_warps} s{self.num_stages} {mode}"
                 + "".join(f", {e}" for e in extra if e))
 
@@ -104,6 +121,8 @@ def check_tile(tile: MoETile, routes: int, k: int, group: int, gated: bool = Fal
         problems.append(f"in-kernel routing takes at most {SMALL_MAX_ROUTES} routes, the call has {routes}")
     if tile.x_sorted and not tile.scheduled:
         problems.append("x_sorted needs the scheduled kernel")
+    if tile.schedule_kernel and not tile.scheduled:
+        problems.append("schedule_kernel sorts the routes of a scheduled tile: scheduled=True")
     if tile.split_tail and (not tile.scheduled or tile.bm < 32):
         problems.append(f"split_tail halves a scheduled M-tile: scheduled with bm >= 32, got {tile}")
     if gated and tile.bn < 32:
@@ -172,7 +191,8 @@ def pick_tile(
     if interpreted:  # few programs: the interpreter pays mostly per program
         if routes <= SMALL_MAX_ROUTES:
             return MoETile(32, 64, 64, asm=False)
-        return MoETile(128, 64, 64, scheduled=True, persistent=0, asm=False)
+        return MoETile(128, 64, 64, scheduled=True, persistent=0, asm=False,
+                       schedule_kernel=routes > ONE_LAUNCH_MAX_ROUTES)
     per_expert = routes / max(1, experts)
     tile = next(t for limit, t in tile_table(card) if per_expert <= limit)
     if not tile.scheduled and routes > SMALL_MAX_ROUTES:
@@ -184,4 +204,6 @@ def pick_tile(
         tile = replace(tile, persistent=0)
     if not bf16 and uses_wgmma(card):
         tile = replace(tile, pre_scale=False)  # what check_tile requires there
+    if tile.scheduled and routes > ONE_LAUNCH_MAX_ROUTES:
+        tile = replace(tile, schedule_kernel=True)
     return replace(tile, bk=min(tile.bk, bk_max))

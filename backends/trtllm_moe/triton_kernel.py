@@ -10,9 +10,11 @@ bf16 dot is wrong (docs/triton-interpreter.md), and the output is rounded by tor
 because the interpreter's fp32 → bf16 conversion truncates (measured: 517 of 1024
 random values off by one ulp, all equal to truncation).
 
-A call launches one kernel for up to ``SMALL_MAX_ROUTES`` routes (decode), and a
-one-program scheduling kernel plus the GEMM above that; neither waits for the GPU, so a
-call can be captured in a CUDA graph. The expert ids are not read on the host on CUDA
+A call launches one kernel: for up to ``SMALL_MAX_ROUTES`` routes each program finds its
+expert's routes (decode), above each program of a tile scheduler derives its tile from
+the ids; above ``ONE_LAUNCH_MAX_ROUTES`` a one-program scheduling kernel sorts the routes
+before the GEMM (two launches). None waits for the GPU, so a call can be captured in a
+CUDA graph. The expert ids are not read on the host on CUDA
 (:func:`reads_ids`): the kernels give a route whose id lies outside ``[0, E)`` a NaN row
 and never use such an id as an address.
 """
@@ -44,6 +46,7 @@ from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
 from .tiles import (
     CHUNK,
+    ONE_LAUNCH_MAX_ROUTES,
     SMALL_MAX_ROUTES,
     MoETile,
     pick_tile,
@@ -240,7 +243,8 @@ class TritonMoE(TRTLLMMoEKernel):
             runs = state.get(device)
             if runs is None:
                 runs = state[device] = _tile_runs(prepared, device)
-            run: object = (bisect.bisect_left(runs[0], routes), routes > SMALL_MAX_ROUTES)
+            run: object = (bisect.bisect_left(runs[0], routes), routes > SMALL_MAX_ROUTES,
+                           routes > ONE_LAUNCH_MAX_ROUTES)
         else:
             run = tile
         key = (run, pow2_at_least(routes, 16), gated, weighted, x_dtype, device)

@@ -4,7 +4,9 @@ A :class:`Bucket` holds what a call of one tile decides once for an expert-weigh
 the constexprs, the fixed arguments, the kernels bound to their launchers
 (:class:`quantcore.triton.launch.Launch`). ``triton_kernel.TritonMoE`` keeps buckets with
 the weights' layout tensor, by tile (which follows the routes per expert),
-power-of-two route count (the kernels' compile-time loop bounds), dtype and variant.
+power-of-two route count (the kernels' compile-time loop bounds), dtype and variant. A
+call is the output allocation and one launch; a tile with the scheduling kernel
+(``MoETile.two_launches``) adds the schedule's buffer and that kernel's launch.
 Imports triton: loaded on the first call.
 """
 
@@ -18,15 +20,15 @@ import torch
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.unowned import unowned
 
-from .tiles import MoETile, check_tile, pow2_at_least, route_bound
+from .tiles import SCAN_LOG, MoETile, check_tile, pow2_at_least, route_bound
 from .triton_source import moe_w8a16_kernel, route_schedule_kernel, schedule_words
 
 __all__ = ["GEMM_VARYING", "Bucket", "launch_state"]
 
 #: The arguments of the GEMM that change between calls of a bucket and that Triton
 #: specialises: the activation rows and their stride, the route ids (int32 or int64), the
-#: route weights. (Its route counts are not specialised; y and the schedule are fresh
-#: allocations.)
+#: route weights. (Its route counts are not specialised; y and, with the scheduling
+#: kernel, the schedule are fresh allocations.)
 GEMM_VARYING = (0, 1, 6, 8)
 
 
@@ -69,14 +71,15 @@ class Bucket:
         # The interpreter cannot take a run-time loop bound: one program per tile there.
         self.persistent = tile.persistent if tile.scheduled and not interpreted else 0
         self.schedule: Launch | None = None
-        if tile.scheduled:
+        if tile.two_launches:
             self.schedule = Launch(route_schedule_kernel, device=device, varying=(0,), options=dict(num_warps=4),
                                    constexprs=dict(R_MAX=pow2_at_least(routes, 16), BM=tile.bm, E_PAD=e_pad,
                                                    CHUNK=max(16, min(1024, 8192 // e_pad)),
                                                    WRITE_TOKENS=tile.x_sorted))
         self.gemm = Launch(moe_w8a16_kernel, device=device, varying=GEMM_VARYING, options=options, constexprs=dict(
-            flags, R_PAD=route_bound(tile, routes), SCHEDULED=tile.scheduled,
-            PERSISTENT=self.persistent > 0, X_SORTED=tile.x_sorted))
+            flags, R_PAD=route_bound(tile, routes), KEYS=pow2_at_least(e + 1, 2), SCAN_LOG=SCAN_LOG,
+            SCHEDULED=tile.scheduled, SCHEDULE_KERNEL=tile.two_launches, PERSISTENT=self.persistent > 0,
+            X_SORTED=tile.x_sorted))
 
     def fits(self, prepared: Any) -> bool:
         """Made for these tensors (a state rebuilt around them is the same weight)."""
@@ -93,15 +96,20 @@ class Bucket:
         rw = route_weights if route_weights is not None else self.placeholder
         # The groups of routes: the experts, and one more for the stray ids (NaN rows).
         groups = min(r, e + 1)
-        if self.schedule is None:
-            # The schedule is not read without SCHEDULED: a fixed int32 stand-in.
+        if not tile.scheduled:
+            # The schedule is not read: a fixed int32 stand-in.
             self.gemm((groups, self.n_tiles, 1), x, x.stride(0), x_div, *self.weights, route_ids, self.weights[0], rw,
                       y, self.cols, r, *self.dims, 0, 1)
+            return
+        bound = (r // tile.bm + groups) * self.n_tiles  # each group adds at most one partial M-tile
+        progs = min(bound, self.sms * self.persistent) if self.persistent else bound
+        if self.schedule is None:
+            # One launch: every program finds its tile's expert and routes in the ids.
+            self.gemm((progs, 1, 1), x, x.stride(0), x_div, *self.weights, route_ids, self.weights[0], rw, y,
+                      self.cols, r, *self.dims, bound, progs)
             return
         sched = torch.empty(schedule_words(r, e, tile.x_sorted), dtype=torch.int32, device=self.device)
         self.schedule((1, 1, 1), route_ids, sched, r, e, self.n_tiles, x_div)
         xs = x.index_select(0, sched[schedule_words(r, e, False):]) if tile.x_sorted else x
-        bound = (r // tile.bm + groups) * self.n_tiles  # each group adds at most one partial M-tile
-        progs = min(bound, self.sms * self.persistent) if self.persistent else bound
         self.gemm((progs, 1, 1), xs, xs.stride(0), x_div, *self.weights, route_ids, sched, rw, y, self.cols, r,
                   *self.dims, bound, progs)

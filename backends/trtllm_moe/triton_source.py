@@ -34,16 +34,21 @@ activation row ``r // x_div``. Two ways to give a program its routes:
 - ``SCHEDULED = False`` (decode): program (d, n-tile) takes the d-th distinct expert of
   the call, found in the kernel from all ``R ≤ R_PAD`` ids, and compacts that expert's
   routes into blocks of ``BM`` itself. One launch, nothing before it.
-- ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile). One
-  small kernel (:func:`route_schedule_kernel`) counting-sorts the routes by expert and
-  writes each expert's first sorted position and first tile; the tiles, ordered expert,
-  N-tile, M-tile (the M-tiles that share a weight tile run side by side and read it once
-  from HBM), go one to a program, or ``PERSISTENT`` programs walk them ``PROGS`` apart
-  (a run-time loop bound: not under the interpreter). ``SPLIT_TAIL`` runs an expert's
-  last M-tile of at most ``BM / 2`` routes at half width. ``X_SORTED`` reads the
-  activations from a copy already permuted into sorted order (contiguous rows) instead of
-  gathering rows by route inside the loads (measured slower on the H100: kept as a
-  variant).
+- ``SCHEDULED = True`` (prefill): a tile scheduler over (expert, M-tile, N-tile); the
+  tiles, ordered expert, N-tile, M-tile (the M-tiles that share a weight tile run side by
+  side and read it once from HBM), go one to a program, or ``PERSISTENT`` programs walk
+  them ``PROGS`` apart (a run-time loop bound: not under the interpreter).
+  ``SPLIT_TAIL`` runs an expert's last M-tile of at most ``BM / 2`` routes at half width.
+  Each program derives its tile from the ids (one launch): :func:`_key_counts` counts the
+  routes per expert, their tiles' scan gives the program its expert and M-tile, and
+  :func:`_window_routes` finds that M-tile's routes in route order. Or, with
+  ``SCHEDULE_KERNEL``, one small kernel launched first (:func:`route_schedule_kernel`)
+  counting-sorts the routes by expert and writes each expert's first sorted position and
+  first tile, and the programs read them. Both give an M-tile the same routes in the same
+  slots, so the same outputs bit for bit. ``X_SORTED`` (with the scheduling kernel) reads
+  the activations from a copy already permuted into sorted order (contiguous rows)
+  instead of gathering rows by route inside the loads (measured slower on the H100: kept
+  as a variant).
 
 **Stray ids.** An expert id outside ``[0, E)`` (any int32 or int64 value) is never used
 as an address: :func:`_route_experts` maps every such id to the key ``E``, the routes of
@@ -266,61 +271,141 @@ def _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS,
 
 
 @triton.jit
+def _key_counts(ids_ptr, R, E, KEYS: tl.constexpr, SCAN: tl.constexpr):
+    """Routes per key (:func:`_route_experts`) over all ``R`` routes, ``[KEYS]``: lane
+    ``e < E`` expert e's, lane ``E`` the stray routes', the lanes above it 0. ``SCAN`` ids
+    a step."""
+    offs = tl.arange(0, SCAN)
+    counts = tl.zeros((KEYS,), dtype=tl.int32)
+    r0 = 0
+    while r0 < R:  # a run-time bound: a while loop (the interpreter cannot take one in range)
+        key = _route_experts(ids_ptr, r0 + offs, R, E)
+        counts += tl.histogram(key, KEYS, mask=key >= 0)
+        r0 += SCAN
+    return counts
+
+
+@triton.jit
+def _window_routes(ids_ptr, R, E, e, m0, m_end, BM: tl.constexpr, SCAN_LOG: tl.constexpr):
+    """The routes of key ``e`` of ranks ``m0 + j`` (in route order, the order the
+    schedule kernel's stable sort gives), ``j < m_end - m0``, as ``[BM]`` (0 in the other
+    slots). Scans the ids ``SCAN`` at a time up to the window's last route: a running
+    count of the key's routes, and in a step that holds some of the window the position of
+    each slot's route by binary search over the step's inclusive counts."""
+    SCAN: tl.constexpr = 1 << SCAN_LOG
+    offs = tl.arange(0, SCAN)
+    want = m0 + 1 + tl.arange(0, BM)  # the inclusive count at each slot's route
+    routes = tl.zeros((BM,), dtype=tl.int32)
+    run = m0 * 0  # routes of key e before this step
+    r0 = 0
+    while (r0 < R) & (run < m_end):
+        mine = (_route_experts(ids_ptr, r0 + offs, R, E) == e).to(tl.int32)
+        incl = run + tl.cumsum(mine, axis=0)
+        count = tl.sum(mine, axis=0)
+        if run + count > m0:
+            # pos: how many of the step's inclusive counts lie below want (nondecreasing)
+            pos = tl.zeros((BM,), dtype=tl.int32)
+            for s in tl.static_range(SCAN_LOG):  # steps SCAN/2, SCAN/4, ..., 1
+                below = tl.gather(incl, pos + ((SCAN >> (s + 1)) - 1), 0) < want
+                pos = tl.where(below, pos + (SCAN >> (s + 1)), pos)
+            routes = tl.where((want > run) & (want <= run + count), r0 + pos, routes)
+        run += count
+        r0 += SCAN
+    return routes
+
+
+@triton.jit
 def _scheduled_tile(
-    tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-    rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G,
+    tile, e, first, count, first_tile, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr, sorted_ptr,
+    rw_ptr, y_ptr, stride_y, R, E, N, COLS, HALF, G,
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SCHEDULE_KERNEL: tl.constexpr, SCAN_LOG: tl.constexpr,
     X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
     PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
     SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
     """One (expert, M-tile, N-tile) of the schedule: tiles run expert by expert, and
-    within an expert N-tile by N-tile with its M-tiles side by side. With
-    ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's last) runs at
-    half width: half the MMA, the same weight tile. The tiles after the last expert's
-    (``e == E``) hold the stray routes: NaN rows (:func:`_expert_tile`)."""
-    e = tl.sum((ends <= tile).to(tl.int32), axis=0)  # in [0, E]: E past the last expert's tiles
-    first = tl.load(starts_ptr + e)
-    count = tl.load(starts_ptr + e + 1) - first
+    within an expert N-tile by N-tile with its M-tiles side by side. ``e``: the expert
+    (``E``: the stray routes, NaN rows, :func:`_expert_tile`), with ``count`` routes, its
+    first tile ``first_tile`` and (``SCHEDULE_KERNEL``) its first sorted position
+    ``first``. With ``SPLIT_TAIL``, an M-tile of at most ``BM / 2`` routes (an expert's
+    last) runs at half width: half the MMA, the same weight tile."""
     m_tiles = (count + BM - 1) // BM
-    local = tile - tl.load(tiles_ptr + e)
+    local = tile - first_tile
     pid_n = local // m_tiles
-    start = first + (local % m_tiles) * BM
-    end = first + count
+    m0 = (local % m_tiles) * BM
     cols, n_ok = _tile_columns(pid_n, COLS, HALF, BN, GATED)
-    if SPLIT_TAIL and end - start <= BM // 2:
-        _m_tile(start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM // 2, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+    if SPLIT_TAIL and count - m0 <= BM // 2:
+        _m_tile(m0, count, first, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr,
+                sorted_ptr, rw_ptr, y_ptr, stride_y, R, E, N, COLS, G, K, GROUP, BM // 2, BN, BK, SCHEDULE_KERNEL,
+                SCAN_LOG, X_SORTED, GATED, HAS_RW, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
     else:
-        _m_tile(start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-                rw_ptr, y_ptr, stride_y, N, COLS, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW, SYM,
-                PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
+        _m_tile(m0, count, first, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr,
+                sorted_ptr, rw_ptr, y_ptr, stride_y, R, E, N, COLS, G, K, GROUP, BM, BN, BK, SCHEDULE_KERNEL,
+                SCAN_LOG, X_SORTED, GATED, HAS_RW, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS)
 
 
 @triton.jit
 def _m_tile(
-    start, end, pid_n, cols, n_ok, e, E, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr,
-    rw_ptr, y_ptr, stride_y, N, COLS, G,
+    m0, count, first, pid_n, cols, n_ok, e, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr, sorted_ptr,
+    rw_ptr, y_ptr, stride_y, R, E, N, COLS, G,
     K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SCHEDULE_KERNEL: tl.constexpr, SCAN_LOG: tl.constexpr,
     X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
     PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
     SCALE_PAIRS: tl.constexpr,
 ):
-    """Sorted positions ``start ..`` (before ``end``) of one expert (or of the stray
-    routes, ``e == E``), one N-tile."""
-    pos = start + tl.arange(0, BM)
-    m_ok = pos < end
-    routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
-    if X_SORTED:  # noqa: SIM108 (constexpr branches read better as blocks)
-        x_rows = pos.to(tl.int64) * stride_x
+    """The routes of ranks ``m0 ..`` (before ``count``) of expert ``e`` (or of the stray
+    routes, ``e == E``), one N-tile: read from the schedule kernel's sorted routes, or
+    found in the ids (:func:`_window_routes`)."""
+    slot = m0 + tl.arange(0, BM)
+    m_ok = slot < count
+    if SCHEDULE_KERNEL:
+        pos = first + slot
+        routes = tl.load(sorted_ptr + pos, mask=m_ok, other=0)
+        if X_SORTED:
+            x_rows = pos.to(tl.int64) * stride_x
+        else:
+            x_rows = (routes // x_div).to(tl.int64) * stride_x
     else:
+        routes = _window_routes(ids_ptr, R, E, e, m0, tl.minimum(count, m0 + BM), BM, SCAN_LOG)
         x_rows = (routes // x_div).to(tl.int64) * stride_x
     acc = _expert_tile(
         x_ptr, x_rows, m_ok, w_ptr, s_ptr, z_ptr, e, E, cols, n_ok, N, G,
         K, GROUP, BM, BN, BK, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
     )
     _store(acc, y_ptr, stride_y, routes, m_ok, rw_ptr, pid_n, COLS, BN, BM, GATED, HAS_RW)
+
+
+@triton.jit
+def _schedule_tile(
+    tile, ends, firsts, counts, offs, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr, sched_ptr,
+    rw_ptr, y_ptr, stride_y, R, E, N, COLS, HALF, G,
+    K: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SCHEDULE_KERNEL: tl.constexpr, SCAN_LOG: tl.constexpr,
+    X_SORTED: tl.constexpr, GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr,
+    PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr,
+    SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+):
+    """The key of ``tile`` (the lane of ``ends``, each key's end tile, whose tiles hold
+    it: in ``[0, E]``) with its route count and first tile — read from the schedule
+    kernel's buffer, or from ``counts`` and ``firsts`` (``offs``: the lanes) — and the
+    tile run (:func:`_scheduled_tile`)."""
+    e = tl.sum((ends <= tile).to(tl.int32), axis=0)
+    if SCHEDULE_KERNEL:
+        first = tl.load(sched_ptr + e)
+        count = tl.load(sched_ptr + e + 1) - first
+        first_tile = tl.load(sched_ptr + (E + 2) + e)
+    else:
+        first = 0
+        count = tl.sum(tl.where(offs == e, counts, 0), axis=0)
+        first_tile = tl.sum(tl.where(offs == e, firsts, 0), axis=0)
+    _scheduled_tile(
+        tile, e, first, count, first_tile, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr,
+        sched_ptr + 2 * (E + 2), rw_ptr, y_ptr, stride_y, R, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK,
+        SCHEDULE_KERNEL, SCAN_LOG, X_SORTED, GATED, HAS_RW, SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS,
+        SPLIT_TAIL,
+    )
 
 
 # Route counts and the tile bound change with every call: not specialised on, so a new
@@ -334,35 +419,47 @@ def moe_w8a16_kernel(
     R, E, N, COLS, HALF, G, TILES, PROGS,
     K: tl.constexpr, GROUP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    R_PAD: tl.constexpr, E_PAD: tl.constexpr,
-    SCHEDULED: tl.constexpr, PERSISTENT: tl.constexpr, X_SORTED: tl.constexpr, GATED: tl.constexpr,
-    HAS_RW: tl.constexpr, SYM: tl.constexpr, PRE_SCALE: tl.constexpr, EXACT_FMA: tl.constexpr,
-    ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+    R_PAD: tl.constexpr, E_PAD: tl.constexpr, KEYS: tl.constexpr, SCAN_LOG: tl.constexpr,
+    SCHEDULED: tl.constexpr, SCHEDULE_KERNEL: tl.constexpr, PERSISTENT: tl.constexpr, X_SORTED: tl.constexpr,
+    GATED: tl.constexpr, HAS_RW: tl.constexpr, SYM: tl.constexpr, PRE_SCALE: tl.constexpr,
+    EXACT_FMA: tl.constexpr, ASM: tl.constexpr, FP32_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
 ):
     """``y[route, col]`` for every route, over ``COLS`` output columns (``N``, or the
     SwiGLU's ``HALF = N / 2`` when ``GATED``). See the module docstring. ``sched_ptr``:
-    :func:`route_schedule_kernel`'s buffer when ``SCHEDULED``."""
+    :func:`route_schedule_kernel`'s buffer when ``SCHEDULE_KERNEL``; otherwise a
+    scheduled program counts the routes per key itself (:func:`_key_counts`)."""
     if SCHEDULED:
-        starts_ptr = sched_ptr
-        tiles_ptr = sched_ptr + (E + 2)
-        sorted_ptr = sched_ptr + 2 * (E + 2)
         pid = tl.program_id(0)
-        offs_e = tl.arange(0, E_PAD)
-        ends = tl.load(tiles_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
-        total = tl.load(tiles_ptr + E + 1)  # the experts' tiles, then the stray routes'
+        if SCHEDULE_KERNEL:
+            offs = tl.arange(0, E_PAD)
+            ends = tl.load(sched_ptr + (E + 2) + 1 + offs, mask=offs < E, other=2**30)
+            total = tl.load(sched_ptr + (E + 2) + E + 1)  # the experts' tiles, then the stray routes'
+            counts, firsts = ends, ends  # read from the buffer per tile
+        else:
+            offs = tl.arange(0, KEYS)
+            counts = _key_counts(ids_ptr, R, E, KEYS, 1 << SCAN_LOG)
+            tiles = (counts + BM - 1) // BM * tl.cdiv(COLS, BN // 2 if GATED else BN)
+            ends = tl.cumsum(tiles, axis=0)
+            firsts = ends - tiles
+            # the experts' tiles, then the stray routes' (the lanes above E hold no route:
+            # their ends equal the total, past every tile run)
+            total = tl.sum(tiles, axis=0)
         if PERSISTENT:
             for tile in range(pid, TILES, PROGS):
                 if tile < total:
-                    _scheduled_tile(
-                        tile, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-                        rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
-                        SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
+                    _schedule_tile(
+                        tile, ends, firsts, counts, offs, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr,
+                        sched_ptr, rw_ptr, y_ptr, stride_y, R, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK,
+                        SCHEDULE_KERNEL, SCAN_LOG, X_SORTED, GATED, HAS_RW, SYM, PRE_SCALE, EXACT_FMA, ASM,
+                        FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
                     )
         elif pid < total:
-            _scheduled_tile(
-                pid, ends, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, sorted_ptr, starts_ptr, tiles_ptr,
-                rw_ptr, y_ptr, stride_y, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK, X_SORTED, GATED, HAS_RW,
-                SYM, PRE_SCALE, EXACT_FMA, ASM, FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
+            _schedule_tile(
+                pid, ends, firsts, counts, offs, x_ptr, stride_x, x_div, w_ptr, s_ptr, z_ptr, ids_ptr,
+                sched_ptr, rw_ptr, y_ptr, stride_y, R, E, N, COLS, HALF, G, K, GROUP, BM, BN, BK,
+                SCHEDULE_KERNEL, SCAN_LOG, X_SORTED, GATED, HAS_RW, SYM, PRE_SCALE, EXACT_FMA, ASM,
+                FP32_DOT, SCALE_PAIRS, SPLIT_TAIL,
             )
     else:
         pid_d = tl.program_id(0)

@@ -31,8 +31,11 @@ from tests.interpreter_bounds import bounds_checked  # noqa: E402
 E, K, N, T, TOPK = 4, 128, 128, 9, 2
 TILES = {
     "in-kernel": MoETile(16, 64, 64, asm=False),
-    # 32-route M-tiles with a half-width tail: the stray group is split across tiles too
+    # 32-route M-tiles with a half-width tail: the stray group is split across tiles too;
+    # each program finds its routes in the ids, or the scheduling kernel sorts them first
     "scheduled": MoETile(32, 64, 64, scheduled=True, persistent=0, split_tail=True, asm=False),
+    "scheduled-two-launches": MoETile(32, 64, 64, scheduled=True, persistent=0, split_tail=True, asm=False,
+                                      schedule_kernel=True),
     "scheduled-x-sorted": MoETile(16, 64, 64, scheduled=True, persistent=0, x_sorted=True, asm=False),
 }
 #: Stray ids per dtype: -1, E, the largest int32, and for int64 values that int32
@@ -90,7 +93,7 @@ def test_stray_routes_get_nan_rows_and_the_others_are_untouched(tile: str, dtype
     assert _rel(y[~stray], gold[~stray]) < TOL
 
 
-@pytest.mark.parametrize("tile", ["in-kernel", "scheduled"])
+@pytest.mark.parametrize("tile", ["in-kernel", "scheduled", "scheduled-two-launches"])
 def test_weighted_and_gated_calls_give_nan_where_a_stray_route_goes(tile: str) -> None:
     gen, kernel, w, dense = _setup(1)
     x = torch.randn(T, K, generator=gen).bfloat16().to(DEVICE)

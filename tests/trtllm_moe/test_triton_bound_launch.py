@@ -19,6 +19,7 @@ import torch
 
 from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
 from quantcore.backends.trtllm_moe import triton_launch
+from quantcore.backends.trtllm_moe.tiles import ONE_LAUNCH_MAX_ROUTES
 from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, reads_ids
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
@@ -107,8 +108,11 @@ def test_the_ids_are_read_on_the_host_only_off_cuda() -> None:
         (1, torch.int32, None, ["empty"]),  # in-kernel routing: the output, one launch
         (16, torch.int64, None, ["empty"]),  # int64 ids go to the kernel as they are
         (3, torch.int32, torch.float32, ["empty", "sum", "_to_copy"]),  # the routes' weighted sum, rounded
-        (150, torch.int64, None, ["empty", "empty"]),  # scheduled: the output and the schedule's one buffer
-        (150, torch.int32, torch.bfloat16, ["empty", "_to_copy", "empty", "sum", "_to_copy"]),
+        (150, torch.int64, None, ["empty"]),  # scheduled in one launch: the output
+        (150, torch.int32, torch.bfloat16, ["empty", "_to_copy", "sum", "_to_copy"]),
+        # 2200 routes (above ONE_LAUNCH_MAX_ROUTES): the scheduling kernel first, and its buffer
+        (1100, torch.int64, None, ["empty", "empty"]),
+        (1100, torch.int32, torch.bfloat16, ["empty", "_to_copy", "empty", "sum", "_to_copy"]),
     ],
 )
 def test_a_cuda_call_reads_no_ids_and_runs_only_its_allocations(
@@ -125,9 +129,13 @@ def test_a_cuda_call_reads_no_ids_and_runs_only_its_allocations(
     ids[0, 0] = 8  # out of range: not read, so not refused (the kernels give its route NaN)
     rw = torch.rand(t, 2, generator=gen).to(rw_dtype) if rw_dtype is not None else None
     kernel(x, ids, w, topk_weights=rw)  # the bucket's first call
+    before = [len(r.calls) for r in recorded]
     with AtenOps() as seen:
         y = kernel(x, ids, w, topk_weights=rw)
     assert seen.ops == ops
+    launched = [r.fn.__name__ for r, n in zip(recorded, before, strict=True) if len(r.calls) > n]
+    two = t * 2 > ONE_LAUNCH_MAX_ROUTES
+    assert launched == ["route_schedule_kernel", "moe_w8a16_kernel"] if two else launched == ["moe_w8a16_kernel"]
     assert y.shape == ((t, 128) if rw is not None else (t, 2, 128)) and y.dtype == torch.bfloat16
     with pytest.raises(KernelInputError, match="x: expected"):  # every other check stays
         kernel(x.float(), ids, w)

@@ -19,7 +19,13 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 import triton.language as tl  # noqa: E402
 
 from quantcore.backends.trtllm_moe import TorchMoE, TritonMoE  # noqa: E402
-from quantcore.backends.trtllm_moe.tiles import ENV_TABLE, MoETile, pick_tile, uses_wgmma  # noqa: E402
+from quantcore.backends.trtllm_moe.tiles import (  # noqa: E402
+    ENV_TABLE,
+    ONE_LAUNCH_MAX_ROUTES,
+    MoETile,
+    pick_tile,
+    uses_wgmma,
+)
 from quantcore.backends.trtllm_moe.triton_kernel import MOE_LAYOUT, stored_row_order  # noqa: E402
 from quantcore.backends.trtllm_moe.triton_source import MAGIC, word_codes  # noqa: E402
 from quantcore.errors import KernelInputError  # noqa: E402
@@ -94,6 +100,7 @@ VARIANTS = [
     MoETile(16, 64, 64, asm=False, pre_scale=False),
     MoETile(16, 32, 64, asm=False, scale_pairs=False),
     MoETile(16, 64, 64, scheduled=True, persistent=0, asm=False),
+    MoETile(16, 64, 64, scheduled=True, persistent=0, asm=False, schedule_kernel=True),
     MoETile(32, 32, 64, scheduled=True, persistent=0, x_sorted=True, asm=False),
     MoETile(16, 32, 64, scheduled=True, persistent=1, pre_scale=False, asm=False),
     MoETile(64, 32, 64, scheduled=True, persistent=0, split_tail=True, asm=False),
@@ -196,6 +203,7 @@ def test_no_tokens_gives_an_empty_result(weighted: bool) -> None:
         (MoETile(16, 32, 64, x_sorted=True), "x_sorted needs the scheduled kernel"),
         (MoETile(16, 16, 64, scheduled=True), "a gated tile pairs 16-row blocks"),
         (MoETile(16, 32, 64, scheduled=True, split_tail=True), "split_tail halves a scheduled M-tile"),
+        (MoETile(16, 32, 64, schedule_kernel=True), "schedule_kernel sorts the routes of a scheduled tile"),
     ],
 )
 def test_bad_tiles_are_refused(tile: MoETile, match: str) -> None:
@@ -223,6 +231,11 @@ def test_shipped_tiles_follow_routes_per_expert(tmp_path: Path, monkeypatch: pyt
     assert not decode.scheduled and decode.bm == 16
     assert prefill.scheduled and prefill.bm >= 128
     assert pick_tile(200, 1, 4096, 128).scheduled  # more routes than in-kernel routing takes
+    # one launch up to ONE_LAUNCH_MAX_ROUTES, the scheduling kernel first above
+    assert not pick_tile(ONE_LAUNCH_MAX_ROUTES, 8, 4096, 128).two_launches
+    assert pick_tile(ONE_LAUNCH_MAX_ROUTES + 1, 8, 4096, 128).two_launches and not prefill.x_sorted
+    assert pick_tile(ONE_LAUNCH_MAX_ROUTES + 1, 8, 4096, 128, interpreted=True).two_launches
+    assert not pick_tile(ONE_LAUNCH_MAX_ROUTES, 8, 4096, 128, interpreted=True).two_launches
     assert pick_tile(2, 8, 192, 64).bk == 64  # K-tiles inside one group and dividing K
     # wide tiles only for bf16 scales in groups of 128 (see tiles.NARROW)
     assert pick_tile(8192, 8, 4096, 64).bm <= 128
@@ -232,6 +245,8 @@ def test_shipped_tiles_follow_routes_per_expert(tmp_path: Path, monkeypatch: pyt
                      '"scheduled": true}]]}')
     monkeypatch.setenv(ENV_TABLE, str(table))
     assert pick_tile(2, 8, 4096, 128) == MoETile(16, 128, 128)
-    assert pick_tile(8192, 8, 4096, 128) == MoETile(64, 64, 64, scheduled=True)
+    assert pick_tile(8192, 8, 4096, 128) == MoETile(64, 64, 64, scheduled=True, schedule_kernel=True)
+    assert pick_tile(2048, 8, 4096, 128) == MoETile(64, 64, 64, scheduled=True)
     # persistent programs only with bf16 scales
-    assert pick_tile(8192, 8, 4096, 128, scale_dtype=torch.float16) == MoETile(64, 64, 64, scheduled=True, persistent=0)
+    assert pick_tile(8192, 8, 4096, 128, scale_dtype=torch.float16) == MoETile(64, 64, 64, scheduled=True, persistent=0,
+                                                                               schedule_kernel=True)

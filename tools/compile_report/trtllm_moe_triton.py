@@ -10,12 +10,19 @@ in the launcher (``tiles.route_bound``)."""
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from quantcore.backends.trtllm_moe.tiles import MoETile, pick_tile, route_bound
+from quantcore.backends.trtllm_moe.tiles import (
+    SCAN_LOG,
+    MoETile,
+    pick_tile,
+    pow2_at_least,
+    route_bound,
+)
 from quantcore.probe.card_tables import H100_SXM
 from quantcore.triton.compile_report import (
     backward_loops,
@@ -58,7 +65,8 @@ def compile_one(
     ints = {"stride_x": k, "x_div": 2, "stride_y": n // 2 if gated else n, "R": 3, "E": e, "N": n,
             "COLS": n // 2 if gated else n, "HALF": n // 2, "G": k // group, "TILES": 3, "PROGS": 3}
     const = {"K": k, "GROUP": group, "BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "R_PAD": route_bound(tile, routes),
-             "E_PAD": max(2, 1 << (e - 1).bit_length()), "SCHEDULED": tile.scheduled,
+             "E_PAD": pow2_at_least(e, 2), "KEYS": pow2_at_least(e + 1, 2), "SCAN_LOG": SCAN_LOG,
+             "SCHEDULED": tile.scheduled, "SCHEDULE_KERNEL": tile.two_launches,
              "PERSISTENT": tile.scheduled and tile.persistent > 0, "X_SORTED": tile.x_sorted, "GATED": gated,
              "HAS_RW": False, "SYM": sym, "PRE_SCALE": tile.pre_scale, "EXACT_FMA": dtype == "bf16",
              "ASM": tile.asm, "FP32_DOT": False, "SCALE_PAIRS": tile.scale_pairs,
@@ -68,7 +76,7 @@ def compile_one(
                             divisible=[*ptrs, *(a for a, v in ints.items() if v % 16 == 0)])
     if sass_dir is not None:
         stem = f"moe-{tile.bm}x{tile.bn}x{tile.bk}-w{tile.num_warps}s{tile.num_stages}" + (
-            "-sched" if tile.scheduled else f"-small-r{route_bound(tile, routes)}") + ("-gated" if gated else "")
+            ("-sched2" if tile.two_launches else "-sched") if tile.scheduled else f"-small-r{route_bound(tile, routes)}") + ("-gated" if gated else "")
         (sass_dir / f"{stem}.sass").write_text(compiled.sass)
         (sass_dir / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
     count, mix = loop_mix(compiled.sass)
@@ -84,14 +92,19 @@ def compile_one(
 
 
 def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[dict[str, Any]]:
-    """The H100's tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), the
-    fused-SwiGLU and asymmetric variants of the prefill tile, and its fp16 tile."""
+    """The H100's tiles at the shape for T ∈ {1, 16, 64, 512, 4096} (top-2), the prefill
+    tile scheduled the other way (one launch or two), its fused-SwiGLU variants both
+    ways, its asymmetric variant, and its fp16 tile."""
     rows = []
     for t in (1, 16, 64, 512, 4096):
         tile = pick_tile(2 * t, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
         rows.append({"T": t, **compile_one(tile, routes=2 * t, sass_dir=sass_dir)})
     prefill = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], card=H100_SXM)
+    # the other way of scheduling the prefill tile (one launch or two: tiles.ONE_LAUNCH_MAX_ROUTES)
+    other = replace(prefill, schedule_kernel=not prefill.two_launches)
+    rows.append({"T": 4096, **compile_one(other, routes=2 * 4096, sass_dir=sass_dir)})
     rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, gated=True, sass_dir=sass_dir)})
+    rows.append({"T": 4096, **compile_one(other, routes=2 * 4096, gated=True, sass_dir=sass_dir)})
     rows.append({"T": 4096, **compile_one(prefill, routes=2 * 4096, sym=False)})
     fp16 = pick_tile(2 * 4096, SHAPE["E"], SHAPE["K"], SHAPE["group"], scale_dtype=torch.float16, card=H100_SXM)
     rows.append({"T": 4096, **compile_one(fp16, routes=2 * 4096, dtype="fp16")})
