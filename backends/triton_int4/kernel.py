@@ -66,13 +66,14 @@ class TritonInt4GPTQ(PairedGPTQKernel):
         # ~80 % of the copy bandwidth (8-bit: 2.2–2.5 TB/s on the H100, 2.7–3.2 on the H200).
         # The multiply reaches ~30 % of the bf16 matmul rate to M = 256 and 35–48 % at
         # M = 512 with its fused tiles (a quarter of that at N = 1024), ~85 % above
-        # (dequantize + cuBLAS). On a CPU this is Triton's interpreter: thousands of times
+        # (dequantize + cuBLAS), and from M = 8192, where the dequantization is a small part
+        # of the multiply, as fast as cuBLAS on the dense weight (96–110 % in both suites). On a CPU this is Triton's interpreter: thousands of times
         # slower than torch.
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type == "cpu":
             return linear_cost(problem, weight, bandwidth=2e-4, compute=2e-4, note="Triton interpreter")
-        compute = 0.3 if m <= 256 else 0.45 if m <= 1024 else 0.85
+        compute = 0.3 if m <= 256 else 0.45 if m <= 1024 else 0.85 if m <= 4096 else 1.0
         if 64 < m <= 1024:  # its own fused tiles; above, cuBLAS tiles the dequantized weight
             compute *= min(1.0, problem["N"] / 4096)
         return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2,
