@@ -39,7 +39,7 @@ from quantcore.timing import Timing
 
 from ._descriptors import ENCODED_ONCE, per_call_twin
 
-__all__ = ["QUEUE", "Subject", "host_times", "subjects"]
+__all__ = ["QUEUE", "HostSamples", "Subject", "host_samples", "host_times", "subjects"]
 
 #: Calls issued per sample before the one synchronisation.
 QUEUE = 64
@@ -78,10 +78,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def host_times(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,
-               calls: int = QUEUE) -> list[tuple[Timing, float]]:
-    """Per callable, interleaved over ``rounds``: (the median host time per call issuing a
-    queue of ``calls``, the median wall time per call with the queue drained)."""
+@dataclass(frozen=True)
+class HostSamples:
+    """One callable's samples, one per round: seconds per call to issue the queue
+    (``host``), and per call with the queue drained (``wall``)."""
+
+    host: tuple[float, ...]
+    wall: tuple[float, ...]
+
+    def timing(self) -> Timing:
+        med = statistics.median(self.host)
+        spread = (max(self.host) - min(self.host)) / med if med > 0 else 0.0
+        return Timing(med, spread, len(self.host), "host-queue")
+
+    def paired_ratio(self, base: HostSamples) -> float:
+        """The median over rounds of this callable's host time over ``base``'s in the same
+        round. The rounds interleave the callables, so a slow spell of the machine (another
+        tenant, a frequency change) that lasts a round scales both sides of a ratio alike,
+        where a ratio of medians over rounds takes it at full weight."""
+        return statistics.median(t / b for t, b in zip(self.host, base.host, strict=True))
+
+
+def host_samples(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,
+                 calls: int = QUEUE) -> list[HostSamples]:
+    """Per callable, interleaved over ``rounds``: the host time per call issuing a queue of
+    ``calls``, and the wall time per call with the queue drained, one sample a round."""
     host: list[list[float]] = [[] for _ in fns]
     wall: list[list[float]] = [[] for _ in fns]
     for fn in fns:  # warm: compile, bind, allocate
@@ -99,12 +120,15 @@ def host_times(fns: Sequence[Callable[[int], object]], device: torch.device, *, 
             t2 = time.perf_counter()
             host[j].append((t1 - t0) / calls)
             wall[j].append((t2 - t0) / calls)
-    out = []
-    for h, w in zip(host, wall, strict=True):
-        med = statistics.median(h)
-        out.append((Timing(med, (max(h) - min(h)) / med if med > 0 else 0.0, rounds, "host-queue"),
-                    statistics.median(w)))
-    return out
+    return [HostSamples(tuple(h), tuple(w)) for h, w in zip(host, wall, strict=True)]
+
+
+def host_times(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,
+               calls: int = QUEUE) -> list[tuple[Timing, float]]:
+    """Per callable, interleaved over ``rounds``: (the median host time per call issuing a
+    queue of ``calls``, the median wall time per call with the queue drained)."""
+    return [(s.timing(), statistics.median(s.wall))
+            for s in host_samples(fns, device, rounds=rounds, calls=calls)]
 
 
 def _kernels(fmt: Any, op: str, problem: Problem, device: torch.device, skipped: dict[str, str]) -> list[Any]:

@@ -89,3 +89,44 @@ def test_a_kernel_is_timed_beside_its_twin_with_descriptors_encoded_per_call(dif
             for v, r, t, n in (("nn.Linear", "peer", 1e-5, ""), ("k", "kernel", 1e-5, own_note),
                                ("k[descriptors per call]", "kernel", 2e-5, twin_note))]
     assert any(DIFFER in line for line in host_notes(rows)) is differ
+
+
+def test_a_slow_spell_does_not_decide_a_paired_ratio() -> None:
+    from quantcore.benchmarks.suites._host_cost import HostSamples
+
+    # A 3× slow spell of the machine covers nn.Linear's slot in rounds 0–2 but the
+    # kernel's only in rounds 0–1 (they run at different moments of a round): the ratio of
+    # the medians says 0.4, the paired ratio the true 1.2.
+    base = HostSamples((30e-6, 30e-6, 30e-6, 10e-6, 10e-6), (0.0,) * 5)
+    mine = HostSamples((36e-6, 36e-6, 12e-6, 12e-6, 12e-6), (0.0,) * 5)
+    assert mine.timing().median_s / base.timing().median_s == pytest.approx(0.4)
+    assert mine.paired_ratio(base) == pytest.approx(1.2)
+    # A cost that is really higher shows whole.
+    twice = HostSamples(tuple(2 * t for t in base.host), (0.0,) * 5)
+    assert twice.paired_ratio(base) == pytest.approx(2.0)
+
+
+def test_host_notes_judge_by_the_paired_ratio() -> None:
+    from quantcore.benchmarks.suites.overhead import PAIRED, paired_ratio
+
+    case = "host-M1-K8-N8-bfloat16"
+    rows = [
+        {"case": case, "variant": "nn.Linear", "role": "peer", "time_s": 10e-6, "note": f"dense; 1.000{PAIRED}"},
+        # Its median is 1.5× nn.Linear's, but round by round it was 1.1×: within the target.
+        {"case": case, "variant": "QuantLinear(gptq4)", "role": "kernel", "time_s": 15e-6,
+         "note": f"module; wall 20.0 µs per call; 1.100{PAIRED}"},
+        {"case": case, "variant": "K", "role": "kernel", "time_s": 11e-6, "note": f"kernel; 1.400{PAIRED}"},
+    ]
+    assert paired_ratio(rows[1]) == pytest.approx(1.1) and paired_ratio({"note": "kernel"}) is None
+    (note,) = host_notes(rows)
+    assert "over 1.3×: K;" in note and "QuantLinear(gptq4) 15.0 µs (1.10×)" in note
+
+
+def test_host_cases_record_the_paired_ratio_of_every_subject() -> None:
+    from quantcore.benchmarks.suites.overhead import paired_ratio
+
+    (case,) = host_cases("cpu", [SHAPES["cpu"][0]], (torch.bfloat16,), rounds=2)
+    rows = run_cases([case], "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False)
+    ratios = {r["variant"]: paired_ratio(r) for r in rows if r["role"] != "skipped"}
+    assert ratios["nn.Linear"] == pytest.approx(1.0)
+    assert all(r is not None and r > 0 for r in ratios.values()), ratios

@@ -1,5 +1,6 @@
 """The short table ``tp_linear_gpu.sh`` prints last: from the JSON it wrote under a results
-folder, per kernel and module the host µs per call against ``nn.Linear`` (and the
+folder, per kernel and module the host µs per call against ``nn.Linear`` (the ratio paired
+by round where the run recorded one; and the
 CUDA-graph replay µs), per tensor-parallel case the speed over the unsharded block and
 the all-reduce's share (with the process group's all-reduce and with the one-shot one,
 and which of them ``auto`` picks), and whether each check passed or was skipped.
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantcore.benchmarks.suites.overhead import paired_ratio
 from quantcore.benchmarks.suites.tp_linear import AUTO_PICKS
 
 HOST_TARGET = 1.3
@@ -28,9 +30,11 @@ def _rows(folder: Path, suite: str) -> list[dict[str, Any]]:
 
 def overhead_lines(rows: list[dict[str, Any]]) -> list[str]:
     by_case: dict[str, dict[str, float]] = {}
+    paired: dict[tuple[str, str], float | None] = {}
     for r in rows:
         if r["role"] != "skipped" and r["case"].startswith(("host-", "graph-")):
             by_case.setdefault(r["case"], {})[r["variant"]] = r["time_s"]
+            paired[r["case"], r["variant"]] = paired_ratio(r)
     lines = []
     for case, times in by_case.items():
         base = times.get("nn.Linear")
@@ -41,8 +45,9 @@ def overhead_lines(rows: list[dict[str, Any]]) -> list[str]:
         for name, t in times.items():
             if name == "nn.Linear":
                 continue
-            flag = "" if graph or name == "F.linear" or t <= HOST_TARGET * base else " !"
-            cells.append(f"{name} {t * 1e6:.1f} ({t / base:.2f}×){flag}")
+            ratio = paired[case, name] or t / base  # paired by round where the run recorded it
+            flag = "" if graph or name == "F.linear" or ratio <= HOST_TARGET else " !"
+            cells.append(f"{name} {t * 1e6:.1f} ({ratio:.2f}×){flag}")
         lines.append(f"{case:34s} nn.Linear {base * 1e6:6.1f} µs | " + " | ".join(cells))
     return lines
 
