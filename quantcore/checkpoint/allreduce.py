@@ -15,7 +15,8 @@ all-reduce of the outcomes tells all of them the same answer.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +27,7 @@ __all__ = [
     "ONE_SHOT_MAX_BYTES",
     "PATHS",
     "AllReducer",
+    "OneShot",
     "SymmetricMemory",
     "choose_path",
     "one_shot_refusal",
@@ -49,6 +51,16 @@ ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 #: starts as aligned as the buffer (16 bytes); an input that does not is copied first.
 _SIZE_ALIGN = 4
 _START_ALIGN = 16
+#: The most message shapes a group keeps bound (each a view of a buffer; a model's
+#: decode and prefill shapes are far fewer); past it they are bound again from scratch.
+MAX_BOUND = 256
+
+
+class OneShot(Protocol):
+    """The one-shot sum bound to a group: ``out`` = the sum over the group of every rank's
+    ``src``, staged through ``buffer`` (a view of a rendezvoused buffer, ``src``'s shape)."""
+
+    def __call__(self, buffer: torch.Tensor, src: torch.Tensor, *, out: torch.Tensor) -> object: ...
 
 
 def one_shot_refusal(nbytes: int, dtype: torch.dtype) -> str:
@@ -87,7 +99,8 @@ def _group_name(group: Any) -> str:
 class SymmetricMemory:
     """The calls the one-shot path makes into torch, in one place (a test stands in a fake).
     Only what torch 2.11 and later share: ``symm_mem.empty``, ``symm_mem.rendezvous`` and
-    the ``one_shot_all_reduce_copy_out`` op; never a multicast one."""
+    the ``one_shot_all_reduce_copy_out`` op (bound once per group: :meth:`bind_one_shot`);
+    never a multicast one."""
 
     OP = "one_shot_all_reduce_copy_out"
 
@@ -120,10 +133,11 @@ class SymmetricMemory:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         return bool(flag.item())
 
-    def one_shot(self, buffer: torch.Tensor, src: torch.Tensor, group: Any, out: torch.Tensor) -> None:
-        """``out`` = the sum over ``group`` of every rank's ``src``, staged through ``buffer``
-        (a view of a rendezvoused buffer, ``src``'s shape)."""
-        getattr(torch.ops.symm_mem, self.OP)(buffer, src, "sum", _group_name(group), out)
+    def bind_one_shot(self, group: Any) -> OneShot:
+        """The one-shot sum over ``group`` with what it looks up found once: the op's
+        overload and the group's name (a call is then the op's call)."""
+        op = getattr(torch.ops.symm_mem, self.OP).default
+        return functools.partial(op, reduce_op="sum", group_name=_group_name(group))
 
 
 _NOT_INITIALISED = "torch.distributed is not initialised"
@@ -146,7 +160,12 @@ class AllReducer:
     holds one). One-shot buffers are made once per (dtype, device, capacity), kept for the
     group's life (a captured graph may hold them), and a message takes the smallest that
     holds it. Making one is a collective (the rendezvous), so it cannot happen inside a
-    CUDA-graph capture: :meth:`prepare` makes it before."""
+    CUDA-graph capture: :meth:`prepare` makes it before.
+
+    A message's path and its view of the buffer depend only on its shape, dtype and
+    device and on what the group holds (buffers, refusals): they are bound on the first
+    message of a shape and kept until the group's buffers or refusals change, so a call
+    is a lookup, the alignment check of its input, its output and the op's call."""
 
     def __init__(self, path: str, *, group: Any = None, stage_on_host: bool = False,
                  symm: SymmetricMemory | None = None) -> None:
@@ -162,6 +181,10 @@ class AllReducer:
         #: Per device, why the one-shot path cannot run ("" when it can), once known: from
         #: what this rank sees, then from what the ranks agreed at the first rendezvous.
         self._why: dict[torch.device, str] = {}
+        #: Per message (shape, dtype, device) whose path is settled: the buffer's view it
+        #: is staged through on the one-shot path, None on the backend's.
+        self._bound: dict[tuple[torch.Size, torch.dtype, torch.device], torch.Tensor | None] = {}
+        self._run_one_shot: OneShot | None = None
 
     def unavailable(self, device: torch.device) -> str:
         """Why the one-shot path cannot run for this group on ``device`` ("" when, as far as
@@ -172,6 +195,7 @@ class AllReducer:
             if why == _NOT_INITIALISED:
                 return why
             self._why[device] = why
+            self._bound.clear()
         return self._why[device]
 
     def _local_unavailable(self, device: torch.device) -> str:
@@ -209,11 +233,24 @@ class AllReducer:
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """The sum of ``t`` over the group: ``t`` itself, summed in place, on the backend's
         path; a new tensor on the one-shot path."""
+        key = (t.shape, t.dtype, t.device)
+        staged = self._bound[key] if key in self._bound else self._bind(t, key)
+        return self._backend(t) if staged is None else self._one_shot(t, staged)
+
+    def _bind(self, t: torch.Tensor, key: tuple[torch.Size, torch.dtype, torch.device]) -> torch.Tensor | None:
+        """The view of the buffer a message like ``t`` is staged through (None: the
+        backend's path), kept for the next once the group's answer for its device is
+        settled (not while torch.distributed is not yet up)."""
+        staged = None
         if self.path_for(t.numel(), t.dtype, t.device) == "one_shot":
             buffer = self._buffer(t.numel(), t.dtype, t.device)
             if buffer is not None:
-                return self._one_shot(t, buffer)
-        return self._backend(t)
+                staged = buffer[: t.numel()].view(t.shape)
+        if self.path == "backend" or t.device in self._why:
+            if len(self._bound) >= MAX_BOUND:
+                self._bound.clear()
+            self._bound[key] = staged
+        return staged
 
     def _buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """The smallest buffer holding ``numel`` elements, made if there is none (every rank
@@ -233,6 +270,7 @@ class AllReducer:
             self._handles.append(self._symm.rendezvous(buffer, self.group))
         except Exception as exc:  # a driver or topology without peer access: agreed on below, then reported
             buffer, why = None, f"symmetric memory on {device} failed: {type(exc).__name__}: {exc}"
+        self._bound.clear()  # a refusal or a new buffer may change a bound message's path or view
         if not self._symm.agree(buffer is not None, device, self.group):
             self._why[device] = why or "symmetric memory failed on another rank of the group"
             if self.path == "one_shot":
@@ -240,13 +278,17 @@ class AllReducer:
             return None
         assert buffer is not None  # every rank, this one included, said ok
         self._buffers.setdefault((dtype, device), []).append(buffer)
+        if self._run_one_shot is None:
+            self._run_one_shot = self._symm.bind_one_shot(self.group)
         return buffer
 
-    def _one_shot(self, t: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    def _one_shot(self, t: torch.Tensor, staged: torch.Tensor) -> torch.Tensor:
+        """The one-shot sum of ``t`` through ``staged`` (a view of ``t``'s shape)."""
         aligned = t.is_contiguous() and (t.storage_offset() * t.element_size()) % _START_ALIGN == 0
         src = t if aligned else t.clone(memory_format=torch.contiguous_format)
         out = torch.empty_like(src)
-        self._symm.one_shot(buffer[: src.numel()].view(src.shape), src, self.group, out)
+        assert self._run_one_shot is not None  # bound with the first buffer
+        self._run_one_shot(staged, src, out=out)
         return out
 
     def _backend(self, t: torch.Tensor) -> torch.Tensor:

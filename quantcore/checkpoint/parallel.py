@@ -222,8 +222,10 @@ class RowParallelQuantLinear(nn.Module):
         return self.tp.all_reduce(self.local(x))
 
 
+#: The activations a block takes, as the ops they call: ``F.silu`` without its Python
+#: wrapper (which only adds the ``inplace`` choice; ``F.gelu`` is its op already).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": torch.nn.functional.silu,
+    "silu": torch._C._nn.silu,
     "gelu": torch.nn.functional.gelu,
     "relu": torch.relu,
 }
@@ -244,7 +246,11 @@ class ParallelQuantMLP(nn.Module):
     one launch instead of two, the same outputs. Where the format cannot concatenate the
     two (no concatenation along N; act-order layers with different ``g_idx``) the block
     falls back to two layers, warns once with the reason and keeps it in ``unfused_why``
-    (the same on every rank: it reads only what every rank holds alike)."""
+    (the same on every rank: it reads only what every rank holds alike).
+
+    A call runs each layer's :class:`~quantcore.nn.linear.QuantLinear` (``local``) itself,
+    not the parallel wrapper around it: the wrappers add nothing to a call but a module
+    call of their own, and the block's host cost per call should be its launches."""
 
     def __init__(self, fmt: Format, layers: Mapping[str, Mapping[str, torch.Tensor]], tp: TPGroup, *,
                  activation: str = "silu", act_order: str = "replicate", fuse_gate_up: bool = True,
@@ -274,6 +280,7 @@ class ParallelQuantMLP(nn.Module):
                   for name, t in layers.items() if name != "down"}
         shards["down"] = down
         self.tp, self.activation, self.gated = tp, activation, "gate" in shards
+        self._act = ACTIVATIONS[activation]
         #: Why gate and up run as two layers ("" when they run as one).
         self.unfused_why = ("the block has no gate" if not self.gated else
                             "fuse_gate_up=False" if not fuse_gate_up else "")
@@ -313,9 +320,14 @@ class ParallelQuantMLP(nn.Module):
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the intermediate activation."""
-        act = ACTIVATIONS[self.activation]
-        cols = self.columns(x)
-        return act(cols["gate"]) * cols["up"] if self.gated else act(cols["up"])
+        gate_up = self.gate_up
+        if gate_up is not None:
+            gate, up = gate_up.local(x).split_with_sizes(gate_up.sizes, dim=-1)
+            return self._act(gate) * up
+        assert self.up is not None
+        if self.gate is None:
+            return self._act(self.up.local(x))
+        return self._act(self.gate.local(x)) * self.up.local(x)
 
     def kernels(self) -> dict[str, str]:
         """The kernel each role runs on (``gate`` and ``up`` name the fused layer's when fused)."""
@@ -334,7 +346,7 @@ class ParallelQuantMLP(nn.Module):
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's part of the output, before the all-reduce."""
-        return self.down.partial(self.hidden(x))
+        return self.down.local(self.hidden(x))
 
     def prepare_all_reduce(self, max_tokens: int) -> str:
         """Before a CUDA-graph capture of calls of up to ``max_tokens`` rows (every rank

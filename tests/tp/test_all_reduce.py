@@ -64,6 +64,7 @@ class FakeSymm(SymmetricMemory):
         self.made: list[torch.Tensor] = []
         self.agreed: list[bool] = []
         self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.bound: list[object] = []
 
     def unavailable(self) -> str:
         return ""
@@ -82,7 +83,11 @@ class FakeSymm(SymmetricMemory):
         self.agreed.append(ok)
         return ok and self.peers_ok
 
-    def one_shot(self, buffer, src, group, out):
+    def bind_one_shot(self, group):
+        self.bound.append(group)
+        return self._one_shot
+
+    def _one_shot(self, buffer, src, *, out):
         assert buffer.shape == src.shape and buffer.untyped_storage().data_ptr() in {
             b.untyped_storage().data_ptr() for b in self.made}
         assert src.is_contiguous() and src.storage_offset() == 0
