@@ -25,6 +25,13 @@ With ``--graph`` (CUDA) each variant is also timed as engines run decode: every 
 captures the same calls in one CUDA graph (the all-reduce included: NCCL collectives are
 captured; a gloo one is not, and that variant says so) and the group replays them in
 lockstep; those rows are ``mode: "graph"``, the others ``"eager"``.
+
+With ``--host`` (CUDA) each variant, and the block's parts (``tpW_gate_up`` the gate/up
+layer's call, ``tpW_hidden`` that and the activation, ``tpW_down`` the down layer's
+call), is timed for what its eager call costs the host alone (``mode: "host"``): each
+round a spin kernel holds the GPU while every rank issues a few calls, so none of them
+waits for the GPU and the time to issue them is the host's (a call that does wait — a
+hidden synchronisation — shows as the spin's length).
 """
 
 from __future__ import annotations
@@ -160,6 +167,38 @@ def lockstep_graph(fn: Callable[[int], object], device: torch.device, backend: s
     return _rounds(replay, n, rounds, ctl)  # the graph (and its memory pool) goes with this frame
 
 
+#: Calls each rank issues per round of the host mode: few enough that their launches fit
+#: the device's queue (about a thousand entries), so none waits for the GPU to drain it.
+HOST_CALLS = 32
+#: GPU clock cycles the host mode's spin kernel lasts (tens of milliseconds): longer than
+#: issuing ``HOST_CALLS`` calls of any variant takes.
+SPIN_CYCLES = 100_000_000
+
+
+def lockstep_host(fn: Callable[[int], object], device: torch.device, backend: str, rounds: int, *,
+                  solo: bool) -> tuple[float, float]:
+    """(median host seconds per call, spread) of ``fn`` in eager: each round a spin kernel
+    holds the GPU while the ranks issue ``HOST_CALLS`` calls, timed to the last one issued
+    (the device is drained after, with the round's all-reduce of the times)."""
+    import torch.distributed as dist
+
+    runs = dist.get_rank() == 0 or not solo
+    if runs:
+        for i in range(3):
+            fn(i)
+        _sync(device)
+
+    def issue(r: int) -> None:
+        if runs:
+            torch.cuda._sleep(SPIN_CYCLES)
+            for i in range(HOST_CALLS):
+                fn(r * HOST_CALLS + i)
+
+    timed = _rounds(issue, HOST_CALLS, rounds, _control(device, backend))
+    _sync(device)
+    return timed
+
+
 def _stored_bytes(module: Any) -> int:
     return sum(t.numel() * t.element_size() for s in module.shards() for t in s.tensors.values())
 
@@ -207,6 +246,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--act-order", default="replicate", choices=("replicate", "groups"))
     p.add_argument("--graph", action="store_true", help="CUDA: also time every variant as CUDA-graph replays")
+    p.add_argument("--host", action="store_true", help="CUDA: also time what every variant and part costs the host")
     p.add_argument("--stage-host", action="store_true",
                    default=os.environ.get("QUANTCORE_TP_STAGE_HOST") == "1",
                    help="all-reduce through a CPU copy (a backend without device tensors); also QUANTCORE_TP_STAGE_HOST=1")
@@ -290,6 +330,15 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
             ("all_reduce_one_shot", "peer", lambda i, bufs=bufs: one_shot.all_reduce(bufs[i % 4]), False,
              2 * m * hidden * dtype.itemsize, 0, "one-shot all-reduce (symmetric memory) of the [M, hidden] output"),
         ]
+        hs = [mlp.hidden(x) for x in xs]
+        parts: list[tuple[str, str, Callable[[int], object], bool, int, int, str]] = [
+            (f"tp{world}_gate_up", "peer", lambda i, xs=xs: mlp.columns(xs[i % 4]) if mlp.gate_up is None
+             else mlp.gate_up.local(xs[i % 4]), False, 0, 0, "the block's part: gate and up"),
+            (f"tp{world}_hidden", "peer", lambda i, xs=xs: mlp.hidden(xs[i % 4]), False, 0, 0,
+             "the block's part: gate and up, then the activation"),
+            (f"tp{world}_down", "peer", lambda i, hs=hs: mlp.down.local(hs[i % 4]), False, 0, 0,
+             "the block's part: down, without the all-reduce"),
+        ]
         if rank == 0:
             variants += [
                 ("unsharded_mlp", "peer", lambda i, xs=xs: whole(xs[i % 4]), True, quant_bytes + act, flops, "unsharded, one rank, no process group"),
@@ -302,21 +351,23 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
             variants += [(name, "peer", noop, True, 0, 0, "")
                          for name in ("unsharded_mlp", "unsharded_mlp_unfused", "dense_bf16_mlp")]
         rows = []
-        modes = ["eager", "graph"] if args.graph and device.type == "cuda" else ["eager"]
+        cuda = device.type == "cuda"
+        modes = ["eager", *(["graph"] if args.graph and cuda else []), *(["host"] if args.host and cuda else [])]
         with torch.no_grad():
             for mode in modes:
-                for name, role, fn, solo, nbytes, nflops, note in variants:
+                for name, role, fn, solo, nbytes, nflops, note in variants + (parts if mode == "host" else []):
                     if name.endswith("_one_shot") and one_shot_skip:
                         rows.append({"name": name, "role": "skipped", "mode": mode, "note": one_shot_skip})
                         continue
-                    if mode == "graph" and name in ("all_reduce", f"tp{world}_mlp", f"tp{world}_mlp_unfused") \
+                    if mode != "eager" and name in ("all_reduce", f"tp{world}_mlp", f"tp{world}_mlp_unfused") \
                             and args.backend != "nccl":
+                        why = "not in a CUDA graph" if mode == "graph" else "it waits for the GPU"
                         rows.append({"name": name, "role": "skipped", "mode": mode,
-                                     "note": f"a {args.backend} all-reduce runs on the host: not in a CUDA graph"})
+                                     "note": f"a {args.backend} all-reduce runs on the host: {why}"})
                         continue
                     if solo and rank == 0:
                         torch.set_num_threads(threads * world)
-                    timer = lockstep_graph if mode == "graph" else lockstep
+                    timer = {"graph": lockstep_graph, "host": lockstep_host}.get(mode, lockstep)
                     t, spread = timer(fn, device, args.backend, args.rounds, solo=solo)
                     torch.set_num_threads(threads)
                     rows.append({"name": name, "role": role, "mode": mode, "time_s": t, "spread": spread,

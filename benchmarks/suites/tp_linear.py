@@ -9,8 +9,10 @@ all-reduce alone, and on one rank the unsharded block (same kernels) and the den
 block. The transport follows the device: gloo on the CPU; on CUDA, NCCL with one GPU per
 rank when there are W GPUs, else gloo with the ranks dealt over the GPUs (NCCL refuses two
 ranks on one GPU). ``QUANTCORE_TP_BACKEND`` (gloo|nccl) and ``QUANTCORE_TP_DEVICE`` (cuda |
-cuda:rank | cuda:shared) override. On CUDA every variant is timed eagerly and as CUDA-graph
-replays captured per rank (as engines capture decode), each mode its own case (``…-graph``).
+cuda:rank | cuda:shared) override. On CUDA every variant is timed eagerly, as CUDA-graph
+replays captured per rank (as engines capture decode) and for what its eager call costs
+the host alone (with the block's parts: gate/up, the activation, down), each mode its own
+case (``…-graph``, ``…-host``).
 The block and the all-reduce alone are timed with the process group's all-reduce and with
 the one-shot one over symmetric memory (``…_one_shot``); the row of the all-reduce that
 ``all_reduce_path="auto"`` picks for the case says so. The block runs gate and up as one
@@ -100,7 +102,7 @@ def run_group(device: str, k: int, n: int, world: int, ms: list[int], folder: Pa
     (folder / "out").mkdir(exist_ok=True)
     args = ["--checkpoint", str(folder / "ckpt"), "--out", str(folder / "out"),
             "--backend", backend, "--device", rank_device, "--ms", ",".join(map(str, ms)),
-            "--rounds", str(ROUNDS), "--timeout", "300", *(["--graph"] if device.startswith("cuda") else [])]
+            "--rounds", str(ROUNDS), "--timeout", "300", *(["--graph", "--host"] if device.startswith("cuda") else [])]
     results = launch(world, ENTRY, args, timeout_s=1800, grace_s=30, workdir=folder / "run")
     if not all(r.ok for r in results):
         tails = "\n".join(f"rank {r.rank} rc={r.returncode}: {r.stderr[-1500:]}" for r in results)
@@ -121,7 +123,7 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
         for c in data["cases"]:
             picked = {"backend": "all_reduce", "one_shot": "all_reduce_one_shot"}.get(c.get("auto", ""))
             for mode in dict.fromkeys(v.get("mode", "eager") for v in c["variants"]):
-                label = f"M{c['M']}-K{k}-N{n}-W{world}" + ("-graph" if mode == "graph" else "")
+                label = f"M{c['M']}-K{k}-N{n}-W{world}" + ("" if mode == "eager" else f"-{mode}")
                 case = BenchCase("tp_linear", label, {"M": c["M"], "K": k, "N": n, "W": world})
                 for v in c["variants"]:
                     if v.get("mode", "eager") != mode:
@@ -130,14 +132,18 @@ def cases(device: str, shapes: list[dict[str, int]]) -> Iterator[BenchCase]:
                         case.skipped[v["name"]] = v["note"]
                         continue
                     note = "; ".join(x for x in (v["note"], where if v["role"] == "kernel" else "",
-                                                 "CUDA graph per rank" if mode == "graph" else "",
+                                                 MODE_NOTES.get(mode, ""),
                                                  AUTO_PICKS if v["name"] == picked else "") if x)
                     case.variants.append(Variant(
                         v["name"], v["role"], _never, v["bytes"], v["flops"], note=note,
-                        measured=Timing(v["time_s"], v["spread"], ROUNDS, "lockstep-graph" if mode == "graph" else "lockstep"),
+                        measured=Timing(v["time_s"], v["spread"], ROUNDS, "lockstep" if mode == "eager" else f"lockstep-{mode}"),
                     ))
                 yield case
 
+
+#: What a mode's rows measure, in their note.
+MODE_NOTES = {"graph": "CUDA graph per rank",
+              "host": "host µs per eager call: issued while a spin kernel holds the GPU"}
 
 #: The note on the all-reduce row that ``all_reduce_path="auto"`` picks for the case.
 AUTO_PICKS = 'all_reduce_path="auto" picks this path'

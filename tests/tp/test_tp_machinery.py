@@ -151,3 +151,28 @@ def test_the_suite_reports_gate_and_up_fused_against_two_launches(monkeypatch):
     data["unfused_why"] = "the x format defines no concatenation along N"
     apart = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
     assert "gate and up apart: the x format defines no concatenation along N" in apart[0].variants[0].note
+
+
+def test_the_suite_reports_the_host_cost_of_the_block_and_its_parts(monkeypatch):
+    """Host rows (``mode: "host"``) are a case of their own, ``…-host``; the probe's table
+    gives the block's host µs beside the unsharded block's and each part's (the
+    activation as what ``hidden`` adds to gate/up)."""
+    import quantcore.benchmarks.suites.tp_linear as suite
+    from tools.probes.host_cost_table import tp_lines
+
+    def row(name, mode, t):
+        return {"name": name, "role": "peer", "mode": mode, "time_s": t, "spread": 0.1, "bytes": 1, "flops": 1, "note": ""}
+
+    variants = [row("tp2_mlp", "eager", 150e-6), row("unsharded_mlp", "eager", 140e-6),
+                row("tp2_mlp", "host", 100e-6), row("unsharded_mlp", "host", 90e-6), row("tp2_gate_up", "host", 30e-6),
+                row("tp2_hidden", "host", 50e-6), row("tp2_down", "host", 28e-6)]
+    data = {"backend": "nccl", "device": "cuda:0", "kernels": {}, "cases": [{"M": 1, "variants": variants}]}
+    monkeypatch.setattr(suite, "run_group", lambda *a, **k: data)
+    cases = list(suite.cases("cuda", [{"M": 1, "K": 8192, "N": 28672, "W": 2}]))
+    assert [c.label for c in cases] == ["M1-K8192-N28672-W2", "M1-K8192-N28672-W2-host"]
+    assert [v.name for v in cases[1].variants] == ["tp2_mlp", "unsharded_mlp", "tp2_gate_up", "tp2_hidden", "tp2_down"]
+    assert all(v.measured.method == "lockstep-host" and "spin kernel" in v.note for v in cases[1].variants)
+    lines = tp_lines(run_cases(cases, "cpu", Ceilings("test", 1e9, 1e9, "test"), progress=False))
+    assert "parts" not in lines[0]
+    assert lines[1].startswith("M1-K8192-N28672-W2-host") and "tp    100.0 µs" in lines[1]
+    assert lines[1].endswith("parts: gate/up 30.0  act 20.0  down 28.0 µs")

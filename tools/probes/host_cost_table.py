@@ -3,7 +3,8 @@ folder, per kernel and module the host µs per call against ``nn.Linear`` (the r
 by round where the run recorded one; and the
 CUDA-graph replay µs), per tensor-parallel case the speed over the unsharded block and
 the all-reduce's share (with the process group's all-reduce and with the one-shot one,
-and which of them ``auto`` picks), and whether each check passed or was skipped.
+and which of them ``auto`` picks; in a host case, ``…-host``, the host's µs per eager
+call and the block's parts), and whether each check passed or was skipped.
 
     python -m tools.probes.host_cost_table RESULTS_DIR
 """
@@ -69,6 +70,11 @@ def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
         apart = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_unfused")), None)
         if apart is not None:
             line += f" | gate/up apart: tp {apart * 1e6:8.1f} µs  fused {apart / tp:.2f}×"
+        gate_up, hidden, down = (next((t for n, t in mine.items() if n.startswith("tp") and n.endswith(f"_{part}")), None)
+                                 for part in ("gate_up", "hidden", "down"))
+        if gate_up is not None and hidden is not None and down is not None:
+            line += (f" | parts: gate/up {gate_up * 1e6:.1f}  act {(hidden - gate_up) * 1e6:.1f}  "
+                     f"down {down * 1e6:.1f} µs")
         auto = next((r["variant"] for r in rows if r["case"] == case and AUTO_PICKS in r.get("note", "")), None)
         lines.append(line + (f" | auto: {'one-shot' if auto.endswith('_one_shot') else 'backend'}" if auto else ""))
     return lines

@@ -18,6 +18,8 @@
 #             the 7B (4096 → 11008) MLP, M = 1, 16, 128, eager and CUDA graphs per rank,
 #             the unsharded block on one GPU in the same run, the all-reduce alone, each
 #             with NCCL's all-reduce and with the one-shot one (and which `auto` picks);
+#             and each eager call's host µs alone (issued while a spin kernel holds the
+#             GPU: the `-host` cases), with the block's parts (gate/up, activation, down);
 #             with four GPUs also the 70B-class MLP over world 4
 #   gloo, conformance   (only when named) the bench with two ranks sharing GPU 0 through
 #             gloo; the tensor-parallel conformance matrix on cuda
