@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 
 from ..errors import FusionError, QuantCoreWarning, ShardError
 from ..formats.base import Format
@@ -222,6 +223,18 @@ class RowParallelQuantLinear(nn.Module):
         return self.tp.all_reduce(self.local(x))
 
 
+def _hooked(*modules: nn.Module | None) -> bool:
+    """Whether calling one of ``modules`` would run a forward hook (its own or a global
+    one), the test ``nn.Module.__call__`` makes for its own fast path: only then does a
+    block call go through the wrappers rather than straight to their layers."""
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    for m in modules:
+        if m is not None and (m._forward_hooks or m._forward_pre_hooks):
+            return True
+    return False
+
+
 #: The activations a block takes, as the ops they call: ``F.silu`` without its Python
 #: wrapper (which only adds the ``inplace`` choice; ``F.gelu`` is its op already).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -250,7 +263,9 @@ class ParallelQuantMLP(nn.Module):
 
     A call runs each layer's :class:`~quantcore.nn.linear.QuantLinear` (``local``) itself,
     not the parallel wrapper around it: the wrappers add nothing to a call but a module
-    call of their own, and the block's host cost per call should be its launches."""
+    call of their own, and the block's host cost per call should be its launches. Where a
+    forward hook is registered on a wrapper (or globally) the call goes through the
+    wrappers, so the hook runs."""
 
     def __init__(self, fmt: Format, layers: Mapping[str, Mapping[str, torch.Tensor]], tp: TPGroup, *,
                  activation: str = "silu", act_order: str = "replicate", fuse_gate_up: bool = True,
@@ -321,9 +336,12 @@ class ParallelQuantMLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the intermediate activation."""
         gate_up = self.gate_up
-        if gate_up is not None:
+        if gate_up is not None and not _hooked(gate_up):
             gate, up = gate_up.local(x).split_with_sizes(gate_up.sizes, dim=-1)
             return self._act(gate) * up
+        if gate_up is not None or _hooked(self.gate, self.up):  # through the wrappers: their hooks run
+            cols = self.columns(x)
+            return self._act(cols["gate"]) * cols["up"] if self.gated else self._act(cols["up"])
         assert self.up is not None
         if self.gate is None:
             return self._act(self.up.local(x))

@@ -145,7 +145,8 @@ def test_a_block_calls_its_parts_and_the_all_reduce_only_its_op(block: ParallelQ
         "quantcore/checkpoint/parallel.py(all_reduce)": 1, "quantcore/checkpoint/allreduce.py(__call__)": 1,
         "quantcore/checkpoint/allreduce.py(_one_shot)": 1, "_ops.py(__call__)": 1})
     act = frames["hidden"] - frames["gate/up"]
-    assert act == Counter({"quantcore/checkpoint/parallel.py(hidden)": 1, "module.py(__getattr__)": 2})
+    assert act == Counter({"quantcore/checkpoint/parallel.py(hidden)": 1, "module.py(__getattr__)": 2,
+                           "quantcore/checkpoint/parallel.py(_hooked)": 1})
     between = frames["block"] - frames["hidden"] - frames["down"] - frames["all-reduce"]
     ours = Counter({k: v for k, v in between.items() if k.startswith("quantcore/")})
     assert ours == Counter({"quantcore/checkpoint/parallel.py(forward)": 1,
@@ -215,3 +216,25 @@ def test_the_block_still_refuses_a_wrong_activation_naming_it(block: ParallelQua
         block(torch.randn(1, HIDDEN + 32).bfloat16())
     with pytest.raises(KernelInputError, match="float32"):
         block(torch.randn(1, HIDDEN))
+
+
+def test_a_hook_on_a_column_wrapper_still_runs_and_changes_nothing_else() -> None:
+    """A forward hook registered on the gate/up wrapper (or a global one) sends the call
+    through the wrappers, so the hook runs; the output is the same bits."""
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(8)).bfloat16()
+    mlp = ParallelQuantMLP(FMT, _roles(), TPGroup(0, 2), device="cpu")
+    assert mlp.gate_up is not None
+    seen: list[int] = []
+    with torch.no_grad():
+        plain = mlp.partial(x)
+        handle = mlp.gate_up.register_forward_hook(lambda m, args, out: seen.append(1))
+        try:
+            assert torch.equal(mlp.partial(x), plain) and seen == [1]
+        finally:
+            handle.remove()
+        glob = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(2))
+        try:
+            assert torch.equal(mlp.partial(x), plain) and 2 in seen
+        finally:
+            glob.remove()
+        assert torch.equal(mlp.partial(x), plain) and seen.count(1) == 1
