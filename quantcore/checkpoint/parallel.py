@@ -229,7 +229,7 @@ def _hooked(*modules: nn.Module | None) -> bool:
     block call go through the wrappers rather than straight to their layers."""
     if _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return True
-    for m in modules:
+    for m in modules:  # noqa: SIM110 (any() over a generator is one more Python frame a call)
         if m is not None and (m._forward_hooks or m._forward_pre_hooks):
             return True
     return False
