@@ -23,6 +23,7 @@ from quantcore.formats.svdquant import SVDQuantAct
 from quantcore.kernels.svdquant import triton_launch
 from quantcore.nn.svdquant import SVDQuantActQuant
 from tests.aten_ops import ops_of_call
+from tests.gc_held import gc_held
 from tests.launch_recorder import Recorder, record_launches
 
 N, R = 128, 16
@@ -114,7 +115,8 @@ def _functions_per_call(call: Callable[[], object], calls: int = 10) -> float:
         profile.runcall(lambda: [call() for _ in range(n)])
         return sum(v[1] for v in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
 
-    return (counted(2 * calls) - counted(calls)) / calls
+    with gc_held():
+        return (counted(2 * calls) - counted(calls)) / calls
 
 
 def test_kept_scratch_is_looked_up_once_per_bucket_and_stream(recorded: list[Recorder],

@@ -36,6 +36,7 @@ from quantcore.conformance.tp.processes import mlp_layers
 from quantcore.errors import KernelInputError
 from quantcore.formats.gptq import GPTQ
 from tests.aten_ops import ops_of_call
+from tests.gc_held import gc_held
 from tests.launch_recorder import Recorder, record_launches
 from tests.tp.symm_fake import FakeSymm
 
@@ -110,7 +111,7 @@ def _steps(mlp: ParallelQuantMLP, x: torch.Tensor) -> dict[str, Callable[[], obj
 def _python_frames(call: Callable[[], object], calls: int = 3) -> Counter[str]:
     """The Python functions (no built-ins) one call runs, by ``file(name)``: the
     repository's by their path in it, torch's by their file's name."""
-    with torch.no_grad():
+    with torch.no_grad(), gc_held():
         call()
         profile = cProfile.Profile()
         profile.enable()
