@@ -30,7 +30,7 @@ import torch
 from quantcore.backends.hopper_wgmma import launch, small_m
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan
-from quantcore.checkpoint.allreduce import AllReducer, SymmetricMemory
+from quantcore.checkpoint.allreduce import AllReducer
 from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup, fused_shard_tensors
 from quantcore.conformance.tp.processes import mlp_layers
 from quantcore.errors import KernelInputError
@@ -39,6 +39,7 @@ from tests.aten_ops import ops_of_call
 from tests.gc_held import gc_held
 from tests.launch_recorder import Recorder, record_launches
 from tests.tp.symm_fake import FakeSymm
+from tools.probes.tp_block_host import HostOnly
 
 HIDDEN, INTER = 256, 512
 FMT = GPTQ(bits=4, group_size=128, sym=True)
@@ -49,23 +50,6 @@ GROUP = types.SimpleNamespace(group_name="tp")
 
 def _roles(fmt: GPTQ = FMT) -> dict[str, dict[str, torch.Tensor]]:
     return {k.rsplit(".", 1)[1].removesuffix("_proj"): v for k, v in mlp_layers(fmt, HIDDEN, INTER).items()}
-
-
-class HostOnly(SymmetricMemory):
-    """torch's symmetric memory with a plain buffer and no rendezvous: the one-shot call
-    is torch's own op (bound by :meth:`SymmetricMemory.bind_one_shot`)."""
-
-    def unavailable(self) -> str:
-        return ""
-
-    def empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(numel, dtype=dtype, device=device)
-
-    def rendezvous(self, buffer: torch.Tensor, group: Any) -> object:
-        return None
-
-    def agree(self, ok: bool, device: torch.device, group: Any) -> bool:
-        return ok
 
 
 @pytest.fixture

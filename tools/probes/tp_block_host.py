@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from quantcore.checkpoint.allreduce import SymmetricMemory
+
 #: Hidden and intermediate size: the host's work does not depend on them.
 K, INTER = 512, 1024
 PARTS = ("gate/up", "act", "down", "all-reduce", "glue", "block")
@@ -66,25 +68,21 @@ class _NoLaunch:
         return None
 
 
-def _symmetric_memory() -> Any:
+class HostOnly(SymmetricMemory):
     """torch's symmetric memory with the buffer a plain tensor and no rendezvous; the
     one-shot call is torch's own (its op given a no-op CPU kernel in :func:`stubbed`)."""
-    from quantcore.checkpoint.allreduce import SymmetricMemory
 
-    class HostOnly(SymmetricMemory):
-        def unavailable(self) -> str:
-            return ""
+    def unavailable(self) -> str:
+        return ""
 
-        def empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-            return torch.empty(numel, dtype=dtype, device=device)
+    def empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, device=device)
 
-        def rendezvous(self, buffer: torch.Tensor, group: Any) -> object:
-            return None
+    def rendezvous(self, buffer: torch.Tensor, group: Any) -> object:
+        return None
 
-        def agree(self, ok: bool, device: torch.device, group: Any) -> bool:
-            return ok
-
-    return HostOnly()
+    def agree(self, ok: bool, device: torch.device, group: Any) -> bool:
+        return ok
 
 
 @contextmanager
@@ -129,7 +127,7 @@ def block(path: str, group: Any) -> Any:
     shapes = {"gate": (INTER, K), "up": (INTER, K), "down": (K, INTER)}
     layers = {name: fmt.quantize(torch.randn(*s, generator=gen) * 0.02) for name, s in shapes.items()}
     tp = TPGroup(0, 2, group, all_reduce_path=path)
-    object.__setattr__(tp, "reducer", AllReducer(path, group=group, symm=_symmetric_memory()))
+    object.__setattr__(tp, "reducer", AllReducer(path, group=group, symm=HostOnly()))
     mlp = ParallelQuantMLP(fmt, layers, tp, device="cpu", dtype=torch.bfloat16)
     assert mlp.gate_up is not None
     _, fused = fused_shard_tensors(mlp.gate_up.shards)
