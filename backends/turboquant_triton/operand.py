@@ -12,23 +12,26 @@ at M = 16").
 How. A register of the 16-bit operand holds two weights of one row at consecutive
 positions of the dot's K, the lower position in the low half. Read as int16, element
 ``e`` of a group's row of index words holds coordinates ``4e … 4e+3`` (nibble i:
-coordinate ``4e + i``), and two consecutive elements are one stored word. So the group is
-multiplied as four dots of K = d/4: dot ``i`` takes nibble i of every element, the
-weights of coordinates ``4e + i``, e = 0 … d/4−1. Its operand is elementwise in the int16
-tile — one inline-PTX block per stored word (``pack=2``) turns nibble i of both halves
-into the pair of centroids in the activation dtype — so Triton loads the index words
-into the operand layout directly (``ldmatrix``) and nothing is interleaved.
+coordinate ``4e + i``), and two consecutive elements are one stored word. So quarter ``i``
+of the operand, [BLOCK_N, d/4], takes nibble i of every element — the weights of
+coordinates ``4e + i`` — and is elementwise in the int16 tile: one inline-PTX block per
+stored word (``pack=2``) turns nibble i of both halves into the pair of centroids in the
+activation dtype, and Triton loads the codes into the operand layout directly
+(``ldmatrix``). The four quarters side by side, position ``(d/4)·i + e``, are one dot of
+K = d: each element sits at the same offset modulo 16 as in its quarter, so the thread
+that made it already holds it there and the concatenation costs no data movement.
 
-The activation must then come in the same order: dot i multiplies ``x_rot`` at
-coordinates ``4e + i``. The rotation writes it so (:func:`coordinate_order`: position
-``(d/4)·i + e`` holds coordinate ``4e + i``): the GEMM outside with the rotation's
-columns permuted once per layer (the same dot products, other columns), the in-kernel
-and once-per-call rotations with Πᵀ's rows loaded in that order. The sum over a group
-runs in another order than the natural-order dot's; everything else — the lookup, the
-rounding of a centroid to the activation dtype, the scale on the group's result — is the
-same arithmetic.
+The activation must then come in the same order: position ``(d/4)·i + e`` of a group
+holds ``x_rot`` at coordinate ``4e + i`` (:func:`coordinate_order`). The rotation writes
+it so: the GEMM outside with the rotation's columns permuted once per layer (the same
+dot products, other columns), the in-kernel and once-per-call rotations with Πᵀ's rows
+loaded in that order or their results stored in it. The sum over a group runs in
+another order than the natural-order dot's; everything else — the lookup, the rounding
+of a centroid to the activation dtype, the scale on the group's result — is the same
+arithmetic.
 
-Needs d/4 ≥ 16 (a dot's K): d ≥ 64; below, and for float32 operands on a GPU, the kernel
+Needs d/4 a multiple of 16 (quarters on whole K steps of the matrix unit, else the
+concatenation moves data): d ≥ 64; below, and for float32 operands on a GPU, the kernel
 keeps the shared-memory operand.
 """
 
@@ -86,19 +89,19 @@ def codes16(idx_ptr, rows, rmask, g, stride_idx, D: tl.constexpr):
 
 
 @triton.jit
-def nibble_operand(w16, cb_ptr, I: tl.constexpr, dtype: tl.constexpr, DOT_FP32: tl.constexpr,
+def nibble_operand(w16, cb_ptr, NIB: tl.constexpr, dtype: tl.constexpr, DOT_FP32: tl.constexpr,
                    INTERPRET: tl.constexpr):
-    """Dot ``I``'s operand: the centroid of nibble I of every element of ``w16`` (the
-    weight at coordinate 4e + I), [BLOCK_N, d/4], in ``dtype`` (float32 for an IEEE
-    float32 dot, as ``mma._group_product`` makes it)."""
+    """Quarter ``NIB`` of the operand: the centroid of nibble NIB of every element of
+    ``w16`` (the weight at coordinate 4e + NIB), [BLOCK_N, d/4], in ``dtype`` (float32 for
+    an IEEE float32 dot, as ``mma._group_product`` makes it)."""
     if INTERPRET:
-        v = tl.load(cb_ptr + ((w16.to(tl.int32) >> (4 * I)) & 15))
+        v = tl.load(cb_ptr + ((w16.to(tl.int32) >> (4 * NIB)) & 15))
         if not DOT_FP32:
             v = v.to(dtype)
     elif dtype == tl.float16:
-        v = tl.inline_asm_elementwise(_ASM[4 + I], "=r,r", [w16], dtype=tl.float16, is_pure=True, pack=2)
+        v = tl.inline_asm_elementwise(_ASM[4 + NIB], "=r,r", [w16], dtype=tl.float16, is_pure=True, pack=2)
     else:
-        v = tl.inline_asm_elementwise(_ASM[I], "=r,r", [w16], dtype=tl.bfloat16, is_pure=True, pack=2)
+        v = tl.inline_asm_elementwise(_ASM[NIB], "=r,r", [w16], dtype=tl.bfloat16, is_pure=True, pack=2)
     return v
 
 
