@@ -73,7 +73,9 @@ class MmaConfig:
     None counts as True) or, False, x is rotated once per call by a GEMM before the launch
     (two); ``rotate_once``: x rotated once per call by rotation programs of the same
     launch (one launch; wins over ``rotate_in_kernel``) — :func:`mma_rotation` has the
-    last word."""
+    last word; ``register_operand``: the weight operand made in the matrix unit's register
+    layout, x rotated into its coordinate order (``operand.py``; d ≥ 64 and 16-bit
+    operands, else through shared memory as by default)."""
 
     block_n: int = 64
     block_m: int = 16
@@ -83,6 +85,7 @@ class MmaConfig:
     ctas: int = 264
     rotate_in_kernel: bool | None = None
     rotate_once: bool = False
+    register_operand: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from .dequant import dequant_kernel
 from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
+from .operand import MIN_GROUP, coordinate_order
 from .workspace import rotation_buffers, split_k_buffers
 
 __all__ = ["fused_linear", "interpreting"]
@@ -207,15 +208,22 @@ class _Mma(_Bucket):
         self.rotation = configs.mma_rotation(self.cfg, **where)
         self.in_kernel, self.once = self.rotation == "kernel", self.rotation == "once"
         self.x_copies = 2 if own else 1
+        #: The weight operand in its register layout (operand.py): 16-bit operands, d ≥ 64, and
+        #: a warpgroup's 64 rows per warpgroup (with more warps than that, each warpgroup
+        #: would look up the same rows again: twice the lookups at 8 warps on 64 rows).
+        self.register_operand = (self.cfg.register_operand and d >= MIN_GROUP
+                                 and self.cfg.block_n >= 16 * self.cfg.warps
+                                 and (interpreting() or p1.rotation.dtype != torch.float32))
         if self.rotation == "outside":  # one rotated copy of x per distinct rotation, side by side (rotation.py)
-            self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,))
+            self.rotate = InputRotation((p1.rotation, p2.rotation) if own else (p1.rotation,),
+                                        columns=coordinate_order(d) if self.register_operand else None)
         self.weights = (_words(p1.indices), p1.scales, p1.rotation, _words(p2.indices), p2.scales, p2.rotation,
                         self.codebook)
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
             TWO_PASSES=len(passes) == 2, X_COPIES=self.x_copies, ROTATE=self.in_kernel, ROTATE_ONCE=self.once,
-            HAS_PARTIAL=partial, HAS_BIAS=bias is not None, DOT_FP32=_dot_fp32(passes[0].rotation.dtype),
-            INTERPRET=interpreting(),
+            REG_OPERAND=self.register_operand, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
+            DOT_FP32=_dot_fp32(passes[0].rotation.dtype), INTERPRET=interpreting(),
         )
         #: By (groups per program, split): both follow M's row tiles, within the bucket.
         self.launches: dict[tuple[int, int], Launch] = {}

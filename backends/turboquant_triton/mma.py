@@ -69,6 +69,7 @@ from quantcore.triton.interpreter import serialize_launches
 
 from .gemv import _release
 from .lookup import codebook_table, nibble_values, rounded, to_output
+from .operand import operand_order, operand_position, register_operand
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
@@ -90,10 +91,12 @@ def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexp
 
 
 @triton.jit
-def _rotation_t(rot_ptr, D: tl.constexpr):
-    """Πᵀ of the shared rotation ([1, d, d] at ``rot_ptr``): [D, D], (i, j) = Π[j, i]."""
+def _rotation_t(rot_ptr, D: tl.constexpr, REG_OPERAND: tl.constexpr):
+    """Πᵀ of the shared rotation ([1, d, d] at ``rot_ptr``): [D, D], (i, j) = Π[j, c(i)],
+    c(i) = i, or with ``REG_OPERAND`` the coordinate at position i of the register
+    operand's order (``operand.py``), so that Πᵀ x comes out in that order."""
     dd = tl.arange(0, D)
-    return tl.load(rot_ptr + dd[None, :] * D + dd[:, None])
+    return tl.load(rot_ptr + dd[None, :] * D + operand_order(dd, D, REG_OPERAND)[:, None])
 
 
 @triton.jit
@@ -128,10 +131,15 @@ def _rotated_t(pt, xt, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _group_product(idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N_GROUPS: tl.constexpr,
-                   D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
-    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32, ``xt`` = x_rot_gᵀ [D, BLOCK_M]."""
-    WPG: tl.constexpr = D // 8
-    w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG, D, BLOCK_N, INTERPRET)
+                   D: tl.constexpr, BLOCK_N: tl.constexpr, REG_OPERAND: tl.constexpr, DOT_FP32: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32, ``xt`` = x_rot_gᵀ [D, BLOCK_M]
+    (with ``REG_OPERAND`` its rows in the register operand's coordinate order)."""
+    if REG_OPERAND:
+        w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, xt.dtype, D, BLOCK_N, DOT_FP32,
+                                 INTERPRET)
+    else:
+        w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET)
     if DOT_FP32:
         part = tl.dot(w_hat, xt.to(tl.float32), input_precision="ieee")
     else:
@@ -142,11 +150,14 @@ def _group_product(idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N
 
 @triton.jit
 def _rotate_chunk(x_ptr, rot_ptr, rot2_ptr, xr_ptr, sync_ptr, chunk, M, N_GROUPS: tl.constexpr, D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, X_COPIES: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+                  BLOCK_M: tl.constexpr, X_COPIES: tl.constexpr, REG_OPERAND: tl.constexpr, DOT_FP32: tl.constexpr,
+                  INTERPRET: tl.constexpr):
     """Rotation program ``chunk`` of a ``ROTATE_ONCE`` launch: rotation p of group g of the
     row tile i (chunk = (i·N_GROUPS + g)·X_COPIES + p) — :func:`_rotated_t`, as the
     in-kernel rotation computes it — stored where the rotation GEMM outside puts it
-    (``[M, G, X_COPIES, d]``), then counted in ``sync_ptr[0]`` with release semantics."""
+    (``[M, G, X_COPIES, d]``; with ``REG_OPERAND`` each group in the register operand's
+    order, ``operand.coordinate_order``), then counted in ``sync_ptr[0]`` with release
+    semantics."""
     K: tl.constexpr = N_GROUPS * D
     p = chunk % X_COPIES
     g = (chunk // X_COPIES) % N_GROUPS
@@ -154,9 +165,11 @@ def _rotate_chunk(x_ptr, rot_ptr, rot2_ptr, xr_ptr, sync_ptr, chunk, M, N_GROUPS
     m_mask = offs_m < M
     xg = _x_t(x_ptr, offs_m, m_mask, K, g * D, D)
     # The pointer is chosen, not the loaded Π (a branch yielding Π kept it in registers).
-    pt = _rotation_t(tl.where(p == 0, rot_ptr, rot2_ptr) if X_COPIES == 2 else rot_ptr, D)
+    pt = _rotation_t(tl.where(p == 0, rot_ptr, rot2_ptr) if X_COPIES == 2 else rot_ptr, D, False)
     xt = _rotated_t(pt, xg, DOT_FP32, INTERPRET)
     dd = tl.arange(0, D)
+    if REG_OPERAND:  # coordinate c at its position in the register operand's order
+        dd = operand_position(dd, D)
     tl.store(xr_ptr + offs_m[None, :].to(tl.int64) * (X_COPIES * K) + (g * X_COPIES + p) * D + dd[:, None], xt,
              mask=m_mask[None, :])
     # Every thread's stores GPU-visible, then one release (the split-K tickets' pattern).
@@ -201,7 +214,7 @@ def _output_tile(
     M, N, stride_idx, stride_idx2, pid_n, split, pid_m, tiles_n, rotated,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
-    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr,
+    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """The output tile (pid_n, pid_m) over the groups of ``split`` (module docstring);
@@ -215,9 +228,9 @@ def _output_tile(
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
     if ROTATE:  # one Πᵀ per rotation for every group: loaded once, kept in shared memory
-        pt = _rotation_t(rot_ptr, D)
+        pt = _rotation_t(rot_ptr, D, REG_OPERAND)
         if X_COPIES == 2:
-            pt2 = _rotation_t(rot2_ptr, D)
+            pt2 = _rotation_t(rot2_ptr, D, REG_OPERAND)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for i in range(0, GPC):
         # No branch on the last split's missing groups (it would stop the pipeliner):
@@ -230,7 +243,7 @@ def _output_tile(
         else:
             xt = _x_t(x_ptr, offs_m, m_mask & g_ok, X_COPIES * K, g * (X_COPIES * D), D)
         acc += _group_product(idx_ptr, scale_ptr, xt, rows, rmask & g_ok, g, stride_idx, cb_ptr, N_GROUPS, D,
-                              BLOCK_N, DOT_FP32, INTERPRET)
+                              BLOCK_N, REG_OPERAND, DOT_FP32, INTERPRET)
         if TWO_PASSES:
             if X_COPIES == 2:  # pass 2's own rotation of the group
                 if ROTATE:
@@ -238,7 +251,7 @@ def _output_tile(
                 else:  # its copy follows pass 1's
                     xt = _x_t(x_ptr, offs_m, m_mask & g_ok, 2 * K, g * (2 * D) + D, D)
             acc += _group_product(idx2_ptr, scale2_ptr, xt, rows, rmask & g_ok, g, stride_idx2, cb_ptr, N_GROUPS,
-                                  D, BLOCK_N, DOT_FP32, INTERPRET)
+                                  D, BLOCK_N, REG_OPERAND, DOT_FP32, INTERPRET)
     if ROTATE_ONCE and INTERPRET:  # a count other than every chunk's: make the result NaN, never stale
         acc += tl.where(rotated, 0.0, float("nan"))
     out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]
@@ -308,7 +321,7 @@ def mma_kernel(
     M, N, stride_idx, stride_idx2, rotating,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
-    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr,
+    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     if ROTATE_ONCE:  # the first ``rotating`` z-slices hold the rotation programs, the others the output tiles
@@ -318,19 +331,19 @@ def mma_kernel(
             chunk = _linear_id(INTERPRET)
             if chunk < chunks:
                 _rotate_chunk(x_ptr, rot_ptr, rot2_ptr, xr_ptr, sync_ptr, chunk, M, N_GROUPS, D, BLOCK_M, X_COPIES,
-                              DOT_FP32, INTERPRET)
+                              REG_OPERAND, DOT_FP32, INTERPRET)
         else:
             rotated = _wait_rotated(sync_ptr, chunks, INTERPRET)
             pid_n, split, tiles_n = _tile_xy(N, BLOCK_N, SPLIT, INTERPRET)
             _output_tile(xr_ptr, idx_ptr, scale_ptr, rot_ptr, idx2_ptr, scale2_ptr, rot2_ptr, cb_ptr, out_ptr,
                          partial_ptr, bias_ptr, ws_ptr, ticket_ptr, M, N, stride_idx, stride_idx2,
                          pid_n, split, pid_z - rotating, tiles_n, rotated,
-                         N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, False, True,
+                         N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, False, True, REG_OPERAND,
                          HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)
             _arrive(sync_ptr, tiles_n * SPLIT * tl.cdiv(M, BLOCK_M))
     else:
         _output_tile(x_ptr, idx_ptr, scale_ptr, rot_ptr, idx2_ptr, scale2_ptr, rot2_ptr, cb_ptr, out_ptr,
                      partial_ptr, bias_ptr, ws_ptr, ticket_ptr, M, N, stride_idx, stride_idx2,
                      tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), True,
-                     N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, ROTATE, False,
+                     N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, ROTATE, False, REG_OPERAND,
                      HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)

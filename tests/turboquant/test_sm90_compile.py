@@ -31,22 +31,25 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             assert r["loop_instructions_per_weight"] <= (4.8 if r["unroll"] >= 3 else 5.7), r
         if r["kernel"] == "mma":
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
-    outside = {(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"]): r
+    outside = {(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"]): r
                for r in rows if r["kernel"] == "mma" and r["rotation"] == "outside"}
     inside = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "kernel"]
     once = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "once"]
     assert inside and len(inside) == len(outside) == len(once)
     for r in once:
-        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"])]
+        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"])]
         # The output tiles' group loop is the outside variant's: the same matrix-unit work and
         # loads in the loop, and (the rotation programs' Π sharing the tiles' shared memory,
         # the program ids read where the tile starts) the same programs an SM.
         assert r["wgmma_in_loop"] == twin["wgmma_in_loop"] and r["rotation_loads_in_loop"] == 0, (r, twin)
-        assert r["blocks_per_sm"] == twin["blocks_per_sm"], (r, twin)
-        assert r["registers"] <= twin["registers"] + 8, (r, twin)
+        if not r["register_operand"]:
+            assert r["blocks_per_sm"] == twin["blocks_per_sm"], (r, twin)
+            assert r["registers"] <= twin["registers"] + 8, (r, twin)
+        else:  # 16-17 registers more than outside at 64x16 (6 programs an SM become 5)
+            assert r["blocks_per_sm"] >= twin["blocks_per_sm"] - 1, (r, twin)
         assert r["wgmma"] > twin["wgmma"] and r["mma_sync"] == 0, (r, twin)  # the rotation's dot: wgmma too
     for r in inside:
-        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"])]
+        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"])]
         # Π (one shared rotation) is loaded before the group loop and stays in shared
         # memory: the loop issues no global load the outside variant does not.
         assert r["rotation_loads_in_loop"] == 0, r
@@ -56,3 +59,18 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
         assert r["wgmma_in_loop"] > twin["wgmma_in_loop"] and r["mma_sync"] == 0, (r, twin)
         if r["warps"] == 4:
             assert r["wgmma_in_loop"] == twin["wgmma_in_loop"] * (1 + 128 // r["block_n"]), (r, twin)
+    for r in rows:
+        if r["kernel"] != "mma" or not r["register_operand"]:
+            continue
+        twin = next(t for t in rows if t["kernel"] == "mma" and not t["register_operand"]
+                    and all(t[k] == r[k] for k in ("block_n", "block_m", "gpc", "warps", "stages", "passes", "rotation")))
+        new, old = r["loop_per_weight"], twin["loop_per_weight"]
+        # The operand made in its register layout (backends/turboquant_triton/operand.py): no
+        # store of the weight tile to shared memory, ldmatrix only for the codes (a half byte
+        # a weight: one LDSM.x4 per 64 weights at 4 warps, against four for the tile), and
+        # still one codebook lookup a weight.
+        assert new["STS"] == 0 < old["STS"], (r, twin)
+        assert new["LDSM"] * 4 <= old["LDSM"] and new["LDS"] <= 1.12, (r, twin)
+        assert r["shared"] <= twin["shared"] and r["blocks_per_sm"] >= twin["blocks_per_sm"], (r, twin)
+        if r["rotation"] != "kernel":  # (the in-kernel rotation's own work varies with the schedule)
+            assert new["BAR"] < old["BAR"] and new["total"] <= old["total"], (r, twin)

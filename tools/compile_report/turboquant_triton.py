@@ -63,43 +63,58 @@ def _loop_and_prologue(sass: str) -> tuple[Any, Any]:
     return opcode_counts(opcodes_in(ins, span)), opcode_counts(i.opcode for i in ins if i.address < span[0])
 
 
+#: Opcodes of the tensor-core kernel's group loop counted per weight (``loop_per_weight``).
+_MMA_OPCODES = ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "PRMT", "F2FP", "BAR", "HGMMA", "WARPGROUP")
+
+
 def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[str, Any]]:
     """The tensor-core kernel at ``cfg`` with x rotated outside it, inside it by every
     program, and once by its rotation programs (``rotation``; one pass, with
-    ``everything`` also two with their own rotations). ``rotation_loads_in_loop``: global
-    loads (LDG, LDGSTS) in the group loop beyond the outside variant's (fewer with two
-    passes: one x tile for both) — not above 0 when Π stays where it was loaded before
-    the loop, and 0 for the rotation once, whose group loop reads the rotated x as the
-    outside variant's does."""
+    ``everything`` also two with their own rotations), its weight operand through shared
+    memory and made in its register layout (``register_operand``, ``operand.py``).
+    ``rotation_loads_in_loop``: global loads (LDG, LDGSTS) in the group loop beyond the
+    outside variant's (fewer with two passes: one x tile for both) — not above 0 when Π
+    stays where it was loaded before the loop, and 0 for the rotation once, whose group
+    loop reads the rotated x as the outside variant's does. ``loop_per_weight``: the
+    group loop's instructions (``total``) and some of its opcodes per weight a thread
+    multiplies in one pass of it."""
     from quantcore.backends.turboquant_triton import mma
 
     rows, base_loads = [], {}
-    for two in (False, True) if everything else (False,):
-        for where in ("outside", "kernel", "once"):
-            rotate = where == "kernel"
-            const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                         TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROTATE_ONCE=where == "once",
-                         HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
-            runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32",
-                       "rotating": "i32"}
-            name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
-            name += {"outside": "-out", "kernel": "-in", "once": "-once"}[where]
-            res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
-                           sass_dir / f"{name}.sass" if sass_dir else None)
-            sass = res.pop("sass")
-            loop, before = _loop_and_prologue(sass)
-            hist = opcode_counts(i.opcode for i in instructions(sass))
-            loads = loop["LDG"] + loop["LDGSTS"]
-            row = {"kernel": "mma",
-                   **{k: v for k, v in cfg.__dict__.items() if k not in ("rotate_in_kernel", "rotate_once")},
-                   "passes": 1 + two, "rotation": where, "rotate_in_kernel": rotate, **res, "wgmma": hist["HGMMA"],
-                   "mma_sync": hist["HMMA"], "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
-                   "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
-            if where == "outside":
-                base_loads[two] = loads
-            else:
-                row["rotation_loads_in_loop"] = loads - base_loads[two]
-            rows.append(row)
+    # Two warpgroups on one 64-row tile would both look every row up (twice the lookups):
+    # fused.py keeps the shared-memory operand there.
+    for register in (False, True) if cfg.block_n >= 16 * cfg.warps else (False,):
+        for two in (False, True) if everything else (False,):
+            for where in ("outside", "kernel", "once"):
+                rotate = where == "kernel"
+                const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                             TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROTATE_ONCE=where == "once",
+                             REG_OPERAND=register, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
+                runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32",
+                           "rotating": "i32"}
+                name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
+                name += {"outside": "-out", "kernel": "-in", "once": "-once"}[where] + ("-reg" if register else "")
+                res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
+                               sass_dir / f"{name}.sass" if sass_dir else None)
+                sass = res.pop("sass")
+                loop, before = _loop_and_prologue(sass)
+                hist = opcode_counts(i.opcode for i in instructions(sass))
+                loads = loop["LDG"] + loop["LDGSTS"]
+                weights = cfg.block_n * 128 * (1 + two) / (32 * cfg.warps)
+                per_weight = {op: round(loop[op] / weights, 3) for op in _MMA_OPCODES}
+                row = {"kernel": "mma",
+                       **{k: v for k, v in cfg.__dict__.items()
+                          if k not in ("rotate_in_kernel", "rotate_once", "register_operand")},
+                       "passes": 1 + two, "rotation": where, "rotate_in_kernel": rotate,
+                       "register_operand": register, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"],
+                       "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
+                       "loop_per_weight": {"total": round(sum(loop.values()) / weights, 2), **per_weight},
+                       "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
+                if where == "outside":
+                    base_loads[two, register] = loads
+                else:
+                    row["rotation_loads_in_loop"] = loads - base_loads[two, register]
+                rows.append(row)
     return rows
 
 

@@ -33,21 +33,26 @@ class InputRotation:
     """``x2d [M, K] ↦ x_rot [M·G, P·d]`` (contiguous; [M, G, P, d] in memory) for the P
     rotations given (each ``[R, d, d]``, R = 1 shared by every group or R = G), in their
     dtype. Made once per layer: a call is one GEMM (and a copy with R = G); ``x2d`` must
-    be contiguous."""
+    be contiguous. ``columns`` (int64 [d], a permutation) puts rotated coordinate
+    ``columns[j]`` at position j of each group: the rotations' columns are permuted in the
+    copy, so each value is the same dot product."""
 
-    def __init__(self, rotations: Sequence[torch.Tensor]) -> None:
+    def __init__(self, rotations: Sequence[torch.Tensor], columns: torch.Tensor | None = None) -> None:
         if not 1 <= len(rotations) <= 2:
             raise ValueError(f"InputRotation takes one or two rotations, got {len(rotations)}")
         first = rotations[0]
         r, d, _ = first.shape
+        if columns is not None and sorted(columns.tolist()) != list(range(d)):
+            raise ValueError(f"InputRotation columns: expected a permutation of range({d}), got {columns.tolist()}")
         self.d, self.copies, self.dtype = d, len(rotations), first.dtype
         self.shared = r == 1
+        sides = [p if columns is None else p[:, :, columns.to(p.device)] for p in rotations]
         if self.shared:
-            self.rhs = first[0] if len(rotations) == 1 else torch.cat([p[0] for p in rotations], dim=1)
+            self.rhs = sides[0][0] if len(sides) == 1 else torch.cat([p[0] for p in sides], dim=1)
         else:
-            self.rhs = first if len(rotations) == 1 else torch.cat(list(rotations), dim=2)
-        #: The rotations ``rhs`` copied, and their versions then (one rotation: ``rhs`` is it).
-        self._copied = tuple(rotations) if len(rotations) > 1 else ()
+            self.rhs = sides[0] if len(sides) == 1 else torch.cat(sides, dim=2)
+        #: The rotations ``rhs`` copied, and their versions then (one rotation as it is: ``rhs`` is it).
+        self._copied = tuple(rotations) if len(rotations) > 1 or columns is not None else ()
         self._versions = [version_of(r) for r in self._copied]
 
     def current(self) -> bool:

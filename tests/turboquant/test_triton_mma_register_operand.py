@@ -1,0 +1,161 @@
+"""The tensor-core kernel with its weight operand made in the register layout
+(``MmaConfig.register_operand``, ``operand.py``) under the interpreter:
+
+* against the golden output, one pass and two, shared and own rotations and a rotation per
+  group, x rotated outside, in the kernel and once by the launch's rotation programs;
+* bit for bit the shared-memory operand when every product and sum is exact (a dyadic
+  codebook, integer activations, signed-permutation rotations): then the only difference
+  between the two, the order of the sum over a group, cannot show, and what is compared
+  is the rest — the coordinate order of x on every rotation route, the codes' nibbles,
+  the scales, the splits, the passes, bias and partial;
+* below d = 64 the flag is ignored (the shared-memory operand).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from quantcore.conformance.interpreter import enable_interpreter_for
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.kernels.turboquant.rotation import InputRotation
+from quantcore.ops.linear import linear_reference
+
+INTERPRETER = enable_interpreter_for("cpu")
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+
+K, N, D = 256, 64, 64  # 4 groups of the smallest size with a register operand
+LAYERS = {
+    "one-pass": (TurboQuant(group_size=D), False),
+    "own-rotations": (TurboQuant(group_size=D, residual=True), False),
+    "shared-rotation": (TurboQuant(group_size=D, residual=True), True),
+    "per-group": (TurboQuant(group_size=D, rotation_per_group=True, residual=True), False),
+}
+#: Where x is rotated, per layer (a rotation per group: always outside).
+ROUTES = {"one-pass": ("outside", "kernel", "once"), "own-rotations": ("outside", "kernel", "once"),
+          "shared-rotation": ("outside", "once"), "per-group": ("outside",)}
+#: (groups a program, bias, partial): one split; 2 splits of 3 and 1 groups.
+PLANS = [(4, True, False), (3, False, True)]
+
+
+def _layer(name: str, seed: int, d: int = D) -> tuple[TurboQuant, dict[str, torch.Tensor], Any]:
+    from quantcore.backends.turboquant_triton import TurboQuantTriton
+
+    fmt, shared = LAYERS[name]
+    fmt = dataclasses.replace(fmt, group_size=d)
+    gen = torch.Generator().manual_seed(seed)
+    t = fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen)
+    t["bias"] = torch.randn(N, generator=gen)
+    if shared:
+        t["residual_rotation"] = t["rotation"].clone()
+    prep = TurboQuantTriton(fmt, "cpu").prepare(t, dtype=torch.bfloat16)
+    if shared:
+        p1, p2 = prep.passes
+        prep = dataclasses.replace(prep, passes=(p1, dataclasses.replace(p2, rotation=p1.rotation)))
+    return fmt, t, prep
+
+
+def _call(prep: Any, x: torch.Tensor, where: str, gpc: int, register: bool, *, out_dtype: torch.dtype,
+          bias: bool = True, partial: torch.Tensor | None = None, d: int = D) -> torch.Tensor:
+    from quantcore.backends.turboquant_triton.configs import MmaConfig
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    cfg = MmaConfig(block_n=32, block_m=16, gpc=gpc, ctas=1000, rotate_in_kernel=where == "kernel",
+                    rotate_once=where == "once", register_operand=register)
+    return fused_linear(x, prep.passes, prep.codebook, group_size=d, partial=partial,
+                        bias=prep.bias if bias else None, out_dtype=out_dtype, path="mma", config=cfg)
+
+
+@pytest.mark.parametrize("m", [3, 33])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_register_operand_meets_the_golden(monkeypatch: pytest.MonkeyPatch, name: str, m: int) -> None:
+    from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
+
+    monkeypatch.delenv(ROTATION_ENV, raising=False)
+    fmt, t, prep = _layer(name, seed=m)
+    gen = torch.Generator().manual_seed(400 + m)
+    x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+    partial = torch.randn(m, N, generator=gen)
+    golden = linear_reference(x, fmt.dequantize(t), None)
+    for where in ROUTES[name]:
+        for gpc, bias, with_partial in PLANS:
+            ref = golden + (t["bias"].double() if bias else 0) + (partial.double() if with_partial else 0)
+            y = _call(prep, x, where, gpc, True, out_dtype=torch.bfloat16, bias=bias,
+                      partial=partial if with_partial else None)
+            result = compare(y, ref, tolerance_for(torch.bfloat16))
+            assert result.ok, f"{name} {where} M={m} gpc={gpc}: {result.problem}"
+
+
+def _exact(prep: Any, gen: torch.Generator, dtype: torch.dtype) -> Any:
+    """``prep`` with a dyadic codebook (k/4 − 2, distinct, exact in 16 bits) and signed
+    permutations for rotations (in ``dtype``): with integer activations every product and
+    partial sum of a group is exact in float32, whatever its order."""
+    codebook = prep.codebook.clone()
+    codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2)
+    rotations = {}
+    passes = []
+    for p in prep.passes:
+        key = id(p.rotation)
+        if key not in rotations:
+            r, d, _ = p.rotation.shape
+            pi = torch.zeros(r, d, d)
+            for i in range(r):
+                signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
+                pi[i, torch.arange(d), torch.randperm(d, generator=gen)] = signs
+            rotations[key] = pi.to(dtype)
+        passes.append(dataclasses.replace(p, rotation=rotations[key]))
+    return dataclasses.replace(prep, codebook=codebook, passes=tuple(passes))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_bit_identical_to_the_shared_memory_operand_when_exact(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                               x_dtype: torch.dtype) -> None:
+    from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
+
+    monkeypatch.delenv(ROTATION_ENV, raising=False)
+    _, _, prep = _layer(name, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    exact = _exact(prep, gen, x_dtype)
+    for m in (2, 17):
+        x = torch.randint(-8, 9, (m, K), generator=gen).to(x_dtype)
+        partial = torch.randn(m, N, generator=gen)
+        for where in ROUTES[name]:
+            for gpc, bias, with_partial in PLANS:
+                part = partial if with_partial else None
+                new, old = (_call(exact, x, where, gpc, flag, out_dtype=torch.float32, bias=bias, partial=part)
+                            for flag in (True, False))
+                assert old.abs().max() > 0, "a zero output compares nothing"
+                assert torch.equal(new, old), f"{name} {where} M={m} gpc={gpc}: {(new - old).abs().max()}"
+
+
+def test_below_the_smallest_group_the_flag_keeps_the_shared_memory_operand() -> None:
+    fmt, t, prep = _layer("one-pass", seed=5, d=32)
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    new, old = (_call(prep, x, "outside", 3, flag, out_dtype=torch.float32, d=32) for flag in (True, False))
+    assert torch.equal(new, old)
+    result = compare(new.to(torch.bfloat16), linear_reference(x, fmt.dequantize(t), t["bias"]),
+                     tolerance_for(torch.bfloat16))
+    assert result.ok, result.problem
+
+
+@pytest.mark.parametrize("per_group", [False, True])
+def test_input_rotation_columns_permute_each_group_exactly(per_group: bool) -> None:
+    from quantcore.backends.turboquant_triton.operand import coordinate_order
+
+    gen = torch.Generator().manual_seed(9)
+    r = K // D if per_group else 1
+    rotations = [torch.randn(r, D, D, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    x = torch.randn(5, K, generator=gen).to(torch.bfloat16)
+    order = coordinate_order(D)
+    assert sorted(order.tolist()) == list(range(D)) and order[1] == 4 and order[D // 4] == 1
+    for rots in (rotations[:1], rotations):
+        plain = InputRotation(rots)(x).view(5, K // D, len(rots), D)
+        permuted = InputRotation(rots, columns=order)(x).view(5, K // D, len(rots), D)
+        assert torch.equal(permuted, plain[..., order])
+    with pytest.raises(ValueError, match="permutation"):
+        InputRotation(rotations[:1], columns=torch.zeros(D, dtype=torch.long))
