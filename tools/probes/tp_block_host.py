@@ -31,7 +31,6 @@ import json
 import pstats
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from quantcore.checkpoint.allreduce import SymmetricMemory
+
+from .launch_host_cost import interleaved
 
 #: Hidden and intermediate size: the host's work does not depend on them.
 K, INTER = 512, 1024
@@ -161,18 +162,6 @@ def _functions(fn: Callable[[], object], calls: int = 50) -> Counter[str]:
     return out
 
 
-def _times(fns: dict[str, Callable[[], object]], calls: int, repeats: int) -> dict[str, float]:
-    """Best of ``repeats`` runs of ``calls`` calls per callable (µs), taking turns."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], 1e6 * (time.perf_counter() - t0) / calls)
-    return best
-
-
 def measure(mlp: Any, m: int, calls: int, repeats: int) -> dict[str, dict[str, Any]]:
     """Per part: ``ops`` (aten op counts), ``functions`` (by name), ``us``."""
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).bfloat16()
@@ -184,7 +173,7 @@ def measure(mlp: Any, m: int, calls: int, repeats: int) -> dict[str, dict[str, A
         "all-reduce": lambda: mlp.tp.all_reduce(p), "block": lambda: mlp(x)}
     ops = {k: _ops(f) for k, f in steps.items()}
     fns = {k: _functions(f) for k, f in steps.items()}
-    us = _times(steps, calls, repeats)
+    us = {name: 1e6 * t for name, t in interleaved(steps, calls, repeats).items()}
     out = {k: {"ops": ops[k], "functions": fns[k], "us": us[k]} for k in ("gate/up", "down", "all-reduce", "block")}
     out["act"] = {"ops": ops["hidden"] - ops["gate/up"], "functions": fns["hidden"] - fns["gate/up"],
                   "us": us["hidden"] - us["gate/up"]}
