@@ -81,20 +81,25 @@ def test_cuda_in_kernel_rotation_matches_golden_and_outside(fmt: TurboQuant, sha
 
 
 @pytest.mark.parametrize("gpc", [8, 3])
-def test_cuda_graph_replays_the_in_kernel_rotation(gpc: int) -> None:
+@pytest.mark.parametrize(("rows", "seed", "in_kernel", "once"), [(16, 5, True, False), (40, 7, False, True)],
+                         ids=["in-kernel", "once"])
+def test_cuda_graph_replays_the_rotation_in_the_launch(gpc: int, rows: int, seed: int, in_kernel: bool,
+                                                       once: bool) -> None:
+    """Replayed from a CUDA graph, a launch that rotates x itself gives the bits of an
+    eager call (in-kernel: split partials added in split order; once: the counts reset)."""
     fmt = TurboQuant(group_size=128, residual=True)
-    _, prep = _layer(fmt, False, seed=5)
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    x = torch.randn(16, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    _call(prep, x, 128, 16, gpc, True)  # bucket made and compiled outside the capture
+    _, prep = _layer(fmt, False, seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    x = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    _call(prep, x, 128, 16, gpc, in_kernel, once=once)  # bucket, kept buffers and binary made outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = _call(prep, x, 128, 16, gpc, True)
+        y = _call(prep, x, 128, 16, gpc, in_kernel, once=once)
     for _ in range(3):
-        x.copy_(torch.randn(16, K, device="cuda", dtype=torch.bfloat16, generator=gen))
+        x.copy_(torch.randn(rows, K, device="cuda", dtype=torch.bfloat16, generator=gen))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(y, _call(prep, x, 128, 16, gpc, True))  # split partials added in split order
+        assert torch.equal(y, _call(prep, x, 128, 16, gpc, in_kernel, once=once))
 
 
 @pytest.mark.parametrize("m", [1, 16, 33, 128])
@@ -120,18 +125,3 @@ def test_cuda_rotation_once_matches_golden_and_outside(fmt: TurboQuant, shared: 
         assert result.ok, f"once with partial, gpc={gpc}: {result.problem}"
 
 
-@pytest.mark.parametrize("gpc", [8, 3])
-def test_cuda_graph_replays_the_rotation_once(gpc: int) -> None:
-    fmt = TurboQuant(group_size=128, residual=True)
-    _, prep = _layer(fmt, False, seed=7)
-    gen = torch.Generator(device="cuda").manual_seed(8)
-    x = torch.randn(40, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    _call(prep, x, 128, 16, gpc, False, once=True)  # bucket, kept buffers and binary made outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = _call(prep, x, 128, 16, gpc, False, once=True)
-    for _ in range(3):
-        x.copy_(torch.randn(40, K, device="cuda", dtype=torch.bfloat16, generator=gen))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, _call(prep, x, 128, 16, gpc, False, once=True))
