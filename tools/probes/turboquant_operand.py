@@ -6,8 +6,8 @@ GPU. A developer's probe, CUDA.
 1. Correctness first, per (K, N, M): every variant against the float64 golden output
    (relative error ≤ 2e-2) and against the shared-memory operand (the bf16 tolerance of
    the conformance matrix: the sum over a group runs in another order); then, with a
-   dyadic codebook, integer activations and signed-permutation rotations (every product
-   and sum exact), bit for bit the shared-memory operand — which checks what the
+   dyadic codebook, power-of-two scales, integer activations and signed-permutation
+   rotations (every product and sum exact, whatever the split of K), bit for bit the shared-memory operand — which checks what the
    interpreter cannot: the inline PTX and the pairing of the int16 codes in registers.
    A failure prints ``FAIL``, is not timed, and makes the exit status 1.
 2. Device time (CUDA-graph replays over weight sets that together exceed L2, all variants
@@ -82,7 +82,11 @@ def exact_check(k: int, n: int, m: int, cfgs: dict[str, configs.MmaConfig], prep
     codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2).to(codebook.device)
     pi = torch.zeros(1, D, D)
     pi[0, torch.arange(D), torch.randperm(D, generator=gen)] = torch.randint(0, 2, (D,), generator=gen).float() * 2 - 1
-    p = dataclasses.replace(prep.passes[0], rotation=pi.to(DEVICE, DTYPE))
+    # Power-of-two scales: every group's scaled sum, and the sum over groups in any split
+    # of K between programs, is exact in float32, so a variant with another split must
+    # still give the same bits.
+    scales = 2.0 ** torch.randint(-3, 2, prep.passes[0].scales.shape, generator=gen).float()
+    p = dataclasses.replace(prep.passes[0], rotation=pi.to(DEVICE, DTYPE), scales=scales.to(DEVICE))
     exact = dataclasses.replace(prep, codebook=codebook, passes=(p,))
     x = torch.randint(-8, 9, (m, k), generator=gen).to(DEVICE, DTYPE)
     old = _call(cfgs["shared"], x, exact)
