@@ -75,7 +75,19 @@ class MmaConfig:
     launch (one launch; wins over ``rotate_in_kernel``) — :func:`mma_rotation` has the
     last word; ``register_operand``: the weight operand made in the matrix unit's register
     layout, x rotated into its coordinate order (``operand.py``; d ≥ 64 and 16-bit
-    operands, else through shared memory as by default)."""
+    operands, else through shared memory as by default); ``scaled_operand``: with the
+    register operand only (ignored wherever that is not used), the group's per-row scale
+    applied to the operand before the dot and the dot accumulating into the output tile,
+    so that no per-group multiply of its result makes the kernel wait for its MMAs.
+
+    ``scaled_operand``'s arithmetic: per weight ŵ = rn(c · s), c the float32 centroid, s
+    the float32 (row, group) scale, c · s rounded to float32 and then once to x's dtype
+    (bf16 or fp16) to nearest even; the output is Σ_groups Σ_k ŵ · x_rot[k] with float32
+    accumulation in the matrix unit. Without it: rn(c) in x's dtype, the group's dot in
+    float32, times s in float32, added to the tile. Either rounds each weight once to x's
+    dtype (a relative error of at most 2⁻⁹ in bf16, 2⁻¹² in fp16, plus fp16's absolute
+    2⁻²⁵ below its normal range); they differ in what is rounded, so the outputs are not
+    bit-identical in general (they are when every c · s is exact in x's dtype)."""
 
     block_n: int = 64
     block_m: int = 16
@@ -86,6 +98,7 @@ class MmaConfig:
     rotate_in_kernel: bool | None = None
     rotate_once: bool = False
     register_operand: bool = False
+    scaled_operand: bool = False
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,8 @@ class _Mma(_Bucket):
         self.constexprs = dict(
             N_GROUPS=self.groups, D=d, BLOCK_N=self.cfg.block_n, BLOCK_M=self.cfg.block_m,
             TWO_PASSES=len(passes) == 2, X_COPIES=self.x_copies, ROTATE=self.in_kernel, ROTATE_ONCE=self.once,
-            REG_OPERAND=self.register_operand, HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
+            REG_OPERAND=self.register_operand, SCALED=self.register_operand and self.cfg.scaled_operand,
+            HAS_PARTIAL=partial, HAS_BIAS=bias is not None,
             DOT_FP32=_dot_fp32(passes[0].rotation.dtype), INTERPRET=interpreting(),
         )
         #: By (groups per program, split): both follow M's row tiles, within the bucket.

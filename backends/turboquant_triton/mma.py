@@ -11,7 +11,11 @@ the groups ``[s·GPC, (s+1)·GPC)``. Per group and pass:
 * ``tl.dot(Ŵ_g, x_rot_gᵀ)`` with the weight as the left operand, so a decode-sized batch
   needs no padding to the matrix unit's row count;
 * the (row, group) scale multiplies that group's [BLOCK_N, BLOCK_M] result — once per
-  output element and group, not once per weight element.
+  output element and group, not once per weight element. With ``SCALED``
+  (``MmaConfig.scaled_operand``, register operand only) it multiplies the operand
+  instead, ŵ = centroid · scale rounded once to x's dtype, and the dot accumulates into
+  the running tile (``tl.dot(Ŵ_g, x_rot_gᵀ, acc)``): no multiply of a group's result
+  waits for its MMAs.
 
 Where ``x_rot`` comes from (the constexpr ``ROTATE``):
 
@@ -130,14 +134,24 @@ def _rotated_t(pt, xt, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _group_product(idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N_GROUPS: tl.constexpr,
-                   D: tl.constexpr, BLOCK_N: tl.constexpr, REG_OPERAND: tl.constexpr, DOT_FP32: tl.constexpr,
-                   INTERPRET: tl.constexpr):
-    """scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32, ``xt`` = x_rot_gᵀ [D, BLOCK_M]
-    (with ``REG_OPERAND`` its rows in the register operand's coordinate order)."""
+def _group_product(acc, idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N_GROUPS: tl.constexpr,
+                   D: tl.constexpr, BLOCK_N: tl.constexpr, REG_OPERAND: tl.constexpr, SCALED: tl.constexpr,
+                   DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc`` + scale[:, g] · (Ŵ_g x_rot_gᵀ): [BLOCK_N, BLOCK_M] fp32, ``xt`` = x_rot_gᵀ
+    [D, BLOCK_M] (with ``REG_OPERAND`` its rows in the register operand's coordinate
+    order). With ``SCALED`` (register operand only) the scale is in the operand instead,
+    ŵ = centroid · scale rounded once to x's dtype, and the dot accumulates into ``acc``
+    itself: nothing multiplies its result, so nothing waits for it in this iteration."""
+    if SCALED:
+        s = tl.load(scale_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)
+        w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, s[:, None], xt.dtype, D, BLOCK_N,
+                                 True, DOT_FP32, INTERPRET)
+        if DOT_FP32:
+            return tl.dot(w_hat, xt.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w_hat, xt, acc)
     if REG_OPERAND:
-        w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, xt.dtype, D, BLOCK_N, DOT_FP32,
-                                 INTERPRET)
+        w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, 0.0, xt.dtype, D, BLOCK_N, False,
+                                 DOT_FP32, INTERPRET)
     else:
         w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET)
     if DOT_FP32:
@@ -145,7 +159,7 @@ def _group_product(idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_ptr, N
     else:
         part = tl.dot(w_hat.to(xt.dtype), xt)
     s = tl.load(scale_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)
-    return part * s[:, None]
+    return acc + part * s[:, None]
 
 
 @triton.jit
@@ -214,7 +228,7 @@ def _output_tile(
     M, N, stride_idx, stride_idx2, pid_n, split, pid_m, tiles_n, rotated,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
-    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr,
+    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr, SCALED: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """The output tile (pid_n, pid_m) over the groups of ``split`` (module docstring);
@@ -242,16 +256,16 @@ def _output_tile(
             xt = _rotated_t(pt, xg, DOT_FP32, INTERPRET)
         else:
             xt = _x_t(x_ptr, offs_m, m_mask & g_ok, X_COPIES * K, g * (X_COPIES * D), D)
-        acc += _group_product(idx_ptr, scale_ptr, xt, rows, rmask & g_ok, g, stride_idx, cb_ptr, N_GROUPS, D,
-                              BLOCK_N, REG_OPERAND, DOT_FP32, INTERPRET)
+        acc = _group_product(acc, idx_ptr, scale_ptr, xt, rows, rmask & g_ok, g, stride_idx, cb_ptr, N_GROUPS, D,
+                             BLOCK_N, REG_OPERAND, SCALED, DOT_FP32, INTERPRET)
         if TWO_PASSES:
             if X_COPIES == 2:  # pass 2's own rotation of the group
                 if ROTATE:
                     xt = _rotated_t(pt2, xg, DOT_FP32, INTERPRET)
                 else:  # its copy follows pass 1's
                     xt = _x_t(x_ptr, offs_m, m_mask & g_ok, 2 * K, g * (2 * D) + D, D)
-            acc += _group_product(idx2_ptr, scale2_ptr, xt, rows, rmask & g_ok, g, stride_idx2, cb_ptr, N_GROUPS,
-                                  D, BLOCK_N, REG_OPERAND, DOT_FP32, INTERPRET)
+            acc = _group_product(acc, idx2_ptr, scale2_ptr, xt, rows, rmask & g_ok, g, stride_idx2, cb_ptr,
+                                 N_GROUPS, D, BLOCK_N, REG_OPERAND, SCALED, DOT_FP32, INTERPRET)
     if ROTATE_ONCE and INTERPRET:  # a count other than every chunk's: make the result NaN, never stale
         acc += tl.where(rotated, 0.0, float("nan"))
     out_offs = offs_m[None, :].to(tl.int64) * N + rows[:, None]
@@ -321,7 +335,7 @@ def mma_kernel(
     M, N, stride_idx, stride_idx2, rotating,
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TWO_PASSES: tl.constexpr, X_COPIES: tl.constexpr,
-    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr,
+    ROTATE: tl.constexpr, ROTATE_ONCE: tl.constexpr, REG_OPERAND: tl.constexpr, SCALED: tl.constexpr,
     HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     if ROTATE_ONCE:  # the first ``rotating`` z-slices hold the rotation programs, the others the output tiles
@@ -339,11 +353,11 @@ def mma_kernel(
                          partial_ptr, bias_ptr, ws_ptr, ticket_ptr, M, N, stride_idx, stride_idx2,
                          pid_n, split, pid_z - rotating, tiles_n, rotated,
                          N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, False, True, REG_OPERAND,
-                         HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)
+                         SCALED, HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)
             _arrive(sync_ptr, tiles_n * SPLIT * tl.cdiv(M, BLOCK_M))
     else:
         _output_tile(x_ptr, idx_ptr, scale_ptr, rot_ptr, idx2_ptr, scale2_ptr, rot2_ptr, cb_ptr, out_ptr,
                      partial_ptr, bias_ptr, ws_ptr, ticket_ptr, M, N, stride_idx, stride_idx2,
                      tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), True,
                      N_GROUPS, D, GPC, SPLIT, BLOCK_N, BLOCK_M, TWO_PASSES, X_COPIES, ROTATE, False, REG_OPERAND,
-                     HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)
+                     SCALED, HAS_PARTIAL, HAS_BIAS, DOT_FP32, INTERPRET)

@@ -43,6 +43,8 @@ import triton.language as tl
 
 from quantcore.triton.interpreter import serialize_launches
 
+from .lookup import rounded
+
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
 __all__ = ["MIN_GROUP", "codes16", "coordinate_order", "nibble_operand", "operand_order", "operand_position",
@@ -60,21 +62,25 @@ def coordinate_order(d: int) -> torch.Tensor:
     return 4 * (pos % q) + pos // q
 
 
-def _lookup_asm(i: int, half: str) -> str:
+def _lookup_asm(i: int, half: str, scaled: bool = False) -> str:
     """PTX: nibble ``i`` of both int16 halves of ``$1`` looked up in the shared codebook
     (``lookup.codebook_table``) → the pair in ``half`` (``bf16`` / ``f16``), low half from
-    the low int16. ``t`` holds 4 × the low (i even) or high (i odd) nibble of every byte:
-    the byte offsets of their centroids; nibble i sits in byte i // 2 of each half."""
+    the low int16; with ``scaled`` each centroid times its float32 scale (``$2`` low, ``$3``
+    high) first, the product rounded once. ``t`` holds 4 × the low (i even) or high (i
+    odd) nibble of every byte: the byte offsets of their centroids; nibble i sits in byte
+    i // 2 of each half."""
     shift = "shl.b32 t, $1, 2;" if i % 2 == 0 else "shr.u32 t, $1, 2;"
     lo, hi = i // 2, i // 2 + 2
     return ("{ .reg .b32 t, a, b, s; .reg .f32 fa, fb; " + shift + " and.b32 t, t, 0x3C3C3C3C;"
             f" prmt.b32 a, t, 0, 0x444{lo}; prmt.b32 b, t, 0, 0x444{hi};"
             " mov.u32 s, qc_codebook; add.u32 a, a, s; add.u32 b, b, s;"
             " ld.shared.f32 fa, [a]; ld.shared.f32 fb, [b];"
-            f" cvt.rn.{half}x2.f32 $0, fb, fa; }}")
+            + (" mul.rn.f32 fa, fa, $2; mul.rn.f32 fb, fb, $3;" if scaled else "")
+            + f" cvt.rn.{half}x2.f32 $0, fb, fa; }}")
 
 
 _ASM = tl.constexpr(tuple(_lookup_asm(i, half) for half in ("bf16", "f16") for i in range(4)))
+_ASM_SCALED = tl.constexpr(tuple(_lookup_asm(i, half, True) for half in ("bf16", "f16") for i in range(4)))
 
 
 @triton.jit
@@ -89,15 +95,29 @@ def codes16(idx_ptr, rows, rmask, g, stride_idx, D: tl.constexpr):
 
 
 @triton.jit
-def nibble_operand(w16, cb_ptr, NIB: tl.constexpr, dtype: tl.constexpr, DOT_FP32: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+def nibble_operand(w16, cb_ptr, scale, NIB: tl.constexpr, dtype: tl.constexpr, SCALED: tl.constexpr,
+                   DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     """Quarter ``NIB`` of the operand: the centroid of nibble NIB of every element of
     ``w16`` (the weight at coordinate 4e + NIB), [BLOCK_N, d/4], in ``dtype`` (float32 for
-    an IEEE float32 dot, as ``mma._group_product`` makes it)."""
+    an IEEE float32 dot, as ``mma._group_product`` makes it). With ``SCALED`` the centroid
+    times its row's float32 ``scale`` ([BLOCK_N, 1]), rounded once to ``dtype`` to nearest
+    even — on the GPU too, so under the interpreter (float32 dots) the product is rounded
+    to ``dtype`` and widened back, the value the matrix unit multiplies."""
     if INTERPRET:
         v = tl.load(cb_ptr + ((w16.to(tl.int32) >> (4 * NIB)) & 15))
-        if not DOT_FP32:
+        if SCALED:
+            v = rounded(v * scale, dtype)
+            if DOT_FP32:
+                v = v.to(tl.float32)
+        elif not DOT_FP32:
             v = v.to(dtype)
+    elif SCALED:  # pack=2: one int16 pair (one register) and its two float32 scales (two)
+        if dtype == tl.float16:
+            v = tl.inline_asm_elementwise(_ASM_SCALED[4 + NIB], "=r,r,f,f", [w16, scale], dtype=tl.float16,
+                                          is_pure=True, pack=2)
+        else:
+            v = tl.inline_asm_elementwise(_ASM_SCALED[NIB], "=r,r,f,f", [w16, scale], dtype=tl.bfloat16,
+                                          is_pure=True, pack=2)
     elif dtype == tl.float16:
         v = tl.inline_asm_elementwise(_ASM[4 + NIB], "=r,r", [w16], dtype=tl.float16, is_pure=True, pack=2)
     else:
@@ -106,15 +126,18 @@ def nibble_operand(w16, cb_ptr, NIB: tl.constexpr, dtype: tl.constexpr, DOT_FP32
 
 
 @triton.jit
-def register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, dtype: tl.constexpr, D: tl.constexpr,
-                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+def register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, scale, dtype: tl.constexpr, D: tl.constexpr,
+                     BLOCK_N: tl.constexpr, SCALED: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     """Ŵ_g without its scale, [BLOCK_N, d] in ``dtype`` (float32 for an IEEE float32 dot),
-    its columns in the register operand's order (:func:`coordinate_order`)."""
+    its columns in the register operand's order (:func:`coordinate_order`); with
+    ``SCALED``, ŵ = centroid · ``scale`` ([BLOCK_N, 1] float32, one per row; unused
+    without) rounded once to ``dtype`` (:func:`nibble_operand`)."""
     w16 = codes16(idx_ptr, rows, rmask, g, stride_idx, D)
-    a0 = nibble_operand(w16, cb_ptr, 0, dtype, DOT_FP32, INTERPRET)
-    a1 = nibble_operand(w16, cb_ptr, 1, dtype, DOT_FP32, INTERPRET)
-    a2 = nibble_operand(w16, cb_ptr, 2, dtype, DOT_FP32, INTERPRET)
-    a3 = nibble_operand(w16, cb_ptr, 3, dtype, DOT_FP32, INTERPRET)
+    s = scale
+    a0 = nibble_operand(w16, cb_ptr, s, 0, dtype, SCALED, DOT_FP32, INTERPRET)
+    a1 = nibble_operand(w16, cb_ptr, s, 1, dtype, SCALED, DOT_FP32, INTERPRET)
+    a2 = nibble_operand(w16, cb_ptr, s, 2, dtype, SCALED, DOT_FP32, INTERPRET)
+    a3 = nibble_operand(w16, cb_ptr, s, 3, dtype, SCALED, DOT_FP32, INTERPRET)
     # [n, e, a, b] = quarter 2a + b (join adds the minor dimension), moved to position
     # (d/4)·(2a + b) + e. Every quarter's element sits at the same offset modulo 16 of the
     # dot's K as in its quarter, so each thread already holds the elements of the operand

@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = [
     "Compiled", "Instruction", "backward_loops", "bundled_tool", "compile_sm90", "innermost",
-    "instructions", "occupancy_sm90", "opcode_counts", "opcodes_in", "tools_available",
+    "instructions", "occupancy_sm90", "opcode_counts", "opcodes_in", "tools_available", "wgmma_waits",
 ]
 
 #: Hopper, with the architecture-specific features (wgmma) Triton uses there.
@@ -137,6 +137,19 @@ def opcodes_in(ins: Sequence[Instruction], span: tuple[int, int]) -> list[str]:
     """The opcodes (with modifiers) of the instructions within ``span``, both ends included."""
     lo, hi = span
     return [i.opcode for i in ins if lo <= i.address <= hi]
+
+
+def wgmma_waits(ins: Sequence[Instruction], span: tuple[int, int]) -> dict[str, int]:
+    """The warpgroup MMA waits within ``span`` (``WARPGROUP.DEPBAR.LE gsb0, 0xN``: wait until
+    at most N committed MMA groups are pending), counted by N: ``{"0": 1}`` is one wait
+    for every MMA issued, ``{"7": 8}`` eight that each leave seven in flight."""
+    lo, hi = span
+    counts: collections.Counter[str] = collections.Counter()
+    for i in ins:
+        if lo <= i.address <= hi and i.opcode.startswith("WARPGROUP.DEPBAR"):
+            bound = re.search(r"0x([0-9a-f]+)", i.operands)
+            counts[str(int(bound.group(1), 16)) if bound else "?"] += 1
+    return dict(sorted(counts.items()))
 
 
 def opcode_counts(opcodes: Iterable[str]) -> collections.Counter[str]:

@@ -9,6 +9,11 @@ from quantcore.triton.compile_report import tools_available
 from tests.compile_report_rows import compile_report_rows
 
 
+def _geometry(r: dict) -> tuple:
+    """A tensor-core row's tile, pipeline and operand: what its twins share."""
+    return r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"], r["scaled_operand"]
+
+
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_autotune_configs_compile_for_sm90_without_spills() -> None:
     rows = compile_report_rows("turboquant_triton")
@@ -31,13 +36,13 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             assert r["loop_instructions_per_weight"] <= (4.8 if r["unroll"] >= 3 else 5.7), r
         if r["kernel"] == "mma":
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
-    outside = {(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"]): r
+    outside = {_geometry(r): r
                for r in rows if r["kernel"] == "mma" and r["rotation"] == "outside"}
     inside = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "kernel"]
     once = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "once"]
     assert inside and len(inside) == len(outside) == len(once)
     for r in once:
-        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"])]
+        twin = outside[_geometry(r)]
         # The output tiles' group loop is the outside variant's: the same matrix-unit work and
         # loads in the loop, and (the rotation programs' Π sharing the tiles' shared memory,
         # the program ids read where the tile starts) the same programs an SM.
@@ -49,7 +54,7 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             assert r["blocks_per_sm"] >= twin["blocks_per_sm"] - 1, (r, twin)
         assert r["wgmma"] > twin["wgmma"] and r["mma_sync"] == 0, (r, twin)  # the rotation's dot: wgmma too
     for r in inside:
-        twin = outside[(r["block_n"], r["block_m"], r["gpc"], r["warps"], r["stages"], r["register_operand"])]
+        twin = outside[_geometry(r)]
         # Π (one shared rotation) is loaded before the group loop and stays in shared
         # memory: the loop issues no global load the outside variant does not.
         assert r["rotation_loads_in_loop"] == 0, r
@@ -60,7 +65,7 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
         if r["warps"] == 4:
             assert r["wgmma_in_loop"] == twin["wgmma_in_loop"] * (1 + 128 // r["block_n"]), (r, twin)
     for r in rows:
-        if r["kernel"] != "mma" or not r["register_operand"]:
+        if r["kernel"] != "mma" or not r["register_operand"] or r["scaled_operand"]:
             continue
         twin = next(t for t in rows if t["kernel"] == "mma" and not t["register_operand"]
                     and all(t[k] == r[k] for k in ("block_n", "block_m", "gpc", "warps", "stages", "passes", "rotation")))
@@ -74,3 +79,20 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
         assert r["shared"] <= twin["shared"] and r["blocks_per_sm"] >= twin["blocks_per_sm"], (r, twin)
         if r["rotation"] != "kernel":  # (the in-kernel rotation's own work varies with the schedule)
             assert new["BAR"] < old["BAR"] and new["total"] <= old["total"], (r, twin)
+    for r in rows:
+        if r["kernel"] != "mma" or not r["scaled_operand"]:
+            continue
+        twin = next(t for t in rows if t["kernel"] == "mma" and t["register_operand"] and not t["scaled_operand"]
+                    and all(t[k] == r[k] for k in ("block_n", "block_m", "gpc", "warps", "stages", "passes", "rotation")))
+        new, old = r["loop_per_weight"], twin["loop_per_weight"]
+        # The scale in the operand (MmaConfig.scaled_operand): one float32 multiply a weight,
+        # no store of the tile, and beside the lookup one shared-memory read of the
+        # pipelined scales a 32 weights (1/32 = 0.031).
+        assert new["FMUL"] - old["FMUL"] >= 0.99 and new["STS"] == 0, (r, twin)
+        assert new["LDS"] <= old["LDS"] + 0.032, (r, twin)
+        # Unscaled, the group loop waits for all its MMAs once a group and pass.
+        assert twin["loop_wgmma_waits"].get("0") == r["passes"] if r["rotation"] != "kernel" else True, twin
+        if r["rotation"] != "kernel" and r["passes"] == 1:
+            # The dot accumulating into the tile: no wait for all MMAs in the loop (each
+            # k-step's wait leaves the others in flight while the next group is looked up).
+            assert "0" not in r["loop_wgmma_waits"] and r["loop_wgmma_waits"], (r, twin)

@@ -16,6 +16,7 @@ from quantcore.triton.compile_report import (
     occupancy_sm90,
     opcode_counts,
     opcodes_in,
+    wgmma_waits,
 )
 
 __all__ = ["report"]
@@ -52,27 +53,30 @@ def _longest_loop(sass: str) -> Any:
     return opcode_counts(opcodes_in(ins, max(loops, key=lambda span: len(opcodes_in(ins, span)))))
 
 
-def _loop_and_prologue(sass: str) -> tuple[Any, Any]:
+def _loop_and_prologue(sass: str) -> tuple[Any, Any, dict[str, int]]:
     """Opcode counts of the longest loop (the tensor-core kernel's group loop) and of the
-    instructions before it."""
+    instructions before it, and the loop's wgmma waits by their bound (``wgmma_waits``)."""
     ins = instructions(sass)
     loops = backward_loops(ins)
     if not loops:
-        return opcode_counts([]), opcode_counts(i.opcode for i in ins)
+        return opcode_counts([]), opcode_counts(i.opcode for i in ins), {}
     span = max(loops, key=lambda s: len(opcodes_in(ins, s)))
-    return opcode_counts(opcodes_in(ins, span)), opcode_counts(i.opcode for i in ins if i.address < span[0])
+    return (opcode_counts(opcodes_in(ins, span)), opcode_counts(i.opcode for i in ins if i.address < span[0]),
+            wgmma_waits(ins, span))
 
 
 #: Opcodes of the tensor-core kernel's group loop counted per weight (``loop_per_weight``).
-_MMA_OPCODES = ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "PRMT", "F2FP", "BAR", "HGMMA", "WARPGROUP")
+_MMA_OPCODES = ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "PRMT", "F2FP", "FMUL", "BAR", "HGMMA", "WARPGROUP")
 
 
 def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[str, Any]]:
     """The tensor-core kernel at ``cfg`` with x rotated outside it, inside it by every
     program, and once by its rotation programs (``rotation``; one pass, with
     ``everything`` also two with their own rotations), its weight operand through shared
-    memory and made in its register layout (``register_operand``, ``operand.py``).
-    ``rotation_loads_in_loop``: global loads (LDG, LDGSTS) in the group loop beyond the
+    memory and made in its register layout (``register_operand``, ``operand.py``), that
+    with the group scale in it (``scaled_operand``). ``loop_wgmma_waits``: the group
+    loop's wgmma waits by how many MMA groups each leaves pending (``{"0": 1}``: one wait
+    a group for all of its MMAs). ``rotation_loads_in_loop``: global loads (LDG, LDGSTS) in the group loop beyond the
     outside variant's (fewer with two passes: one x tile for both) — not above 0 when Π
     stays where it was loaded before the loop, and 0 for the rotation once, whose group
     loop reads the rotated x as the outside variant's does. ``loop_per_weight``: the
@@ -83,37 +87,39 @@ def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[st
     rows, base_loads = [], {}
     # Two warpgroups on one 64-row tile would both look every row up (twice the lookups):
     # fused.py keeps the shared-memory operand there.
-    for register in (False, True) if cfg.block_n >= 16 * cfg.warps else (False,):
+    operands = ((False, False), (True, False), (True, True)) if cfg.block_n >= 16 * cfg.warps else ((False, False),)
+    for register, scaled in operands:
         for two in (False, True) if everything else (False,):
             for where in ("outside", "kernel", "once"):
                 rotate = where == "kernel"
                 const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                              TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROTATE_ONCE=where == "once",
-                             REG_OPERAND=register, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
+                             REG_OPERAND=register, SCALED=scaled, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False, INTERPRET=False)
                 runtime = {**_MMA_PTRS, "M": "i32", "N": "i32", "stride_idx": "i32", "stride_idx2": "i32",
                            "rotating": "i32"}
                 name = f"mma-{cfg.block_n}x{cfg.block_m}-g{cfg.gpc}-w{cfg.warps}-s{cfg.stages}-p{1 + two}"
-                name += {"outside": "-out", "kernel": "-in", "once": "-once"}[where] + ("-reg" if register else "")
+                name += {"outside": "-out", "kernel": "-in", "once": "-once"}[where] + ("-reg" if register else "") + ("-scaled" if scaled else "")
                 res = _compile(mma.mma_kernel, runtime, const, cfg.warps, cfg.stages,
                                sass_dir / f"{name}.sass" if sass_dir else None)
                 sass = res.pop("sass")
-                loop, before = _loop_and_prologue(sass)
+                loop, before, waits = _loop_and_prologue(sass)
                 hist = opcode_counts(i.opcode for i in instructions(sass))
                 loads = loop["LDG"] + loop["LDGSTS"]
                 weights = cfg.block_n * 128 * (1 + two) / (32 * cfg.warps)
                 per_weight = {op: round(loop[op] / weights, 3) for op in _MMA_OPCODES}
                 row = {"kernel": "mma",
                        **{k: v for k, v in cfg.__dict__.items()
-                          if k not in ("rotate_in_kernel", "rotate_once", "register_operand")},
+                          if k not in ("rotate_in_kernel", "rotate_once", "register_operand", "scaled_operand")},
                        "passes": 1 + two, "rotation": where, "rotate_in_kernel": rotate,
-                       "register_operand": register, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"],
+                       "register_operand": register, "scaled_operand": scaled, **res, "wgmma": hist["HGMMA"], "mma_sync": hist["HMMA"],
                        "wgmma_in_loop": loop["HGMMA"], "loop_instructions": sum(loop.values()),
+                       "loop_wgmma_waits": waits,
                        "loop_per_weight": {"total": round(sum(loop.values()) / weights, 2), **per_weight},
                        "prologue_global_loads": before["LDG"] + before["LDGSTS"]}
                 if where == "outside":
-                    base_loads[two, register] = loads
+                    base_loads[two, register, scaled] = loads
                 else:
-                    row["rotation_loads_in_loop"] = loads - base_loads[two, register]
+                    row["rotation_loads_in_loop"] = loads - base_loads[two, register, scaled]
                 rows.append(row)
     return rows
 

@@ -1,11 +1,14 @@
 """The tensor-core kernel of ``turboquant_triton`` with its weight operand through shared
 memory (the default) or made in the matrix unit's register layout
-(``MmaConfig.register_operand``, ``backends/turboquant_triton/operand.py``), timed on one
-GPU. A developer's probe, CUDA.
+(``MmaConfig.register_operand``, ``backends/turboquant_triton/operand.py``), that with the
+group scale in the operand (``MmaConfig.scaled_operand``), timed on one GPU. A
+developer's probe, CUDA.
 
 1. Correctness first, per (K, N, M): every variant against the float64 golden output
    (relative error ≤ 2e-2) and against the shared-memory operand (the bf16 tolerance of
-   the conformance matrix: the sum over a group runs in another order); then, with a
+   the conformance matrix: the sum over a group runs in another order) — the scaled
+   operand against the golden at that tolerance instead (it rounds c · s, not c, to bf16:
+   another arithmetic, configs.MmaConfig); then, with a
    dyadic codebook, power-of-two scales, integer activations and signed-permutation
    rotations (every product and sum exact, whatever the split of K), bit for bit the shared-memory operand — which checks what the
    interpreter cannot: the inline PTX and the pairing of the int16 codes in registers.
@@ -14,7 +17,9 @@ GPU. A developer's probe, CUDA.
    and cuBLAS bf16 in the same rounds): the card's configuration for the M bucket (else
    the rule's) with the shared-memory operand and with the register operand, and the
    register operand with twice the programs (``ctas``: it leaves room for 5-6 programs an
-   SM at 64×16 instead of 4) and with one pipeline stage fewer.
+   SM at 64×16 instead of 4) and with one pipeline stage fewer, and the register operand
+   with the scale in it (``register scaled``: no wgmma wait for all of a group's MMAs in
+   the group loop, one float32 multiply a weight more; ``README.md``).
 
     python -m tools.probes.turboquant_operand [--json PATH] [--rounds 3] [--ms 16 32 64 128]
 """
@@ -58,14 +63,15 @@ def _fail(where: str, problem: str) -> None:
 
 
 def variants(k: int, n: int, m: int) -> dict[str, configs.MmaConfig]:
-    """The shipped tile (table or rule, x rotated outside) with each operand, and the
-    register operand with twice the programs and with one stage fewer."""
+    """The shipped tile (table or rule, x rotated outside) with each operand, the register
+    operand with twice the programs and with one stage fewer, and with the scale in it."""
     base = configs.mma_entry(card_of(DEVICE), m, k, n, D, 1, DTYPE) or configs.mma_rule(m, False)
     base = dataclasses.replace(base, rotate_in_kernel=False, rotate_once=False, register_operand=False)
     reg = dataclasses.replace(base, register_operand=True)
     out = {"shared": base, "register": reg, "register 2x ctas": dataclasses.replace(reg, ctas=2 * reg.ctas)}
     if reg.stages > 2:
         out[f"register s{reg.stages - 1}"] = dataclasses.replace(reg, stages=reg.stages - 1)
+    out["register scaled"] = dataclasses.replace(reg, scaled_operand=True)
     return out
 
 
@@ -76,7 +82,11 @@ def _call(cfg: configs.MmaConfig, x: torch.Tensor, prep: Any) -> torch.Tensor:
 
 def exact_check(k: int, n: int, m: int, cfgs: dict[str, configs.MmaConfig], prep: Any) -> None:
     """Every register-operand variant bit for bit the shared-memory operand on inputs whose
-    products and sums are exact (module docstring)."""
+    products and sums are exact (module docstring). The scaled operand too: it is not
+    bit-identical in general (it rounds c · s to bf16 where the others round c and scale
+    the group's float32 sum), but here every c · s (a dyadic centroid k/4 − 2 times a power
+    of two) is exact in bf16, so both roundings are exact and only the inline PTX's pairing
+    of codes and scales can make a difference."""
     gen = torch.Generator().manual_seed(k + n + m)
     codebook = prep.codebook.clone()
     codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2).to(codebook.device)
@@ -118,9 +128,10 @@ def device_rows(k: int, n: int, m: int, rounds: int) -> list[dict[str, Any]]:
             _fail(f"K{k} N{n} M{m} {name}", rows[-1]["error"])
             continue
         err = _rel_error(y, ref)
-        versus = compare(y, shared.to("cpu", torch.float64), tolerance_for(DTYPE))
+        against = "the float64 golden" if cfg.scaled_operand else "the shared-memory operand"
+        versus = compare(y, (ref if cfg.scaled_operand else shared).to("cpu", torch.float64), tolerance_for(DTYPE))
         problem = ("" if err <= 2e-2 else f"relative error {err:.2e} to the float64 golden > 2e-2") or \
-                  ("" if versus.ok else f"against the shared-memory operand: {versus.problem}")
+                  ("" if versus.ok else f"against {against}: {versus.problem}")
         if problem:
             rows.append({**base, "rel_error": err, "error": f"wrong result: {problem}"})
             _fail(f"K{k} N{n} M{m} {name}", problem)
