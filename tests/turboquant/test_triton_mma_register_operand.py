@@ -64,7 +64,8 @@ def _call(prep: Any, x: torch.Tensor, where: str, gpc: int, register: bool, *, o
     from quantcore.backends.turboquant_triton.configs import MmaConfig
     from quantcore.backends.turboquant_triton.fused import fused_linear
 
-    cfg = MmaConfig(block_n=32, block_m=16, gpc=gpc, ctas=1000, rotate_in_kernel=where == "kernel",
+    # 2 warps: fused.py makes the register operand only with 16 rows a warp (32 rows: 2 warps).
+    cfg = MmaConfig(block_n=32, block_m=16, gpc=gpc, warps=2, ctas=1000, rotate_in_kernel=where == "kernel",
                     rotate_once=where == "once", register_operand=register)
     return fused_linear(x, prep.passes, prep.codebook, group_size=d, partial=partial,
                         bias=prep.bias if bias else None, out_dtype=out_dtype, path="mma", config=cfg)
