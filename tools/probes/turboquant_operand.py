@@ -19,7 +19,7 @@ developer's probe, CUDA.
    register operand with twice the programs (``ctas``: it leaves room for 5-6 programs an
    SM at 64×16 instead of 4) and with one pipeline stage fewer, and the register operand
    with the scale in it (``register scaled``: no wgmma wait for all of a group's MMAs in
-   the group loop, one float32 multiply a weight more; ``README.md``).
+   the group loop, one float32 multiply a weight more; ``backends/turboquant_triton/README.md``).
 
     python -m tools.probes.turboquant_operand [--json PATH] [--rounds 3] [--ms 16 32 64 128]
 """
