@@ -26,9 +26,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by the quantcore pytest plugin on a CPU run)",
                 allow_module_level=True)
 
-from quantcore.kernels.gated_activation import ACTIVATIONS, gated_activation  # noqa: E402
-from quantcore.kernels.gated_activation.triton_launch import run  # noqa: E402
-from tests.interpreter_bounds import bounds_checked  # noqa: E402
+from quantcore.kernels.gated_activation import ACTIVATIONS, gated_activation
+from quantcore.kernels.gated_activation.triton_launch import run
+from tests.interpreter_bounds import bounds_checked
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -73,8 +73,9 @@ def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of ``dtype`` at ``|x|`` (float64), subnormals included."""
     info = torch.finfo(dtype)
     x = x.double().abs()
-    _, exp = torch.frexp(x)
-    return torch.ldexp(torch.full_like(x, info.eps), exp - 1).clamp_min(info.smallest_normal * info.eps)
+    _, exp = torch.frexp(x)  # x = m·2^exp, m in [0.5, 1); 0 for x = 0
+    spacing = torch.ldexp(torch.full_like(x, info.eps), exp - 1).clamp_min(info.smallest_normal * info.eps)
+    return torch.where(x == 0, info.smallest_normal * info.eps, spacing)
 
 
 @pytest.mark.parametrize("inter", [37, 1100])

@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from quantcore.kernels.gated_activation import triton_launch  # noqa: E402
-from quantcore.kernels.gated_activation.triton_source import gated_activation_kernel  # noqa: E402
-from tests.aten_ops import ops_of_call  # noqa: E402
-from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches  # noqa: E402
+from quantcore.kernels.gated_activation import triton_launch
+from quantcore.kernels.gated_activation.triton_source import gated_activation_kernel
+from tests.aten_ops import ops_of_call
+from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
 
 @pytest.fixture

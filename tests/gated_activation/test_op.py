@@ -9,7 +9,13 @@ import torch
 
 from quantcore.checkpoint import parallel
 from quantcore.errors import InvalidArgumentError, KernelInputError, QuantCoreError
-from quantcore.kernels.gated_activation import ACTIVATIONS, KERNEL_DTYPES, check_gated, gated_activation, why_torch
+from quantcore.kernels.gated_activation import (
+    ACTIVATIONS,
+    KERNEL_DTYPES,
+    check_gated,
+    gated_activation,
+    why_torch,
+)
 
 DTYPES = (*KERNEL_DTYPES, torch.float64)
 
