@@ -21,6 +21,7 @@ __all__ = [
     "require_tensor",
     "require_tensors",
     "stored_on",
+    "traced",
     "version_of",
 ]
 
@@ -37,6 +38,13 @@ def laid_out(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "meta" or (t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def traced(x: torch.Tensor) -> bool:
+    """True when a call must be made of ops a tracer sees: under ``torch.compile`` /
+    ``torch.export``, or on a fake, meta or other tensor subclass (shape inference,
+    tracing). Eager calls on plain tensors may take a faster route of their own."""
+    return torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.is_meta
 
 
 def version_of(t: torch.Tensor) -> int:

@@ -18,7 +18,7 @@ world size, the list of shards), so every rank raises the same
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from torch.nn.modules import module as _module
 from ..errors import FusionError, QuantCoreWarning, ShardError
 from ..formats.base import Format
 from ..formats.sharding import Shard, check_shards
+from ..kernels.gated_activation import ACTIVATIONS, gated_activation
 from .allreduce import AllReducer
 from .module import QuantLinear
 
@@ -235,15 +236,6 @@ def _hooked(*modules: nn.Module | None) -> bool:
     return False
 
 
-#: The activations a block takes, as the ops they call: ``F.silu`` without its Python
-#: wrapper (which only adds the ``inplace`` choice; ``F.gelu`` is its op already).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": torch._C._nn.silu,
-    "gelu": torch.nn.functional.gelu,
-    "relu": torch.relu,
-}
-
-
 class ParallelQuantMLP(nn.Module):
     """A transformer MLP block over a tensor-parallel group: ``down(act(gate(x)) · up(x))``
     (or ``down(act(up(x)))`` without ``gate``), ``gate`` and ``up`` column-parallel, ``down``
@@ -263,9 +255,12 @@ class ParallelQuantMLP(nn.Module):
 
     A call runs each layer's :class:`~quantcore.nn.linear.QuantLinear` (``local``) itself,
     not the parallel wrapper around it: the wrappers add nothing to a call but a module
-    call of their own, and the block's host cost per call should be its launches. Where a
-    forward hook is registered on a wrapper (or globally) the call goes through the
-    wrappers, so the hook runs."""
+    call of their own, and the block's host cost per call should be its launches. The
+    fused layer's output goes through :func:`~quantcore.kernels.gated_activation.gated_activation`
+    (``activation`` is a name of its table): one launch on CUDA for the activation and the
+    product. Where a forward hook is registered on a wrapper (or globally) the call goes
+    through the wrappers, so the hook runs and sees their outputs, and the activation is
+    torch's ops on the parts the wrappers return."""
 
     def __init__(self, fmt: Format, layers: Mapping[str, Mapping[str, torch.Tensor]], tp: TPGroup, *,
                  activation: str = "silu", act_order: str = "replicate", fuse_gate_up: bool = True,
@@ -336,9 +331,8 @@ class ParallelQuantMLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the intermediate activation."""
         gate_up = self.gate_up
-        if gate_up is not None and not _hooked(gate_up):
-            gate, up = gate_up.local(x).split_with_sizes(gate_up.sizes, dim=-1)
-            return self._act(gate) * up
+        if gate_up is not None and not _hooked(gate_up):  # gate's and up's shards are alike: halves
+            return gated_activation(gate_up.local(x), self.activation)
         if gate_up is not None or _hooked(self.gate, self.up):  # through the wrappers: their hooks run
             cols = self.columns(x)
             return self._act(cols["gate"]) * cols["up"] if self.gated else self._act(cols["up"])

@@ -30,6 +30,7 @@ import torch
 from ..errors import InvalidArgumentError, PluginError
 from ..kernel import Kernel
 from ..ops import Op, get_op, op_kinds
+from ..tensors import traced
 from .spec import make_spec, resolve
 from .state import flatten
 
@@ -69,12 +70,6 @@ def _define(op: Op) -> Any:
 
 #: Op kind → its custom op (``torch.ops.quantcore.<name>``).
 _CUSTOM_OPS: dict[str, Any] = {name: _define(op) for name, op in op_kinds().items()}
-
-
-def traced(x: torch.Tensor) -> bool:
-    """True when a call must go through the op: under ``torch.compile`` / ``torch.export``,
-    or on a fake, meta or other tensor subclass (shape inference, tracing)."""
-    return torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.is_meta
 
 
 def call_op(op: str, spec: str, state: Sequence[torch.Tensor], *inputs: Any, **options: Any) -> Any:

@@ -4,8 +4,10 @@ host microseconds on a GPU, where a rank's block should cost its launches: per p
 the linears on ``hopper_wgmma``'s prepared state and their launches recorded (no GPU), and
 the one-shot all-reduce through torch's own op (a no-op CPU kernel stands in for it):
 
-* gate/up: its QuantLinear's output and launch; the activation: the split into gate and
-  up (views), SiLU and the product; down: its output and launch;
+* gate/up: its QuantLinear's output and launch; the activation: one call of
+  ``gated_activation``, which on a CPU runs torch's ops — the split into gate and up
+  (views), SiLU and the product — and on CUDA its kernel, one output and one launch
+  (tests/gated_activation/test_launch.py counts that route); down: its output and launch;
 * the all-reduce: its output and the op — its path and view of the buffer bound per
   message shape, the op per group;
 * between them: nothing but the block's own three methods.
@@ -117,6 +119,7 @@ def test_a_block_call_asks_for_each_parts_ops_and_nothing_between(block: Paralle
     x = torch.randn(m, HIDDEN).bfloat16()
     ops = {name: ops_of_call(step) for name, step in _steps(block, x).items()}
     assert ops["gate/up"] == Counter({"empty": 1})
+    # gated_activation on a CPU: torch's ops (on CUDA, one output and one launch)
     assert ops["hidden"] - ops["gate/up"] == Counter({"split_with_sizes": 1, "silu": 1, "mul": 1})
     assert ops["down"] == Counter({"empty": 1})
     assert ops["all-reduce"] == Counter({"empty_like": 1, "one_shot_all_reduce_copy_out": 1})
@@ -131,7 +134,8 @@ def test_a_block_calls_its_parts_and_the_all_reduce_only_its_op(block: ParallelQ
         "quantcore/checkpoint/allreduce.py(_one_shot)": 1, "_ops.py(__call__)": 1})
     act = frames["hidden"] - frames["gate/up"]
     assert act == Counter({"quantcore/checkpoint/parallel.py(hidden)": 1, "module.py(__getattr__)": 2,
-                           "quantcore/checkpoint/parallel.py(_hooked)": 1})
+                           "quantcore/checkpoint/parallel.py(_hooked)": 1,
+                           "quantcore/kernels/gated_activation/op.py(gated_activation)": 1})
     between = frames["block"] - frames["hidden"] - frames["down"] - frames["all-reduce"]
     ours = Counter({k: v for k, v in between.items() if k.startswith("quantcore/")})
     assert ours == Counter({"quantcore/checkpoint/parallel.py(forward)": 1,

@@ -20,6 +20,7 @@ __all__ = ["KERNELS", "report"]
 #: Kernel name -> the module (here) that reports it.
 KERNELS = {
     "act_quant_lora": "act_quant_lora",
+    "gated_activation": "gated_activation",
     "triton_int4": "triton_int4",
     "trtllm_moe_triton": "trtllm_moe_triton",
     "turboquant_triton": "turboquant_triton",

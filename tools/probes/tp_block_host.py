@@ -9,8 +9,10 @@ arguments), the plan table (every call planned alike), and on the one-shot path 
 symmetric buffer's allocation and rendezvous (a plain tensor) and the one-shot kernel (a
 no-op CPU kernel registered for torch's own op, so the call goes through the dispatcher
 as on a GPU). The backend path all-reduces through a gloo group of one process. Everything
-else — the modules, the checks, the allocations, the activation's ops, the path decision
-— runs as on a GPU. So the numbers are this CPU's Python and dispatcher work, not a GPU
+else — the modules, the checks, the allocations, the path decision — runs as on a GPU,
+except the activation: ``gated_activation`` runs torch's ops on a CPU (the split, SiLU,
+the product) where on CUDA it runs its kernel (one output, one launch), so ``act`` here
+is the CPU route. So the numbers are this CPU's Python and dispatcher work, not a GPU
 host's µs (``quantcore bench tp_linear`` on two GPUs gives those).
 
 Per part and block call (after warm calls): the aten ops it dispatches, the Python and
