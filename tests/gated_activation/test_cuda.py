@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from quantcore.kernels.gated_activation import (
     ACTIVATIONS,
+    KERNEL_ACTIVATIONS,
     KERNEL_DTYPES,
     gated_activation,
     why_torch,
@@ -67,6 +68,9 @@ def test_the_kernel_is_within_one_ulp_of_torchs_cuda_ops(activation: str, dtype:
     assert got.shape == want.shape == (m, inter) and got.dtype == dtype
     assert torch.equal(got.isnan(), want.isnan())
     apart = _ulps_apart(got, want)
+    if activation not in KERNEL_ACTIVATIONS:
+        assert int(apart.max()) == 0  # torch's own ops run here (op.py says why): the same bits
+        return
     if activation == "relu":
         assert int(apart.max()) == 0  # no exp or erf: the same exact operations, the same bits
         return
