@@ -21,42 +21,14 @@ import torch
 
 from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
-from quantcore.formats.turboquant import TurboQuant
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.ops.linear import linear_reference
+
+from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, layer
 
 INTERPRETER = enable_interpreter_for("cpu")
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
 
-K, N, D = 256, 64, 64  # 4 groups of the smallest size with a register operand
-LAYERS = {
-    "one-pass": (TurboQuant(group_size=D), False),
-    "own-rotations": (TurboQuant(group_size=D, residual=True), False),
-    "shared-rotation": (TurboQuant(group_size=D, residual=True), True),
-    "per-group": (TurboQuant(group_size=D, rotation_per_group=True, residual=True), False),
-}
-#: Where x is rotated, per layer (a rotation per group: always outside).
-ROUTES = {"one-pass": ("outside", "kernel", "once"), "own-rotations": ("outside", "kernel", "once"),
-          "shared-rotation": ("outside", "once"), "per-group": ("outside",)}
-#: (groups a program, bias, partial): one split; 2 splits of 3 and 1 groups.
-PLANS = [(4, True, False), (3, False, True)]
-
-
-def _layer(name: str, seed: int, d: int = D) -> tuple[TurboQuant, dict[str, torch.Tensor], Any]:
-    from quantcore.backends.turboquant_triton import TurboQuantTriton
-
-    fmt, shared = LAYERS[name]
-    fmt = dataclasses.replace(fmt, group_size=d)
-    gen = torch.Generator().manual_seed(seed)
-    t = fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen)
-    t["bias"] = torch.randn(N, generator=gen)
-    if shared:
-        t["residual_rotation"] = t["rotation"].clone()
-    prep = TurboQuantTriton(fmt, "cpu").prepare(t, dtype=torch.bfloat16)
-    if shared:
-        p1, p2 = prep.passes
-        prep = dataclasses.replace(prep, passes=(p1, dataclasses.replace(p2, rotation=p1.rotation)))
-    return fmt, t, prep
 
 
 def _call(prep: Any, x: torch.Tensor, where: str, gpc: int, register: bool, *, out_dtype: torch.dtype,
@@ -77,7 +49,7 @@ def test_register_operand_meets_the_golden(monkeypatch: pytest.MonkeyPatch, name
     from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
 
     monkeypatch.delenv(ROTATION_ENV, raising=False)
-    fmt, t, prep = _layer(name, seed=m)
+    fmt, t, prep = layer(name, seed=m)
     gen = torch.Generator().manual_seed(400 + m)
     x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
     partial = torch.randn(m, N, generator=gen)
@@ -119,7 +91,7 @@ def test_bit_identical_to_the_shared_memory_operand_when_exact(monkeypatch: pyte
     from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
 
     monkeypatch.delenv(ROTATION_ENV, raising=False)
-    _, _, prep = _layer(name, seed=21)
+    _, _, prep = layer(name, seed=21)
     gen = torch.Generator().manual_seed(22)
     exact = _exact(prep, gen, x_dtype)
     for m in (2, 17):
@@ -135,7 +107,7 @@ def test_bit_identical_to_the_shared_memory_operand_when_exact(monkeypatch: pyte
 
 
 def test_below_the_smallest_group_the_flag_keeps_the_shared_memory_operand() -> None:
-    fmt, t, prep = _layer("one-pass", seed=5, d=32)
+    fmt, t, prep = layer("one-pass", seed=5, d=32)
     x = torch.randn(4, K, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     new, old = (_call(prep, x, "outside", 3, flag, out_dtype=torch.float32, d=32) for flag in (True, False))
     assert torch.equal(new, old)

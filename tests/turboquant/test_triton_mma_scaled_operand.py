@@ -23,42 +23,14 @@ import torch
 
 from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
-from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
+
+from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, layer
 
 INTERPRETER = enable_interpreter_for("cpu")
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
 
-K, N, D = 256, 64, 64  # 4 groups of the smallest size with a register operand
-LAYERS = {
-    "one-pass": (TurboQuant(group_size=D), False),
-    "own-rotations": (TurboQuant(group_size=D, residual=True), False),
-    "shared-rotation": (TurboQuant(group_size=D, residual=True), True),
-    "per-group": (TurboQuant(group_size=D, rotation_per_group=True, residual=True), False),
-}
-#: Where x is rotated, per layer (a rotation per group: always outside).
-ROUTES = {"one-pass": ("outside", "kernel", "once"), "own-rotations": ("outside", "kernel", "once"),
-          "shared-rotation": ("outside", "once"), "per-group": ("outside",)}
-#: (groups a program, bias, partial): one split; 2 splits of 3 and 1 groups.
-PLANS = [(4, True, False), (3, False, True)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _layer(name: str, seed: int, dtype: torch.dtype, d: int = D) -> tuple[TurboQuant, dict[str, torch.Tensor], Any]:
-    from quantcore.backends.turboquant_triton import TurboQuantTriton
-
-    fmt, shared = LAYERS[name]
-    fmt = dataclasses.replace(fmt, group_size=d)
-    gen = torch.Generator().manual_seed(seed)
-    t = fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen)
-    t["bias"] = torch.randn(N, generator=gen)
-    if shared:
-        t["residual_rotation"] = t["rotation"].clone()
-    prep = TurboQuantTriton(fmt, "cpu").prepare(t, dtype=dtype)
-    if shared:
-        p1, p2 = prep.passes
-        prep = dataclasses.replace(prep, passes=(p1, dataclasses.replace(p2, rotation=p1.rotation)))
-    return fmt, t, prep
 
 
 def _config(where: str, gpc: int, *, register: bool = True, scaled: bool = True) -> Any:
@@ -88,7 +60,7 @@ def _no_rotation_override(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_scaled_operand_meets_the_golden(name: str, dtype: str) -> None:
     x_dtype = DTYPES[dtype]
-    fmt, t, prep = _layer(name, seed=31, dtype=x_dtype)
+    fmt, t, prep = layer(name, seed=31, dtype=x_dtype)
     gen = torch.Generator().manual_seed(32)
     m = 17  # two row tiles, the second one row
     x = torch.randn(m, K, generator=gen).to(x_dtype)
@@ -131,7 +103,7 @@ def _exact(prep: Any, gen: torch.Generator, dtype: torch.dtype) -> Any:
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations"])
 def test_bit_identical_to_the_unscaled_operand_when_exact(name: str, dtype: str) -> None:
     x_dtype = DTYPES[dtype]
-    _, _, prep = _layer(name, seed=41, dtype=x_dtype)
+    _, _, prep = layer(name, seed=41, dtype=x_dtype)
     gen = torch.Generator().manual_seed(42)
     exact = _exact(prep, gen, x_dtype)
     m = 17
@@ -153,7 +125,7 @@ def _bucket_constexprs(prep: Any, cfg: Any, d: int = D) -> dict[str, Any]:
 
 
 def test_off_or_without_the_register_operand_the_kernel_is_the_unscaled_one() -> None:
-    _, _, prep = _layer("one-pass", seed=51, dtype=torch.bfloat16)
+    _, _, prep = layer("one-pass", seed=51, dtype=torch.bfloat16)
     assert _bucket_constexprs(prep, _config("outside", 4))["SCALED"] is True
     assert _bucket_constexprs(prep, _config("outside", 4, scaled=False))["SCALED"] is False
     assert _bucket_constexprs(prep, _config("outside", 4, register=False))["SCALED"] is False
@@ -165,7 +137,7 @@ def test_off_or_without_the_register_operand_the_kernel_is_the_unscaled_one() ->
 
 
 def test_below_the_smallest_group_the_flag_is_ignored() -> None:
-    _, _, prep = _layer("one-pass", seed=53, dtype=torch.bfloat16, d=32)
+    _, _, prep = layer("one-pass", seed=53, dtype=torch.bfloat16, d=32)
     assert _bucket_constexprs(prep, _config("outside", 3), d=32)["SCALED"] is False
     x = torch.randn(4, K, generator=torch.Generator().manual_seed(54)).to(torch.bfloat16)
     new, old = (_call(prep, x, _config("outside", 3, scaled=flag), out_dtype=torch.float32, d=32)
