@@ -7,6 +7,8 @@ kernel for one of these formats subclasses the same bases. Nothing here imports 
 at import time.
 
 - :mod:`.compressed_tensors` a GPTQ kernel behind the pack-quantized → GPTQ transform (every GPTQ backend)
+- :mod:`.gated_activation` ``act(gate) · up`` of a fused gate/up layer's output, one Triton
+                        launch on CUDA (the tensor-parallel MLP block, ``quantcore.checkpoint.parallel``)
 - :mod:`.gptq_pairs`    GPTQ/AWQ linears over pair-interleaved codes: the words, the kernel base
                         and the PTX that dequantizes a pair (``triton_int4``, ``hopper_wgmma``)
 - :mod:`.int4pack_cpu`  torch's CPU int4pack op behind a linear kernel (``aten_cpu``, ``awq_cpu``)

@@ -125,3 +125,21 @@ def test_cuda_graph_replays_give_the_eager_bits(activation: str, dtype: torch.dt
         torch.cuda.synchronize()
         eager = gated_activation(fresh, activation)
         assert torch.equal(out.view(_BITS[dtype]), eager.view(_BITS[dtype])), f"replay with seed {seed}"
+
+
+def test_torch_compile_sees_torchs_ops_not_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``torch.compile`` the op is torch's ops (inductor fuses them itself): the
+    compiled call traces whole and never reaches the kernel's runner, which an eager call does."""
+    from quantcore.kernels.gated_activation import op
+
+    h = _h(4, inter=1100, dtype=torch.bfloat16, seed=17)
+    eager = gated_activation(h, "silu")
+    reached: list[int] = []
+    runner = op._runners[h.device]
+    assert runner is not None
+    monkeypatch.setitem(op._runners, h.device, lambda *a: reached.append(1) or runner(*a))
+    compiled = torch.compile(lambda t: gated_activation(t, "silu"), fullgraph=True)
+    got = compiled(h)
+    assert not reached
+    torch.testing.assert_close(got, eager)  # inductor's own exp: bf16's tolerance, not its bits
+    assert torch.equal(gated_activation(h, "silu"), eager) and reached == [1]

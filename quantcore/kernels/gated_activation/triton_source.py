@@ -14,8 +14,11 @@ so no product is fused into a sum.
 
 ``COMPILED`` (set by the launcher: a GPU, not the interpreter) picks what differs between
 the two. Compiled, ``exp`` and ``erf`` are libdevice's (the CUDA math library's ``expf`` and
-``erff``, which torch's kernels call; Triton's own ``exp`` is the approximate ``ex2``
-path) and rounding to the dtype is the hardware's round-to-nearest-even conversion.
+``erff`` as Triton bundles it; Triton's own ``exp`` is the approximate ``ex2`` path) and
+rounding to the dtype is the hardware's round-to-nearest-even conversion. torch's kernels
+compile their own build of those functions, which need not give the same last bits: where
+``1 + erf`` cancels, gelu turns a last-bit difference into many units of the result, which is
+why :mod:`.op` sends gelu to torch's ops on CUDA.
 Interpreted, they are the interpreter's (it has no libdevice), and bf16 is rounded by
 bit operations (:func:`_rounded`: round to nearest even on the 32-bit pattern), since the
 interpreter's float32 → bf16 cast truncates (docs/triton-interpreter.md); both roundings
