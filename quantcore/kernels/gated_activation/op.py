@@ -7,8 +7,8 @@ computed in float32 from the two dtype values and rounded to the dtype. (For bf1
 that product is exact in float32, so it is rounded once.) The formulas are torch's:
 ``silu(g) = g / (1 + exp(−g))``, ``gelu(g) = g · 0.5 · (1 + erf(g · √½))`` (the erf form,
 torch's default), ``relu(g) = max(g, 0)`` with NaN kept. Where the kernel runs, ``exp`` and
-``erf`` are its own: on a GPU libdevice's, the CUDA math library torch's kernels use; under
-Triton's interpreter NumPy's. float64 runs torch's ops, in float64, on every device.
+``erf`` are its own: on a GPU the libdevice build Triton bundles (not necessarily the one
+torch's kernels were compiled with); under Triton's interpreter NumPy's. float64 runs torch's ops, in float64, on every device.
 
 Routes. On CUDA, eagerly, for silu and relu in bf16/fp16/fp32, one Triton launch (:mod:`.triton_launch`),
 bound once per (activation, I, dtype, device); the output comes from ``torch.empty`` and
