@@ -44,3 +44,29 @@ def layer(name: str, seed: int, dtype: torch.dtype = torch.bfloat16,
         p1, p2 = prep.passes
         prep = dataclasses.replace(prep, passes=(p1, dataclasses.replace(p2, rotation=p1.rotation)))
     return fmt, t, prep
+
+
+def exact_layer(prep: Any, gen: torch.Generator, dtype: torch.dtype, *, power_of_two_scales: bool = False) -> Any:
+    """``prep`` with a dyadic codebook (k/4 − 2, distinct, exact in 16 bits) and signed
+    permutations for rotations (in ``dtype``): with integer activations every product and
+    partial sum of a group is exact in float32, whatever its order. With
+    ``power_of_two_scales`` the scales become 2⁻³ … 2¹ too: every c · s then has at most 4
+    significant bits (exact in 16 bits) and every sum over groups is exact as well."""
+    codebook = prep.codebook.clone()
+    codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2)
+    rotations = {}
+    passes = []
+    for p in prep.passes:
+        key = id(p.rotation)
+        if key not in rotations:
+            r, d, _ = p.rotation.shape
+            pi = torch.zeros(r, d, d)
+            for i in range(r):
+                signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
+                pi[i, torch.arange(d), torch.randperm(d, generator=gen)] = signs
+            rotations[key] = pi.to(dtype)
+        changed: dict[str, torch.Tensor] = {"rotation": rotations[key]}
+        if power_of_two_scales:
+            changed["scales"] = 2.0 ** torch.randint(-3, 2, p.scales.shape, generator=gen).float()
+        passes.append(dataclasses.replace(p, **changed))
+    return dataclasses.replace(prep, codebook=codebook, passes=tuple(passes))

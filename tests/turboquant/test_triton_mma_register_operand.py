@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.ops.linear import linear_reference
 
-from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, layer
+from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, exact_layer, layer
 
 INTERPRETER = enable_interpreter_for("cpu")
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
@@ -63,27 +62,6 @@ def test_register_operand_meets_the_golden(monkeypatch: pytest.MonkeyPatch, name
             assert result.ok, f"{name} {where} M={m} gpc={gpc}: {result.problem}"
 
 
-def _exact(prep: Any, gen: torch.Generator, dtype: torch.dtype) -> Any:
-    """``prep`` with a dyadic codebook (k/4 − 2, distinct, exact in 16 bits) and signed
-    permutations for rotations (in ``dtype``): with integer activations every product and
-    partial sum of a group is exact in float32, whatever its order."""
-    codebook = prep.codebook.clone()
-    codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2)
-    rotations = {}
-    passes = []
-    for p in prep.passes:
-        key = id(p.rotation)
-        if key not in rotations:
-            r, d, _ = p.rotation.shape
-            pi = torch.zeros(r, d, d)
-            for i in range(r):
-                signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
-                pi[i, torch.arange(d), torch.randperm(d, generator=gen)] = signs
-            rotations[key] = pi.to(dtype)
-        passes.append(dataclasses.replace(p, rotation=rotations[key]))
-    return dataclasses.replace(prep, codebook=codebook, passes=tuple(passes))
-
-
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_bit_identical_to_the_shared_memory_operand_when_exact(monkeypatch: pytest.MonkeyPatch, name: str,
@@ -93,7 +71,7 @@ def test_bit_identical_to_the_shared_memory_operand_when_exact(monkeypatch: pyte
     monkeypatch.delenv(ROTATION_ENV, raising=False)
     _, _, prep = layer(name, seed=21)
     gen = torch.Generator().manual_seed(22)
-    exact = _exact(prep, gen, x_dtype)
+    exact = exact_layer(prep, gen, x_dtype)
     for m in (2, 17):
         x = torch.randint(-8, 9, (m, K), generator=gen).to(x_dtype)
         partial = torch.randn(m, N, generator=gen)

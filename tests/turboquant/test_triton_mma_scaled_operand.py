@@ -15,7 +15,6 @@ accumulating into the output tile) under the interpreter:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.ops.linear import linear_reference
 
-from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, layer
+from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, exact_layer, layer
 
 INTERPRETER = enable_interpreter_for("cpu")
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
@@ -75,37 +74,13 @@ def test_scaled_operand_meets_the_golden(name: str, dtype: str) -> None:
             assert result.ok, f"{name} {dtype} {where} gpc={gpc}: {result.problem}"
 
 
-def _exact(prep: Any, gen: torch.Generator, dtype: torch.dtype) -> Any:
-    """``prep`` with a dyadic codebook (k/4 − 2), power-of-two scales (2⁻³ … 2¹) and signed
-    permutations for rotations (in ``dtype``): every c · s has at most 4 significant bits,
-    exact in 16 bits, and with integer activations every product and sum is exact in
-    float32 whatever its order — so the scale in the operand or on the group's result
-    must give the same bits."""
-    codebook = prep.codebook.clone()
-    codebook[:16] = (torch.randperm(16, generator=gen).float() / 4 - 2)
-    rotations = {}
-    passes = []
-    for p in prep.passes:
-        key = id(p.rotation)
-        if key not in rotations:
-            r, d, _ = p.rotation.shape
-            pi = torch.zeros(r, d, d)
-            for i in range(r):
-                signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
-                pi[i, torch.arange(d), torch.randperm(d, generator=gen)] = signs
-            rotations[key] = pi.to(dtype)
-        scales = 2.0 ** torch.randint(-3, 2, p.scales.shape, generator=gen).float()
-        passes.append(dataclasses.replace(p, rotation=rotations[key], scales=scales))
-    return dataclasses.replace(prep, codebook=codebook, passes=tuple(passes))
-
-
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations"])
 def test_bit_identical_to_the_unscaled_operand_when_exact(name: str, dtype: str) -> None:
     x_dtype = DTYPES[dtype]
     _, _, prep = layer(name, seed=41, dtype=x_dtype)
     gen = torch.Generator().manual_seed(42)
-    exact = _exact(prep, gen, x_dtype)
+    exact = exact_layer(prep, gen, x_dtype, power_of_two_scales=True)
     m = 17
     x = torch.randint(-8, 9, (m, K), generator=gen).to(x_dtype)
     partial = torch.randn(m, N, generator=gen)
