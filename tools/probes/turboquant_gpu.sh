@@ -18,6 +18,6 @@ if [[ $part == conformance || $part == all ]]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/turboquant/test_cuda.py 2>&1 | tail -5
 fi
 if [[ $part == bench || $part == all ]]; then
-  timeout "${LINEAR_S:-300}" python3 -m quantcore bench turboquant_linear --device cuda --out "$RESULTS" --rounds 3
-  timeout "${OFFLOAD_S:-120}" python3 -m quantcore bench turboquant_offload --device cuda --out "$RESULTS" --rounds 3
+  timeout "${LINEAR_S:-300}" python3 -m quantcore bench turboquant_linear --device cuda --graph --out "$RESULTS" --rounds 3
+  timeout "${OFFLOAD_S:-120}" python3 -m quantcore bench turboquant_offload --device cuda --graph --out "$RESULTS" --rounds 3
 fi
