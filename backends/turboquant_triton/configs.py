@@ -32,8 +32,8 @@ from quantcore.errors import InvalidArgumentError
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
-__all__ = ["GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config", "m_bucket", "mma_config", "mma_entry",
-           "mma_rotation", "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
+__all__ = ["EAGER_ONCE_MAX_MACS", "GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config",
+           "m_bucket", "mma_config", "mma_entry", "mma_rotation", "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 #: ``outside``, ``kernel`` or ``once``: where the tensor-core kernel applies a shared 16-bit
@@ -236,7 +236,20 @@ def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int
     return replace(rule, register_operand=True) if card is not None and card.arch == "sm_90" else rule
 
 
-def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> str:
+#: An eager call's largest tensor-core work (M·N·K multiply-adds, M at the top of its bucket)
+#: for which x is rotated inside the launch (``once``) rather than by a GEMM before it. Over
+#: a launch, the GEMM and its torch ops cost the host about as much as a whole nn.Linear call,
+#: while ``once`` costs the GPU its wait for the last rotation chunk: on an H100 (README.md,
+#: "Rotation once per call") 3–7 µs at 4096×4096 and 3–4 µs at 4096×14336, against 15–18 µs
+#: of host time saved. Up to this much work an eager call waits on its host or nearly (the
+#: outside variant takes 17–53 µs on the GPU, ~40 µs on the host), so one launch is faster;
+#: above it (4096×14336 at M = 128: 65–88 µs on the GPU) the GPU bounds the call and the
+#: faster GEMM plan stays.
+EAGER_ONCE_MAX_MACS = 1 << 32
+
+
+def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False,
+                 eager_macs: int | None = None) -> str:
     """Where the tensor-core kernel gets x rotated (``mma.py``): ``outside`` (one GEMM
     before the launch), ``kernel`` (each program rotates its own x columns) or ``once``
     (the launch's first programs rotate x once into a workspace that the others read).
@@ -252,7 +265,13 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
     1.1× nn.Linear's host time at M = 16, but its CUDA-graph time from 43 to 58–60 µs at
     M = 1–16 and from 84–87 to 155–169 µs at M = 128 (4096×14336, 14336×4096; README.md,
     "Rotation inside the tensor-core kernel"). ``once`` is one launch without the repeated
-    rotation; its GPU time is not yet measured, so it is not the default either."""
+    rotation; its GPU time is 4–8 % over the outside variant's on the large shapes, up to 40 %
+    at 4096×4096 (README.md), so a call recorded into a CUDA graph keeps the GEMM.
+
+    ``eager_macs``: the work of an eager call (None for a call being recorded into a CUDA
+    graph, or where the host's cost does not matter). A config that leaves the place open
+    (``rotate_in_kernel`` None, not ``rotate_once``) then takes ``once`` up to
+    :data:`EAGER_ONCE_MAX_MACS`: one launch instead of a GEMM and a launch."""
     if rotation_per_group or fp32_operands:
         return "outside"
     forced = os.environ.get(ROTATION_ENV)
@@ -261,6 +280,8 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
             raise InvalidArgumentError(f"{ROTATION_ENV}: expected 'outside', 'kernel' or 'once', got {forced!r}")
         return forced
     if cfg.rotate_once:
+        return "once"
+    if cfg.rotate_in_kernel is None and eager_macs is not None and eager_macs <= EAGER_ONCE_MAX_MACS:
         return "once"
     return "kernel" if cfg.rotate_in_kernel is True else "outside"
 

@@ -5,10 +5,11 @@
   passes in one launch;
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
   launch; the input is rotated once per call by one small GEMM for every pass before it
-  (``quantcore/kernels/turboquant/rotation.py``; the default, and always for a rotation
-  per group or in float32), or — a shared rotation, asked for (``configs.mma_rotation``)
-  — each program rotates its own x columns, or the launch's first programs rotate x once
-  into a kept workspace for the others (one launch a call either way);
+  (``quantcore/kernels/turboquant/rotation.py``; the default in a CUDA graph, and always
+  for a rotation per group or in float32), or — a shared 16-bit rotation — the launch's
+  first programs rotate x once into a kept workspace for the others (``once``: what an
+  eager call of small work takes, one launch instead of two), or, asked for, each program
+  rotates its own x columns (``configs.mma_rotation``);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
   same one GEMM), one cuBLAS GEMM.
 
@@ -80,6 +81,11 @@ def _path_choice(device: torch.device) -> configs.PathChoice:
     if choice is None:
         choice = _paths[device] = configs.path_for(_card(device))
     return choice
+
+
+def _eager(device: torch.device) -> bool:
+    """Whether a call on ``device`` launches on a GPU now, not into a CUDA graph being recorded."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
 
 
 def _rotated_fp32(x2d: torch.Tensor, rotation: torch.Tensor, d: int, gpc: int, warps: int) -> torch.Tensor:
@@ -194,7 +200,7 @@ class _Mma(_Bucket):
 
     def __init__(self, m: int, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
-                 cfg: configs.MmaConfig | None) -> None:
+                 cfg: configs.MmaConfig | None, eager: bool = False) -> None:
         super().__init__(passes, codebook, bias, device)
         n, k = self.n, self.k
         self.groups = k // d
@@ -204,8 +210,10 @@ class _Mma(_Bucket):
                      fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
         self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
-        #: ``outside``, ``kernel`` or ``once`` (configs.mma_rotation).
-        self.rotation = configs.mma_rotation(self.cfg, **where)
+        #: ``outside``, ``kernel`` or ``once`` (configs.mma_rotation; an eager bucket's work
+        #: counted at the top of its M bucket).
+        eager_macs = configs.m_bucket(m) * n * k if eager else None
+        self.rotation = configs.mma_rotation(self.cfg, **where, eager_macs=eager_macs)
         self.in_kernel, self.once = self.rotation == "kernel", self.rotation == "once"
         self.x_copies = 2 if own else 1
         #: The weight operand in its register layout (operand.py): 16-bit operands, d ≥ 64, and
@@ -396,8 +404,11 @@ def fused_linear(
         bucket = _kept(codebook, key, passes, bias, _Gemv, x2d.dtype, passes, codebook, group_size, has_partial,
                        bias, device, config)
     elif path == "mma":
-        bucket = _kept(codebook, key, passes, bias, _Mma, m, x2d.dtype, passes, codebook, group_size, has_partial,
-                       bias, device, config)
+        # An eager call and one being recorded into a CUDA graph may take different plans: the
+        # first pays the host for every launch, the second only the GPU (configs.mma_rotation).
+        eager = _eager(device)
+        bucket = _kept(codebook, (*key, eager), passes, bias, _Mma, m, x2d.dtype, passes, codebook, group_size,
+                       has_partial, bias, device, config, eager)
     elif path == "dequant":
         bucket = _kept(codebook, key, passes, bias, _Dequant, passes, codebook, group_size, bias, device,
                        passes[0].rotation.dtype)

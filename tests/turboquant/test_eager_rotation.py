@@ -1,0 +1,120 @@
+"""Where an eager call of the tensor-core kernel gets x rotated: inside its one launch
+(``once``) while the work is small, by the GEMM before the launch when the GPU bounds the
+call or the call is being recorded into a CUDA graph (``configs.mma_rotation``,
+``EAGER_ONCE_MAX_MACS``); and the eager plan computes what the graph's plan computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from quantcore.conformance.interpreter import enable_interpreter_for
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.ops.linear import linear_reference
+
+from .test_triton_mma_rotate_once import _signed_permutation, _with_rotations
+from .test_triton_mma_rotation import D, K, N, _dequantized, _layer
+
+INTERPRETER = enable_interpreter_for("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.turboquant_triton.configs import ROTATION_ENV
+
+    monkeypatch.delenv(ROTATION_ENV, raising=False)
+
+
+def test_the_rule() -> None:
+    from quantcore.backends.turboquant_triton.configs import (
+        EAGER_ONCE_MAX_MACS,
+        MmaConfig,
+        mma_rotation,
+    )
+
+    open_cfg = MmaConfig()
+    assert mma_rotation(open_cfg) == "outside"  # recorded into a graph, or host cost no concern
+    assert mma_rotation(open_cfg, eager_macs=EAGER_ONCE_MAX_MACS) == "once"
+    assert mma_rotation(open_cfg, eager_macs=EAGER_ONCE_MAX_MACS + 1) == "outside"
+    # Where one rotation cannot go inside, an eager call keeps it outside too.
+    assert mma_rotation(open_cfg, eager_macs=1, rotation_per_group=True) == "outside"
+    assert mma_rotation(open_cfg, eager_macs=1, fp32_operands=True) == "outside"
+    # A config that names the place keeps it.
+    assert mma_rotation(MmaConfig(rotate_in_kernel=False), eager_macs=1) == "outside"
+    assert mma_rotation(MmaConfig(rotate_in_kernel=True), eager_macs=1) == "kernel"
+
+
+def test_the_environment_still_has_the_last_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.turboquant_triton.configs import ROTATION_ENV, MmaConfig, mma_rotation
+
+    monkeypatch.setenv(ROTATION_ENV, "outside")
+    assert mma_rotation(MmaConfig(), eager_macs=1) == "outside"
+
+
+def test_the_work_is_counted_at_the_top_of_the_m_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every M of one bucket gets one plan: M = 33 … 64 of 4096×14336 count as M = 64
+    (3.8 G multiply-adds: once), M = 65 … 128 as M = 128 (7.5 G: outside)."""
+    from quantcore.backends.turboquant_triton import configs
+
+    work = {m: configs.m_bucket(m) * 4096 * 14336 for m in (33, 64, 65, 128)}
+    assert [configs.mma_rotation(configs.MmaConfig(), eager_macs=w) for w in work.values()] == [
+        "once", "once", "outside", "outside"]
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "recorded"])
+def test_a_gpu_call_takes_one_launch_eagerly_and_the_gemm_when_recorded(monkeypatch: pytest.MonkeyPatch,
+                                                                         eager: bool) -> None:
+    """Planned as on a GPU (launches recorded, not run): an eager call's bucket rotates x
+    in its launch; a call recorded into a graph gets a bucket of its own that rotates x
+    by the GEMM before it. Both buckets live side by side."""
+    from quantcore.backends.turboquant_triton import fused
+    from tests.launch_recorder import record_launches
+
+    recorded = record_launches(monkeypatch, fused)
+    monkeypatch.setattr(fused, "interpreting", lambda: False)
+    _, _, prep = _layer("own-rotations")
+    passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes)  # a GPU's
+    x = torch.randn(16, K).to(torch.bfloat16)
+    for call_eagerly in (eager, not eager):
+        monkeypatch.setattr(fused, "_eager", lambda device, e=call_eagerly: e)
+        fused.fused_linear(x, passes, prep.codebook, group_size=D, partial=None, bias=None,
+                           out_dtype=torch.bfloat16, path="mma")
+        assert recorded[-1].constexprs["ROTATE_ONCE"] is call_eagerly
+    assert len(recorded) == 2  # one bucket each
+
+
+def test_off_the_gpu_nothing_changes() -> None:
+    from quantcore.backends.turboquant_triton.fused import _eager
+
+    assert _eager(torch.device("cpu")) is False
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.parametrize("name", ["one-pass", "own-rotations"])
+def test_the_eager_plan_computes_the_recorded_plans_bits(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Under the interpreter, with rotations exact in any order (signed permutations): the
+    eager bucket's output is the recorded bucket's, bit for bit, and meets the golden."""
+    from quantcore.backends.turboquant_triton import fused
+
+    fmt, t, prep = _layer(name, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    pis = [_signed_permutation(gen) for _ in fmt.passes]
+    rotated = _with_rotations(prep, fmt, pis, torch.bfloat16)
+    x = torch.randn(16, K, generator=gen).to(torch.bfloat16)
+    outs = {}
+    for eager in (True, False):
+        monkeypatch.setattr(fused, "_eager", lambda device, e=eager: e)
+        outs[eager] = fused.fused_linear(x, rotated.passes, rotated.codebook, group_size=D, partial=None,
+                                         bias=rotated.bias, out_dtype=torch.float32, path="mma")
+    from quantcore.triton.launch import launch_state
+
+    kept = [b for b in launch_state(rotated.codebook).values() if isinstance(b, fused._Mma)]
+    assert sorted(b.once for b in kept) == [False, True]  # the two calls ran two plans
+    assert torch.equal(outs[True], outs[False])
+    ref = linear_reference(x, _dequantized(fmt, t, pis), t["bias"])
+    result = compare(outs[True].to(torch.bfloat16), ref, tolerance_for(torch.bfloat16))
+    assert result.ok, result.problem
+    assert outs[True].shape == (16, N)
