@@ -406,9 +406,16 @@ def fused_linear(
     elif path == "mma":
         # An eager call and one being recorded into a CUDA graph may take different plans: the
         # first pays the host for every launch, the second only the GPU (configs.mma_rotation).
-        eager = _eager(device)
-        bucket = _kept(codebook, (*key, eager), passes, bias, _Mma, m, x2d.dtype, passes, codebook, group_size,
-                       has_partial, bias, device, config, eager)
+        make = (_Mma, m, x2d.dtype, passes, codebook, group_size, has_partial, bias, device, config)
+        if _eager(device):
+            bucket = _kept(codebook, (*key, "eager"), passes, bias, *make, True)
+            if m not in bucket.plans:
+                # A graph is recorded after eager calls at its M (engines warm each captured
+                # batch size up), and a recording cannot compile: the first eager call at an
+                # M also makes, compiles and runs the plan a recording will take.
+                _kept(codebook, key, passes, bias, *make)(x2d, partial, out)
+        else:
+            bucket = _kept(codebook, key, passes, bias, *make)
     elif path == "dequant":
         bucket = _kept(codebook, key, passes, bias, _Dequant, passes, codebook, group_size, bias, device,
                        passes[0].rotation.dtype)

@@ -64,12 +64,11 @@ def test_the_work_is_counted_at_the_top_of_the_m_bucket(monkeypatch: pytest.Monk
         "once", "once", "outside", "outside"]
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "recorded"])
-def test_a_gpu_call_takes_one_launch_eagerly_and_the_gemm_when_recorded(monkeypatch: pytest.MonkeyPatch,
-                                                                         eager: bool) -> None:
-    """Planned as on a GPU (launches recorded, not run): an eager call's bucket rotates x
-    in its launch; a call recorded into a graph gets a bucket of its own that rotates x
-    by the GEMM before it. Both buckets live side by side."""
+def test_eager_calls_take_one_launch_and_leave_the_recorded_plan_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planned as on a GPU (launches recorded, not run). The first eager call at an M runs
+    the plan a CUDA-graph recording takes (the GEMM outside: made and compiled now, since a
+    recording cannot compile) and then its own (x rotated in its one launch); later eager
+    calls at that M run only their own; a recording at that M makes nothing new."""
     from quantcore.backends.turboquant_triton import fused
     from tests.launch_recorder import record_launches
 
@@ -77,13 +76,24 @@ def test_a_gpu_call_takes_one_launch_eagerly_and_the_gemm_when_recorded(monkeypa
     monkeypatch.setattr(fused, "interpreting", lambda: False)
     _, _, prep = _layer("own-rotations")
     passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes)  # a GPU's
-    x = torch.randn(16, K).to(torch.bfloat16)
-    for call_eagerly in (eager, not eager):
-        monkeypatch.setattr(fused, "_eager", lambda device, e=call_eagerly: e)
-        fused.fused_linear(x, passes, prep.codebook, group_size=D, partial=None, bias=None,
-                           out_dtype=torch.bfloat16, path="mma")
-        assert recorded[-1].constexprs["ROTATE_ONCE"] is call_eagerly
-    assert len(recorded) == 2  # one bucket each
+    launched: list[bool] = []  # ROTATE_ONCE of each launch, in order
+
+    def call(m: int, eager: bool) -> None:
+        monkeypatch.setattr(fused, "_eager", lambda device: eager)
+        calls = {id(r): len(r.calls) for r in recorded}
+        fused.fused_linear(torch.randn(m, K).to(torch.bfloat16), passes, prep.codebook, group_size=D, partial=None,
+                           bias=None, out_dtype=torch.bfloat16, path="mma")
+        launched[:] = [r.constexprs["ROTATE_ONCE"] for r in recorded for _ in range(len(r.calls) - calls.get(id(r), 0))]
+
+    call(16, eager=True)
+    assert sorted(launched) == [False, True]  # the recorded plan warmed, then the eager one
+    call(16, eager=True)
+    assert launched == [True]
+    made = len(recorded)
+    call(16, eager=False)  # a recording at a warmed M
+    assert launched == [False] and len(recorded) == made
+    call(12, eager=True)  # another M of the same bucket: warmed again (its split may differ)
+    assert sorted(launched) == [False, True]
 
 
 def test_off_the_gpu_nothing_changes() -> None:
