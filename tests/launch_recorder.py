@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
+import torch
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
@@ -15,15 +16,16 @@ __all__ = ["Recorder", "assert_fixed_arguments_specialise_alike", "record_launch
 
 class Recorder:
     """Stands in for quantcore.triton.launch.Launch: records each bound launch's kernel,
-    constexprs, options, varying positions, fixed descriptor positions and device, and each
-    call's grid and arguments."""
+    constexprs, options, varying positions, fixed descriptor and pointer positions and
+    device, and each call's grid and arguments."""
 
     made: ClassVar[list[Recorder]] = []
 
     def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (),
-                 fixed_descriptors: Any = (), device: Any) -> None:
+                 fixed_descriptors: Any = (), fixed_pointers: Any = (), device: Any) -> None:
         self.fn, self.constexprs, self.options = fn, dict(constexprs), dict(options or {})
         self.varying, self.fixed_descriptors, self.device = tuple(varying), tuple(fixed_descriptors), device
+        self.fixed_pointers = tuple(fixed_pointers)
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
         Recorder.made.append(self)
 
@@ -52,8 +54,9 @@ def specialisation(fn: Any, pos: int, v: Any) -> Any:
 def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
     """Each launch was called, every argument at a position it does not declare
     ``varying`` specialised alike on all of its calls (else the binary compiled for one
-    call would run another), and every fixed descriptor position held the same object
-    (else the launch would take Triton's per-call path)."""
+    call would run another), and every fixed descriptor or pointer position held the same
+    object (else the launch would take Triton's per-call path), a fixed pointer a tensor
+    or None."""
     for launch in launches:
         assert launch.calls, f"{launch.fn} was bound but never launched"
         for pos in range(len(launch.calls[0][1])):
@@ -62,3 +65,8 @@ def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
                 assert len(specs) == 1, (launch.fn, pos, specs)
         for pos in launch.fixed_descriptors:
             assert len({id(args[pos]) for _, args in launch.calls}) == 1, (launch.fn, pos, "another descriptor")
+        for pos in launch.fixed_pointers:
+            assert pos not in launch.varying and pos not in launch.fixed_descriptors, (launch.fn, pos)
+            held = [args[pos] for _, args in launch.calls]
+            assert all(a is held[0] for a in held), (launch.fn, pos, "another tensor")
+            assert held[0] is None or isinstance(held[0], torch.Tensor), (launch.fn, pos, type(held[0]))

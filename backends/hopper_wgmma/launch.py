@@ -50,6 +50,11 @@ VARYING = (8,)
 #: The weight's descriptors (w, scales, zeros): the same objects at every call of a bucket,
 #: so its launch encodes them once.
 WEIGHT_DESCRIPTORS = (0, 2, 3)
+#: The bias (the scales in its place without one), and the split-K workspace and counters
+#: when K is not split (the scales stand in for them): the same tensors at every call of a
+#: bucket, handed to the launcher as addresses.
+WEIGHT_POINTERS = (4,)
+SPLIT_K_BUFFERS = (6, 7)
 #: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
 #: sizes repeat; a stream of ever new ones must not grow the table without bound).
 MAX_RUNS = 256
@@ -256,8 +261,9 @@ class _Bucket:
         # kernel's PDL constexpr makes it wait where it must (without it, the wait is a no-op).
         pdl = {"launch_pdl": True} if constexprs["PDL"] else {}
         self.launch = Launch(wgmma_kernel, constexprs=constexprs, options=dict(num_warps=plan.num_warps, **pdl),
-                             varying=VARYING,
-                             fixed_descriptors=WEIGHT_DESCRIPTORS, device=device)
+                             varying=VARYING, fixed_descriptors=WEIGHT_DESCRIPTORS,
+                             fixed_pointers=WEIGHT_POINTERS + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
+                             device=device)
 
     def fits(self, w: HopperWeights) -> bool:
         s = self.source

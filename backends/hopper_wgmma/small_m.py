@@ -38,6 +38,11 @@ __all__ = ["SmallMBucket", "close_slices"]
 #: Arguments that change between the calls of one bucket and that Triton specialises:
 #: x (its alignment) and M (== 1, divisible by 16).
 VARYING = (0, 9)
+#: The weight's tensors (``self.fixed``), and the split-K workspace and counters when K is
+#: not split (the scales stand in for them): the same objects at every call of a bucket,
+#: handed to the launcher as addresses.
+FIXED = (1, 2, 3, 4, 5)
+SPLIT_K_BUFFERS = (7, 8)
 
 
 def close_slices(w: HopperWeights) -> int:
@@ -79,6 +84,7 @@ class SmallMBucket:
         self.block_m = block_m
         self.n_tiles = triton.cdiv(n, plan.block_n)
         self.launch = Launch(kernel, device=device, varying=VARYING,
+                             fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
                              constexprs=dict(const, BLOCK_B=plan.block_b, SPLIT_K=self.split, STEPS=self.steps),
                              options=dict(num_warps=plan.num_warps, num_stages=plan.stages))
         zeros = w.zeros if w.zeros is not None else any_t

@@ -46,6 +46,13 @@ __all__ = ["close_slices", "interpreting", "linear", "plan_of"]
 #: bucket and that Triton specialises: x (its alignment) and M (== 1, divisible by 16).
 #: y and the workspace are fresh allocations (aligned); the rest is the weight's.
 VARYING = (0, 9)
+#: The weight's tensors in the GEMV and MMA kernels' arguments (``self.fixed``): the same
+#: objects at every call of a bucket, handed to the launcher as addresses.
+FIXED = (1, 2, 3, 4, 5)
+#: The split-K workspace and counters: the weight's scales in their place when K is not split.
+SPLIT_K_BUFFERS = (7, 8)
+#: The dequantization kernel's weight tensors (its output is the shared scratch).
+DEQUANT_FIXED = (0, 1, 2, 3)
 #: Under the interpreter, the MMA tile height follows M up to 64 (plan_of).
 INTERPRETER_BREAKS = (17, 33)
 
@@ -125,7 +132,8 @@ class _Bucket:
         common = _common(w)
         runtime = (common.pop("NUM_GROUPS"), common.pop("NUM_SUB"))
         if plan.path == "dequant":
-            self.launch = Launch(dequant_kernel, constexprs=dict(**common, BLOCK_N=DEQUANT_BLOCK_N), device=device)
+            self.launch = Launch(dequant_kernel, constexprs=dict(**common, BLOCK_N=DEQUANT_BLOCK_N),
+                                 fixed_pointers=DEQUANT_FIXED, device=device)
             self.grid = (triton.cdiv(n, DEQUANT_BLOCK_N), w.blocks, 1)
             self.fixed = (unowned(w.qweight.view(torch.int16)), w.scales, zeros, gmap)
             self.tail = (n, k, *runtime)
@@ -148,6 +156,7 @@ class _Bucket:
         self.n_tiles = triton.cdiv(n, cfg.block_n)
         self.launch = Launch(
             kernel, device=device, varying=VARYING,
+            fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
             constexprs=dict(**common, **flags, SPLIT_K=self.split, STEPS=self.steps, **tiles_args,
                             EVEN_N=n % cfg.block_n == 0),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),

@@ -30,6 +30,11 @@ __all__ = ["GEMM_VARYING", "Bucket", "launch_state"]
 #: route weights. (Its route counts are not specialised; y and, with the scheduling
 #: kernel, the schedule are fresh allocations.)
 GEMM_VARYING = (0, 1, 6, 8)
+#: The GEMM's weight tensors (index words, scales, zeros): the same objects at every call
+#: of a bucket, handed to the launcher as addresses; and its schedule pointer, which holds
+#: the index words too unless the scheduling kernel writes a schedule per call.
+GEMM_WEIGHTS = (3, 4, 5)
+GEMM_SCHEDULE = 7
 
 
 class Bucket:
@@ -76,7 +81,9 @@ class Bucket:
                                    constexprs=dict(R_MAX=pow2_at_least(routes, 16), BM=tile.bm, E_PAD=e_pad,
                                                    CHUNK=max(16, min(1024, 8192 // e_pad)),
                                                    WRITE_TOKENS=tile.x_sorted))
-        self.gemm = Launch(moe_w8a16_kernel, device=device, varying=GEMM_VARYING, options=options, constexprs=dict(
+        fixed = GEMM_WEIGHTS if tile.two_launches else (*GEMM_WEIGHTS, GEMM_SCHEDULE)
+        self.gemm = Launch(moe_w8a16_kernel, device=device, varying=GEMM_VARYING, options=options,
+                           fixed_pointers=fixed, constexprs=dict(
             flags, R_PAD=route_bound(tile, routes), KEYS=pow2_at_least(e + 1, 2), SCAN_LOG=SCAN_LOG,
             SCHEDULED=tile.scheduled, SCHEDULE_KERNEL=tile.two_launches, PERSISTENT=self.persistent > 0,
             X_SORTED=tile.x_sorted))

@@ -61,6 +61,18 @@ _to_output = to_output
 #: tensor-core kernel M and the number of z-slices of rotation programs.
 GEMV_VARYING = (0, 1, 10)
 MMA_VARYING = (0, 9, 15, 19)
+#: The tensors of a bucket at every call of its launch, handed to the launcher as addresses:
+#: the index words, scales and rotations of both passes, the codebook, the bias (or the
+#: codebook in its place); and the ticket pointer, which is the codebook when K is not split.
+GEMV_FIXED = (2, 3, 4, 5, 6, 7, 8, 11)
+GEMV_TICKETS = 13
+MMA_FIXED = (1, 2, 3, 4, 5, 6, 7, 10)
+MMA_TICKETS = 12
+#: The tensor-core kernel's rotated-x workspace and its counts: the codebook unless the
+#: launch's first programs rotate x once.
+MMA_ROTATED = (13, 14)
+#: The dequantization kernel's codebook (its index words and scales are each pass's).
+DEQUANT_FIXED = (2,)
 
 
 def interpreting() -> bool:
@@ -164,6 +176,7 @@ class _Gemv(_Bucket):
             options["maxnreg"] = cfg.maxnreg
         self.launch = Launch(
             gemv_kernel, device=device, varying=GEMV_VARYING, options=options,
+            fixed_pointers=GEMV_FIXED + ((GEMV_TICKETS,) if split == 1 else ()),
             constexprs=dict(
                 N_GROUPS=groups, D=d, GPC=gpc, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
                 ROWS_CTA=rows_cta, BR=cfg.br, TAIL=min(128, triton.next_power_of_2(rows_cta)), UNROLL=cfg.unroll,
@@ -248,9 +261,10 @@ class _Mma(_Bucket):
         split = triton.cdiv(self.groups, gpc)
         launch = self.launches.get((gpc, split))
         if launch is None:
+            fixed = MMA_FIXED + ((MMA_TICKETS,) if split == 1 else ()) + (() if self.once else MMA_ROTATED)
             launch = self.launches[(gpc, split)] = Launch(
                 mma_kernel, device=self.device, varying=MMA_VARYING, constexprs=dict(self.constexprs, GPC=gpc, SPLIT=split),
-                options=dict(num_warps=cfg.warps, num_stages=cfg.stages),
+                options=dict(num_warps=cfg.warps, num_stages=cfg.stages), fixed_pointers=fixed,
             )
         grid, rotating = (self.tiles_n, split, tiles_m), 0
         if self.once:  # z-slices of rotation programs (a chunk per rotation, group and row tile) first
@@ -291,8 +305,9 @@ class _Dequant(_Bucket):
         block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
         gpc = min(gpc, 1 << (groups - 1).bit_length())
         self.grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc), 1)
-        self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=4), constexprs=dict(
-            N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p, INTERPRET=interpreting()))
+        self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=4), fixed_pointers=DEQUANT_FIXED,
+                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p,
+                                             INTERPRET=interpreting()))
         self.per_pass = [(_words(data.indices), data.scales, self.codebook) for data in passes]
         self.bias_cdt = bias.to(dtype) if bias is not None else None
         self.bias_version = version_of(bias) if bias is not None else -1

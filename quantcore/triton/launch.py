@@ -21,6 +21,17 @@ per call and this does not: that the fixed positions still specialise alike (the
 keeps them fixed: they are the weight's tensors and sizes, held with the prepared state)
 and that the kernel's global constants did not change (module constants, set at import).
 
+Triton's C launcher turns every pointer argument into an address: an ``int`` it takes as
+it is; any other object it asks for ``data_ptr()`` and then asks the CUDA driver whether
+that address is device memory (``cuPointerGetAttribute``): about 0.15 µs a tensor on an
+H200 host. The positions named ``fixed_pointers`` hold the same tensor at every call (the
+weight's): the first call per specialisation still goes through ``kernel[grid]`` with
+the tensors (Triton specialises their dtype and alignment, and its launcher checks them
+once), and the bound kernel keeps those tensors (as passed: the aliases below where the
+owner must not be kept) and their addresses; a later call whose fixed positions hold the
+very objects kept hands the launcher the addresses instead. A call with another object
+in a fixed position is launched with the arguments as given.
+
 A kernel that takes host tensor descriptors pays more per call: Triton's launcher encodes
 each one (a ``CUtensorMap``) at every launch. The positions named ``fixed_descriptors``
 hold the same descriptor object at every call (the weight's): those are encoded once per
@@ -97,15 +108,18 @@ class _Cuda:
 class _Bound:
     """One compiled kernel, ready to launch."""
 
-    __slots__ = ("direct", "function", "kernel", "metadata", "run")
+    __slots__ = ("direct", "function", "kernel", "metadata", "pointers", "run")
 
-    def __init__(self, kernel: Any, direct: DirectLaunch | None = None) -> None:
+    def __init__(self, kernel: Any, direct: DirectLaunch | None = None,
+                 pointers: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None) -> None:
         self.kernel = kernel
         self.run = kernel.run  # the launcher (loads the binary on first access)
         self.function = kernel.function
         self.metadata = kernel.packed_metadata
         #: The launch with the fixed descriptors encoded once (it holds them), if any.
         self.direct = direct
+        #: The arguments with the fixed tensors as their addresses (it holds them), if any.
+        self.pointers = pointers
 
 
 def _hooks_active() -> bool:
@@ -129,13 +143,38 @@ def _key_function(fn: JITFunction, varying: Sequence[int], backend: Any) -> Call
     return scope["key"]  # type: ignore[no-any-return]
 
 
+def _pointer_function(args: tuple[Any, ...], fixed: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
+    """``addresses(args)``: ``args`` with the tensors this binding call passed at the
+    ``fixed`` positions replaced by their ``data_ptr()``, when ``args`` holds those very
+    objects there; else ``args`` as they are (the launcher then checks each tensor). None
+    when no fixed position holds a tensor (None is a null pointer to the launcher already)."""
+    kept = sorted({i for i in fixed if args[i] is not None})
+    if not kept:
+        return None
+    scope: dict[str, Any] = {}
+    for i in kept:
+        scope[f"t{i}"] = args[i]  # held: its address stays valid while this function lives
+        scope[f"p{i}"] = args[i].data_ptr()
+    unpack = ", ".join(f"a{i}" for i in range(len(args)))
+    same = " and ".join(f"a{i} is t{i}" for i in kept)
+    passed = ", ".join(f"p{i}" if i in kept else f"a{i}" for i in range(len(args)))
+    src = (f"def addresses(args):\n"
+           f"    {unpack}{',' if len(args) == 1 else ''} = args\n"
+           f"    if {same}:\n"
+           f"        return ({passed}{',' if len(args) == 1 else ''})\n"
+           f"    return args\n")
+    exec(src, scope)  # generated from argument positions, as Triton's own binder is
+    return scope["addresses"]  # type: ignore[no-any-return]
+
+
 class Launch:
     """``fn`` with ``constexprs`` and ``options`` (``num_warps``, ``num_stages``, …) fixed,
     launched on ``device`` with the runtime arguments in their order; only the positions in
     ``varying`` may specialise differently from call to call (module docstring).
 
     ``fixed_descriptors``: positions of tensor descriptors that are the same object at every
-    call, encoded once per compiled kernel.
+    call, encoded once per compiled kernel. ``fixed_pointers``: positions of tensors (or
+    None) that are the same object at every call, handed to the launcher as addresses.
 
     ``launch(grid, *args)`` with a 3-tuple grid. ``bound`` says how many compiled kernels
     it holds (one per specialisation of the varying positions); ``fallback`` why it takes
@@ -144,11 +183,12 @@ class Launch:
     call through Triton's launcher (empty when they are encoded once, or none are fixed)."""
 
     __slots__ = ("_bound", "_fn", "_index", "_key", "_kwargs", "_tail", "descriptor_fallback", "device", "fallback",
-                 "fixed_descriptors", "n_args", "varying")
+                 "fixed_descriptors", "fixed_pointers", "n_args", "varying")
 
     def __init__(
         self, fn: Any, *, constexprs: Mapping[str, Any], options: Mapping[str, Any] | None = None,
-        varying: Sequence[int] = (), fixed_descriptors: Sequence[int] = (), device: torch.device,
+        varying: Sequence[int] = (), fixed_descriptors: Sequence[int] = (), fixed_pointers: Sequence[int] = (),
+        device: torch.device,
     ) -> None:
         names = list(fn.arg_names)
         consts = _constexpr_names(fn)
@@ -164,11 +204,16 @@ class Launch:
         if any(not 0 <= i < self.n_args or i in varying for i in fixed_descriptors):
             raise TypeError(f"{fn.__name__}: fixed descriptor positions {list(fixed_descriptors)} must be among its "
                             f"{self.n_args} arguments and not varying {list(varying)}")
+        if any(not 0 <= i < self.n_args or i in varying or i in fixed_descriptors for i in fixed_pointers):
+            raise TypeError(f"{fn.__name__}: fixed pointer positions {list(fixed_pointers)} must be among its "
+                            f"{self.n_args} arguments, not varying {list(varying)} nor fixed descriptors "
+                            f"{list(fixed_descriptors)}")
         self._fn = fn
         self._kwargs = {**constexprs, **(options or {})}
         self._tail = tuple(constexprs[n] for n in consts)
         self.varying = tuple(varying)
         self.fixed_descriptors = tuple(fixed_descriptors)
+        self.fixed_pointers = tuple(fixed_pointers)
         self.descriptor_fallback = ""
         self.device = device
         self._index = device.index if device.index is not None else 0
@@ -210,6 +255,9 @@ class Launch:
             bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, meta,
                       knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args, *self._tail)
             return
+        pointers = bound.pointers
+        if pointers is not None:
+            args = pointers(args)
         direct = bound.direct
         if direct is not None and direct(grid, stream, args):
             return
@@ -220,6 +268,10 @@ class Launch:
         """Launch through ``kernel[grid]`` and keep the compiled kernel it ran."""
         if len(args) != self.n_args:
             raise TypeError(f"{self._fn.__name__}: {self.n_args} runtime arguments expected, got {len(args)}")
+        for i in self.fixed_pointers:
+            if args[i] is not None and not isinstance(args[i], torch.Tensor):
+                raise TypeError(f"{self._fn.__name__}: fixed pointer position {i} ({self._fn.arg_names[i]}) "
+                                f"expects a tensor or None, got a {type(args[i]).__qualname__}")
         kernel = self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
         if hasattr(kernel, "result"):  # compiled asynchronously
             kernel = kernel.result()
@@ -231,7 +283,7 @@ class Launch:
         if tuple(spec[i] for i in self.varying) != key:
             self.fallback = f"the specialisation of {self.varying} disagrees with Triton's binder: {key} vs {spec}"
             return
-        self._bound[key] = _Bound(kernel, self._direct(kernel, args))
+        self._bound[key] = _Bound(kernel, self._direct(kernel, args), _pointer_function(args, self.fixed_pointers))
 
     def _direct(self, kernel: Any, args: tuple[Any, ...]) -> DirectLaunch | None:
         """The direct launch of ``kernel`` with this call's fixed descriptors encoded, or

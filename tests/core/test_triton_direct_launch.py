@@ -185,6 +185,29 @@ def test_profiler_hooks_take_tritons_launcher(encoded: collections.Counter[int])
     assert call[13:] == _tritons_call(launcher, raw, (w, x, s, y, 16))[13:]
 
 
+def test_fixed_pointers_reach_the_direct_launch_as_addresses(encoded: collections.Counter[int]) -> None:
+    """Both kinds of fixed position on one launch: the descriptors encoded once and the
+    fixed tensor passed as its address, each call otherwise the one Triton makes."""
+    raw = RawLauncher()
+    launcher = cuda_launcher(raw, TMA_META)
+    fn = DescriptorJIT(launcher)
+    launch = Launch(fn, constexprs={"BLOCK": 64}, varying=(4,), fixed_descriptors=FIXED, fixed_pointers=(3,),
+                    device=torch.device("cuda", 0))
+    w, s, y = _weight()
+    launch(GRID, w, _x(), s, y, 16)  # the first call: kernel[grid], with the tensor
+    assert fn.slow[0][5] is y and not raw.calls
+    x = _x()
+    launch(GRID, w, x, s, y, 16)
+    assert launch.descriptor_fallback == "" and encoded[id(w)] == 1
+    (call,) = raw.calls
+    want = _tritons_call(launcher, raw, (w, x, s, y.data_ptr(), 16))
+    assert call == want and y.data_ptr() in call and not any(a is y for a in call)
+    other = torch.empty_like(y)
+    launch(GRID, w, x, s, other, 16)  # another output: passed as given
+    call = raw.calls.pop()
+    assert call == _tritons_call(launcher, raw, (w, x, s, other, 16)) and call[-3] is other
+
+
 @pytest.mark.parametrize("which", ["global", "profile"])
 def test_a_kernel_with_scratch_takes_tritons_launcher(encoded: collections.Counter[int], which: str) -> None:
     raw = RawLauncher()

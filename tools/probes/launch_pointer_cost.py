@@ -10,6 +10,9 @@ kernel so the queue never drains):
 * ``fixed ints`` — the 14 weight-like pointers as ints, the activation and output tensors;
 * ``all ints`` — every pointer an int;
 * ``Launch`` — the bound launch itself, with the fixed pointers as tensors and as ints;
+* ``Launch, fixed_pointers`` — a second bound launch of the same kernel told that the 14
+  weight-like positions are fixed (``fixed_pointers``), called with tensors: it passes
+  their addresses itself;
 * ``capturing?`` — ``torch.cuda.is_current_stream_capturing()``, a call a launcher would
   make to choose a plan for graph capture;
 * ``nn.Linear`` — the dense layer at M = 1, K = N = 4096, for scale.
@@ -61,6 +64,10 @@ def measure(calls: int, repeats: int) -> dict[str, float]:
     ints = [b.data_ptr() for b in bufs]
     launch = Launch(_sixteen, device=dev, varying=(14, 15), constexprs=dict(BLOCK=1024), options=dict(num_warps=4))
     launch((1, 1, 1), *bufs, 1024, 4096, 1, 1)  # binds
+    fixed = Launch(_sixteen, device=dev, varying=(14, 15), fixed_pointers=range(14), constexprs=dict(BLOCK=1024),
+                   options=dict(num_warps=4))
+    fixed((1, 1, 1), *bufs, 1024, 4096, 1, 1)  # binds
+    assert all(b.pointers is not None for b in fixed._bound.values()), "the fixed pointers were not bound"
     bound = next(iter(launch._bound.values()))
     stream = torch.cuda.current_stream().cuda_stream
     tail = (1024,)
@@ -77,6 +84,7 @@ def measure(calls: int, repeats: int) -> dict[str, float]:
         "all ints": run(list(ints)),
         "Launch, tensors": lambda: launch((1, 1, 1), *bufs, 1024, 4096, 1, 1),
         "Launch, fixed ints": lambda: launch((1, 1, 1), *ints[:14], *bufs[14:], 1024, 4096, 1, 1),
+        "Launch, fixed_pointers": lambda: fixed((1, 1, 1), *bufs, 1024, 4096, 1, 1),
         "capturing?": torch.cuda.is_current_stream_capturing,
         "nn.Linear M=1": lambda: linear(xl),
     }
@@ -99,7 +107,7 @@ def main() -> None:
     a = ap.parse_args()
     us = measure(a.calls, a.repeats)
     for name, v in us.items():
-        print(f"{name:20s} {v:8.2f} µs per call")
+        print(f"{name:24s} {v:8.2f} µs per call")
     if a.json:
         a.json.write_text(json.dumps({
             "probe": "launch_pointer_cost", "device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -30,6 +30,11 @@ __all__ = ["VARYING", "Bucket", "keeps_scratch", "launch_state"]
 #: its row stride and M. (The outputs and workspaces are fresh allocations or kept
 #: buffers; q is not specialised; pointers a launch never reads are a fixed stand-in.)
 VARYING = (0, 1, 9)
+#: The layer's tensors (the reciprocal smoothing, the LoRA down-projection, or the unread
+#: stand-in in their place): the same objects at every call of a bucket, handed to the
+#: launcher as addresses; and the LoRA output, which is the stand-in too at rank 0.
+FIXED = (2, 3)
+LORA_OUT = 6
 
 #: Per-row-tile tickets, zero between calls (the last program of a tile resets its own),
 #: and the LoRA partials of shared row tiles (each written before it is read, in the same
@@ -78,6 +83,7 @@ class Bucket:
         extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
         self.launch = Launch(
             act_quant_lora_kernel, device=device, varying=VARYING,
+            fixed_pointers=FIXED if r else (*FIXED, LORA_OUT),
             constexprs=dict(N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None,
                             INTERPRETED=interpreted, GPU_MATH=gpu_math, PTX=compiled,
                             TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r)),
