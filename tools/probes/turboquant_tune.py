@@ -47,6 +47,17 @@ GEMV_RES += [c for c in configs.GEMV_VARIANTS if c.unroll == 1]
 MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4, 4, 264)],
        128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
 CROSSOVER_M = (256, 512, 1024)
+#: ``--mma-only``: tiles for the weight operand in the matrix unit's register layout (76
+#: registers and 28 KB at 64×16 on sm_90, six programs an SM instead of four: more
+#: programs and stages fit), timed beside the card's shipped plan at each M bucket.
+_R = dict(register_operand=True)
+MMA_REGISTER = {
+    16: [Mm(64, 16, 4, 4, 3, 528, **_R), Mm(64, 16, 4, 4, 4, 792, **_R), Mm(64, 16, 8, 4, 4, 528, **_R),
+         Mm(64, 16, 2, 4, 3, 1056, **_R)],
+    32: [Mm(64, 32, 4, 4, 3, 528, **_R), Mm(64, 32, 4, 4, 4, 396, **_R), Mm(64, 16, 4, 4, 4, 792, **_R)],
+    64: [Mm(64, 64, 4, 4, 3, 264, **_R), Mm(64, 32, 4, 4, 3, 528, **_R), Mm(64, 64, 4, 4, 2, 396, **_R)],
+    128: [Mm(64, 64, 4, 4, 3, 264, **_R), Mm(64, 64, 4, 4, 4, 264, **_R), Mm(64, 32, 4, 4, 3, 528, **_R)],
+}
 
 
 def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]], rounds: int) -> list[tuple[float, str, Any]]:
@@ -82,6 +93,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mma-only", action="store_true",
+                    help="only the tensor-core kernel: the register-operand tiles beside the shipped plan, one "
+                         "pass, at --ms; entries for these buckets only (to merge into the shipped table)")
+    ap.add_argument("--ms", default="16,32,64,128")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     card = card_key(0)
@@ -113,6 +128,15 @@ def main() -> int:
         print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
 
+    if args.mma_only:
+        for k, n in SHAPES:
+            for m in (int(v) for v in args.ms.split(",")):
+                shipped = configs.mma_config(card, m, k, n, 128, 1, DTYPE)
+                cands = [("mma", shipped)] + [("mma", c) for c in MMA_REGISTER[m] if c != shipped]
+                record("mma", k, n, 1, _time(k, n, m, 1, cands, args.rounds), m)
+        with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+            json.dump({"device": device, "rows": log}, f, indent=1)
+        return 0
     for k, n in SHAPES:
         for passes, cands in ((1, GEMV), (2, GEMV_RES)):
             record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in cands], args.rounds))
