@@ -50,7 +50,9 @@ def stack(k: int, layers: int, device: str) -> nn.Sequential:
         linear = nn.Linear(k, k, bias=False)
         with torch.no_grad():
             linear.weight.copy_(torch.randn(k, k, generator=gen) * 0.02)
-        mods.append(TurboQuantLinear.from_linear(linear.to(device), FMT, generator=gen))
+        # Prepared for the activations it is fed (bf16): a layer made from a float32 nn.Linear
+        # without a dtype is prepared for float32, and would time float32 GEMMs.
+        mods.append(TurboQuantLinear.from_linear(linear.to(device), FMT, generator=gen, dtype=DTYPE))
     return nn.Sequential(*mods)
 
 
