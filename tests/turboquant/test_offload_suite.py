@@ -40,3 +40,13 @@ def test_summary_of_the_h100_run() -> None:
     assert "the overlap model predicts +58.4%" in notes[0]
     assert notes[-1] == ("K4096-N4096-L8: offload within +10% of resident from M = 2048 on (measured M: 1, 128, "
                          "2048, 8192); the overlap model: from M = 128 on")
+
+
+def test_the_stack_is_prepared_for_the_activations_it_is_timed_with() -> None:
+    """A layer made from a float32 nn.Linear without a dtype is prepared for float32: the
+    suite would time float32 GEMMs against bf16 activations (on an H100, 10.6× and 12.5× the
+    bf16 stack's resident time at M = 2048 and 8192:
+    benchmarks/results/probes/turboquant_offload-float32-stack-nvidia-h100-80gb-hbm3.json)."""
+    suite = get_suite("turboquant_offload")
+    stack = suite.stack(256, 2, "cpu")
+    assert [layer.dtype for layer in stack] == [suite.DTYPE, suite.DTYPE]
