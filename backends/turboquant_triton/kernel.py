@@ -8,6 +8,7 @@ kernels read indices as int32 words, eight consecutive coordinates per word.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -44,11 +45,11 @@ class TurboQuantTriton(FusedTurboQuantKernel):
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
         # Fit to both sm_90 cards' committed runs (benchmarks/results/<card>/turboquant_linear.json,
-        # CUDA graphs): the M = 1 decode kernel (one launch, every pass) streams at ~50 % of the
-        # copy bandwidth on the large shapes; the tensor-core kernel (M ≤ 128, the rotation GEMM
-        # a second launch a pass) reads its weight at ~40 % of an H100's copy bandwidth and
-        # multiplies at ~36 % of the bf16 matmul rate, the same µs on an H200 (issue-bound,
-        # not byte-bound); above it, dequantize + cuBLAS reaches ~33 % of the matmul rate at
+        # CUDA graphs): the M = 1 decode kernel (one launch, every pass) streams ~1.5 TB/s on
+        # the large shapes and the tensor-core kernel (M ≤ 128, the rotation GEMM a second
+        # launch a pass) ~1.2 TB/s, on the H100 and the H200 alike (issue- and latency-bound:
+        # a rate, not a share of the copy bandwidth), and it multiplies at ~36 % of the bf16
+        # matmul rate; above M = 128, dequantize + cuBLAS reaches ~33 % of the matmul rate at
         # M = 256 and ~75 % from M = 512. On a CPU this is Triton's interpreter: thousands
         # of times slower than torch.
         m, n_pass = problem["M"], passes(problem)
@@ -62,9 +63,12 @@ class TurboQuantTriton(FusedTurboQuantKernel):
             shares = {"bandwidth": 0.40, "compute": 0.36}
         else:
             shares = {"bandwidth": 0.40, "compute": 0.33 if m < 512 else 0.75}
+        stream = 1.5e12 if m == 1 else 1.2e12 if m <= 128 else math.inf
         base = linear_cost(problem, weight_bytes(problem), launches=launches, **shares,
+                           stream_bytes_per_s=stream if caps.device_type == "cuda" else math.inf,
                            note="Triton interpreter" if caps.device_type == "cpu" else "fit to sm_90 results")
-        return Cost(base.bytes, base.flops * flops_scale, base.bandwidth, base.compute, base.launches, base.note)
+        return Cost(base.bytes, base.flops * flops_scale, base.bandwidth, base.compute, base.launches, base.note,
+                    base.stream_bytes_per_s)
 
     def run_pass(
         self,
