@@ -9,18 +9,15 @@ interpreter on for the CPU): ``pytest tests/gated_activation --qc-device cuda``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-if os.environ.get("TRITON_INTERPRET") == "1":
-    pytest.skip("Triton's interpreter is on: run with --qc-device cuda", allow_module_level=True)
+from tests.compiled_cuda import skip_unless_compiled_cuda
+
+skip_unless_compiled_cuda()
 pytest.importorskip("triton")
 
-from quantcore.kernels.gated_activation import (
+from quantcore.kernels.gated_activation import (  # noqa: E402  (after the module-level skips)
     ACTIVATIONS,
     KERNEL_ACTIVATIONS,
     KERNEL_DTYPES,

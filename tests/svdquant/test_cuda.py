@@ -11,15 +11,12 @@ interpreter on for the CPU): ``pytest tests/svdquant --qc-device cuda``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-if os.environ.get("TRITON_INTERPRET") == "1":
-    pytest.skip("Triton's interpreter is on: run with --qc-device cuda", allow_module_level=True)
+from tests.compiled_cuda import skip_unless_compiled_cuda
+
+skip_unless_compiled_cuda()
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402

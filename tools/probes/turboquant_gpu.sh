@@ -19,5 +19,5 @@ if [[ $part == conformance || $part == all ]]; then
 fi
 if [[ $part == bench || $part == all ]]; then
   timeout "${LINEAR_S:-300}" python3 -m quantcore bench turboquant_linear --device cuda --graph --out "$RESULTS" --rounds 3
-  timeout "${OFFLOAD_S:-120}" python3 -m quantcore bench turboquant_offload --device cuda --graph --out "$RESULTS" --rounds 3
+  timeout "${OFFLOAD_S:-120}" python3 -m quantcore bench turboquant_offload --device cuda --out "$RESULTS" --rounds 3
 fi
