@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
+from quantcore.kernels.gptq_pairs.ptx import offset_pair_asm_text, pair_asm_text
 
 __all__ = ["wgmma_kernel"]
 
@@ -65,6 +65,10 @@ _PAIR_ASM = gl.constexpr(tuple(
     pair_asm_text(bits, fp16, bits * i, zero, scaled=True) if i < 16 // bits else ""
     for bits in (4, 8) for fp16 in (False, True) for zero in (False, True) for i in range(4)
 ))
+
+
+#: The unscaled 4-bit pairs ``(B + q₀, B + q₁)`` of a late-scale plan, at ``fp16·4 + i``.
+_OFFSET_ASM = gl.constexpr(tuple(offset_pair_asm_text(fp16, 4 * i) for fp16 in (False, True) for i in range(4)))
 
 
 @gluon.constexpr_function
@@ -204,6 +208,85 @@ def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
 
 
 @gluon.jit
+def _block_late(part, xsum, ones, i, w_smem, x_smem, bar, STAGES: gl.constexpr, PAIRS: gl.constexpr,
+                WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
+                words_layout: gl.constexpr):
+    """The ``i``-th block of a late-scale program: ``part = Σ (B + q)·x`` over the block and
+    ``xsum = Σ x`` (a wgmma of ``ones``: every row the same), both started afresh and
+    issued asynchronously, not waited for here."""
+    stage = i % STAGES
+    mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
+    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
+    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
+    w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+    for sl in gl.static_range(PAIRS):
+        a = gl.inline_asm_elementwise(_OFFSET_ASM[(act == gl.float16) * 4 + sl], "=r,r", [w16],
+                                      dtype=act.value, is_pure=True, pack=2)
+        xs = x_smem.index(stage * PAIRS + sl).permute((1, 0))
+        part = warpgroup_mma(a, xs, part, use_acc=sl > 0, is_async=True)
+        xsum = warpgroup_mma(ones, xs, xsum, use_acc=sl > 0, is_async=True)
+    return part, xsum
+
+
+@gluon.jit
+def _fold(acc, part, xsum, stage, s_smem, z_smem, BITS: gl.constexpr, HAS_ZEROS: gl.constexpr,
+          S_PAD: gl.constexpr, Z_PAD: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr):
+    """``acc += s·(part − (B + z)·xsum)`` for the retired block in ``stage`` (one scale row
+    per block): the operand's offset ``B`` and the zero point come off in fp32, exactly
+    enough (the products are exact; the sums' rounding is fp32's)."""
+    BASE: gl.constexpr = 1024.0 if act == gl.float16 else 128.0
+    # [BN, 1] in the accumulator's own layout: each thread reads the rows it holds.
+    s = s_smem.index(stage * S_PAD).permute((1, 0)).load(mma_layout).to(gl.float32)
+    if HAS_ZEROS:
+        zb = z_smem.index(stage * Z_PAD).permute((1, 0)).load(mma_layout).to(gl.float32) + BASE
+    else:
+        zb = gl.full([1, 1], BASE + (8.0 if BITS == 4 else 128.0), gl.float32, mma_layout)
+    return acc + s * (part - zb * xsum)
+
+
+@gluon.jit
+def _late_pair(acc, ones, j, w_smem, x_smem, s_smem, z_smem, bar, STAGES: gl.constexpr, PAIRS: gl.constexpr,
+               BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
+               WG: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
+               words_layout: gl.constexpr):
+    """Blocks ``j`` and ``j + 1`` of a late-scale program, folded into ``acc``: the second
+    block is dequantized while the first multiplies, the first folded while the second
+    multiplies, and every group retired on return — ptxas follows a wgmma's accumulator
+    only within the loop body; a fold reading one issued in the previous trip would make
+    it serialize every wgmma (C7514)."""
+    part_a = gl.zeros([BN, BM], gl.float32, mma_layout)
+    sum_a = gl.zeros([BN, BM], gl.float32, mma_layout)
+    part_b = gl.zeros([BN, BM], gl.float32, mma_layout)
+    sum_b = gl.zeros([BN, BM], gl.float32, mma_layout)
+    part_a, sum_a = _block_late(part_a, sum_a, ones, j, w_smem, x_smem, bar, STAGES, PAIRS, WG, BN, act,
+                                mma_layout, words_layout)
+    part_b, sum_b = _block_late(part_b, sum_b, ones, j + 1, w_smem, x_smem, bar, STAGES, PAIRS, WG, BN, act,
+                                mma_layout, words_layout)
+    part_a, sum_a, part_b, sum_b = warpgroup_mma_wait(num_outstanding=2 * PAIRS, deps=(part_a, sum_a, part_b, sum_b))
+    acc = _fold(acc, part_a, sum_a, j % STAGES, s_smem, z_smem, BITS, HAS_ZEROS, S_PAD, Z_PAD, act, mma_layout)
+    part_a, sum_a, part_b, sum_b = warpgroup_mma_wait(num_outstanding=0, deps=(part_a, sum_a, part_b, sum_b))
+    return _fold(acc, part_b, sum_b, (j + 1) % STAGES, s_smem, z_smem, BITS, HAS_ZEROS, S_PAD, Z_PAD, act,
+                 mma_layout)
+
+
+@gluon.jit
+def _ws_consume_late(acc, ones, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter,
+                     STAGES: gl.constexpr, PAIRS: gl.constexpr, BITS: gl.constexpr, HAS_ZEROS: gl.constexpr,
+                     S_PAD: gl.constexpr, Z_PAD: gl.constexpr, WG: gl.constexpr, BN: gl.constexpr,
+                     BM: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr, words_layout: gl.constexpr):
+    """The consumer warpgroups of a warp-specialised late-scale program: pairs of blocks
+    (:func:`_late_pair`), both stages handed back on their ``empty`` barriers."""
+    gl.assume(n_iter > 0)
+    for j in range(0, n_iter, 2):
+        acc = _late_pair(acc, ones, j, w_smem, x_smem, s_smem, z_smem, full, STAGES, PAIRS, BITS, HAS_ZEROS,
+                         S_PAD, Z_PAD, WG, BN, BM, act, mma_layout, words_layout)
+        for u in gl.static_range(2):
+            mbarrier.arrive(empty.index((j + u) % STAGES), pred=j + u + STAGES < n_iter)
+    return (acc,)
+
+
+@gluon.jit
 def _ws_consume(acc, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter,
                 STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
                 BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
@@ -244,7 +327,7 @@ def wgmma_kernel(
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
-    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False,
+    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -252,7 +335,8 @@ def wgmma_kernel(
     zero-point rows per sub-group ``[subs, Np]`` (box ``[1, 64·WG]``, ``ROWS`` per block).
     ``IN_FLIGHT``: a wait per block leaves its groups in flight; else ``PER_WAIT`` blocks
     (1 or 2) between two full waits. Both pairs of blocks need an even block count per
-    program. ``WS`` (with ``IN_FLIGHT``, ``PDL`` 0): a producer warp issues the loads."""
+    program. ``WS`` (with ``IN_FLIGHT``, ``PDL`` 0): a producer warp issues the loads.
+    ``LATE`` (with ``IN_FLIGHT``; 4-bit, ``ROWS`` 1): scale late (``plans.Plan``)."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -300,6 +384,13 @@ def wgmma_kernel(
             mbarrier.init(empty.index(st), count=1)
     else:
         empty = bar
+    if LATE:
+        # Ones, the A operand of the wgmma that sums x, from shared memory: from registers
+        # ptxas rebuilds the constant for every wgmma (four moves each, the registers held).
+        ones = gl.allocate_shared_memory(act, [BN, 32], _tile_layout(x_desc.layout))
+        ones.store(gl.full([BN, 32], 1.0, act, gl.BlockedLayout([1, 8], [8, 4], [NUM_WARPS, 1], [1, 0])))
+    else:
+        ones = x_smem
     fence_async_shared()
 
     if PDL == 2:
@@ -323,7 +414,14 @@ def wgmma_kernel(
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    if WS:
+    if WS and LATE:
+        acc = gl.warp_specialize(
+            [(_ws_consume_late, (acc, ones, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter, STAGES, PAIRS,
+                                 BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, BM, act, mma_layout, words_layout)),
+             (_ws_produce, (w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter,
+                            blk0, tile_n, m0, n0, sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD))],
+            [1], [24])[0]
+    elif WS:
         acc = gl.warp_specialize(
             [(_ws_consume, (acc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter, STAGES, PAIRS, ROWS,
                             SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout,
@@ -331,6 +429,21 @@ def wgmma_kernel(
              (_ws_produce, (w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter,
                             blk0, tile_n, m0, n0, sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD))],
             [1], [24])[0]
+    elif IN_FLIGHT and LATE:
+        # Two blocks per trip, each product apart: the second block is dequantized while the
+        # first one multiplies, the first is folded into acc while the second multiplies.
+        # Every group is retired by the trip's end: ptxas tracks a wgmma's accumulator only
+        # within the loop body, and a fold reading one issued in the previous trip would
+        # make it serialize every wgmma (C7514).
+        for j in range(0, n_iter, 2):
+            acc = _late_pair(acc, ones, j, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, BITS, HAS_ZEROS,
+                             S_PAD, Z_PAD, WG, BN, BM, act, mma_layout, words_layout)
+            gl.thread_barrier()  # every warp has read both stages: hand them back to TMA
+            for u in gl.static_range(2):
+                if j + u + STAGES < n_iter:
+                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, (j + u) % STAGES,
+                           blk0 + j + u + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD,
+                           Z_PAD)
     elif IN_FLIGHT:
         # Two blocks per trip (the module's docstring says why); the launcher gives every
         # program an even block count.

@@ -211,6 +211,8 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
     const = dict(_constexprs(w, plan, walk), num_warps=plan.num_warps)
+    if plan.maxnreg:
+        const["maxnreg"] = plan.maxnreg
     return (tiles, split), args, const
 
 
@@ -231,7 +233,10 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     # would issue loads before the wait that orders them), the plan runs without it: the
     # same tile and walk, the consumers issuing the loads.
     ws = plan.ws and walk.in_flight and not pdl
-    return dict(BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
+    # Late scaling folds one scale row per block, of 4-bit codes; elsewhere the same tile
+    # and walk run with the scale in the operand.
+    late = plan.late_scale and walk.in_flight and w.bits == 4 and sub_rows(w) == 1
+    return dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws)
 
@@ -260,7 +265,9 @@ class _Bucket:
         # The launch attribute lets the launch start before the previous kernel ends; the
         # kernel's PDL constexpr makes it wait where it must (without it, the wait is a no-op).
         pdl = {"launch_pdl": True} if constexprs["PDL"] else {}
-        self.launch = Launch(wgmma_kernel, constexprs=constexprs, options=dict(num_warps=plan.num_warps, **pdl),
+        regs = {"maxnreg": plan.maxnreg} if plan.maxnreg else {}
+        self.launch = Launch(wgmma_kernel, constexprs=constexprs,
+                             options=dict(num_warps=plan.num_warps, **pdl, **regs),
                              varying=VARYING, fixed_descriptors=WEIGHT_DESCRIPTORS,
                              fixed_pointers=WEIGHT_POINTERS + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
                              device=device)

@@ -39,13 +39,26 @@ class Plan:
     #: in-flight walk without a CTA barrier per block); needs ``in_flight``. Opt-in: no
     #: shipped table and not the rule name it until a device run has measured it.
     ws: bool = False
+    #: Scale late: the operand is the exact ``B + q`` (one LOP3 per pair, nothing else),
+    #: each block's product is accumulated apart and folded into the output as
+    #: ``s·(Σ(B + q)·x − (B + z)·Σx)`` in fp32 once its groups retire (``Σx`` from a wgmma
+    #: of ones). Needs ``in_flight``; 4-bit weights with one scale row per block (groups of
+    #: 128 or more) only — elsewhere the plan runs with the scale in the operand.
+    late_scale: bool = False
+    #: Registers per thread the launch may take (0: the compiler's choice). A
+    #: warp-specialised program otherwise takes the whole register file, one CTA per SM —
+    #: too few at small M; its consumers get what the producer warp hands back.
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if (self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1
-                or self.per_wait not in (1, 2) or (self.in_flight and self.per_wait != 1)):
+                or self.per_wait not in (1, 2) or (self.in_flight and self.per_wait != 1)
+                or not (self.maxnreg == 0 or 24 <= self.maxnreg <= 255)):
             raise ValueError(f"hopper_wgmma plan out of range: {self}")
         if self.ws and not self.in_flight:
             raise ValueError(f"hopper_wgmma plan: ws (a producer warp) needs in_flight=True, got {self}")
+        if self.late_scale and not self.in_flight:
+            raise ValueError(f"hopper_wgmma plan: late_scale needs in_flight=True, got {self}")
 
     @property
     def num_warps(self) -> int:

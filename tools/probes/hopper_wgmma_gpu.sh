@@ -11,7 +11,8 @@
 #   graphs, 3 rounds); ncu:M,K,N: the profile of tools/probes/hopper_wgmma_ncu.py's launch;
 # table: the timings so far written as this card's tuned table into backends/hopper_wgmma
 #   (so the steps and commands after it run with the new plans) and into OUTDIR.
-# SHAPES=KxN,... times and compiles those weight shapes instead of the sweep's default ones.
+# SHAPES=KxN,... times and compiles those weight shapes instead of the sweep's default ones;
+# FOCUS=late checks and times the late-scale plans only (beside the plan a call takes).
 set -uo pipefail
 dest=$1; shift
 mkdir -p "$dest"
@@ -34,7 +35,7 @@ if ! python3 -c "import quantcore.backends.hopper_wgmma" 2> /dev/null; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-sweep="python3 -m tools.probes.hopper_wgmma_sweep --out $out"
+sweep="python3 -m tools.probes.hopper_wgmma_sweep --out $out ${FOCUS:+--focus $FOCUS}"
 for step in "$@"; do
   t0=$SECONDS
   case $step in

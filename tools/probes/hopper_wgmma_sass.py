@@ -116,11 +116,12 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
     cnt = torch.zeros(4, dtype=torch.int32)
     _, args, const = kernel_args(x, w, plan, y, ws, cnt)
     num_warps = const.pop("num_warps")
+    options = {"num_warps": num_warps, **({"maxnreg": const.pop("maxnreg")} if "maxnreg" in const else {})}
     names = [a for a in wgmma_kernel.arg_names if a not in const]
     signature = {name: mangle_type(arg) for name, arg in zip(names, args, strict=True)}
     signature |= {c: "constexpr" for c in const}
     src = GluonASTSource(fn=wgmma_kernel, signature=signature, constexprs=const)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])

@@ -83,6 +83,19 @@ def ws_twin(plan: Plan) -> Plan:
     return dataclasses.replace(in_flight_twin(plan), ws=True)
 
 
+def late_twins(plan: Plan) -> list[Plan]:
+    """``plan``'s in-flight walk scaling late (``Plan.late_scale``), with and without a
+    producer warp; the producer's twins capped at 80 and 128 registers a thread, so that
+    more than one CTA fits an SM."""
+    late = dataclasses.replace(in_flight_twin(plan), late_scale=True)
+    return [late] + [dataclasses.replace(late, ws=True, maxnreg=r) for r in (80, 128)]
+
+
+#: The activation tiles where a late scale can pay: each block's fold costs BM/2 FMAs a
+#: thread per accumulator, which the operand's saved multiplies cover up to 32 rows.
+LATE_MAX_BM = 32
+
+
 def _sync() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -141,15 +154,24 @@ def check_cases() -> list[dict[str, Any]]:
     for ci, case in enumerate(cases):
         old = [p for p in case["plans"] if p is not None]
         new = IN_FLIGHT_PLANS if ci in full else [in_flight_twin(p) for p in old[:2]]
-        new = new + [ws_twin(p) for p in new]
+        new = new + [ws_twin(p) for p in new] + [t for p in new if p.bm <= LATE_MAX_BM for t in late_twins(p)]
         case["plans"] = case["plans"] + [p for p in dict.fromkeys(new) if p not in case["plans"]] + TRITON_CHECK_PLANS
     return cases
+
+
+#: ``--focus late``: check only the late-scale plans, and time only the plan a call takes,
+#: its in-flight twin and the late-scale candidates — one kind measured in one short call.
+FOCUS: list[str] = []
+
+
+def _focused(plan: AnyPlan | None) -> bool:
+    return "late" not in FOCUS or (isinstance(plan, Plan) and plan.late_scale)
 
 
 def _check_units(shard: tuple[int, int]) -> list[tuple[int, AnyPlan | None]]:
     """(case, plan) pairs of this shard: plans dealt round-robin, so every shard gets a
     share of the expensive ones."""
-    units = [(ci, plan) for ci, case in enumerate(check_cases()) for plan in case["plans"]]
+    units = [(ci, plan) for ci, case in enumerate(check_cases()) for plan in case["plans"] if _focused(plan)]
     i, n = shard
     return units[i::n]
 
@@ -211,7 +233,7 @@ def merge_checks(out: Path) -> list[dict[str, Any]]:
     """``check-*-of-*.json`` → ``check.json``, with a summary per kind of plan."""
     rows = [r for p in sorted(out.glob("check-*-of-*.json")) for r in json.loads(p.read_text())]
     (out / "check.json").write_text(json.dumps(rows, indent=1))
-    for kind in ("waited", "two blocks per wait", "in flight", WS_KIND, "triton"):
+    for kind in ("waited", "two blocks per wait", "in flight", WS_KIND, LATE_KIND, "triton"):
         mine = [r for r in rows if isinstance(r["plan"], dict) and _kind(r["plan"]) == kind]
         ok = sum(r["ok"] for r in mine)
         same = sum(r.get("same", True) for r in mine)
@@ -294,8 +316,15 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
             add(2, 256, 3, [1, 2])
     for plan in [p for p in out if isinstance(p, Plan) and p.in_flight]:
         put(ws_twin(plan))
+    if bits == 4:
+        for plan in [p for p in out if isinstance(p, Plan) and p.in_flight and not p.ws and p.bm <= LATE_MAX_BM]:
+            for twin in late_twins(plan):
+                put(twin)
     for plan in triton_candidates(m, k, n, bits, sms):
         put(plan)
+    if "late" in FOCUS:
+        base = [] if shipped is None else [shipped, in_flight_twin(shipped)]
+        return [p for p in out if p in base or _focused(p)]
     return out
 
 
@@ -444,15 +473,17 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
                 cub = next(r["us"] for r in here if r["variant"] == "cublas")
                 ship = next((r for r in mine_rows if r["default"]), None)
                 kinds = {kind: [r for r in mine_rows if _kind(r["plan"]) == kind]
-                         for kind in ("waited", "in flight", WS_KIND, "triton")}
+                         for kind in ("waited", "in flight", WS_KIND, LATE_KIND, "triton")}
                 waited = min(kinds["waited"], key=lambda r: r["us"], default=None)
                 flying = min(kinds["in flight"], key=lambda r: r["us"], default=None)
                 produced = min(kinds[WS_KIND], key=lambda r: r["us"], default=None)
+                late = min(kinds[LATE_KIND], key=lambda r: r["us"], default=None)
                 small = min(kinds["triton"], key=lambda r: r["us"], default=None)
 
                 print(f"{bits}b {dname} K{k} N{n} M{m}: cublas {cub:.1f} | shipped {_shown(ship, cub)} | best waited "
                       f"{_shown(waited, cub)} | best in flight {_shown(flying, cub)} {flying['plan'] if flying else ''} "
                       f"| best ws {_shown(produced, cub)} {produced['plan'] if produced else ''} "
+                      f"| best late {_shown(late, cub)} {late['plan'] if late else ''} "
                       f"| best triton {_shown(small, cub)} {small['plan'] if small else ''} "
                       f"[{time.time() - t0:.0f}s]", flush=True)
                 (out / name).write_text(json.dumps(rows, indent=1))
@@ -465,11 +496,15 @@ def run_time(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
 MARGIN = 0.03
 #: The kind (``_kind``) of a warp-specialised plan: never shipped unless a check ran it.
 WS_KIND = "warp-specialised"
+#: The kind of a late-scale plan (with or without the producer), likewise.
+LATE_KIND = "late scale"
 
 
 def _kind(plan: dict) -> str:
     if "path" in plan:
         return "triton"
+    if plan.get("late_scale"):
+        return LATE_KIND
     if plan.get("ws"):
         return WS_KIND
     return "in flight" if plan.get("in_flight") else "two blocks per wait" if plan.get("per_wait") == 2 else "waited"
@@ -484,7 +519,7 @@ def unchecked_kinds(check: list[dict]) -> set[str]:
     """The warp-specialised kind unless the check ran it: a check from before it existed,
     or none, proves nothing of it."""
     ran = {_kind(r["plan"]) for r in check if isinstance(r["plan"], dict)}
-    return set() if WS_KIND in ran else {WS_KIND}
+    return {WS_KIND, LATE_KIND} - ran
 
 
 def best_table(rows: list[dict], info: dict, keep: dict | None = None, unsafe: set[str] = frozenset()) -> dict:
@@ -494,7 +529,10 @@ def best_table(rows: list[dict], info: dict, keep: dict | None = None, unsafe: s
     the card) for keys not timed here stay."""
     timed: dict[tuple[int, int, int, int], list[dict]] = {}
     for r in rows:
-        if r.get("variant") == "hopper" and r.get("dtype") == "bf16" and "us" in r and _kind(r["plan"]) not in unsafe:
+        # The plan a call took stays a candidate whatever its kind: a table shipped it
+        # after a check of its own; a check of other kinds says nothing against it.
+        if (r.get("variant") == "hopper" and r.get("dtype") == "bf16" and "us" in r
+                and (r.get("default") or _kind(r["plan"]) not in unsafe)):
             timed.setdefault((r["bits"], r["k"], r["n"], r["m"]), []).append(r)
     plans = {}
     for (b, k, n, m), rs in timed.items():
@@ -531,7 +569,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--peers", default="cublas,triton_int4,aten_cuda")
+    ap.add_argument("--focus", choices=("late",), action="append", default=[],
+                    help="check and time one kind of plan only (with the plan a call takes)")
     args = ap.parse_args(argv)
+    FOCUS[:] = args.focus
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.table:
@@ -540,7 +581,7 @@ def main(argv: list[str]) -> int:
         check = [r for p in args.table if Path(p).name == "check.json" for r in json.loads(Path(p).read_text())]
         unsafe = unsafe_kinds(check) | unchecked_kinds(check)
         if not check:
-            print(f"no check.json given: every kind of plan but {WS_KIND!r} is taken as checked")
+            print(f"no check.json given: every kind of plan but {sorted(unchecked_kinds([]))} is taken as checked")
         elif unsafe:
             print(f"not shipped (wrong or unrepeatable in the check): {sorted(unsafe)}")
         slug = CardKey(**info["card_key"]).slug

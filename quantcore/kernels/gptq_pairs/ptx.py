@@ -4,7 +4,7 @@ tensor-core operand register: the one text both the ``triton_int4`` and the
 
 from __future__ import annotations
 
-__all__ = ["pair_asm_text"]
+__all__ = ["offset_pair_asm_text", "pair_asm_text"]
 
 
 def pair_asm_text(bits: int, fp16: bool, shift: int, with_zero: bool, scaled: bool) -> str:
@@ -42,3 +42,13 @@ def pair_asm_text(bits: int, fp16: bool, shift: int, with_zero: bool, scaled: bo
     return ("{ .reg .b32 lo, hi, zf, mg; mov.b32 mg, 0x4B000000; mov.b32 zf, 0x4B000080;"
             f" prmt.b32 lo, $1, mg, 0x744{i}; prmt.b32 hi, $1, mg, 0x744{i + 2};"
             f" sub.f32 lo, lo, {zero}; sub.f32 hi, hi, {zero};{mul} cvt.rn.bf16x2.f32 $0, hi, lo; }}")
+
+
+def offset_pair_asm_text(fp16: bool, shift: int) -> str:
+    """PTX for one 32-bit word of 4-bit codes: its field at bit ``shift`` of each half →
+    the pair ``(B + q₀, B + q₁)``, ``B`` = 128 (bf16) or 1024 (fp16), exactly: one shift and
+    one LOP3, no subtraction. A kernel that multiplies this operand owes the product
+    ``−(B + z)·Σx`` and the scale afterwards, per group, in fp32."""
+    src = f"shr.u32 t, $1, {shift};" if shift else "mov.b32 t, $1;"
+    magic = "0x64006400" if fp16 else "0x43004300"
+    return "{ .reg .b32 t; " + src + f" lop3.b32 $0, t, 0x000F000F, {magic}, 0xea; }}"
