@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,22 @@ def test_candidates_start_with_the_baseline_and_are_distinct() -> None:
         tiles = candidates(SHIPPED_BIG, m, r)
         assert tiles[0] == SHIPPED_BIG and len(set(tiles)) == len(tiles) > 4
         assert any(t.flat and t.prefetch for t in tiles)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the probe's case on the CPU, under the interpreter")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_probe_case_runs_and_flags_the_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One small case of the probe end to end under the interpreter: every candidate is
+    checked against the baseline (exact, same LoRA bits on the same walk, deterministic,
+    tickets back at 0) and timed beside the matmul and the copy."""
+    from tools.probes import act_quant_lora_plans as probe
+
+    monkeypatch.setattr(probe, "DEVICE", "cpu")
+    base = Tile(16, 64, grid=5)
+    tiles = [base, dataclasses.replace(base, flat=True, prefetch=True), dataclasses.replace(base, red=4),
+             Tile(32, 64, grid=3, flat=True)]
+    rows = probe.run_case(True, 40, 128, 16, tiles, 1e9, torch.Generator().manual_seed(0))
+    assert [r["baseline"] for r in rows] == [True, False, False, False]
+    assert all(r["ok"] and r["codes_scales_exact"] and r["deterministic"] and r["tickets_reset"] for r in rows), rows
+    assert [r["lora_bits_expected_equal"] for r in rows] == [True, True, True, False]
+    assert all(r["us"] > 0 and r["cublas_us"] > 0 and r["same_size_copy_us"] > 0 for r in rows)

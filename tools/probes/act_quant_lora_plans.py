@@ -11,7 +11,8 @@ baseline and the plan options on it and on a few neighbours (``Tile.flat``, ``pr
 - checks codes and scales bit for bit against the baseline kernel's on the GPU (the
   baseline itself against ``svdquant_torch``), the LoRA output bit for bit against the
   baseline where the steps and their order are the same (same bm, bn and programs), else
-  its relative difference, and the LoRA bits over two calls (the ticket protocol);
+  its relative difference, the LoRA bits over two calls and the ticket counters left at 0
+  (the ticket protocol);
 - times it with ``quantcore.timing.time_interleaved(graph=True)`` beside cuBLAS's LoRA-down
   alone (``x @ lora_down``) and a device copy of the op's bytes, over inputs rotating
   through more than twice the L2.
@@ -39,10 +40,12 @@ import torch
 
 from quantcore.kernels.svdquant.triton_kernel import Tile, smem_bytes
 
-__all__ = ["SHAPES", "candidates", "main", "table"]
+__all__ = ["SHAPES", "candidates", "main", "run_case", "table"]
 
 SHAPES = [(m, n, r) for m in (4352, 256) for n in (3840, 10240) for r in (32, 128)]
 ENV_OUT = "SVDQUANT_PLANS_OUT"
+#: Where the candidates run: a GPU (a test runs one small case under the interpreter).
+DEVICE = "cuda"
 
 
 def baseline(fp4: bool, m: int, n: int, r: int) -> Tile:
@@ -83,8 +86,8 @@ def candidates(base: Tile, m: int, r: int) -> list[Tile]:
 
 def _layer(n: int, r: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {
-        "lora_down": (torch.randn(n, r, generator=gen) * 0.05).to("cuda", torch.bfloat16),
-        "smooth": torch.exp(torch.randn(n, generator=gen) * 0.5).to("cuda", torch.bfloat16),
+        "lora_down": (torch.randn(n, r, generator=gen) * 0.05).to(DEVICE, torch.bfloat16),
+        "smooth": torch.exp(torch.randn(n, generator=gen) * 0.5).to(DEVICE, torch.bfloat16),
     }
 
 
@@ -93,7 +96,7 @@ def _kernel(fp4: bool) -> Any:
     from quantcore.backends.triton_nvfp4 import TritonNVFP4
     from quantcore.formats.svdquant import SVDQuantAct
 
-    return (TritonNVFP4 if fp4 else TritonAscendInt4)(SVDQuantAct(fp4=fp4), "cuda")
+    return (TritonNVFP4 if fp4 else TritonAscendInt4)(SVDQuantAct(fp4=fp4), DEVICE)
 
 
 def _compile(job: tuple[bool, int, int, int, list[Tile]]) -> list[str]:
@@ -135,22 +138,44 @@ def _bits(out: Any, fp4: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return out.qout, out.oscales.view(torch.uint8 if fp4 else torch.int16)
 
 
-def _case(fp4: bool, m: int, n: int, r: int, tiles: list[Tile], copy: float, gen: torch.Generator) -> list[dict]:
+def _tickets_clear(prepared: Any) -> bool:
+    """Whether every kept ticket counter of the layer's buckets is back at 0 (the last program
+    of each shared row tile resets its own); one left over is zeroed, so a broken candidate
+    cannot fail the ones timed after it."""
+    from quantcore.kernels.svdquant.triton_launch import launch_state
+
+    clear = True
+    for bucket in launch_state(prepared.lora_down).values():
+        if bucket.shared and bucket.keeps:
+            tickets = bucket._kept_scratch()[1]
+            if int(tickets.abs().sum()):
+                clear = False
+                tickets.zero_()
+    return clear
+
+
+def _lora_bits(t: torch.Tensor) -> torch.Tensor:
+    """The LoRA output's bits with −0.0 as +0.0 (a reset accumulator may start a sum either way)."""
+    return (t + 0.0).view(torch.int32)
+
+
+def run_case(fp4: bool, m: int, n: int, r: int, tiles: list[Tile], copy: float, gen: torch.Generator) -> list[dict]:
+    """One format and shape: a row per candidate (``tiles[0]`` the baseline), checked and timed."""
     from quantcore.backends.svdquant_torch import TorchActQuantLora
     from quantcore.formats.svdquant import SVDQuantAct
     from quantcore.timing import time_interleaved
 
     fmt = SVDQuantAct(fp4=fp4)
     sets = max(2, min(64, -(-(100 << 20) // (2 * m * n))))  # together more than twice an H100's L2
-    xs = [(torch.randn(m, n, generator=gen) * 2).to("cuda", torch.bfloat16) for _ in range(sets)]
+    xs = [(torch.randn(m, n, generator=gen) * 2).to(DEVICE, torch.bfloat16) for _ in range(sets)]
     layer = _layer(n, r, gen)
     w = layer["lora_down"]
     kernel = _kernel(fp4)
     prepared = kernel.prepare(layer, dtype=torch.bfloat16)
-    torch_kernel = TorchActQuantLora(fmt, "cuda")
+    torch_kernel = TorchActQuantLora(fmt, DEVICE)
     gold = torch_kernel(xs[0], torch_kernel.prepare(layer, dtype=torch.bfloat16))
     nbytes = op_bytes(fp4, m, n, r)
-    src = torch.empty(nbytes // 2 // 2, dtype=torch.bfloat16, device="cuda")  # half the bytes read, half written
+    src = torch.empty(nbytes // 2 // 2, dtype=torch.bfloat16, device=DEVICE)  # half the bytes read, half written
     dst = torch.empty_like(src)
 
     base = tiles[0]
@@ -166,7 +191,8 @@ def _case(fp4: bool, m: int, n: int, r: int, tiles: list[Tile], copy: float, gen
         try:
             a = kernel.forward(xs[0], prepared, tile=tile)
             b = kernel.forward(xs[0], prepared, tile=tile)
-            torch.cuda.synchronize()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)
@@ -176,20 +202,21 @@ def _case(fp4: bool, m: int, n: int, r: int, tiles: list[Tile], copy: float, gen
         la, lb, lr = a.lora_act_out, b.lora_act_out, ref.lora_act_out
         row.update({
             "codes_scales_exact": bool(torch.equal(q, ref_q) and torch.equal(s, ref_s) and base_golden),
-            "lora_bits_as_baseline": bool(torch.equal(la.view(torch.int32), lr.view(torch.int32))),
+            "lora_bits_as_baseline": bool(torch.equal(_lora_bits(la), _lora_bits(lr))),
             "lora_bits_expected_equal": same_walk,
             "lora_rel_to_baseline": float((la.double() - lr.double()).norm() / lr.double().norm().clamp_min(1e-30)),
             "lora_rel_to_torch": float((la.double() - gold.lora_act_out.double()).norm()
                                        / gold.lora_act_out.double().norm().clamp_min(1e-30)),
             "deterministic": bool(torch.equal(la.view(torch.int32), lb.view(torch.int32))),
+            "tickets_reset": _tickets_clear(prepared),
         })
-        row["ok"] = row["codes_scales_exact"] and row["deterministic"] and row["lora_rel_to_torch"] < 1e-4 and (
-            row["lora_bits_as_baseline"] or not same_walk)
+        row["ok"] = row["codes_scales_exact"] and row["deterministic"] and row["tickets_reset"] and (
+            row["lora_rel_to_torch"] < 1e-4) and (row["lora_bits_as_baseline"] or not same_walk)
         rows.append(row)
         kept.append(row)
         fns.append(lambda i, t=tile: kernel.forward(xs[i % sets], prepared, tile=t))
-    timings = time_interleaved([lambda i: xs[i % sets] @ w, lambda i: dst.copy_(src), *fns], "cuda", graph=True,
-                               sets=[sets, 1, *[sets] * len(fns)])
+    timings = time_interleaved([lambda i: xs[i % sets] @ w, lambda i: dst.copy_(src), *fns], DEVICE,
+                               rounds=7 if DEVICE == "cuda" else 1, graph=True, sets=[sets, 1, *[sets] * len(fns)])
     cublas, same_size_copy = timings[0].median_s, timings[1].median_s
     base_s = next((timing.median_s for row, timing in zip(kept, timings[2:], strict=True) if row["baseline"]), None)
     for row, timing in zip(kept, timings[2:], strict=True):
@@ -242,7 +269,7 @@ def main(out: Path, *, table_dir: Path | None = None, quick: bool = False, procs
     gen = torch.Generator().manual_seed(1)
     out.parent.mkdir(parents=True, exist_ok=True)
     for fp4, m, n, r, tiles in cases:
-        part = _case(fp4, m, n, r, tiles, meta["copy_bytes_per_s"], gen)
+        part = run_case(fp4, m, n, r, tiles, meta["copy_bytes_per_s"], gen)
         torch.cuda.empty_cache()  # the case's inputs and graphs are gone with it
         rows += part
         timed = sorted((row for row in part if "us" in row), key=lambda row: row["us"])
