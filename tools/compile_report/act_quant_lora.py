@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantcore.kernels.svdquant.triton_kernel import Tile, pick_tile, rank_block
+from quantcore.kernels.svdquant.triton_kernel import Tile, launch_geometry, pick_tile, rank_block
 from quantcore.triton.compile_report import (
     backward_loops,
     compile_sm90,
@@ -39,14 +39,17 @@ def loop_instructions(sass: str) -> int:
 
 
 def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True,
-                sass_dir: Path | None = None) -> dict[str, Any]:
+                sass_dir: Path | None = None, m_pad: int = 4352) -> dict[str, Any]:
     from quantcore.kernels.svdquant.triton_source import act_quant_lora_kernel as fn
 
     runtime = {"x_ptr": "*bf16", "stride_xm": "i32", "rs_ptr": "*fp32", "w_ptr": "*bf16", "q_ptr": "*i32",
                "s_ptr": "*u8" if fp4 else "*i16", "l_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
                "M": "i32", "M_PAD": "i32", "MAXC": "i32"}
     const = {"N": n, "R": r, "FP4": fp4, "HAS_SMOOTH": smooth, "INTERPRETED": False, "GPU_MATH": True, "PTX": True,
-             "TREE": tile.tree, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r)}
+             "TREE": tile.tree, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r), "FLAT": tile.flat,
+             "PREFETCH": tile.prefetch, "RED": tile.red,
+             "SLOTS": launch_geometry(tile, m_pad, n, 132)[2] if tile.flat else 0,
+             "NT": 32 * tile.num_warps if tile.flat else 0}
     options: dict[str, Any] = {"num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False}
     if tile.maxnreg:
         options["maxnreg"] = tile.maxnreg

@@ -11,19 +11,31 @@ share a tile but 256 rows have their own), activation dtype, smooth on/off. A sh
 without an entry falls back to :func:`.triton_kernel.pick_tile`. The entries come from
 the tile probe (``python -m tools.probes.act_quant_lora_tiles``) on that GPU; README.md
 here has the times.
+
+Measured tables also ship as ``tuned-<card slug>.json`` beside this file, written by the
+plan probe (``python -m tools.probes.act_quant_lora_plans --table DIR``): ``{"card": {...},
+"entries": [{"key": <config_key>, "tile": {<Tile fields>}, "us": ...}, ...]}``. A file's
+entries win over :data:`SHIPPED`'s for the same card and key (they were measured later,
+with the plan options).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from ...dtypes import dtype_name
+from ...errors import InvalidArgumentError
 from ...formats.svdquant import SVDQuantAct
 from ...probe.card import CardKey
-from ...probe.card_tables import H100_SXM, table_for
+from ...probe.card_tables import H100_SXM, read_card_json, table_for
 from .tile import Tile
 
-__all__ = ["SHIPPED", "config_key", "shipped_tile"]
+__all__ = ["SHIPPED", "config_key", "load_table", "shipped_tile", "tables"]
 
 
 def config_key(fmt: SVDQuantAct, m_pad: int, n: int, r: int, dtype: torch.dtype, smooth: bool) -> str:
@@ -56,7 +68,38 @@ SHIPPED: dict[CardKey, dict[str, Tile]] = {
 }
 
 
+def load_table(path: Path) -> tuple[CardKey, dict[str, Tile]]:
+    """One ``tuned-<card>.json``: its card and its tiles by :func:`config_key`."""
+    card, data = read_card_json(path)
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise InvalidArgumentError(f"{path}: expected \"entries\": a list of tuned tiles, got {type(entries).__name__}")
+    names = {f.name for f in dataclasses.fields(Tile)}
+    out: dict[str, Tile] = {}
+    for entry in entries:
+        try:
+            fields: dict[str, Any] = entry["tile"]
+            unknown = set(fields) - names
+            if unknown:
+                raise ValueError(f"unknown tile fields {sorted(unknown)}")
+            out[str(entry["key"])] = Tile(**fields)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"{path}: an entry is not a tuned tile ({type(exc).__name__}: {exc}): "
+                                       f"{str(entry)[:120]}") from None
+    return card, out
+
+
+@functools.cache
+def tables(folder: Path = Path(__file__).parent) -> dict[CardKey, dict[str, Tile]]:
+    """:data:`SHIPPED` with every ``tuned-*.json`` of ``folder`` laid over it, per card."""
+    merged = {card: dict(table) for card, table in SHIPPED.items()}
+    for path in sorted(folder.glob("tuned-*.json")):
+        card, table = load_table(path)
+        merged.setdefault(card, {}).update(table)
+    return merged
+
+
 def shipped_tile(card: CardKey | None, fmt: SVDQuantAct, m_pad: int, n: int, r: int, dtype: torch.dtype,
                  smooth: bool) -> Tile | None:
-    table = table_for(SHIPPED, card) or {}
+    table = table_for(tables(), card) or {}
     return table.get(config_key(fmt, m_pad, n, r, dtype, smooth))

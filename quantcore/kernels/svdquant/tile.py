@@ -28,13 +28,22 @@ class Tile:
     maxnreg: int | None = None
     #: programs per SM when ``grid`` is 0
     per_sm: int = 2
+    #: one software-pipelined loop over a program's steps, row tiles included (the loads
+    #: of the next steps stay in flight across a row tile's end); False: a loop per row tile
+    flat: bool = False
+    #: load the next step's ``1/smooth`` a step ahead (its latency off the step's path)
+    prefetch: bool = False
+    #: LoRA partial slots a shared row tile's last program loads per round trip (1, 2, 4, 8)
+    red: int = 1
 
     def describe(self) -> str:
         """Every field, in words: what a bench row or a log line names the tile by."""
         programs = f"grid {self.grid}" if self.grid else f"{self.per_sm} programs/SM"
         cap = f"maxnreg {self.maxnreg}" if self.maxnreg else "no register cap"
+        plan = "".join(word for on, word in ((self.flat, ", flat"), (self.prefetch, ", prefetch")) if on)
+        red = f", {self.red} slots a load" if self.red != 1 else ""
         return (f"bm {self.bm}, bn {self.bn}, {self.num_warps} warps, {self.num_stages} stages, {programs}, "
-                f"tree {self.tree}, {cap}")
+                f"tree {self.tree}, {cap}{plan}{red}")
 
 
 def rank_block(r: int) -> int:

@@ -138,6 +138,8 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         problems.append(f"tree={tile.tree} must be 0 or 1")
     if tile.maxnreg is not None and not 64 <= tile.maxnreg <= 255:
         problems.append(f"maxnreg={tile.maxnreg} must be None or in [64, 255]")
+    if tile.red not in (1, 2, 4, 8):
+        problems.append(f"red={tile.red} must be 1, 2, 4 or 8")
     if r > MAX_RANK:
         problems.append(f"R={r} > {MAX_RANK}")
     if problems:

@@ -86,7 +86,9 @@ class Bucket:
             fixed_pointers=FIXED if r else (*FIXED, LORA_OUT),
             constexprs=dict(N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None,
                             INTERPRETED=interpreted, GPU_MATH=gpu_math, PTX=compiled,
-                            TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r)),
+                            TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r), FLAT=tile.flat,
+                            PREFETCH=tile.prefetch, RED=tile.red, SLOTS=self.slots if tile.flat else 0,
+                            NT=32 * tile.num_warps if tile.flat else 0),
             options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra),
         )
 

@@ -224,12 +224,25 @@ def _quantize_tile(v, real, FP4: tl.constexpr, GPU_MATH: tl.constexpr, PTX: tl.c
 
 
 @triton.jit
-def _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD,
+def _load_rs(rs_ptr, c, N: tl.constexpr, HAS_SMOOTH: tl.constexpr, BN: tl.constexpr):
+    """``1/smooth`` of step column chunk ``c`` (float32 ``[BN]``; 1.0 past N). Without
+    smooth, a constant the caller never multiplies by."""
+    offs_n = tl.arange(0, BN)
+    if HAS_SMOOTH:
+        if N % BN != 0:
+            return tl.load(rs_ptr + c * BN + offs_n, mask=c * BN + offs_n < N, other=1.0)
+        return tl.load(rs_ptr + c * BN + offs_n)
+    return tl.full((BN,), 1.0, tl.float32)
+
+
+@triton.jit
+def _step(acc, c, x_ptrs, w_ptrs, rs, q_ptrs, s_ptrs, real, M_PAD,
           N: tl.constexpr, R: tl.constexpr, FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr,
           GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
           BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
     """One step: the ``BM × BN`` tile of x at step ``c`` of its row tile, added to the
-    LoRA accumulator (returned) and quantized (codes and scales stored)."""
+    LoRA accumulator (returned) and quantized (codes and scales stored); ``rs`` is the
+    step's ``1/smooth`` (:func:`_load_rs`)."""
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
     MASK_N: tl.constexpr = N % BN != 0
@@ -251,10 +264,7 @@ def _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD,
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
     v = x.to(tl.float32)
     if HAS_SMOOTH:
-        if MASK_N:
-            v = v * tl.load(rs_ptrs, mask=cols < N, other=1.0)[None, :]
-        else:
-            v = v * tl.load(rs_ptrs)[None, :]
+        v = v * rs[None, :]
     words, sbits = _quantize_tile(v, real, FP4, GPU_MATH, PTX, TREE, BM, BN)
     if MASK_N:
         tl.store(q_ptrs, words, mask=(c * (BN // 8) + tl.arange(0, BN // 8) < N // 8)[None, :])
@@ -263,6 +273,105 @@ def _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD,
         tl.store(q_ptrs, words)
         tl.store(s_ptrs, sbits.to(s_ptrs.dtype.element_ty))
     return acc
+
+
+@triton.jit
+def _next_chunk(c, CHUNKS: tl.constexpr):
+    """The column chunk of the step after one at chunk ``c`` (the next row tile starts at 0)."""
+    return tl.where(c + 1 == CHUNKS, 0, c + 1)
+
+
+@triton.jit
+def _flush(acc, t, c_lo, c_hi, pid, progs, steps, rows, l_ptr, part_ptr, cnt_ptr, MAXC,
+           R: tl.constexpr, CHUNKS: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, RED: tl.constexpr,
+           SLOTS: tl.constexpr, NT: tl.constexpr):
+    """Row tile ``t``'s LoRA accumulator over its steps ``[c_lo, c_hi)``: written out if
+    they are all of the tile's steps, else handed to the tile's reduction (module docstring).
+
+    The program that draws the last ticket sums the slots in slot order. ``RED`` slots are
+    loaded per round trip (independent loads, then added in order: the same sums as one at a
+    time, since the unused ones are −0.0 and ``a + (−0.0) == a`` for every float32 ``a``).
+    ``SLOTS`` > 0 (the launch's slot count, a constant): all of them in one unrolled pass,
+    no loop, and ``NT`` > 0 (the program's thread count): a ticket per thread instead of a
+    CTA barrier — the flat walk's loop must hold neither a loop nor an explicit barrier to
+    be software-pipelined (Triton leaves such loops unpipelined)."""
+    offs_m = tl.arange(0, BM)
+    offs_r = tl.arange(0, BR)
+    out_mask = (offs_r < R)[None, :]
+    if (c_lo == 0) & (c_hi == CHUNKS):  # the whole row tile was this program's
+        tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], acc, mask=out_mask)
+    else:
+        # the programs holding the tile's first and last steps (see the docstring)
+        first = ((t * CHUNKS + 1) * progs + steps - 1) // steps - 1
+        last = ((t + 1) * CHUNKS * progs + steps - 1) // steps - 1
+        slots = part_ptr + (t * MAXC * BM + offs_m[:, None]) * R + offs_r[None, :]
+        tl.store(slots + (pid - first) * BM * R, acc, mask=out_mask)
+        if NT > 0:
+            # A ticket per thread (one element each of an [NT] tensor): each thread's
+            # release orders its own partial stores, so no CTA barrier is needed before;
+            # the program holding the tile's last ticket is last, and the max across the
+            # program (through shared memory, after its acquire) tells every thread.
+            drawn = tl.atomic_add(cnt_ptr + t + tl.zeros((NT,), tl.int64), 1, sem="acq_rel", scope="gpu")
+            is_last = tl.max(drawn, axis=0) == (last - first + 1) * NT - 1
+        else:
+            tl.debug_barrier()  # every thread's partial is written before the ticket
+            is_last = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu") == last - first
+        if is_last:
+            if NT == 0:
+                tl.debug_barrier()
+            total = tl.full((BM, BR), -0.0, tl.float32)
+            if SLOTS > 0:
+                for g in tl.static_range(SLOTS):  # in slot order, whoever came last
+                    total += tl.load(slots + g * BM * R, mask=out_mask & (first + g <= last), other=-0.0,
+                                     cache_modifier=".cg")
+            else:
+                j = first
+                while j <= last:  # in slot order, whoever came last
+                    for g in tl.static_range(RED):
+                        total += tl.load(slots + (j + g - first) * BM * R, mask=out_mask & (j + g <= last),
+                                         other=-0.0, cache_modifier=".cg")
+                    j += RED
+            tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], total, mask=out_mask)
+            tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _flat_step(s, acc, rs, start, end, pid, progs, steps, x_ptr, stride_xm, rs_ptr, w_ptr, q_ptr, s_ptr, l_ptr,
+               part_ptr, cnt_ptr, M, M_PAD, MAXC,
+               N: tl.constexpr, R: tl.constexpr, FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr,
+               GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BR: tl.constexpr, PREFETCH: tl.constexpr, RED: tl.constexpr, SLOTS: tl.constexpr,
+               NT: tl.constexpr):
+    """Step ``s`` of the flat walk (``FLAT``): its pointers from ``s`` alone, the step, and
+    the row tile's LoRA flushed after its last step here. Returns the accumulator (zeroed
+    after a flush) and, with ``PREFETCH``, the next step's ``1/smooth``."""
+    BLOCK: tl.constexpr = 16 if FP4 else 64
+    NB: tl.constexpr = BN // BLOCK
+    CHUNKS: tl.constexpr = (N + BN - 1) // BN
+    offs_m = tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    offs_r = tl.arange(0, BR)
+    t = s // CHUNKS
+    c = s - t * CHUNKS
+    rows = t * BM + offs_m
+    real = rows < M
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + (c * BN + offs_n)[None, :]
+    w_ptrs = w_ptr + (c * BN + offs_n)[:, None] * R + offs_r[None, :]
+    q_ptrs = q_ptr + rows[:, None] * (N // 8) + (c * (BN // 8) + tl.arange(0, BN // 8))[None, :]
+    s_ptrs = s_ptr + (c * NB + tl.arange(0, NB))[None, :] * M_PAD + rows[:, None]
+    if PREFETCH:
+        here = rs
+        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN)
+    else:
+        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN)
+    acc = _step(acc, c, x_ptrs, w_ptrs, here, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH, GPU_MATH, PTX,
+                TREE, BM, BN, BR)
+    if R > 0:  # noqa: SIM102 — a compile-time branch around a run-time one
+        if (c == CHUNKS - 1) | (s == end - 1):
+            _flush(acc, t, tl.maximum(start - t * CHUNKS, 0), c + 1, pid, progs, steps, rows, l_ptr, part_ptr,
+                   cnt_ptr, MAXC, R, CHUNKS, BM, BR, RED, SLOTS, NT)
+            acc = tl.zeros((BM, BR), dtype=tl.float32)
+    return acc, rs
 
 
 @triton.jit(do_not_specialize=["q_ptr"])
@@ -279,6 +388,8 @@ def act_quant_lora_kernel(
     N: tl.constexpr, R: tl.constexpr,
     FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr, INTERPRETED: tl.constexpr, GPU_MATH: tl.constexpr,
     PTX: tl.constexpr, TREE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+    FLAT: tl.constexpr = False, PREFETCH: tl.constexpr = False, RED: tl.constexpr = 1, SLOTS: tl.constexpr = 0,
+    NT: tl.constexpr = 0,
 ):
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
@@ -294,58 +405,67 @@ def act_quant_lora_kernel(
     offs_w = tl.arange(0, BN // 8)
     offs_b = tl.arange(0, NB)
     offs_r = tl.arange(0, BR)
-    t = start // CHUNKS
-    while t * CHUNKS < end:  # the row tiles this program has steps in
-        c_lo = tl.maximum(start - t * CHUNKS, 0)
-        c_hi = tl.minimum(end - t * CHUNKS, CHUNKS)
-        rows = t * BM + offs_m
-        real = rows < M
+    if FLAT:
+        # One loop over this program's steps, row tiles included: the software pipeline
+        # keeps the next tiles' loads in flight across a row tile's end and its LoRA flush.
         acc = tl.zeros((BM, BR), dtype=tl.float32)
-        # pointers at the first step, advanced by one step per iteration
-        x_ptrs = x_ptr + rows[:, None] * stride_xm + (c_lo * BN + offs_n)[None, :]
-        w_ptrs = w_ptr + (c_lo * BN + offs_n)[:, None] * R + offs_r[None, :]
-        rs_ptrs = rs_ptr + c_lo * BN + offs_n
-        q_ptrs = q_ptr + rows[:, None] * (N // 8) + (c_lo * (BN // 8) + offs_w)[None, :]
-        s_ptrs = s_ptr + (c_lo * NB + offs_b)[None, :] * M_PAD + rows[:, None]
+        rs = _load_rs(rs_ptr, start % CHUNKS, N, HAS_SMOOTH, BN)
         if INTERPRETED:  # its range() cannot take bounds computed from program_id
-            c = c_lo
-            while c < c_hi:
-                acc = _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
-                            GPU_MATH, PTX, TREE, BM, BN, BR)
-                x_ptrs += BN
-                w_ptrs += BN * R
-                rs_ptrs += BN
-                q_ptrs += BN // 8
-                s_ptrs += NB * M_PAD
-                c += 1
+            s = start
+            while s < end:
+                acc, rs = _flat_step(s, acc, rs, start, end, pid, progs, steps, x_ptr, stride_xm, rs_ptr, w_ptr, q_ptr,
+                                     s_ptr, l_ptr, part_ptr, cnt_ptr, M, M_PAD, MAXC, N, R, FP4, HAS_SMOOTH, GPU_MATH,
+                                     PTX, TREE, BM, BN, BR, PREFETCH, RED, SLOTS, NT)
+                s += 1
         else:
-            for c in range(c_lo, c_hi):
-                acc = _step(acc, c, x_ptrs, w_ptrs, rs_ptrs, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
-                            GPU_MATH, PTX, TREE, BM, BN, BR)
-                x_ptrs += BN
-                w_ptrs += BN * R
-                rs_ptrs += BN
-                q_ptrs += BN // 8
-                s_ptrs += NB * M_PAD
-        if HAS_LORA:
-            out_mask = (offs_r < R)[None, :]
-            if (c_lo == 0) & (c_hi == CHUNKS):  # the whole row tile was this program's
-                tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], acc, mask=out_mask)
+            for s in range(start, end):
+                acc, rs = _flat_step(s, acc, rs, start, end, pid, progs, steps, x_ptr, stride_xm, rs_ptr, w_ptr, q_ptr,
+                                     s_ptr, l_ptr, part_ptr, cnt_ptr, M, M_PAD, MAXC, N, R, FP4, HAS_SMOOTH, GPU_MATH,
+                                     PTX, TREE, BM, BN, BR, PREFETCH, RED, SLOTS, NT)
+    else:
+        t = start // CHUNKS
+        while t * CHUNKS < end:  # the row tiles this program has steps in
+            c_lo = tl.maximum(start - t * CHUNKS, 0)
+            c_hi = tl.minimum(end - t * CHUNKS, CHUNKS)
+            rows = t * BM + offs_m
+            real = rows < M
+            acc = tl.zeros((BM, BR), dtype=tl.float32)
+            # pointers at the first step, advanced by one step per iteration
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + (c_lo * BN + offs_n)[None, :]
+            w_ptrs = w_ptr + (c_lo * BN + offs_n)[:, None] * R + offs_r[None, :]
+            q_ptrs = q_ptr + rows[:, None] * (N // 8) + (c_lo * (BN // 8) + offs_w)[None, :]
+            s_ptrs = s_ptr + (c_lo * NB + offs_b)[None, :] * M_PAD + rows[:, None]
+            if PREFETCH:
+                rs = _load_rs(rs_ptr, c_lo, N, HAS_SMOOTH, BN)
+            if INTERPRETED:  # its range() cannot take bounds computed from program_id
+                c = c_lo
+                while c < c_hi:
+                    if PREFETCH:  # the next step's 1/smooth, loaded a step ahead of its use
+                        here = rs
+                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN)
+                    else:
+                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN)
+                    acc = _step(acc, c, x_ptrs, w_ptrs, here, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
+                                GPU_MATH, PTX, TREE, BM, BN, BR)
+                    x_ptrs += BN
+                    w_ptrs += BN * R
+                    q_ptrs += BN // 8
+                    s_ptrs += NB * M_PAD
+                    c += 1
             else:
-                # the programs holding the tile's first and last steps (see the docstring)
-                first = ((t * CHUNKS + 1) * progs + steps - 1) // steps - 1
-                last = ((t + 1) * CHUNKS * progs + steps - 1) // steps - 1
-                slots = part_ptr + (t * MAXC * BM + offs_m[:, None]) * R + offs_r[None, :]
-                tl.store(slots + (pid - first) * BM * R, acc, mask=out_mask)
-                tl.debug_barrier()  # every thread's partial is written before the ticket
-                ticket = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if ticket == last - first:
-                    tl.debug_barrier()
-                    total = tl.load(slots, mask=out_mask, other=0.0, cache_modifier=".cg")
-                    j = first + 1
-                    while j <= last:  # in slot order, whoever came last
-                        total += tl.load(slots + (j - first) * BM * R, mask=out_mask, other=0.0, cache_modifier=".cg")
-                        j += 1
-                    tl.store(l_ptr + rows[:, None] * R + offs_r[None, :], total, mask=out_mask)
-                    tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
-        t += 1
+                for c in range(c_lo, c_hi):
+                    if PREFETCH:
+                        here = rs
+                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN)
+                    else:
+                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN)
+                    acc = _step(acc, c, x_ptrs, w_ptrs, here, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
+                                GPU_MATH, PTX, TREE, BM, BN, BR)
+                    x_ptrs += BN
+                    w_ptrs += BN * R
+                    q_ptrs += BN // 8
+                    s_ptrs += NB * M_PAD
+            if HAS_LORA:
+                _flush(acc, t, c_lo, c_hi, pid, progs, steps, rows, l_ptr, part_ptr, cnt_ptr, MAXC, R, CHUNKS, BM, BR,
+                       RED, 0, 0)
+            t += 1
