@@ -186,6 +186,18 @@ def _let_dependents_launch():
 
 
 @gluon.jit
+def _stage_words(stage, lap, w_smem, bar, WG: gl.constexpr, BN: gl.constexpr, mma_layout: gl.constexpr,
+                 words_layout: gl.constexpr):
+    """Waits for ``stage`` (its ``lap``-th fill) and reads its words as wgmma's A-operand
+    layout: a reshape/permute of the two 16-byte loads per thread, which moves no data."""
+    mbarrier.wait(bar.index(stage), lap & 1)
+    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
+    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
+    return gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+
+
+@gluon.jit
 def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
            STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
            BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
@@ -194,11 +206,7 @@ def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
     """The ``i``-th block of this program: wait for its stage, read its words, and per
     slice dequantize and issue an asynchronous wgmma (not waited for here)."""
     stage = i % STAGES
-    mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
-    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
-    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
-    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
-    w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+    w16 = _stage_words(stage, i // STAGES, w_smem, bar, WG, BN, mma_layout, words_layout)
     for sl in gl.static_range(PAIRS):
         row = stage * ROWS + sl // SLICES_PER_ROW
         a = _operand(w16, s_smem.index(row * S_PAD), z_smem.index(row * Z_PAD), sl, BITS, HAS_ZEROS, act,
@@ -215,11 +223,7 @@ def _block_late(part, xsum, ones, i, w_smem, x_smem, bar, STAGES: gl.constexpr, 
     ``xsum = Σ x`` (a wgmma of ``ones``: every row the same), both started afresh and
     issued asynchronously, not waited for here."""
     stage = i % STAGES
-    mbarrier.wait(bar.index(stage), (i // STAGES) & 1)
-    words = w_smem.index(stage).load(words_layout)  # [WG, 8, 256]
-    w7 = gl.reshape(words, [WG, 2, 4, 8, 4, 4, 2])  # (wg, h, w, g, t, j, b)
-    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (wg, w, h, g, j, t, b)
-    w16 = gl.convert_layout(gl.reshape(w7, [BN, 32]), gl.DotOperandLayout(0, mma_layout, 2), assert_trivial=True)
+    w16 = _stage_words(stage, i // STAGES, w_smem, bar, WG, BN, mma_layout, words_layout)
     for sl in gl.static_range(PAIRS):
         a = gl.inline_asm_elementwise(_OFFSET_ASM[(act == gl.float16) * 4 + sl], "=r,r", [w16],
                                       dtype=act.value, is_pure=True, pack=2)
