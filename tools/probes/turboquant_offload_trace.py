@@ -3,7 +3,8 @@
 The offload suite shows the prefetch chain hiding the copies when the GPU is the
 bottleneck (large M) but not when the host is (small M). This traces one resident and
 one offloaded forward of the suite's stack with ``torch.profiler`` and prints the host
-calls by self CPU time, so a call that blocks the host on a copy stands out.
+calls by self CPU time, so a call that blocks the host on a copy stands out, and the
+device's kernels and copies by their own time, so a kernel the offloaded path adds does too.
 
     python -m tools.probes.turboquant_offload_trace [--m 1] [--layers 8]
 """
@@ -29,6 +30,8 @@ def trace(model: torch.nn.Module, x: torch.Tensor, label: str, rows: int) -> Non
         torch.cuda.synchronize()
     print(f"\n=== {label}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+    # The GPU side: which kernels and copies ran, how often and for how long.
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows))
 
 
 def main() -> int:
