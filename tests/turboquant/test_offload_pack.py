@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.nn.turboquant.offload import OffloadedPass, Pass2OffloadPool
+from quantcore.tensors import version_of
 from quantcore.transforms.turboquant_passes import PassData
 
 
@@ -49,3 +51,25 @@ def test_slot_views_are_made_once_and_hold_the_layer_bytes() -> None:
             seen[key] = data
     # one copy per layer and step once the chain is warm (3 layers, 2 slots: every layer reloads)
     assert pool.copies >= 9
+
+
+def test_a_reload_leaves_the_views_versions_so_what_a_kernel_kept_stays_current() -> None:
+    """Three layers over two slots reload at every step. A reload writes the same bytes,
+    so the views' version counters must not move: a kernel keeps the rotations' GEMM
+    operand (``InputRotation``) while they hold, and would make it again at every call."""
+    pool = Pass2OffloadPool()
+    entries = [OffloadedPass(_pass(i), name=f"l{i}") for i in range(3)]
+    for e in entries:
+        pool.register(e, torch.device("cpu"))
+    kept: dict[str, tuple[InputRotation, int]] = {}
+    for _step in range(3):
+        for e in entries:
+            data = pool.wait(pool.begin(e), e)
+            assert torch.equal(data.rotation, e.host.rotation)
+            key = f"{e.name}@{data.rotation.data_ptr()}"
+            if key in kept:
+                rotation, version = kept[key]
+                assert version_of(data.rotation) == version and rotation.current(), e.name
+            else:
+                kept[key] = (InputRotation([data.rotation, e.host.rotation]), version_of(data.rotation))
+    assert pool.copies >= 9  # every step reloaded every layer: the versions held through copies

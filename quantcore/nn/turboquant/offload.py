@@ -100,6 +100,12 @@ class _Slot:
     copy. The two events are recorded again at every load (a wait uses the latest record)."""
 
     buffer: torch.Tensor | None = None
+    #: ``buffer``'s memory as another tensor, the copies' destination: it has its own
+    #: version counter, so a reload leaves the views' unchanged. An entry's bytes are the
+    #: same at every load, and what a kernel keeps from them (the rotations' GEMM operand
+    #: copied once) stays right; a version bumped at each load would make it again at
+    #: every call (hundreds of µs of host a layer, the copy no longer hidden).
+    landing: torch.Tensor | None = None
     owner: OffloadedPass | None = None
     views: dict[OffloadedPass, tuple[PassData, torch.Tensor]] = field(default_factory=dict)
     fence: torch.cuda.Event | None = None  # compute stream reached the load: the slot is free
@@ -110,7 +116,8 @@ class _Slot:
         hit = self.views.get(entry)
         if hit is None:
             assert self.buffer is not None
-            hit = self.views[entry] = (_views(self.buffer, entry.fields), self.buffer[: entry.flat.numel()])
+            assert self.landing is not None
+            hit = self.views[entry] = (_views(self.buffer, entry.fields), self.landing[: entry.flat.numel()])
         return hit
 
 
@@ -149,6 +156,8 @@ class Pass2OffloadPool:
         for slot in self._slots:
             if slot.buffer is None or slot.buffer.numel() < need:
                 slot.buffer = torch.empty(need, dtype=torch.uint8, device=self.device)
+                slot.landing = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
+                    slot.buffer.untyped_storage(), 0, (need,), (1,))
             slot.owner = None  # contents no longer trusted after a resize
             slot.views.clear()
 
