@@ -36,9 +36,9 @@ def test_summary_of_the_h100_run() -> None:
     suite = get_suite("turboquant_offload")
     rows = json.loads(H100_RUN.read_text())["rows"]
     notes = suite.summarize(rows)
-    assert notes[0].startswith("M1-K4096-N4096-L8: offload +299.3% over resident")
-    assert "the overlap model predicts +255.9%" in notes[0]
-    assert notes[-1] == ("K4096-N4096-L8: offload within +10% of resident from M = 8192 on (measured M: 1, 64, "
+    assert notes[0].startswith("M1-K4096-N4096-L8: offload +553.0% over resident")
+    assert "the overlap model predicts +605.1%" in notes[0]
+    assert notes[-1] == ("K4096-N4096-L8: offload within +10% of resident from M = 1024 on (measured M: 1, 64, "
                          "128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 8192); the overlap model: from M = 1024 on")
 
 
