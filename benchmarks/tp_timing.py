@@ -286,6 +286,7 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
     from quantcore.checkpoint import load_checkpoint
     from quantcore.checkpoint.parallel import ParallelQuantMLP, TPGroup
     from quantcore.dtypes import parse_dtype
+    from quantcore.nn.graphed import GraphedEager
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = parse_dtype(args.dtype)
@@ -306,6 +307,9 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
     dist.all_reduce(total)
     quant_bytes = int(total.item())
     kernels = mlp.kernels()
+    # Eager calls replayed from a CUDA graph per row bucket (quantcore/nn/graphed.py).
+    graphed = GraphedEager(mlp, max_rows=max(ms)) if device.type == "cuda" else None
+    graphed_whole = GraphedEager(whole, max_rows=max(ms)) if device.type == "cuda" and whole is not None else None
     cases = []
     for m in ms:
         gen = torch.Generator().manual_seed(1 + m)
@@ -330,6 +334,12 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
             ("all_reduce_one_shot", "peer", lambda i, bufs=bufs: one_shot.all_reduce(bufs[i % 4]), False,
              2 * m * hidden * dtype.itemsize, 0, "one-shot all-reduce (symmetric memory) of the [M, hidden] output"),
         ]
+        if graphed is not None:
+            with torch.no_grad():  # every rank captures its bucket here, before any timing
+                graphed(xs[0])
+                variants.append((f"tp{world}_mlp_graphed", "kernel", lambda i, xs=xs: graphed(xs[i % 4]), False,
+                                 quant_bytes + act, flops,
+                                 f"eager calls replayed from a CUDA graph per row bucket; {args.backend} all-reduce"))
         hs = [mlp.hidden(x) for x in xs]
         parts: list[tuple[str, str, Callable[[int], object], bool, int, int, str]] = [
             (f"tp{world}_gate_up", "peer", lambda i, xs=xs: mlp.columns(xs[i % 4]) if mlp.gate_up is None
@@ -346,16 +356,26 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
                  "unsharded, gate and up as two launches"),
                 ("dense_bf16_mlp", "peer", lambda i, xs=xs: dense(xs[i % 4]), True, dense_bytes, flops, "dense bf16, one rank"),
             ]
+            if graphed_whole is not None:
+                with torch.no_grad():
+                    graphed_whole(xs[0])
+                variants.append(("unsharded_mlp_graphed", "peer", lambda i, xs=xs: graphed_whole(xs[i % 4]), True,
+                                 quant_bytes + act, flops, "unsharded, eager calls replayed from a CUDA graph"))
         else:
             noop: Callable[[int], object] = lambda i: None  # noqa: E731
             variants += [(name, "peer", noop, True, 0, 0, "")
-                         for name in ("unsharded_mlp", "unsharded_mlp_unfused", "dense_bf16_mlp")]
+                         for name in ("unsharded_mlp", "unsharded_mlp_unfused", "dense_bf16_mlp",
+                                      *(["unsharded_mlp_graphed"] if graphed is not None else []))]
         rows = []
         cuda = device.type == "cuda"
         modes = ["eager", *(["graph"] if args.graph and cuda else []), *(["host"] if args.host and cuda else [])]
         with torch.no_grad():
             for mode in modes:
                 for name, role, fn, solo, nbytes, nflops, note in variants + (parts if mode == "host" else []):
+                    if mode == "graph" and name.endswith("_graphed"):
+                        rows.append({"name": name, "role": "skipped", "mode": mode,
+                                     "note": "inside a graph of its own the block runs itself: the graph row is its time"})
+                        continue
                     if name.endswith("_one_shot") and one_shot_skip:
                         rows.append({"name": name, "role": "skipped", "mode": mode, "note": one_shot_skip})
                         continue

@@ -170,6 +170,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
             line += f"; with the one-shot all-reduce {mine['unsharded_mlp']['time_s'] / one['time_s']:.2f}×"
             if "all_reduce_one_shot" in mine:
                 line += f", the all-reduce {100 * mine['all_reduce_one_shot']['time_s'] / one['time_s']:.0f}% of it"
+        graphed = mine.get(f"tp{w}_mlp_graphed")
+        if graphed is not None:
+            line += f"; replayed from graphs {mine['unsharded_mlp']['time_s'] / graphed['time_s']:.2f}×"
+            if "unsharded_mlp_graphed" in mine:
+                line += f" ({mine['unsharded_mlp_graphed']['time_s'] / graphed['time_s']:.2f}× the unsharded block replayed)"
         apart = mine.get(f"tp{w}_mlp_unfused")
         if apart is not None:
             line += f"; gate and up fused {apart['time_s'] / tp['time_s']:.2f}× the two launches"

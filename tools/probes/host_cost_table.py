@@ -67,6 +67,11 @@ def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
         if one is not None:
             one_share = f"{100 * mine['all_reduce_one_shot'] / one:.0f}%" if "all_reduce_one_shot" in mine else "—"
             line += f" | one-shot: tp {one * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / one:.2f}×  all-reduce {one_share}"
+        graphed = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_graphed")), None)
+        if graphed is not None:
+            whole = mine.get("unsharded_mlp_graphed")
+            line += (f" | graphed: tp {graphed * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / graphed:.2f}×"
+                     + (f"  unsharded {whole * 1e6:8.1f} µs ({whole / graphed:.2f}×)" if whole else ""))
         apart = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_unfused")), None)
         if apart is not None:
             line += f" | gate/up apart: tp {apart * 1e6:8.1f} µs  fused {apart / tp:.2f}×"
