@@ -12,6 +12,10 @@ Variants (``QUANTCORE_DECODE_VARIANTS=a,b,…`` picks some, in that order):
 ``gptq4-g128``        GPTQ 4-bit g128, each linear bound to the kernel ``get_kernel`` picks.
 ``gptq4-g128-fused``  the same weights with q/k/v and gate/up fused (``fuse=True``).
 ``tq4-g128-fused``    TurboQuant 4-bit g128, fused (``tq4-g128``: unfused, not run by default).
+``…-fused-graphed``   ``gptq4-g128-fused`` or ``tq4-g128-fused`` with every decoder layer's
+                      MLP replayed from a CUDA graph in eager calls of up to 16 rows
+                      (``quantcore.nn.graphed.graph_submodules``; not run by default: it
+                      changes only the ``eager`` set, as a compiled step runs the MLPs itself).
 ``tinygemm``          the GPTQ weights with every layer forced to ``aten_cuda`` — torch's
                       ``_weight_int4pack_mm`` (tinygemm), what torchao's int4 weight-only
                       runs — unfused, as torchao leaves the projections (peer; CUDA only).
@@ -67,6 +71,7 @@ from quantcore.errors import InvalidArgumentError
 from quantcore.formats.base import Format
 from quantcore.formats.gptq import GPTQ
 from quantcore.formats.turboquant import TurboQuant
+from quantcore.nn.graphed import graph_submodules
 from quantcore.nn.quant_module import QuantModule
 
 from ..decode import (
@@ -113,6 +118,8 @@ class Recipe:
     role: Role = "kernel"
     #: The device type it needs, when it cannot run elsewhere (with why).
     needs: tuple[str, str] | None = None
+    #: Eager calls of every decoder layer's MLP replayed from CUDA graphs.
+    graph_mlps: bool = False
 
     @property
     def reference(self) -> tuple[Format | None, bool]:
@@ -130,6 +137,8 @@ RECIPES: dict[str, Recipe] = {
     "gptq4-g128-fused": Recipe(GPTQ4, fuse=True),
     "tq4-g128": Recipe(TQ4),
     "tq4-g128-fused": Recipe(TQ4, fuse=True),
+    "gptq4-g128-fused-graphed": Recipe(GPTQ4, fuse=True, graph_mlps=True),
+    "tq4-g128-fused-graphed": Recipe(TQ4, fuse=True, graph_mlps=True),
     "tinygemm": Recipe(GPTQ4, prefer="aten_cuda", role="peer",
                        needs=("cuda", "aten_cuda (tinygemm, torch's _weight_int4pack_mm) runs on CUDA only")),
 }
@@ -197,6 +206,8 @@ def variant_model(name: str, dims: dict[str, int], device: str) -> torch.nn.Modu
         recipe = RECIPES[name]
         _built[name] = dense if recipe.fmt is None else quantized_copy(dense, recipe.fmt, DTYPE, fuse=recipe.fuse,
                                                                        prefer=recipe.prefer)
+        if recipe.graph_mlps:
+            graph_submodules(_built[name], ("mlp",), max_rows=16)
     return _built[name]  # type: ignore[no-any-return]
 
 

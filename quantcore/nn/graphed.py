@@ -7,7 +7,8 @@ GPU's time: two GPUs then run the block slower than one. Engines capture decode 
 batch size for this reason. :class:`GraphedEager` does it for one module and any caller
 that runs it eagerly (``generate`` without ``torch.compile``, a tensor-parallel rank):
 
-* rows are padded up to a bucket (1, 2, 4, … up to ``max_rows``); each bucket is
+* the rows of a call are its leading dims together (``[B, T, H]`` is ``B·T`` rows of
+  ``H``), padded up to a bucket (1, 2, 4, … up to ``max_rows``); each bucket is
   captured once, on its first call, after two warm-up calls that compile, plan and
   allocate outside the capture;
 * a call copies ``x`` into the bucket's static input, replays the graph and returns a
@@ -41,7 +42,7 @@ from torch import nn
 from ..errors import InvalidArgumentError
 from .quant_module import QuantModule
 
-__all__ = ["GraphedEager", "row_bucket"]
+__all__ = ["GraphedEager", "graph_submodules", "row_bucket"]
 
 #: Warm-up calls before a capture: the first compiles and plans, the second runs as the
 #: capture will (a kernel that plans on its first call at an M runs its second as planned).
@@ -61,8 +62,9 @@ class _Captured:
 
 
 class GraphedEager(nn.Module):
-    """``inner`` (a row-wise module taking ``[M, …]``) with its eager calls of up to
-    ``max_rows`` rows on CUDA replayed from a CUDA graph per row bucket (module docstring)."""
+    """``inner`` (a row-wise module over ``[..., K]``: every leading dim a row) with its
+    eager calls of up to ``max_rows`` rows on CUDA replayed from a CUDA graph per row
+    bucket (module docstring)."""
 
     def __init__(self, inner: nn.Module, *, max_rows: int = 16) -> None:
         super().__init__()
@@ -85,7 +87,8 @@ class GraphedEager(nn.Module):
 
     def graphed(self, x: torch.Tensor) -> bool:
         """Whether a call with ``x`` replays a graph (else it runs ``inner`` itself)."""
-        return (isinstance(x, torch.Tensor) and x.is_cuda and x.dim() >= 2 and 0 < x.shape[0] <= self.max_rows
+        return (isinstance(x, torch.Tensor) and x.is_cuda and x.dim() >= 2
+                and 0 < x.numel() // x.shape[-1] <= self.max_rows
                 and not (x.requires_grad and torch.is_grad_enabled())
                 and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
                 and type(x) is torch.Tensor)
@@ -94,14 +97,15 @@ class GraphedEager(nn.Module):
         if not self.graphed(x):
             return self.inner(x)
         self._follow_states()
-        m = x.shape[0]
-        key = (row_bucket(m), tuple(x.shape[1:]), x.dtype, x.device)
+        rows = x.reshape(-1, x.shape[-1])  # every leading dim is rows: [B, T, H] as [B·T, H]
+        m = rows.shape[0]
+        key = (row_bucket(m), rows.shape[1], x.dtype, x.device)
         cap = self._graphs.get(key)
         if cap is None:
-            cap = self._graphs[key] = self._capture(key[0], x)
-        cap.x[:m].copy_(x)
+            cap = self._graphs[key] = self._capture(key[0], rows)
+        cap.x[:m].copy_(rows)
         cap.graph.replay()
-        return cap.out[:m].clone()
+        return cap.out[:m].clone().view(*x.shape[:-1], cap.out.shape[-1])
 
     def _follow_states(self) -> None:
         states = [q.prepared for q in self._quant]
@@ -128,8 +132,24 @@ class GraphedEager(nn.Module):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = self.inner(static_x)
-        if not isinstance(out, torch.Tensor) or out.shape[0] != rows:
-            raise InvalidArgumentError(f"GraphedEager: the block must return one tensor of its {rows} input rows, "
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows:
+            raise InvalidArgumentError(f"GraphedEager: the block must return one [rows, N] tensor of its {rows} rows, "
                                        f"got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
         self.captures += 1
         return _Captured(graph, static_x, out)
+
+
+def graph_submodules(model: nn.Module, names: tuple[str, ...] = ("mlp",), *, max_rows: int = 16) -> list[str]:
+    """Wrap every submodule of ``model`` whose own name is in ``names`` in
+    :class:`GraphedEager` (in place); returns their qualified names. The default is the
+    MLP block of Hugging Face's decoder layers (``model.layers.N.mlp``): row-wise, where
+    attention is not (it reads a cache and positions). Already wrapped ones are kept."""
+    found = [(qual, mod) for qual, mod in model.named_modules()
+             if qual and qual.rsplit(".", 1)[-1] in names and not isinstance(mod, GraphedEager)]
+    for qual, mod in found:
+        parent_name, _, leaf = qual.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if isinstance(parent, GraphedEager):
+            continue
+        setattr(parent, leaf, GraphedEager(mod, max_rows=max_rows))
+    return [qual for qual, _ in found]

@@ -14,7 +14,7 @@ from torch import nn
 from quantcore.errors import InvalidArgumentError
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn import graphed
-from quantcore.nn.graphed import GraphedEager, _Captured, row_bucket
+from quantcore.nn.graphed import GraphedEager, _Captured, graph_submodules, row_bucket
 from quantcore.nn.linear import QuantLinear
 
 
@@ -47,7 +47,7 @@ class _Replay:
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor counts as graphable, and a capture is the stand-in above."""
-    monkeypatch.setattr(GraphedEager, "graphed", lambda self, x: 0 < x.shape[0] <= self.max_rows)
+    monkeypatch.setattr(GraphedEager, "graphed", lambda self, x: 0 < x.numel() // x.shape[-1] <= self.max_rows)
 
     def capture(self: GraphedEager, rows: int, x: torch.Tensor) -> _Captured:
         static_x = torch.full((rows, *x.shape[1:]), float("nan"), dtype=x.dtype)  # stale rows: anything
@@ -121,5 +121,24 @@ def test_autograd_and_tracing_run_the_module_itself(monkeypatch: pytest.MonkeyPa
     assert not wrapped.graphed(x)
 
 
+def test_leading_dims_are_rows(stand_in: None) -> None:
+    block = _Block()
+    wrapped = GraphedEager(block, max_rows=8)
+    x = torch.randn(2, 3, 64)  # [B, T, H]: 6 rows, bucket 8
+    y = wrapped(x)
+    assert y.shape == (2, 3, 48) and wrapped.captures == 1
+    torch.testing.assert_close(y, block(x))
+    assert not wrapped.graphed(torch.randn(3, 3, 64))  # 9 rows: over max_rows
+
+
+def test_graph_submodules_wraps_the_named_blocks_once() -> None:
+    model = nn.ModuleDict({"layers": nn.ModuleList([nn.ModuleDict({"mlp": _Block(), "attn": nn.Identity()})
+                                                     for _ in range(2)])})
+    assert graph_submodules(model, max_rows=4) == ["layers.0.mlp", "layers.1.mlp"]
+    assert all(isinstance(layer["mlp"], GraphedEager) and layer["mlp"].max_rows == 4 for layer in model["layers"])
+    assert not isinstance(model["layers"][0]["attn"], GraphedEager)
+    assert graph_submodules(model) == []  # already wrapped
+
+
 def test_the_module_is_exported_where_the_modules_are() -> None:
-    assert graphed.__all__ == ["GraphedEager", "row_bucket"]
+    assert graphed.__all__ == ["GraphedEager", "graph_submodules", "row_bucket"]
