@@ -91,6 +91,20 @@ def late_twins(plan: Plan) -> list[Plan]:
     return [late] + [dataclasses.replace(late, ws=True, maxnreg=r) for r in (80, 128)]
 
 
+def capped_twins(m: int, k: int, n: int, bits: int) -> list[Plan]:
+    """At M ≤ 16: one-warpgroup in-flight tiles capped at 64 registers a thread (8 CTAs an
+    SM, where the compiler's 94 allow 5), K split so that up to 8 CTAs of each SM have work."""
+    if m > 16:
+        return []
+    blocks = k // (512 // bits)
+    bm = max(8, 1 << (m - 1).bit_length())
+    return list(dict.fromkeys(Plan(1, bm, stages, min(split, blocks // 2), in_flight=True, maxnreg=REG_CAP)
+                              for stages in (3, 4) for split in (2, 4, 6, 8)))
+
+
+#: The register cap of :func:`capped_twins`: no spill at 8 or 16 rows (``hopper_wgmma_sass.py``).
+REG_CAP = 64
+
 #: The activation tiles where a late scale can pay: each block's fold costs BM/2 FMAs a
 #: thread per accumulator, which the operand's saved multiplies cover up to 32 rows.
 LATE_MAX_BM = 32
@@ -155,6 +169,7 @@ def check_cases() -> list[dict[str, Any]]:
         old = [p for p in case["plans"] if p is not None]
         new = IN_FLIGHT_PLANS if ci in full else [in_flight_twin(p) for p in old[:2]]
         new = new + [ws_twin(p) for p in new] + [t for p in new if p.bm <= LATE_MAX_BM for t in late_twins(p)]
+        new = new + [dataclasses.replace(p, maxnreg=REG_CAP) for p in new if p.bm <= 16 and not p.ws and not p.late_scale]
         case["plans"] = case["plans"] + [p for p in dict.fromkeys(new) if p not in case["plans"]] + TRITON_CHECK_PLANS
     return cases
 
@@ -165,7 +180,10 @@ FOCUS: list[str] = []
 
 
 def _focused(plan: AnyPlan | None) -> bool:
-    return "late" not in FOCUS or (isinstance(plan, Plan) and plan.late_scale)
+    if not FOCUS:
+        return True
+    return isinstance(plan, Plan) and (("late" in FOCUS and plan.late_scale)
+                                       or ("regs" in FOCUS and plan.maxnreg == REG_CAP and not plan.late_scale))
 
 
 def _check_units(shard: tuple[int, int]) -> list[tuple[int, AnyPlan | None]]:
@@ -322,7 +340,10 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
                 put(twin)
     for plan in triton_candidates(m, k, n, bits, sms):
         put(plan)
-    if "late" in FOCUS:
+    if "regs" in FOCUS and bits == 4:
+        for plan in capped_twins(m, k, n, bits):
+            put(plan)
+    if FOCUS:
         base = [] if shipped is None else [shipped, in_flight_twin(shipped)]
         return [p for p in out if p in base or _focused(p)]
     return out
@@ -569,7 +590,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--peers", default="cublas,triton_int4,aten_cuda")
-    ap.add_argument("--focus", choices=("late",), action="append", default=[],
+    ap.add_argument("--focus", choices=("late", "regs"), action="append", default=[],
                     help="check and time one kind of plan only (with the plan a call takes)")
     args = ap.parse_args(argv)
     FOCUS[:] = args.focus
