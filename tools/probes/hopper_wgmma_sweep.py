@@ -378,7 +378,7 @@ def run_warm(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
             # A Triton plan's split and K are constexprs of its kernel: one kernel per (plan, shape).
             key = (("triton", str(plan), k, n, m == 1) if isinstance(plan, TritonPlan) else
                    ("wgmma", plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, plan.ws,
-                    m == 1))
+                    plan.late_scale, plan.maxnreg, m == 1))
             groups.setdefault(key, []).append((k, n, m, plan))
     mine = [u for key in sorted(groups)[shard[0]::shard[1]] for u in groups[key]]
     t0, done = time.time(), 0
