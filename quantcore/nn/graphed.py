@@ -18,7 +18,9 @@ that runs it eagerly (``generate`` without ``torch.compile``, a tensor-parallel 
   a returned row;
 * anything else runs the module itself: a CPU tensor, more rows than ``max_rows``, a
   call being traced (``torch.compile``, fake tensors) or recorded into a graph of the
-  caller's, a call with autograd on an input that needs it;
+  caller's, a call with autograd on an input that needs it, and a bucket whose capture
+  failed (a block that waits for the GPU, a collective run on the host: one warning says
+  why);
 * the graphs read the module's tensors where they were at capture: every call compares
   the prepared states of the block's :class:`~quantcore.nn.quant_module.QuantModule` s
   (a load, a move or a fallback makes new ones) and captures again after a change.
@@ -33,13 +35,14 @@ is prepared for ``max_rows`` rows before its first capture.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, QuantCoreWarning
 from .quant_module import QuantModule
 
 __all__ = ["GraphedEager", "graph_submodules", "row_bucket"]
@@ -73,6 +76,8 @@ class GraphedEager(nn.Module):
         self.inner = inner
         self.max_rows = max_rows
         self._graphs: dict[tuple[Any, ...], _Captured] = {}
+        #: Buckets whose capture failed, and why: their calls run the module itself.
+        self._refused: dict[tuple[Any, ...], str] = {}
         self._pool: Any = None
         self._quant = [m for m in inner.modules() if isinstance(m, QuantModule)]
         self._states: list[Any] = []
@@ -83,6 +88,7 @@ class GraphedEager(nn.Module):
     def reset(self) -> None:
         """Drop every graph (and its memory): the next calls capture again."""
         self._graphs.clear()
+        self._refused.clear()
         self._pool = None
 
     def graphed(self, x: torch.Tensor) -> bool:
@@ -102,7 +108,16 @@ class GraphedEager(nn.Module):
         key = (row_bucket(m), rows.shape[1], x.dtype, x.device)
         cap = self._graphs.get(key)
         if cap is None:
-            cap = self._graphs[key] = self._capture(key[0], rows)
+            if key in self._refused:
+                return self.inner(x)
+            try:
+                cap = self._graphs[key] = self._capture(key[0], rows)
+            except Exception as exc:  # not capturable (a host sync, a host-side collective): stay eager
+                torch.cuda.synchronize(x.device)
+                self._refused[key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                warnings.warn(f"GraphedEager: {type(self.inner).__name__} cannot be captured at {key[0]} rows, "
+                              f"so its calls run eagerly: {self._refused[key]}", QuantCoreWarning, stacklevel=2)
+                return self.inner(x)
         cap.x[:m].copy_(rows)
         cap.graph.replay()
         return cap.out[:m].clone().view(*x.shape[:-1], cap.out.shape[-1])

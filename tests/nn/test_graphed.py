@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from quantcore.errors import InvalidArgumentError
+from quantcore.errors import InvalidArgumentError, QuantCoreWarning
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn import graphed
 from quantcore.nn.graphed import GraphedEager, _Captured, graph_submodules, row_bucket
@@ -106,6 +106,24 @@ def test_a_new_prepared_state_is_captured_again(stand_in: None) -> None:
     wrapped.reset()
     wrapped(x)
     assert wrapped.captures == 3
+
+
+def test_a_bucket_that_cannot_be_captured_runs_eagerly_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    block = _Block()
+    wrapped = GraphedEager(block, max_rows=4)
+    monkeypatch.setattr(GraphedEager, "graphed", lambda self, x: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    tried: list[int] = []
+
+    def refuse(self: GraphedEager, rows: int, x: torch.Tensor) -> _Captured:
+        tried.append(rows)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(GraphedEager, "_capture", refuse)
+    x = torch.randn(3, 64)
+    with pytest.warns(QuantCoreWarning, match="cannot be captured at 4 rows.*not permitted"):
+        assert torch.equal(wrapped(x), block(x))
+    assert torch.equal(wrapped(x), block(x)) and tried == [4]  # refused once, not tried again
 
 
 def test_autograd_and_tracing_run_the_module_itself(monkeypatch: pytest.MonkeyPatch) -> None:
