@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InvalidArgumentError, QuantCoreWarning
+from ..errors import InvalidArgumentError, QuantCoreError, QuantCoreWarning
 from .quant_module import QuantModule
 
 __all__ = ["GraphedEager", "graph_submodules", "row_bucket"]
@@ -112,6 +112,8 @@ class GraphedEager(nn.Module):
                 return self.inner(x)
             try:
                 cap = self._graphs[key] = self._capture(key[0], rows)
+            except QuantCoreError:  # the input's fault (the module's checks): the caller's to see
+                raise
             except Exception as exc:  # not capturable (a host sync, a host-side collective): stay eager
                 torch.cuda.synchronize(x.device)
                 self._refused[key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

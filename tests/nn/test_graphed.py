@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from quantcore.errors import InvalidArgumentError, QuantCoreWarning
+from quantcore.errors import InvalidArgumentError, KernelInputError, QuantCoreWarning
 from quantcore.formats.gptq import GPTQ
 from quantcore.nn import graphed
 from quantcore.nn.graphed import GraphedEager, _Captured, graph_submodules, row_bucket
@@ -124,6 +124,16 @@ def test_a_bucket_that_cannot_be_captured_runs_eagerly_with_one_warning(monkeypa
     with pytest.warns(QuantCoreWarning, match="cannot be captured at 4 rows.*not permitted"):
         assert torch.equal(wrapped(x), block(x))
     assert torch.equal(wrapped(x), block(x)) and tried == [4]  # refused once, not tried again
+
+
+def test_a_bad_input_is_the_callers_error_not_a_refused_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    wrapped = GraphedEager(_Block(), max_rows=4)
+    monkeypatch.setattr(GraphedEager, "graphed", lambda self, x: True)
+    # A capture warms the module up on the call's rows first, as the real one does.
+    monkeypatch.setattr(GraphedEager, "_capture", lambda self, rows, x: self.inner(x))
+    with pytest.raises(KernelInputError, match="x"):
+        wrapped(torch.randn(2, 63))  # K = 63, the linear takes 64
+    assert not wrapped._refused
 
 
 def test_autograd_and_tracing_run_the_module_itself(monkeypatch: pytest.MonkeyPatch) -> None:
