@@ -85,7 +85,7 @@ def sub_rows(w: HopperWeights) -> int:
 def fit_stages(plan: Plan, w: HopperWeights, smem_bytes: int) -> Plan:
     """``plan`` with its ring no deeper than the card's shared memory holds."""
     per = plan.stage_bytes(w.bits, w.scales.element_size(), sub_rows(w), w.zeros is not None)
-    most = max(2, (smem_bytes - SMEM_RESERVE) // per)
+    most = max(2, (smem_bytes - SMEM_RESERVE - plan.fixed_bytes()) // per)
     return plan if plan.stages <= most else dataclasses.replace(plan, stages=most)
 
 

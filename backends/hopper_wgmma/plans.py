@@ -66,6 +66,11 @@ class Plan:
         is added by the compiler (the compiled kernel's ``num_warps`` counts it)."""
         return 4 * self.wg
 
+    def fixed_bytes(self) -> int:
+        """Shared memory outside the ring: a late-scale plan's tile of ones (the A operand
+        of the wgmma that sums x, ``[64·WG, 32]`` 16-bit)."""
+        return 64 * self.wg * 32 * 2 if self.late_scale else 0
+
     def stage_bytes(self, bits: int, scale_bytes: int, sub_rows: int, zeros: bool) -> int:
         """Shared memory one stage of the ring takes (rows of scales and zero points in
         slots of at least 128 bytes, as TMA writes them; a warp-specialised plan's second

@@ -135,3 +135,15 @@ def test_the_sweep_checks_and_times_late_twins_and_ships_none_unchecked() -> Non
         assert any(p.late_scale for p in plans), m
     assert not any(p.late_scale for p in candidates(1, 4096, 14336, 8, 132, None) if isinstance(p, Plan))
     assert not any(p.late_scale for p in candidates(512, 4096, 14336, 4, 132, None) if isinstance(p, Plan))
+
+
+def test_the_ring_leaves_room_for_the_tile_of_ones() -> None:
+    """``fit_stages`` counts the late plan's ones tile outside the ring: at a shared-memory
+    size where the plain plan's ring just fits, the late twin's is one stage shallower."""
+    w = _weights(512)
+    plain = Plan(1, 8, 12, 1, in_flight=True)
+    per = plain.stage_bytes(w.bits, w.scales.element_size(), launch.sub_rows(w), w.zeros is not None)
+    smem = launch.SMEM_RESERVE + 6 * per  # six stages exactly
+    assert launch.fit_stages(plain, w, smem).stages == 6
+    late = dataclasses.replace(plain, late_scale=True)
+    assert late.fixed_bytes() == 4096 and launch.fit_stages(late, w, smem).stages == 5
