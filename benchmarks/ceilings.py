@@ -1,11 +1,14 @@
 """The device's ceilings, measured, not read off a datasheet: copy bandwidth (bytes read
-plus bytes written, one large device-to-device copy) and a large bf16 matmul. Measured
+plus bytes written, one large device-to-device copy) and a large bf16 matmul (on a CPU, the
+largest square up to 2048 whose product takes under 50 ms: a CPU without bf16 arithmetic
+takes about a minute for 2048³). Measured
 once per device and software stack, cached in ``ceilings.json`` of quantcore's cache
 folder (``$QUANTCORE_CACHE``, default ``~/.cache/quantcore``)."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,7 +46,7 @@ def measure(device: str) -> Ceilings:
     nbytes = (1 << 30) if cuda else (256 << 20)
     src = torch.randn(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
-    n = 8192 if cuda else 2048
+    n = 8192 if cuda else _cpu_matmul_size()
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     copy, mm = time_interleaved([lambda i: dst.copy_(src), lambda i: a @ b], device, rounds=5)
@@ -53,6 +56,18 @@ def measure(device: str) -> Ceilings:
         matmul_flops_per_s=2 * n**3 / mm.median_s,
         matmul_what=f"bf16 {n}x{n}x{n} torch.matmul",
     )
+
+
+def _cpu_matmul_size(limit_s: float = 0.05, largest: int = 2048) -> int:
+    n = 256
+    while n < largest:
+        a = torch.randn(2 * n, 2 * n, dtype=torch.bfloat16)
+        t0 = time.perf_counter()
+        a @ a
+        if time.perf_counter() - t0 > limit_s:
+            break
+        n *= 2
+    return n
 
 
 def ceilings(device: str, *, remeasure: bool = False) -> Ceilings:

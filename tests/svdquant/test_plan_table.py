@@ -48,6 +48,20 @@ def test_table_keeps_the_fastest_candidate_that_passed(tmp_path: Path) -> None:
     assert configs.config_key(FMT, 4352, 3840, 32, torch.bfloat16, True) == "nvfp4-N3840-R32-M8192-bf16-smooth"
 
 
+def test_a_new_cards_table_keeps_the_nearest_cards_other_tiles(tmp_path: Path) -> None:
+    """A file measured on a card of its own (an H200 beside the H100's tiles) replaces
+    the tiles it measured; every shape it did not measure keeps the nearest card's tile."""
+    h200 = dataclasses.replace(H100_SXM, bandwidth_class=H100_SXM.bandwidth_class + 1)
+    small = Tile(16, 64, 4, 3, 528, 1, 128, red=8)
+    doc = table([_row(small, 7.5, m=256)], {"card": card_fields(h200), "device": "test"})
+    (tmp_path / f"tuned-{h200.slug}.json").write_text(json.dumps(doc))
+    merged = configs.tables(tmp_path)
+    assert merged[h200]["nvfp4-N3840-R32-M256-bf16-smooth"] == small
+    assert merged[H100_SXM]["nvfp4-N3840-R32-M256-bf16-smooth"] != small
+    others = {k: v for k, v in merged[H100_SXM].items() if k != "nvfp4-N3840-R32-M256-bf16-smooth"}
+    assert others and all(merged[h200][k] == v for k, v in others.items())
+
+
 def test_a_malformed_table_is_refused_with_its_path(tmp_path: Path) -> None:
     path = tmp_path / "tuned-bad.json"
     path.write_text(json.dumps({"card": card_fields(H100_SXM), "entries": [{"key": "k", "tile": {"bm": 64, "bx": 1}}]}))

@@ -91,11 +91,20 @@ def load_table(path: Path) -> tuple[CardKey, dict[str, Tile]]:
 
 @functools.cache
 def tables(folder: Path = Path(__file__).parent) -> dict[CardKey, dict[str, Tile]]:
-    """:data:`SHIPPED` with every ``tuned-*.json`` of ``folder`` laid over it, per card."""
+    """:data:`SHIPPED` with every ``tuned-*.json`` of ``folder`` laid over it, per card.
+
+    A file for a card :data:`SHIPPED` does not hold is laid over the nearest card's merged
+    tiles: a measurement of some shapes on a new card must not cost it the tiles of the
+    shapes it did not measure (lookups take one card's table whole)."""
+    measured = [load_table(path) for path in sorted(folder.glob("tuned-*.json"))]
     merged = {card: dict(table) for card, table in SHIPPED.items()}
-    for path in sorted(folder.glob("tuned-*.json")):
-        card, table = load_table(path)
-        merged.setdefault(card, {}).update(table)
+    for card, table in measured:
+        if card in SHIPPED:
+            merged[card].update(table)
+    known = dict(merged)
+    for card, table in measured:
+        if card not in SHIPPED:
+            merged.setdefault(card, dict(table_for(known, card) or {})).update(table)
     return merged
 
 
