@@ -325,6 +325,63 @@ def _ws_produce(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, 
 
 
 @gluon.jit
+def _issue_next(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, stage, blk, pid_m, pid_n, blocks,
+                num_m, sub_group, BK: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, HAS_ZEROS: gl.constexpr,
+                S_PAD: gl.constexpr, Z_PAD: gl.constexpr, WG: gl.constexpr, BM: gl.constexpr):
+    """A balanced grid's loads of its next block (block ``blk`` of tile ``(pid_n, pid_m)``)
+    into ``stage``; returns the block after it in the launch's one sequence (each tile's K
+    blocks, the tiles in program order), stepped on, not divided out, in the loop."""
+    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, stage, blk, pid_n * WG, pid_m * BM,
+           pid_n * (64 * WG), sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    blk += 1
+    wrap = (blk == blocks).to(gl.int32)
+    blk -= wrap * blocks
+    pid_m += wrap
+    wrap_m = (pid_m == num_m).to(gl.int32)
+    pid_m -= wrap_m * num_m
+    pid_n += wrap_m
+    return blk, pid_m, pid_n
+
+
+@gluon.jit
+def _stream_store(acc, tile, u, seg_end, pairs, units, pid, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, num_m,
+                  HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """A balanced grid's end of one run of a tile's pairs ``[u, seg_end)``: a whole tile is
+    stored; a part goes to the workspace slot of its program's rank among the tile's
+    programs, and the last of them to arrive sums the slots in rank order (deterministic)."""
+    out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
+    acc = gl.convert_layout(acc, out_layout)
+    offs_n = (tile // num_m) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    offs_m = (tile % num_m) * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+    n_mask = offs_n < N
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
+    out_ty: gl.constexpr = y_ptr.dtype.element_ty
+    start = tile * pairs
+    grid = gl.num_programs(0)
+    if (u == start) & (seg_end == start + pairs):
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+        gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
+    else:
+        # The programs of a tile: those whose run [g·units/grid, (g+1)·units/grid) holds one of its pairs.
+        first = ((start + 1) * grid - 1) // units
+        last = ((start + pairs) * grid - 1) // units
+        ws_offs = gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(ws_ptr + (pid - first).to(gl.int64) * M * N + ws_offs, acc, mask=mask)
+        gl.thread_barrier()  # every thread's partial is stored before the release below
+        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == last - first:
+            total = gl.zeros([BN, BM], gl.float32, out_layout)
+            for r in range(last - first + 1):
+                total += gl.load(ws_ptr + r * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+            gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+@gluon.jit
 def wgmma_kernel(
     w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, stride_ym, blocks, steps, split_k, sub_group,
@@ -332,6 +389,7 @@ def wgmma_kernel(
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
     IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
+    STREAM: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -340,7 +398,9 @@ def wgmma_kernel(
     ``IN_FLIGHT``: a wait per block leaves its groups in flight; else ``PER_WAIT`` blocks
     (1 or 2) between two full waits. Both pairs of blocks need an even block count per
     program. ``WS`` (with ``IN_FLIGHT``, ``PDL`` 0): a producer warp issues the loads.
-    ``LATE`` (with ``IN_FLIGHT``; 4-bit, ``ROWS`` 1): scale late (``plans.Plan``)."""
+    ``LATE`` (with ``IN_FLIGHT``; 4-bit, ``ROWS`` 1): scale late (``plans.Plan``).
+    ``STREAM`` (with ``IN_FLIGHT``, without ``WS``, ``LATE``, ``PDL``; a 1-D grid): a
+    balanced grid (``plans.Plan.stream``); ``split_k`` is then its workspace's slots."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -409,7 +469,7 @@ def wgmma_kernel(
             if p < n_iter:
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
-    elif not WS:  # with WS the producer partition fills the ring
+    elif not WS and not STREAM:  # with WS the producer partition fills the ring
         if PDL == 1:
             _wait_for_prior_grids()
         for p in gl.static_range(STAGES):
@@ -418,7 +478,48 @@ def wgmma_kernel(
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
-    if WS and LATE:
+    if STREAM:
+        # One sequence of (tile, pair of K blocks), cut into equal runs, one per program;
+        # the ring walks this program's run straight through, across tile boundaries.
+        pairs = blocks // 2
+        units = num_m * gl.cdiv(N, BN) * pairs
+        grid = gl.num_programs(0)
+        lo = (pid * units) // grid
+        hi = ((pid + 1) * units) // grid
+        nb = 2 * (hi - lo)
+        # The next block to load: block, row tile and column tile of the sequence.
+        tile0 = lo // pairs
+        nxt_blk = 2 * (lo - tile0 * pairs)
+        nxt_m = tile0 % num_m
+        nxt_n = tile0 // num_m
+        for p in gl.static_range(STAGES):
+            if p < nb:
+                nxt_blk, nxt_m, nxt_n = _issue_next(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem,
+                                                    bar, p, nxt_blk, nxt_m, nxt_n, blocks, num_m, sub_group, BK,
+                                                    PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WG, BM)
+        u = lo
+        while u < hi:
+            tile = u // pairs
+            seg_end = gl.minimum(hi, (tile + 1) * pairs)
+            acc = gl.zeros([BN, BM], gl.float32, mma_layout)
+            for j in range(2 * (u - lo), 2 * (seg_end - lo), 2):
+                for v in gl.static_range(2):
+                    acc = _block(acc, j + v, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS,
+                                 SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout,
+                                 words_layout)
+                    acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
+                    gl.thread_barrier()
+                    done = j + v - 1
+                    if done >= 0 and done + STAGES < nb:
+                        nxt_blk, nxt_m, nxt_n = _issue_next(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem,
+                                                            z_smem, bar, done % STAGES, nxt_blk, nxt_m, nxt_n,
+                                                            blocks, num_m, sub_group, BK, PAIRS, ROWS, HAS_ZEROS,
+                                                            S_PAD, Z_PAD, WG, BM)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _stream_store(acc, tile, u, seg_end, pairs, units, pid, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+                          num_m, HAS_BIAS, BN, BM, NUM_WARPS)
+            u = seg_end
+    elif WS and LATE:
         acc = gl.warp_specialize(
             [(_ws_consume_late, (acc, ones, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter, STAGES, PAIRS,
                                  BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, BM, act, mma_layout, words_layout)),
@@ -485,7 +586,17 @@ def wgmma_kernel(
             mbarrier.invalidate(empty.index(st))
     if PDL != 0:
         _let_dependents_launch()  # the next layer's launch may start its weight loads
+    if not STREAM:  # a balanced grid stored each run of its tiles as it ended
+        _tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT,
+                    HAS_BIAS, BN, BM, NUM_WARPS)
 
+
+@gluon.jit
+def _tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+                NUM_WARPS: gl.constexpr):
+    """The end of a program of a split (or whole) tile: store it, or its K part to the
+    workspace, the last program of the tile summing the parts in split order."""
     out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
     acc = gl.convert_layout(acc, out_layout)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))

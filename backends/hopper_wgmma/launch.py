@@ -198,6 +198,21 @@ def split_steps(w: HopperWeights, plan: Plan) -> Walk:
     return Walk(steps, triton.cdiv(w.blocks, steps), per_wait, in_flight)
 
 
+def stream_grid(w: HopperWeights, plan: Plan, m: int, sms: int) -> tuple[int, int]:
+    """``(programs, workspace slots)`` of a balanced grid (``Plan.stream``) for ``m`` rows:
+    the programs cut the tiles' pairs of K blocks into equal runs; the slots are the most
+    programs any one tile is shared by."""
+    if w.blocks % 2:
+        raise InvalidArgumentError(f"hopper_wgmma: a balanced grid walks pairs of K blocks; this weight has "
+                                   f"{w.blocks} blocks (K = {w.in_features})")
+    pairs = w.blocks // 2
+    units = triton.cdiv(w.out_features, TILE_N * plan.wg) * triton.cdiv(m, plan.bm) * pairs
+    grid = max(1, min(units, sms * plan.stream))
+    owner = [((u + 1) * grid - 1) // units for u in range(0, units, pairs)]
+    last = [((u + pairs) * grid - 1) // units for u in range(0, units, pairs)]
+    return grid, max(b - a + 1 for a, b in zip(owner, last, strict=True))
+
+
 def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, ws: torch.Tensor,
                 counters: torch.Tensor) -> tuple[tuple[int, int], list[Any], dict[str, Any]]:
     """``(grid, positional args, constexprs + launch options)`` of one launch."""
@@ -207,13 +222,22 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     steps, split = walk.steps, walk.split
     w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
+    grid = (tiles, split)
+    if plan.stream:
+        programs, split = stream_grid(w, plan, m, _sms(x.device))
+        grid = (programs, 1)
     bias = w.bias if w.bias is not None else w.scales
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
     const = dict(_constexprs(w, plan, walk), num_warps=plan.num_warps)
     if plan.maxnreg:
         const["maxnreg"] = plan.maxnreg
-    return (tiles, split), args, const
+    return grid, args, const
+
+
+def _sms(device: torch.device) -> int:
+    """SMs of ``device`` (a CPU stands for an H100's 132: the sm_90a compile probes)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def pdl_mode() -> int:
@@ -236,9 +260,14 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     # Late scaling folds one scale row per block, of 4-bit codes; elsewhere the same tile
     # and walk run with the scale in the operand.
     late = plan.late_scale and walk.in_flight and w.bits == 4 and sub_rows(w) == 1
-    return dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
+    const = dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
-                 STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws)
+                 STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws,
+                 STREAM=bool(plan.stream))
+    if plan.stream and (pdl or not walk.in_flight):
+        raise InvalidArgumentError(f"hopper_wgmma: a balanced grid runs in flight without {PDL_ENV}; "
+                                   f"got {PDL_ENV}={pdl}, in flight {walk.in_flight}")
+    return const
 
 
 class _Bucket:
@@ -246,6 +275,9 @@ class _Bucket:
     that plan launches that does not depend on the activation."""
 
     def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
+        if plan.stream:
+            raise InvalidArgumentError(f"hopper_wgmma: a balanced grid is timed through linear(x, w, plan) only, "
+                                       f"not bound from a table: {plan}")
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
@@ -358,7 +390,8 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     x = prepare_x(x).reshape(m, -1)
     y = torch.empty(shape, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
-    ws, counters = SplitKBuffers(split_steps(w, plan).split, x.device, w.scales)(w.runtime, m, n, tiles)
+    slots = stream_grid(w, plan, m, _sms(x.device))[1] if plan.stream else split_steps(w, plan).split
+    ws, counters = SplitKBuffers(slots, x.device, w.scales)(w.runtime, m, n, tiles)
     grid, args, const = kernel_args(x, w, plan, y.view(m, n), ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y

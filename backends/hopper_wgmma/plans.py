@@ -49,6 +49,12 @@ class Plan:
     #: warp-specialised program otherwise takes the whole register file, one CTA per SM —
     #: too few at small M; its consumers get what the producer warp hands back.
     maxnreg: int = 0
+    #: A balanced (stream-K) grid of this many programs per SM (0: off): the output tiles'
+    #: pairs of K blocks are one sequence cut into equal runs, one per program, so no SM
+    #: holds more work than another; a tile shared by programs is summed by the last one
+    #: to finish it. Needs ``in_flight``, without ``ws`` or ``late_scale``; replaces
+    #: ``split``. Opt-in until a device run has measured it.
+    stream: int = 0
 
     def __post_init__(self) -> None:
         if (self.wg not in (1, 2) or self.bm not in BM_CHOICES or not 2 <= self.stages <= 12 or self.split < 1
@@ -59,6 +65,10 @@ class Plan:
             raise ValueError(f"hopper_wgmma plan: ws (a producer warp) needs in_flight=True, got {self}")
         if self.late_scale and not self.in_flight:
             raise ValueError(f"hopper_wgmma plan: late_scale needs in_flight=True, got {self}")
+        if self.stream and (not 0 < self.stream <= 8 or not self.in_flight or self.ws or self.late_scale
+                            or self.split != 1):
+            raise ValueError(f"hopper_wgmma plan: stream (1…8 programs an SM) needs in_flight=True without ws, "
+                             f"late_scale or split, got {self}")
 
     @property
     def num_warps(self) -> int:

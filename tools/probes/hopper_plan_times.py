@@ -8,7 +8,9 @@ scale, a K split), and checks each plan's output against the call's own plan.
         --plans "1,8,8,1,in_flight;1,8,8,1,in_flight,late" [--json PATH]
 
 A plan is ``WG,BM,STAGES,SPLIT`` followed by any of ``in_flight``, ``ws``, ``late``,
-``regN`` (a register cap); CUDA graphs over rotating weights, GPTQ 4-bit g128 sym, bf16.
+``regN`` (a register cap), ``streamN`` (a balanced grid of N programs an SM); CUDA graphs
+over rotating weights, GPTQ 4-bit g128 sym, bf16. Each plan's output is compared with the
+table's plan's (relative error) and with its own second run (bit for bit).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def parse_plan(text: str) -> Plan:
     wg, bm, stages, split = (int(v) for v in fields[:4])
     flags = set(fields[4:])
     reg = next((int(f[3:]) for f in flags if f.startswith("reg")), 0)
+    stream = next((int(f[6:]) for f in flags if f.startswith("stream")), 0)
     return Plan(wg, bm, stages, split, in_flight="in_flight" in flags, ws="ws" in flags,
-                late_scale="late" in flags, maxnreg=reg)
+                late_scale="late" in flags, maxnreg=reg, stream=stream)
 
 
 def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str]) -> dict[str, Any]:
@@ -65,7 +68,9 @@ def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str]) -> dict[
                     rows.append({"k": k, "n": n, "m": m, "variant": text, "error": f"{type(exc).__name__}: {exc}"})
                     continue
                 err = ((got - ref).norm() / ref.norm()).item()
-                rows.append({"k": k, "n": n, "m": m, "variant": text, "rel_err_vs_table": err})
+                again = linear(x, prepared[0], plan).float()
+                rows.append({"k": k, "n": n, "m": m, "variant": text, "rel_err_vs_table": err,
+                             "repeat_identical": bool(torch.equal(got, again))})
                 names.append(text)
                 calls.append(lambda i, x=x, p=prepared, plan=plan: linear(x, p[i % SETS], plan))
                 sets.append(SETS)
@@ -93,7 +98,7 @@ def main() -> None:
     res = run(shapes, [int(m) for m in a.ms.split(",")], [t for t in a.plans.split(";") if t])
     for r in res["rows"]:
         extra = r.get("error") or f"{r.get('us', float('nan')):8.2f} us  {r.get('x_cublas', 0):5.2f}x  " \
-                                  f"err {r.get('rel_err_vs_table', 0):.1e}"
+                                  f"err {r.get('rel_err_vs_table', 0):.1e}  same twice {r.get('repeat_identical', '-')}"
         print(f"{r['k']:6d}x{r['n']:<6d} M{r['m']:<5d} {r['variant']:34s} {extra}")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
