@@ -38,14 +38,20 @@ for plan, kw in [(Plan(1, 16, 8, 2), {}), (Plan(2, 256, 3, 1, 2), {"sym": False}
 """
 
 
-@pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
-def test_plans_compile_for_sm90() -> None:
+def compiled_rows(script: str) -> list[dict]:
+    """The JSON rows ``script`` prints, run in a fresh interpreter (no Triton interpreter
+    mode: it compiles for sm_90a)."""
     import json
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+def test_plans_compile_for_sm90() -> None:
+    rows = compiled_rows(SCRIPT)
     assert len(rows) == 6
     for r in rows:
         assert r["spill_stack"] == 0, r

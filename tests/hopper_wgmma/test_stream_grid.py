@@ -7,10 +7,6 @@ sm_90 only (``tools/probes/hopper_plan_times.py`` checks and times it)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +16,7 @@ from quantcore.backends.hopper_wgmma import launch
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.errors import InvalidArgumentError
 
-from .test_sm90_compile import _bundled_tools
+from .test_sm90_compile import _bundled_tools, compiled_rows
 
 
 def _weights(k: int, n: int) -> SimpleNamespace:
@@ -94,10 +90,7 @@ for plan, kw in [(Plan(1, 8, 8, 1, in_flight=True, stream=2), {"n": 14336}),
 
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_balanced_plans_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = compiled_rows(SCRIPT)
     assert len(rows) == 3
     for r in rows:
         assert r["spill_stack"] == 0, r
