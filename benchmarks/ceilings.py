@@ -1,7 +1,7 @@
 """The device's ceilings, measured, not read off a datasheet: copy bandwidth (bytes read
-plus bytes written, one large device-to-device copy) and a large bf16 matmul (on a CPU, the
-largest square up to 2048 whose product takes under 50 ms: a CPU without bf16 arithmetic
-takes about a minute for 2048³). Measured
+plus bytes written, one large device-to-device copy) and a large bf16 matmul (on a CPU, a
+square of at most 2048 sized to the CPU: a CPU without bf16 arithmetic takes about a minute
+for 2048³). Measured
 once per device and software stack, cached in ``ceilings.json`` of quantcore's cache
 folder (``$QUANTCORE_CACHE``, default ``~/.cache/quantcore``)."""
 
@@ -59,6 +59,8 @@ def measure(device: str) -> Ceilings:
 
 
 def _cpu_matmul_size(limit_s: float = 0.05, largest: int = 2048) -> int:
+    """The matmul side for a CPU: doubled from 256 while the next size's product takes at
+    most ``limit_s``, up to ``largest``."""
     n = 256
     while n < largest:
         a = torch.randn(2 * n, 2 * n, dtype=torch.bfloat16)

@@ -53,7 +53,8 @@ class Plan:
     #: pairs of K blocks are one sequence cut into equal runs, one per program, so no SM
     #: holds more work than another; a tile shared by programs is summed by the last one
     #: to finish it. Needs ``in_flight``, without ``ws`` or ``late_scale``; replaces
-    #: ``split``. Opt-in until a device run has measured it.
+    #: ``split``. Measured slower than the tables' split-K plans (README.md): no table
+    #: names one, and a bound launch refuses it.
     stream: int = 0
 
     def __post_init__(self) -> None:
