@@ -349,36 +349,19 @@ def _stream_store(acc, tile, u, seg_end, pairs, units, pid, b_ptr, y_ptr, ws_ptr
     """A balanced grid's end of one run of a tile's pairs ``[u, seg_end)``: a whole tile is
     stored; a part goes to the workspace slot of its program's rank among the tile's
     programs, and the last of them to arrive sums the slots in rank order (deterministic)."""
-    out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
-    acc = gl.convert_layout(acc, out_layout)
-    offs_n = (tile // num_m) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
-    offs_m = (tile % num_m) * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
-    n_mask = offs_n < N
-    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
-    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
-    out_ty: gl.constexpr = y_ptr.dtype.element_ty
     start = tile * pairs
-    grid = gl.num_programs(0)
+    n0 = (tile // num_m) * BN
+    m0 = (tile % num_m) * BM
     if (u == start) & (seg_end == start + pairs):
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
-        gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
+        _tile_store(acc, tile, 0, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, 1, False, HAS_BIAS, BN,
+                    BM, NUM_WARPS)
     else:
         # The programs of a tile: those whose run [g·units/grid, (g+1)·units/grid) holds one of its pairs.
+        grid = gl.num_programs(0)
         first = ((start + 1) * grid - 1) // units
         last = ((start + pairs) * grid - 1) // units
-        ws_offs = gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(ws_ptr + (pid - first).to(gl.int64) * M * N + ws_offs, acc, mask=mask)
-        gl.thread_barrier()  # every thread's partial is stored before the release below
-        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == last - first:
-            total = gl.zeros([BN, BM], gl.float32, out_layout)
-            for r in range(last - first + 1):
-                total += gl.load(ws_ptr + r * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
-            gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
-            gl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+        _tile_store(acc, tile, pid - first, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, last - first + 1,
+                    True, HAS_BIAS, BN, BM, NUM_WARPS)
 
 
 @gluon.jit
@@ -595,8 +578,9 @@ def wgmma_kernel(
 def _tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
                 SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
                 NUM_WARPS: gl.constexpr):
-    """The end of a program of a split (or whole) tile: store it, or its K part to the
-    workspace, the last program of the tile summing the parts in split order."""
+    """The end of a program of a split (or whole) tile: store it, or its part to workspace
+    slot ``pid_k`` of ``split_k``, the last program of the tile (counter ``pid``) summing
+    the parts in slot order."""
     out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
     acc = gl.convert_layout(acc, out_layout)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
