@@ -199,6 +199,18 @@ def lockstep_host(fn: Callable[[int], object], device: torch.device, backend: st
     return timed
 
 
+class _OneShotBlock(torch.nn.Module):
+    """``mlp``'s rank-local block summed by the one-shot all-reduce of ``group``: the block
+    :class:`~quantcore.nn.graphed.GraphedEager` replays with that all-reduce in its graphs."""
+
+    def __init__(self, mlp: torch.nn.Module, group: Any) -> None:
+        super().__init__()
+        self.mlp, self.group = mlp, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(self.mlp.partial(x))  # type: ignore[operator]
+
+
 def _stored_bytes(module: Any) -> int:
     return sum(t.numel() * t.element_size() for s in module.shards() for t in s.tensors.values())
 
@@ -310,6 +322,8 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
     # Eager calls replayed from a CUDA graph per row bucket (quantcore/nn/graphed.py).
     graphed = GraphedEager(mlp, max_rows=max(ms)) if device.type == "cuda" else None
     graphed_whole = GraphedEager(whole, max_rows=max(ms)) if device.type == "cuda" and whole is not None else None
+    graphed_one_shot = (GraphedEager(_OneShotBlock(mlp, one_shot), max_rows=max(ms))
+                        if device.type == "cuda" and not one_shot_skip else None)
     cases = []
     for m in ms:
         gen = torch.Generator().manual_seed(1 + m)
@@ -340,6 +354,12 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
                 variants.append((f"tp{world}_mlp_graphed", "kernel", lambda i, xs=xs: graphed(xs[i % 4]), False,
                                  quant_bytes + act, flops,
                                  f"eager calls replayed from a CUDA graph per row bucket; {args.backend} all-reduce"))
+        if graphed_one_shot is not None:
+            with torch.no_grad():
+                graphed_one_shot(xs[0])
+                variants.append((f"tp{world}_mlp_graphed_one_shot", "kernel", lambda i, xs=xs: graphed_one_shot(xs[i % 4]),
+                                 False, quant_bytes + act, flops,
+                                 "eager calls replayed from a CUDA graph per row bucket; one-shot all-reduce"))
         hs = [mlp.hidden(x) for x in xs]
         parts: list[tuple[str, str, Callable[[int], object], bool, int, int, str]] = [
             (f"tp{world}_gate_up", "peer", lambda i, xs=xs: mlp.columns(xs[i % 4]) if mlp.gate_up is None
@@ -372,7 +392,7 @@ def _bench(args: Any, mlp: Any, unfused: Any, device: torch.device, threads: int
         with torch.no_grad():
             for mode in modes:
                 for name, role, fn, solo, nbytes, nflops, note in variants + (parts if mode == "host" else []):
-                    if mode != "eager" and name.endswith("_graphed"):
+                    if mode != "eager" and "_graphed" in name:
                         why = ("inside a graph of its own the block runs itself: the graph row is its time"
                                if mode == "graph" else
                                "replays queued behind the spin kernel time the queue, not a call's host work "

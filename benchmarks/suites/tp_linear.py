@@ -175,6 +175,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
             line += f"; replayed from graphs {mine['unsharded_mlp']['time_s'] / graphed['time_s']:.2f}×"
             if "unsharded_mlp_graphed" in mine:
                 line += f" ({mine['unsharded_mlp_graphed']['time_s'] / graphed['time_s']:.2f}× the unsharded block replayed)"
+        graphed_one = mine.get(f"tp{w}_mlp_graphed_one_shot")
+        if graphed_one is not None:
+            line += f"; replayed from graphs with the one-shot all-reduce {mine['unsharded_mlp']['time_s'] / graphed_one['time_s']:.2f}×"
         apart = mine.get(f"tp{w}_mlp_unfused")
         if apart is not None:
             line += f"; gate and up fused {apart['time_s'] / tp['time_s']:.2f}× the two launches"

@@ -72,6 +72,9 @@ def tp_lines(rows: list[dict[str, Any]]) -> list[str]:
             whole = mine.get("unsharded_mlp_graphed")
             line += (f" | graphed: tp {graphed * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / graphed:.2f}×"
                      + (f"  unsharded {whole * 1e6:8.1f} µs ({whole / graphed:.2f}×)" if whole else ""))
+        graphed_one = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_graphed_one_shot")), None)
+        if graphed_one is not None:
+            line += f" | graphed one-shot: tp {graphed_one * 1e6:8.1f} µs  speed-up {mine['unsharded_mlp'] / graphed_one:.2f}×"
         apart = next((t for n, t in mine.items() if n.startswith("tp") and n.endswith("_mlp_unfused")), None)
         if apart is not None:
             line += f" | gate/up apart: tp {apart * 1e6:8.1f} µs  fused {apart / tp:.2f}×"

@@ -96,7 +96,7 @@ if has overhead; then
 fi
 # bench NAME: one tp_linear shape set, world as the set says, NCCL one process per GPU.
 bench() {
-  run "bench-$1" 150 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
+  run "bench-$1" 200 env QUANTCORE_TP_BACKEND=nccl QUANTCORE_TP_DEVICE=cuda:rank \
       python3 -m quantcore bench tp_linear --device cuda --shapes "$1" --rounds 5 --out "$OUT/tp-nccl-$1"
 }
 # Most wanted first, each its own run (a cut-off part keeps the others): the 70B-class block
