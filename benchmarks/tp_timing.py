@@ -276,7 +276,8 @@ def bench_rank(ctx: Any, argv: list[str]) -> int:
 
     args = _args(argv)
     args.backend = ctx.backend
-    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+    # The block's own rows run the process group's all-reduce; the one-shot rows their own group.
+    tp = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host, all_reduce_path="backend")
     ckpt = load_checkpoint(args.checkpoint)
     mlp, unfused = (ParallelQuantMLP.from_checkpoint(ckpt, args.prefix, tp, device=ctx.device, dtype=parse_dtype(args.dtype),
                                                      act_order=args.act_order, fuse_gate_up=fuse)

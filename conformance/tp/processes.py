@@ -95,7 +95,7 @@ def check_rank(ctx: RankContext, argv: list[str]) -> int:
     with torch.no_grad():
         parts = {**block.columns(x), "hidden": block.hidden(x), "y": block(x)}
         if args.all_reduce != "backend":
-            backend = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host)
+            backend = TPGroup(ctx.rank, ctx.world, stage_on_host=args.stage_host, all_reduce_path="backend")
             parts["y_backend"] = backend.all_reduce(block.partial(x))
     if block.down.shard.index is not None:
         parts["index"] = block.down.shard.index
