@@ -30,7 +30,7 @@ handed in from elsewhere (the offload path's scratch views) get buckets of their
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
 from quantcore.tensors import laid_out, version_of
+from quantcore.triton.buffers import capturing, stream_key
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.unowned import unowned
 
@@ -135,6 +136,21 @@ class _Bucket:
         self.bias_or_cb = bias if bias is not None else self.codebook
         #: The input rotation the host runs before the launch, if any.
         self.rotate: InputRotation | None = None
+        #: Per (stream, M): the kept scratch arrays a launch there uses (workspace.py).
+        self._scratch: dict[tuple[Any, int], tuple[torch.Tensor, ...]] = {}
+
+    def scratch(self, m: int, make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        """``make()``'s kept arrays for a launch of ``m`` rows on the current stream, looked
+        up once per stream and M: an array a larger launch later outgrows is retired, never
+        freed, and still holds what this one needs. Those handed out while a graph is being
+        captured may be that graph's alone and are not remembered."""
+        key = (stream_key(self.device), m)
+        hit = self._scratch.get(key)
+        if hit is None:
+            hit = make()
+            if not capturing(self.device):
+                self._scratch[key] = hit
+        return hit
 
     def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
         """Made for these tensors (the custom op rebuilds the pass objects around the same
@@ -200,7 +216,7 @@ class _Gemv(_Bucket):
             x2 = x1 if self.p2 is self.p1 or self.p2.rotation is self.p1.rotation else self._rotated(
                 x2d, self.p2.rotation)
         if self.split > 1:
-            ws, tk = split_k_buffers(self.device, self.split * self.n, self.chunks)
+            ws, tk = self.scratch(1, lambda: split_k_buffers(self.device, self.split * self.n, self.chunks))
         else:
             ws, tk = out, self.codebook
         self.launch((self.chunks, self.split, 1), x1, x2, *self.weights, out, partial if partial is not None else out,
@@ -279,16 +295,24 @@ class _Mma(_Bucket):
         m = x2d.shape[0]
         launch, grid, split, tiles, rotating = self.plans.get(m) or self._plan(m)
         x = x2d if self.rotate is None else self.rotate(x2d)
-        if split > 1:
-            ws, tk = split_k_buffers(self.device, split * m * self.n, tiles)
-        else:
-            ws, tk = out, self.codebook
+        cb = self.codebook  # in place of what the launch does not read
+        ws, tk, xr, counts = self.scratch(m, lambda: self._buffers(m, split, tiles)) if split > 1 or self.once else (
+            cb, cb, cb, cb)
+        if split <= 1:
+            ws = out  # never read: one split stores its tile itself
+        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
+               counts, m, self.n, self.k // 8, self.k // 8, rotating)
+
+
+    def _buffers(self, m: int, split: int, tiles: int) -> tuple[torch.Tensor, ...]:
+        """The split-K workspace and tickets and the rotated-x scratch and counts a launch of
+        ``m`` rows takes (the codebook for what it does not read)."""
+        ws, tk = split_k_buffers(self.device, split * m * self.n, tiles) if split > 1 else (self.codebook,) * 2
         if self.once:
             xr, counts = rotation_buffers(self.device, m * self.x_copies * self.k, self.p1.rotation.dtype)
         else:
             xr, counts = self.codebook, self.codebook
-        launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
-               counts, m, self.n, self.k // 8, self.k // 8, rotating)
+        return ws, tk, xr, counts
 
 
 class _Dequant(_Bucket):
