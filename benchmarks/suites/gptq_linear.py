@@ -38,6 +38,7 @@ SHAPES = {
     "prefill": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (128, 2048))],
     "h100": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(H100_KN, H100_M)],
     "hopper": HOPPER,
+    "hopper-decode": [case for case in HOPPER if case["M"] == 1],
     # M = 1 … 2048 on one shape: where the default choice has to move.
     "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
 }
