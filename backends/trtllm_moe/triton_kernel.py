@@ -223,7 +223,8 @@ class TritonMoE(TRTLLMMoEKernel):
         rows = x if x.dim() == 2 else x.reshape(-1, k)
         if rows.stride(-1) != 1 or rows.stride(0) % 8:
             rows = rows.contiguous()
-        y = torch.empty((t, topk, cols), dtype=bucket.y_dtype, device=x.device)
+        # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
+        y = torch.empty(t, topk, cols, dtype=bucket.y_dtype, device=x.device)
         # The kernels read the ids as given (int32 or int64) and the weights as float32,
         # each contiguous: no copy where they already are.
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()

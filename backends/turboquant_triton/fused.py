@@ -428,7 +428,8 @@ def fused_linear(
         x2d = x2d.contiguous()
     m = x2d.shape[0]
     device = x2d.device
-    out = torch.empty((m, passes[0].indices.shape[0]), dtype=out_dtype, device=device)
+    # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
+    out = torch.empty(m, passes[0].indices.shape[0], dtype=out_dtype, device=device)
     if m == 0:
         return out
     if path is None:

@@ -86,14 +86,15 @@ def retired() -> int:
     return len(_retired)
 
 
-def stream_key(device: torch.device) -> tuple[str, int]:
+def stream_key(device: torch.device) -> tuple[str | int, int]:
     """``(device, current stream)``: launches that may run concurrently on two streams must
-    not share tickets or scratch. (The raw query: a ``torch.cuda.Stream`` object per call
-    costs microseconds.)"""
+    not share tickets or scratch. A CUDA device is its index (``cuda`` and ``cuda:0`` alike;
+    its name would be a string built per call), the stream the raw query's handle (a
+    ``torch.cuda.Stream`` object per call costs microseconds)."""
     if device.type != "cuda":
         return str(device), 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return str(device), torch._C._cuda_getCurrentRawStream(index)  # type: ignore[attr-defined]
+    return index, torch._C._cuda_getCurrentRawStream(index)  # type: ignore[attr-defined]
 
 
 class KeptBuffers:
