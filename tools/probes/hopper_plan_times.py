@@ -9,7 +9,7 @@ scale, a K split), and checks each plan's output against the call's own plan.
 
 A plan is ``WG,BM,STAGES,SPLIT`` followed by any of ``in_flight``, ``ws``, ``late``,
 ``regN`` (a register cap), ``streamN`` (a balanced grid of N programs an SM); CUDA graphs
-over rotating weights, GPTQ 4-bit g128 sym, bf16. Each plan's output is compared with the
+over rotating weights, GPTQ 4-bit (``--bits 8``: 8-bit) g128 sym, bf16. Each plan's output is compared with the
 table's plan's (relative error) and with its own second run (bit for bit).
 """
 
@@ -43,9 +43,9 @@ def parse_plan(text: str) -> Plan:
                 late_scale="late" in flags, maxnreg=reg, stream=stream)
 
 
-def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str]) -> dict[str, Any]:
+def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str], bits: int = 4) -> dict[str, Any]:
     dev = torch.device("cuda")
-    fmt = GPTQ(bits=4, group_size=128, sym=True)
+    fmt = GPTQ(bits=bits, group_size=128, sym=True)
     kernel = HopperWgmmaGPTQ(fmt, dev)
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
@@ -84,7 +84,7 @@ def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str]) -> dict[
                 row |= {"us": t.median_s * 1e6, "x_cublas": base / t.median_s, "spread": t.spread,
                         "method": t.method}
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "rows": rows}
+            "bits": bits, "rows": rows}
 
 
 def main() -> None:
@@ -92,10 +92,11 @@ def main() -> None:
     p.add_argument("--shapes", default="4096x14336")
     p.add_argument("--ms", default="1")
     p.add_argument("--plans", required=True, help="';'-separated plans, e.g. '1,8,8,1,in_flight,late'")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
-    res = run(shapes, [int(m) for m in a.ms.split(",")], [t for t in a.plans.split(";") if t])
+    res = run(shapes, [int(m) for m in a.ms.split(",")], [t for t in a.plans.split(";") if t], a.bits)
     for r in res["rows"]:
         extra = r.get("error") or f"{r.get('us', float('nan')):8.2f} us  {r.get('x_cublas', 0):5.2f}x  " \
                                   f"err {r.get('rel_err_vs_table', 0):.1e}  same twice {r.get('repeat_identical', '-')}"

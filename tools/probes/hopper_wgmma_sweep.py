@@ -322,8 +322,9 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
             add(1, 8, 8, [2, 4])
             add(1, 8, 4, [4, 8])
         # Two consumer warpgroups: with a producer warp the faster tile at M = 64, and at
-        # M = 1 on a large N over a short K (4096×14336 on an H100: 16.4 against 18.2 µs).
-        add(2, 8 if m == 1 else bm, 4, [1, 2])
+        # M = 1 on a large N over a short K (4096×14336 on an H100: 16.4 against 18.2 µs; at
+        # 8 bits with a ring of 6, 25.1 against 30.7 µs, and 26.6 against 31.7 at M = 16).
+        add(2, 8 if m == 1 else bm, 6 if bits == 8 else 4, [1, 2])
     elif m <= 128:
         add(1, 128, 3, [1, 2])
         add(2, 128, 4, [1, 2])
