@@ -30,7 +30,10 @@ that runs it eagerly (``generate`` without ``torch.compile``, a tensor-parallel 
 Every rank of a tensor-parallel group calls the block with the same M, so the ranks
 warm up and capture the same calls in the same order, all-reduce included (NCCL's
 collectives can be captured). A block with ``prepare_all_reduce`` (``ParallelQuantMLP``)
-is prepared for ``max_rows`` rows before its first capture.
+is prepared for ``max_rows`` rows before its first capture. The group's default path
+(``"auto"``: the one-shot sum over symmetric memory for decode messages) is the cheaper one
+to replay: a replay cost 7.6 µs over the block's time inside a graph of many calls on two
+H200s, against 21 µs with NCCL's all-reduce in the graph (docs/tensor-parallel.md).
 """
 
 from __future__ import annotations
