@@ -295,14 +295,14 @@ class _Mma(_Bucket):
         m = x2d.shape[0]
         launch, grid, split, tiles, rotating = self.plans.get(m) or self._plan(m)
         x = x2d if self.rotate is None else self.rotate(x2d)
-        cb = self.codebook  # in place of what the launch does not read
-        ws, tk, xr, counts = self.scratch(m, lambda: self._buffers(m, split, tiles)) if split > 1 or self.once else (
-            cb, cb, cb, cb)
+        if split > 1 or self.once:
+            ws, tk, xr, counts = self.scratch(m, lambda: self._buffers(m, split, tiles))
+        else:  # the launch reads none of them
+            ws, tk, xr, counts = (self.codebook,) * 4
         if split <= 1:
             ws = out  # never read: one split stores its tile itself
         launch(grid, x, *self.weights, out, partial if partial is not None else out, self.bias_or_cb, ws, tk, xr,
                counts, m, self.n, self.k // 8, self.k // 8, rotating)
-
 
     def _buffers(self, m: int, split: int, tiles: int) -> tuple[torch.Tensor, ...]:
         """The split-K workspace and tickets and the rotated-x scratch and counts a launch of
