@@ -49,7 +49,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # TMA ring streams the large weights at 1.9–2.8 TB/s on both cards, 4- and 8-bit alike
         # (a block is 64 bytes a row at either width, so as many bytes are in flight): a rate,
         # not a share, as the H200's faster memory does not raise it. At M ≤ 2 the split-K
-        # pass and its reduction cost a launch more than tinygemm's single GEMV. The multiply
+        # pass and its reduction cost a launch more than tinygemm's single GEMV (4-bit only: at
+        # 8 bits the tables' M = 1 plans beat triton_int4's GEMV on both cards). The multiply
         # reaches ~45 % of the bf16 matmul rate on the large shapes to M = 64; at M = 128
         # 0.80–0.84 / 0.60 / 0.40–0.42 / 0.13 of it at 4096×14336 / 14336×4096 / 4096² /
         # 4096×1024 on both cards (weight_fill); from M = 512 0.75, half at N = 1024
@@ -69,7 +70,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
             compute = (0.75 if m <= 1024 else 0.65) * column_fill(n)
         if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16:
             compute *= 0.8 if 64 < m <= 256 else 0.65
-        return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2 if m <= 2 else 1,
+        launches = 2 if m <= 2 and code_bits(problem) == 4 else 1
+        return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=launches,
                            stream_bytes_per_s=2.4e12,
                            note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
 

@@ -301,6 +301,26 @@ class MoEOracle(OpOracle):
     def call(self, kernel: Kernel, prepared: Any, inputs: Inputs) -> Any:
         return kernel(inputs["x"], inputs["topk_ids"], prepared, topk_weights=inputs["topk_weights"])  # type: ignore[operator]
 
+    def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
+        """An expert id outside ``[0, E)`` that a call took: a kernel that does not read the
+        ids on the host (on CUDA that read would wait for the GPU's queue) must give each such
+        route a NaN row (quantcore/ops/moe/kernel.py, ``check_ids``); every other row is judged
+        as usual, against the reference with those routes sent to expert 0."""
+        ids, e = inputs["topk_ids"], tensors["qweight"].shape[0]
+        if not (isinstance(ids, torch.Tensor) and ids.numel() and not ids.is_floating_point()):
+            return super().judge(out, fmt, tensors, inputs)
+        stray = ((ids < 0) | (ids >= e)).cpu()
+        if not stray.any():
+            return super().judge(out, fmt, tensors, inputs)
+        cpu = on_cpu(inputs)
+        fixed = {**cpu, "topk_ids": torch.where(stray, 0, cpu["topk_ids"])}
+        tensors = on_cpu(tensors)
+        golden = self.golden(fmt, tensors, fixed).clone()
+        golden[stray.any(dim=1) if cpu["topk_weights"] is not None else stray] = float("nan")
+        overflow, atol = self.ranges(fmt, tensors, fixed)
+        return judge_dense(out, golden, self.act_dtype(fixed), may_overflow=overflow, atol=atol,
+                           apriori=self.apriori(fmt, tensors, fixed))
+
     def mutate(self, data: st.DataObject, inputs: Inputs, dims: Mapping[str, int]) -> tuple[str, Inputs]:
         which = data.draw(st.sampled_from(("x", "topk_ids", "topk_ids", "topk_weights")), label="moe arg")
         out = dict(inputs)
