@@ -150,8 +150,9 @@ _H100 = (
     (1 << 62, MoETile(256, 128, 64, 8, 4, scheduled=True, persistent=0, split_tail=True)),
 )
 TABLES = {H100_SXM: _H100}
-#: What a card of an architecture without a table runs: the H100's table (the only one
-#: measured), its tiles being valid on every SM >= 8.0 GPU.
+#: What a card of an architecture without a table runs: the H100's table, its tiles being
+#: valid on every SM >= 8.0 GPU. The H200's own sweep picked the same tile at every T
+#: (benchmarks/results/probes/trtllm_moe-sweep-nvidia-h200.json), so it runs this one too.
 RULE = _H100
 #: A JSON file ``{"table": [[limit, {MoETile fields}], ...]}`` that replaces the shipped
 #: table (what ``tools/probes/trtllm_moe_tiles.py`` writes for the card it ran on).
