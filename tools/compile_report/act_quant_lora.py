@@ -42,8 +42,8 @@ def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True,
                 sass_dir: Path | None = None, m_pad: int = 4352) -> dict[str, Any]:
     from quantcore.kernels.svdquant.triton_source import act_quant_lora_kernel as fn
 
-    runtime = {"x_ptr": "*bf16", "stride_xm": "i32", "rs_ptr": "*fp32", "w_ptr": "*bf16", "q_ptr": "*i32",
-               "s_ptr": "*u8" if fp4 else "*i16", "l_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+    runtime = {"x_ptr": "*bf16", "stride_xm": "i32", "rs_ptr": "*fp32", "w_ptr": "*bf16", "q_ptr": "*u8",
+               "s_ptr": "*fp8e4nv" if fp4 else "*fp16", "l_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
                "M": "i32", "M_PAD": "i32", "MAXC": "i32"}
     const = {"N": n, "R": r, "FP4": fp4, "HAS_SMOOTH": smooth, "INTERPRETED": False, "GPU_MATH": True, "PTX": True,
              "TREE": tile.tree, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r), "FLAT": tile.flat,

@@ -6,7 +6,8 @@ the grid, the constexprs, the compiled kernel bound to its launcher
 (:class:`quantcore.triton.launch.Launch`), the outputs' shapes and dtypes, and, per stream,
 the kept scratch its shared row tiles use. ``triton_kernel.TritonActQuantLora.forward``
 keeps buckets with the layer's LoRA tensor. A call's host work is the same at every M: three
-output allocations, two bit views of them, the launch. Imports triton: loaded on the first call.
+output allocations and the launch (the kernel casts the outputs' pointers to the types it
+writes, where a bit view would cost the host a tensor). Imports triton: loaded on the first call.
 """
 
 from __future__ import annotations
@@ -70,8 +71,6 @@ class Bucket:
         #: Per stream, the kept partials and tickets this bucket's launches use there.
         self._scratch: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
         self.layout = output_layout(fmt, m_pad, n, r)
-        #: The dtype the kernel writes the scales' bits as (fp8 e4m3 or fp16).
-        self.scale_bits = torch.uint8 if fmt.fp4 else torch.int16
         self.part_numel = self.row_tiles * self.slots * tile.bm * r
         #: Stands in for the pointers a launch never reads (no smooth, no LoRA), in x's dtype.
         self.unread = torch.empty(8, dtype=dtype, device=device)
@@ -106,7 +105,7 @@ class Bucket:
         else:
             part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
             tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=self.device)
-        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout.view(torch.int32), oscales.view(self.scale_bits),
+        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout, oscales,
                     lora if self.r else self.unread, part, tickets, m, self.m_pad, self.slots)
         return ActQuantLoraOutput(qout, oscales, lora)
 

@@ -395,6 +395,11 @@ def act_quant_lora_kernel(
     NB: tl.constexpr = BN // BLOCK
     CHUNKS: tl.constexpr = (N + BN - 1) // BN
     HAS_LORA: tl.constexpr = R > 0
+    # The outputs come in the format's dtypes (uint8 code pairs; fp8 e4m3 or fp16 scales):
+    # the kernel writes the codes as 32-bit words and the scales as their bits. Cast here, a
+    # view on the host would cost every call a tensor.
+    q_ptr = q_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    s_ptr = s_ptr.to(tl.pointer_type(tl.uint8 if FP4 else tl.int16), bitcast=True)
     pid = tl.program_id(0).to(tl.int64)
     progs = tl.num_programs(0).to(tl.int64)
     steps = (M_PAD // BM).to(tl.int64) * CHUNKS
