@@ -61,9 +61,9 @@ class TritonInt4GPTQ(PairedGPTQKernel):
         # Fit to benchmarks/results/nvidia-h100-80gb-hbm3/{gptq,gptq8}_linear.json and
         # benchmarks/results/nvidia-h200/{gptq,gptq8}_linear.json (CUDA graphs). Up to M ≈ 32
         # the weight streams after ~4 µs of fixed cost (the split-K reduction) at a rate set by
-        # the latency of each slice's dequantize → MMA → wait (README.md), the same codes per
-        # second on both cards: 1.7–2.3 TB/s at 4 bits, up to twice the bytes at 8 bits within
-        # ~80 % of the copy bandwidth (8-bit: 2.2–2.5 TB/s on the H100, 2.7–3.2 on the H200).
+        # the latency of each slice's dequantize → MMA → wait (README.md), the same rate on
+        # both cards: 1.7–2.3 TB/s at 4 bits, and at 8 bits 1.8–2.3 TB/s on the large shapes
+        # (4096×14336, 14336×4096 at M ≤ 16), the H200's faster memory unused.
         # The multiply reaches ~30 % of the bf16 matmul rate to M = 256 and 35–48 % at
         # M = 512 with its fused tiles (a quarter of that at N = 1024), ~85 % above
         # (dequantize + cuBLAS), and from M = 8192, where the dequantization is a small part
@@ -77,7 +77,7 @@ class TritonInt4GPTQ(PairedGPTQKernel):
         if 64 < m <= 1024:  # its own fused tiles; above, cuBLAS tiles the dequantized weight
             compute *= min(1.0, problem["N"] / 4096)
         return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2,
-                           stream_bytes_per_s=1.8e12 * code_bits(problem) / 4,
+                           stream_bytes_per_s=1.8e12 if code_bits(problem) == 4 else 2.3e12,
                            note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")
 
     @classmethod
