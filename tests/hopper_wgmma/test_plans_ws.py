@@ -194,6 +194,17 @@ def test_the_sweep_times_two_warpgroups_with_a_producer_at_m_1() -> None:
     plans = candidates(1, 4096, 14336, 4, 132, None)
     assert Plan(2, 8, 4, 1, in_flight=True, ws=True) in plans
     assert all(p.bm == 8 for p in plans if isinstance(p, Plan) and p.wg == 2)
-    # 8 bits: a ring of 6 (25.1 against 30.7 µs on an H100, not yet in a table).
+    # 8 bits: a ring of 6 (25.1 against 30.7 µs on an H100, whose table names it).
     assert Plan(2, 8, 6, 1, in_flight=True, ws=True) in candidates(1, 4096, 14336, 8, 132, None)
     assert Plan(2, 16, 6, 1, in_flight=True, ws=True) in candidates(16, 4096, 14336, 8, 132, None)
+
+
+def test_the_sweep_times_256_row_tiles_at_8_bits_from_m_512() -> None:
+    """The H200's 8-bit plans from M = 512 on the large shapes (4096×14336 M = 512: 101
+    against 142 µs): two warpgroups over 256 rows with a producer warp and a ring of 4."""
+    for m in (512, 2048):
+        plans = candidates(m, 4096, 14336, 8, 132, None)
+        assert Plan(2, 256, 4, 1, in_flight=True, ws=True) in plans, m
+        assert not any(isinstance(p, Plan) and p.bm == 256 and p.stages != 4 for p in plans), m
+    assert Plan(2, 256, 3, 1, in_flight=True, ws=True) in candidates(512, 4096, 14336, 4, 132, None)
+
