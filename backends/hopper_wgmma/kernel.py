@@ -50,7 +50,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # (a block is 64 bytes a row at either width, so as many bytes are in flight): a rate,
         # not a share, as the H200's faster memory does not raise it. At M ≤ 2 the split-K
         # pass and its reduction cost a launch more than tinygemm's single GEMV (4-bit only: at
-        # 8 bits the tables' M = 1 plans beat triton_int4's GEMV on both cards). The multiply
+        # 8 bits, where tinygemm does not run, the tables' M = 1 plans beat triton_int4 on both
+        # cards: gptq8_linear.json). The multiply
         # reaches ~45 % of the bf16 matmul rate on the large shapes to M = 64; at M = 128
         # 0.80–0.84 / 0.60 / 0.40–0.42 / 0.13 of it at 4096×14336 / 14336×4096 / 4096² /
         # 4096×1024 on both cards (weight_fill); from M = 512 0.75, half at N = 1024
