@@ -167,7 +167,11 @@ class OpOracle(ABC):
 
     def judge(self, out: Any, fmt: Format, tensors: Mapping[str, torch.Tensor], inputs: Inputs) -> str | None:
         tensors, inputs = on_cpu(tensors), on_cpu(inputs)
-        golden = self.golden(fmt, tensors, inputs)
+        return self.judge_against(out, self.golden(fmt, tensors, inputs), fmt, tensors, inputs)
+
+    def judge_against(self, out: Any, golden: torch.Tensor, fmt: Format, tensors: Mapping[str, torch.Tensor],
+                      inputs: Inputs) -> str | None:
+        """:func:`judge_dense` of ``out`` against ``golden`` with these inputs' ranges (CPU tensors)."""
         overflow, atol = self.ranges(fmt, tensors, inputs)
         return judge_dense(out, golden, self.act_dtype(inputs), may_overflow=overflow, atol=atol,
                            apriori=self.apriori(fmt, tensors, inputs))
@@ -317,9 +321,7 @@ class MoEOracle(OpOracle):
         tensors = on_cpu(tensors)
         golden = self.golden(fmt, tensors, fixed).clone()
         golden[stray.any(dim=1) if cpu["topk_weights"] is not None else stray] = float("nan")
-        overflow, atol = self.ranges(fmt, tensors, fixed)
-        return judge_dense(out, golden, self.act_dtype(fixed), may_overflow=overflow, atol=atol,
-                           apriori=self.apriori(fmt, tensors, fixed))
+        return self.judge_against(out, golden, fmt, tensors, fixed)
 
     def mutate(self, data: st.DataObject, inputs: Inputs, dims: Mapping[str, int]) -> tuple[str, Inputs]:
         which = data.draw(st.sampled_from(("x", "topk_ids", "topk_ids", "topk_weights")), label="moe arg")
