@@ -104,10 +104,24 @@ class MmaConfig:
 @dataclass(frozen=True)
 class PathChoice:
     """Largest M for the decode kernel, and largest M for the fused tensor-core kernel;
-    above it, dequantize into a scratch and multiply with cuBLAS."""
+    above it a dense weight in a scratch and cuBLAS: every pass dequantized (``dequant.py``),
+    or from ``fold_from_m`` (per pass count) the rotations folded into it (``fold.py``).
+
+    The fold thresholds were measured on an H200 (``tools/probes/turboquant_paths.py --part
+    fold``, benchmarks/results/probes/turboquant_paths-fold-*.json): with two passes the fold
+    halves the GEMM, 1.6–1.9× faster from M = 2048 (at M = 256 it loses on 14336 × 4096);
+    with one pass it trades the input's rotation for the weight's and wins only at M = 8192
+    (4–8 % on two shapes of three, 2 % slower on the third), losing 5–6 % at M = 2048."""
 
     gemv_max_m: int = 1
     mma_max_m: int = 256
+    fold_from_m_one_pass: int = 8192
+    fold_from_m_two_passes: int = 2048
+
+    def prefill_path(self, m: int, passes: int) -> str:
+        """``"fold"`` or ``"dequant"`` for a call of ``m`` rows above ``mma_max_m``."""
+        start = self.fold_from_m_two_passes if passes == 2 else self.fold_from_m_one_pass
+        return "fold" if m >= start else "dequant"
 
 
 #: Decode variants for a GPU sweep to time beside the shipped configurations (not used

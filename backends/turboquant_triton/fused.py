@@ -11,7 +11,9 @@
   eager call of small work takes, one launch instead of two), or, asked for, each program
   rotates its own x columns (``configs.mma_rotation``);
 * larger M — ``dequant.py``: dequantize every pass into a scratch, rotate the input (the
-  same one GEMM), one cuBLAS GEMM.
+  same one GEMM), one cuBLAS GEMM of depth P·K; or, from ``fold_from_m``, ``fold.py``: every
+  pass and its rotation folded into one dense weight, one cuBLAS GEMM of depth K on x as
+  it comes (two launches, no input rotation).
 
 The thresholds come from ``configs.path_for`` (measured per device). Layouts: indices
 are read as int32 words (natural coordinate order, ``lookup.py``), scales are float32
@@ -47,6 +49,7 @@ from quantcore.triton.unowned import unowned
 
 from . import configs
 from .dequant import dequant_kernel
+from .fold import fold_kernel
 from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
@@ -74,6 +77,13 @@ MMA_TICKETS = 12
 MMA_ROTATED = (13, 14)
 #: The dequantization kernel's codebook (its index words and scales are each pass's).
 DEQUANT_FIXED = (2,)
+#: The fold kernel's index words, scales and rotations of both passes and the codebook.
+FOLD_FIXED = (0, 1, 2, 3, 4, 5, 6)
+#: Rows of W_eff a fold program writes, and its warps: two warpgroups of 64 rows. (At 64
+#: rows the dot's operands take exactly 48 KB of shared memory, which cannot launch beside
+#: the codebook's static table: lookup.py.)
+FOLD_BLOCK_N = 128
+FOLD_WARPS = 8
 
 
 def interpreting() -> bool:
@@ -315,17 +325,53 @@ class _Mma(_Bucket):
         return ws, tk, xr, counts
 
 
-class _Dequant(_Bucket):
+class _DenseGemm(_Bucket):
+    """A prefill bucket: a kernel writes a dense weight into a scratch, cuBLAS multiplies."""
+
+    def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(passes, codebook, bias, device)
+        self.dtype = dtype
+        self.bias_cdt = bias.to(dtype) if bias is not None else None
+        self.bias_version = version_of(bias) if bias is not None else -1
+
+    def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
+        """Also: ``bias_cdt`` (a copy in the compute dtype) still holds the bias."""
+        return super().fits(passes, bias) and (bias is None or version_of(bias) == self.bias_version)
+
+    def _gemm(self, x: torch.Tensor, w_t: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        """``out = x · w_t (+ partial) (+ bias)``, ``x`` in the compute dtype."""
+        cdt = self.dtype
+        if partial is None and out.dtype == cdt:
+            # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
+            # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
+            if self.bias_cdt is not None:
+                torch.addmm(self.bias_cdt, x, w_t, out=out)
+            else:
+                torch.mm(x, w_t, out=out)
+            return
+        if x.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
+            y = torch.mm(x, w_t, out_dtype=torch.float32)  # the partial is fp32: one rounding
+        else:
+            y = torch.mm(x.to(torch.float32), w_t.to(torch.float32))
+        if partial is not None:
+            y += partial
+        if self.bias is not None:
+            y += self.bias
+        out.copy_(y)
+
+
+class _Dequant(_DenseGemm):
     """Dequantize every pass into ``W_cat [N, P·K]`` (``dequant.py``); the GEMM is torch's."""
 
     rotate: InputRotation
 
     def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
                  device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(passes, codebook, bias, device)
+        super().__init__(passes, codebook, bias, device, dtype)
         n, k, p = self.n, self.k, len(passes)
         groups = k // d
-        self.d, self.dtype, self.width = d, dtype, p * k
+        self.d, self.width = d, p * k
         block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
         gpc = min(gpc, 1 << (groups - 1).bit_length())
         self.grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc), 1)
@@ -333,14 +379,8 @@ class _Dequant(_Bucket):
                              constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p,
                                              INTERPRET=interpreting()))
         self.per_pass = [(_words(data.indices), data.scales, self.codebook) for data in passes]
-        self.bias_cdt = bias.to(dtype) if bias is not None else None
-        self.bias_version = version_of(bias) if bias is not None else -1
         #: ``x_cat``'s columns match ``W_cat``'s: every pass's copy, shared rotations too.
         self.rotate = InputRotation([data.rotation for data in passes])
-
-    def fits(self, passes: Sequence[PassData], bias: torch.Tensor | None) -> bool:
-        """Also: ``bias_cdt`` (a copy in the compute dtype) still holds the bias."""
-        return super().fits(passes, bias) and (bias is None or version_of(bias) == self.bias_version)
 
     def dequantize(self, out: torch.Tensor) -> torch.Tensor:
         if out.shape != (self.n, self.width) or out.dtype != self.dtype or out.stride() != (self.width, 1):
@@ -354,27 +394,38 @@ class _Dequant(_Bucket):
             self.launch(self.grid, *weights, w_cat, self.n, self.k // 8, self.width, p * self.d)
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
-        cdt = self.dtype
-        w_t = _scratch_for(self.device, cdt, self.n, self.width)
+        w_t = _scratch_for(self.device, self.dtype, self.n, self.width)
         self._write(w_t)
-        x_cat = self.rotate(x2d).view(x2d.shape[0], self.width)
-        if partial is None and out.dtype == cdt:
-            # cuBLAS accumulates in fp32 and rounds once into ``out``; the bias is added in its
-            # epilogue. (An fp32 result re-read for the bias cost ~100 µs at N = 14336, M = 2048.)
-            if self.bias_cdt is not None:
-                torch.addmm(self.bias_cdt, x_cat, w_t, out=out)
-            else:
-                torch.mm(x_cat, w_t, out=out)
-            return
-        if x2d.device.type == "cuda" and cdt in (torch.bfloat16, torch.float16):
-            y = torch.mm(x_cat, w_t, out_dtype=torch.float32)  # the partial is fp32: one rounding
-        else:
-            y = torch.mm(x_cat.to(torch.float32), w_t.to(torch.float32))
-        if partial is not None:
-            y += partial
-        if self.bias is not None:
-            y += self.bias
-        out.copy_(y)
+        self._gemm(self.rotate(x2d).view(x2d.shape[0], self.width), w_t, partial, out)
+
+
+class _Folded(_DenseGemm):
+    """Every pass folded into ``W_eff [N, K]`` with its rotation (``fold.py``); the GEMM
+    is torch's, on x as it comes."""
+
+    def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(passes, codebook, bias, device, dtype)
+        groups = self.k // d
+        block_n = FOLD_BLOCK_N
+        self.grid = (triton.cdiv(self.n, block_n), groups, 1)
+        rotations = [data.rotation.contiguous() for data in passes]
+        self.launch = Launch(fold_kernel, device=device, options=dict(num_warps=FOLD_WARPS), fixed_pointers=FOLD_FIXED,
+                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, PASSES=len(passes),
+                                             SHARED1=rotations[0].shape[0] == 1, SHARED2=rotations[-1].shape[0] == 1,
+                                             DOT_FP32=_dot_fp32(dtype), INTERPRET=interpreting()))
+        self.weights = (_words(self.p1.indices), self.p1.scales, rotations[0], _words(self.p2.indices),
+                        self.p2.scales, rotations[-1], self.codebook)
+
+    def fold(self, out: torch.Tensor) -> torch.Tensor:
+        """``W_eff`` written into ``out`` (row-major [N, K], any row stride)."""
+        self.launch(self.grid, *self.weights, out, self.n, self.k // 8, out.stride(0))
+        return out
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        w_t = _scratch_for(self.device, self.dtype, self.n, self.k)
+        self.fold(w_t.t())
+        self._gemm(x2d if x2d.dtype == self.dtype else x2d.to(self.dtype), w_t, partial, out)
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, n: int, width: int) -> torch.Tensor:
@@ -421,7 +472,7 @@ def fused_linear(
     config: Any = None,
 ) -> torch.Tensor:
     """``partial + Σ_passes x Ŵ_pᵀ (+ bias)`` as [M, N] in ``out_dtype``. ``path``
-    ("gemv", "mma", "dequant") and ``config`` override the choice (benchmarks, tests)."""
+    ("gemv", "mma", "dequant", "fold") and ``config`` override the choice (benchmarks, tests)."""
     if not 1 <= len(passes) <= 2:
         raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
     if not x2d.is_contiguous():
@@ -434,7 +485,8 @@ def fused_linear(
         return out
     if path is None:
         choice = _paths.get(device) or _path_choice(device)
-        path = "gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m else "dequant"
+        path = ("gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m
+                else choice.prefill_path(m, len(passes)))
     has_partial = partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)
@@ -456,10 +508,10 @@ def fused_linear(
                 _kept(codebook, key, passes, bias, *make)(x2d, partial, out)
         else:
             bucket = _kept(codebook, key, passes, bias, *make)
-    elif path == "dequant":
-        bucket = _kept(codebook, key, passes, bias, _Dequant, passes, codebook, group_size, bias, device,
-                       passes[0].rotation.dtype)
+    elif path in ("dequant", "fold"):
+        bucket = _kept(codebook, key, passes, bias, _Dequant if path == "dequant" else _Folded, passes, codebook,
+                       group_size, bias, device, passes[0].rotation.dtype)
     else:
-        raise ValueError(f"path: expected 'gemv', 'mma' or 'dequant', got {path!r}")
+        raise ValueError(f"path: expected 'gemv', 'mma', 'dequant' or 'fold', got {path!r}")
     bucket(x2d, partial, out)
     return out

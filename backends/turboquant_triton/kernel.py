@@ -23,6 +23,8 @@ from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.triton.checks import check_x
 
+from .configs import PathChoice
+
 __all__ = ["TurboQuantTriton"]
 
 
@@ -50,11 +52,15 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         # launch a pass) ~1.2 TB/s, on the H100 and the H200 alike (issue- and latency-bound:
         # a rate, not a share of the copy bandwidth), and it multiplies at ~36 % of the bf16
         # matmul rate; above M = 128, dequantize + cuBLAS reaches ~33 % of the matmul rate at
-        # M = 256 and ~75 % from M = 512. On a CPU this is Triton's interpreter: thousands
-        # of times slower than torch.
+        # M = 256 and ~75 % from M = 512. Where the rotations are folded into the weight
+        # (configs.PathChoice) the GEMM is one pass deep, plus the fold's N·K·d per pass. On a
+        # CPU this is Triton's interpreter: thousands of times slower than torch.
         m, n_pass = problem["M"], passes(problem)
-        flops_scale = n_pass + rotation_flops(problem) / max(1, 2 * m * problem["K"] * problem["N"])
-        launches = 1 if m == 1 else 2 * n_pass
+        gemm = 2 * m * problem["K"] * problem["N"]
+        if m > 128 and PathChoice().prefill_path(m, n_pass) == "fold":
+            flops_scale, launches = 1 + rotation_flops(problem) * problem["N"] / m / max(1, gemm), 2
+        else:
+            flops_scale, launches = n_pass + rotation_flops(problem) / max(1, gemm), 1 if m == 1 else 2 * n_pass
         if caps.device_type == "cpu":
             shares = {"bandwidth": 2e-4, "compute": 2e-4}
         elif m == 1:

@@ -93,13 +93,13 @@ def test_turboquant_triton_frees_its_codebook_on_every_path() -> None:
         from quantcore.backends.turboquant_triton import fused
 
         choice = fused._path_choice(torch.device("cpu"))
-        # The decode kernel, the tensor-core kernel, dequantize + GEMM.
-        rows = (1, 16, choice.mma_max_m + 1)
-        assert rows[0] <= choice.gemv_max_m < rows[1] <= choice.mma_max_m
+        # The decode kernel, the tensor-core kernel, dequantize + GEMM, the rotations folded in.
+        rows = (1, 16, choice.mma_max_m + 1, choice.fold_from_m_two_passes)
+        assert rows[0] <= choice.gemv_max_m < rows[1] <= choice.mma_max_m < rows[2] < rows[3]
         for m in rows:
             assert kernel(_rows(m, 256, torch.bfloat16), prepared).shape == (m, 48)
         kinds = {type(b).__name__ for b in fused.launch_state(prepared.codebook).values()}
-        assert kinds == {"_Gemv", "_Mma", "_Dequant"}
+        assert kinds == {"_Gemv", "_Mma", "_Dequant", "_Folded"}
 
     _assert_freed(make, lambda p: p.codebook, calls)
 

@@ -113,6 +113,33 @@ def test_dequantize_then_gemm_with_interleaved_passes(fmt: TurboQuant) -> None:
     _check(fmt, 72, 256, 5, "dequant", with_partial=True)
 
 
+@pytest.mark.parametrize("fmt", [TurboQuant(group_size=64), TurboQuant(group_size=64, residual=True),
+                                 TurboQuant(group_size=32, rotation_per_group=True, residual=True)],
+                         ids=lambda f: f.slug)
+@pytest.mark.parametrize("with_partial", [False, True], ids=["plain", "partial"])
+def test_rotation_folded_into_the_weight_then_gemm(fmt: TurboQuant, with_partial: bool) -> None:
+    # 70 rows: a ragged last 64-row program; the partial takes the float32 epilogue
+    _check(fmt, 70, 256, 5, "fold", with_partial=with_partial)
+
+
+def test_folded_weight_is_every_pass_rotated_back() -> None:
+    """``W_eff`` equals Σ_p Ŵ_p · P_pᵀ per group, Ŵ_p rounded to the compute dtype first
+    (float32 rotations here, so only the order of the d-term sums differs)."""
+    from quantcore.backends.turboquant_triton.fused import _Folded, dequantize_rotated
+
+    fmt = TurboQuant(group_size=32, rotation_per_group=True, residual=True)
+    _, prep = _layer(fmt, 24, 128, 4)
+    passes = [dataclasses.replace(p, rotation=p.rotation.float()) for p in prep.passes]
+    w_cat = dequantize_rotated(passes, prep.codebook, 32, torch.float32).view(24, 4, 2, 32)
+    want = torch.zeros(24, 4, 32, dtype=torch.float64)
+    for p, data in enumerate(passes):
+        rot = data.rotation.double().expand(4, 32, 32) if data.rotation.shape[0] == 1 else data.rotation.double()
+        want += torch.einsum("ngj,gij->ngi", w_cat[:, :, p, :].double(), rot)
+    folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32)
+    got = folded.fold(torch.empty(24, 128)).view(24, 4, 32)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_interleaved_scratch_layout() -> None:
     """Group g of pass p sits at columns (g·P + p)·d: the scratch equals each pass's
     dequantization in the rotated basis, interleaved per group."""

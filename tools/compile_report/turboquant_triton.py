@@ -29,6 +29,8 @@ _MMA_PTRS = {"x_ptr": "*bf16", "idx_ptr": "*i32", "scale_ptr": "*fp32", "rot_ptr
              "partial_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "ticket_ptr": "*i32", "xr_ptr": "*bf16",
              "sync_ptr": "*i32"}
 _DEQ_PTRS = {"idx_ptr": "*i32", "scale_ptr": "*fp32", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
+_FOLD_PTRS = {"idx1_ptr": "*i32", "s1_ptr": "*fp32", "rot1_ptr": "*bf16", "idx2_ptr": "*i32", "s2_ptr": "*fp32",
+              "rot2_ptr": "*bf16", "cb_ptr": "*fp32", "out_ptr": "*bf16"}
 
 
 def _compile(fn: Any, runtime: dict[str, str], const: dict[str, Any], warps: int, stages: int,
@@ -128,8 +130,9 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     """One row per kernel variant: the decode kernel at its default and shipped geometries
     (K = 4096, d = 128; one pass, and two with ``everything``), the tensor-core kernel at
     its M tiles with x rotated outside it, inside it and once by its rotation programs,
-    the dequantization kernel."""
-    from quantcore.backends.turboquant_triton import configs, dequant, gemv
+    the dequantization kernel and the fold kernel (one and two passes)."""
+    from quantcore.backends.turboquant_triton import configs, dequant, fold, gemv
+    from quantcore.backends.turboquant_triton.fused import FOLD_BLOCK_N, FOLD_WARPS
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
@@ -166,4 +169,12 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     res = _compile(dequant.dequant_kernel, runtime, const, 4, 1)
     res.pop("sass")
     rows.append({"kernel": "dequant", "block_n": 32, "gpc": 2, **res})
+    runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
+    for passes in (1, 2):
+        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD_BLOCK_N, PASSES=passes, SHARED1=True, SHARED2=True,
+                     DOT_FP32=False, INTERPRET=False)
+        res = _compile(fold.fold_kernel, runtime, const, FOLD_WARPS, 1)
+        sass = res.pop("sass")
+        rows.append({"kernel": "fold", "block_n": FOLD_BLOCK_N, "warps": FOLD_WARPS, "passes": passes, **res,
+                     "wgmma": sum(1 for line in sass.splitlines() if "HGMMA" in line)})
     return rows

@@ -7,7 +7,7 @@ dequantize + cuBLAS, each checked against the float64 golden output and then tim
 CUDA-graph replays over weight sets that together exceed L2; cuBLAS bf16 on the same
 shape in the same rounds. Rows go to ``--json``; a table is printed last.
 
-    python -m tools.probes.turboquant_paths --part decode|mid|prefill|all [--json PATH]
+    python -m tools.probes.turboquant_paths --part decode|mid16|mid128|prefill|fold|all [--json PATH]
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ def probe(k: int, n: int, m: int, residual: bool, rounds: int, device: str = "cu
             variants[f"gemv {cfg.gpc}/{cfg.ctas}/{cfg.br}/{cfg.warps}"] = (call("gemv", cfg), sets, nbytes, "gemv", cfg)
         variants["mma 64x16"] = (call("mma", Mm(64, 16, 4, 4, 3, 264)), sets, nbytes, "mma", Mm(64, 16, 4, 4, 3, 264))
     else:
-        for cfg in MMA_VARIANTS.get(m, MMA_VARIANTS[16] if m <= 16 else MMA_VARIANTS[128]):
+        for cfg in MMA_VARIANTS.get(m, MMA_VARIANTS[16] if m <= 16 else MMA_VARIANTS[128]) if m <= 2048 else ():
             name = f"mma {cfg.block_n}x{cfg.block_m} g{cfg.gpc} c{cfg.ctas} w{cfg.warps} s{cfg.stages}"
             variants[name] = (call("mma", cfg), sets, nbytes, "mma", cfg)
         if m >= 64:
             variants["dequant+cuBLAS"] = (call("dequant", None), sets, nbytes, "dequant", None)
+            variants["fold+cuBLAS"] = (call("fold", None), sets, nbytes, "fold", None)
     variants["default (wrapper's choice)"] = (
         lambda i: kernel(xs[i % sets], prepared[i % sets]), sets, nbytes, "auto", None)
     variants["cuBLAS bf16"] = (lambda i: torch.nn.functional.linear(xs[i % len(xs)], dense[i % len(dense)]),
@@ -140,6 +141,8 @@ PARTS = {
     "mid16": [(k, n, 16, False) for k, n in SHAPES] + [(4096, 14336, 16, True)],
     "mid128": [(k, n, 128, False) for k, n in SHAPES],
     "prefill": [(k, n, 2048, False) for k, n in SHAPES] + [(4096, 14336, 2048, True)],
+    # the two prefill paths (dequantize every pass, or fold the rotations in) from the crossover on
+    "fold": [(k, n, m, res) for m in (256, 2048, 8192) for k, n in SHAPES for res in (False, True)],
 }
 
 

@@ -1,0 +1,75 @@
+"""The prefill path with the rotation folded into the weight: ``W_eff [N, K]``, then one
+cuBLAS GEMM of the activation as it comes.
+
+A pass computes ``y = Σ_g (x_g P_g) Ŵ_gᵀ`` (``P = Πᵀ``, ``Ŵ`` in the rotated basis). The
+same sum is ``Σ_g x_g (Ŵ_g P_gᵀ)ᵀ``, so with
+
+``W_eff[n, g·d + i] = Σ_p Σ_j Ŵ_p[n, g·d + j] · P_p,g[i, j]``
+
+the layer is one GEMM ``x · W_effᵀ`` of depth K, whatever the number of passes. Against
+``dequant.py`` (every pass dequantized side by side, the input rotated by a GEMM of its
+own, one GEMM of depth P·K) it trades the input's rotation (M·K·d multiply-adds per pass
+and a round trip of x through memory, a launch) for the weight's (N·K·d per pass, inside
+the dequantization, whose cost is its memory traffic), and with two passes it halves the
+big GEMM: worth it from M > d with two passes, and at large M with one.
+
+One program: ``BLOCK_N`` rows of one group; per pass the group's centroids times its
+scale (``Ŵ``, rounded to the compute dtype as ``dequant.py`` rounds it), one ``tl.dot``
+with ``P_pᵀ`` (float32 accumulation), the sum of the passes rounded once into ``W_eff``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from quantcore.triton.interpreter import serialize_launches
+
+from .lookup import codebook_table, nibble_values, rounded
+
+serialize_launches()  # the interpreter's launches share module state: one at a time
+
+__all__ = ["fold_kernel"]
+
+
+@triton.jit
+def _folded_pass(acc, idx_ptr, s_ptr, rot_ptr, cb_ptr, rows, rmask, g, stride_idx,
+                 N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
+                 DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + Ŵ_g · P_gᵀ`` for one pass: ``Ŵ_g`` [BLOCK_N, D] in natural coordinate order."""
+    WPG: tl.constexpr = D // 8
+    words = tl.arange(0, WPG)
+    w = tl.load(idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g * WPG + words[None, :],
+                mask=rmask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    s = tl.load(s_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)[:, None]
+    v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
+    even = tl.reshape(tl.join(tl.join(v0 * s, v4 * s), tl.join(v2 * s, v6 * s)), [BLOCK_N, WPG, 4])
+    odd = tl.reshape(tl.join(tl.join(v1 * s, v5 * s), tl.join(v3 * s, v7 * s)), [BLOCK_N, WPG, 4])
+    w_hat = tl.reshape(tl.join(even, odd), [BLOCK_N, D])
+    rot = rot_ptr if SHARED else rot_ptr + g * D * D
+    j = tl.arange(0, D)
+    p_t = tl.load(rot + j[:, None] + j[None, :] * D)  # [j, i] = P[i, j]
+    if DOT_FP32:  # the interpreter's 16-bit dot is wrong; float32 activations stay exact
+        return tl.dot(rounded(w_hat, rot_ptr.dtype.element_ty).to(tl.float32), p_t.to(tl.float32), acc,
+                      input_precision="ieee")
+    return tl.dot(w_hat.to(rot_ptr.dtype.element_ty), p_t, acc)
+
+
+@triton.jit
+def fold_kernel(idx1_ptr, s1_ptr, rot1_ptr, idx2_ptr, s2_ptr, rot2_ptr, cb_ptr, out_ptr, N, stride_idx, stride_out,
+                N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PASSES: tl.constexpr,
+                SHARED1: tl.constexpr, SHARED2: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = tl.program_id(1)
+    rmask = rows < N
+    codebook_table(cb_ptr, INTERPRET)
+    tl.debug_barrier()
+    acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+    acc = _folded_pass(acc, idx1_ptr, s1_ptr, rot1_ptr, cb_ptr, rows, rmask, g, stride_idx, N_GROUPS, D, BLOCK_N,
+                       SHARED1, DOT_FP32, INTERPRET)
+    if PASSES == 2:
+        acc = _folded_pass(acc, idx2_ptr, s2_ptr, rot2_ptr, cb_ptr, rows, rmask, g, stride_idx, N_GROUPS, D,
+                           BLOCK_N, SHARED2, DOT_FP32, INTERPRET)
+    cols = g * D + tl.arange(0, D)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :], rounded(acc, out_ptr.dtype.element_ty),
+             mask=rmask[:, None])
