@@ -25,7 +25,7 @@ import triton.language as tl
 
 from quantcore.triton.interpreter import serialize_launches
 
-from .lookup import codebook_table, nibble_values, rounded
+from .lookup import codebook_table, group_centroids, rounded
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
@@ -37,15 +37,8 @@ def _folded_pass(acc, idx_ptr, s_ptr, rot_ptr, cb_ptr, rows, rmask, g, stride_id
                  N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
                  DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     """``acc + Ŵ_g · P_gᵀ`` for one pass: ``Ŵ_g`` [BLOCK_N, D] in natural coordinate order."""
-    WPG: tl.constexpr = D // 8
-    words = tl.arange(0, WPG)
-    w = tl.load(idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g * WPG + words[None, :],
-                mask=rmask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
     s = tl.load(s_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)[:, None]
-    v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
-    even = tl.reshape(tl.join(tl.join(v0 * s, v4 * s), tl.join(v2 * s, v6 * s)), [BLOCK_N, WPG, 4])
-    odd = tl.reshape(tl.join(tl.join(v1 * s, v5 * s), tl.join(v3 * s, v7 * s)), [BLOCK_N, WPG, 4])
-    w_hat = tl.reshape(tl.join(even, odd), [BLOCK_N, D])
+    w_hat = group_centroids(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET) * s
     rot = rot_ptr if SHARED else rot_ptr + g * D * D
     j = tl.arange(0, D)
     p_t = tl.load(rot + j[:, None] + j[None, :] * D)  # [j, i] = P[i, j]

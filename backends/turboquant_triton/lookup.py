@@ -42,7 +42,7 @@ from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
-__all__ = ["codebook_table", "nibble_values", "rotated_planes", "rounded", "to_output"]
+__all__ = ["codebook_table", "group_centroids", "nibble_values", "rotated_planes", "rounded", "to_output"]
 
 
 @triton.jit
@@ -110,6 +110,20 @@ def nibble_values(w, cb_ptr, INTERPRET: tl.constexpr):
         v6 = _lds(_byte_offset(t, 3))
         v7 = _lds(_byte_offset(u, 3))
     return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def group_centroids(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexpr, D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """Ŵ_g without its scale: [BLOCK_N, D] fp32 centroids in natural coordinate order
+    (rows outside ``rmask`` read index 0; their scale is 0)."""
+    wcols = tl.arange(0, WPG)
+    w = tl.load(idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g * WPG + wcols[None, :],
+                mask=rmask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
+    even = tl.reshape(tl.join(tl.join(v0, v4), tl.join(v2, v6)), [BLOCK_N, WPG, 4])  # k = 0, 2, 4, 6
+    odd = tl.reshape(tl.join(tl.join(v1, v5), tl.join(v3, v7)), [BLOCK_N, WPG, 4])   # k = 1, 3, 5, 7
+    return tl.reshape(tl.join(even, odd), [BLOCK_N, D])
 
 
 @triton.jit

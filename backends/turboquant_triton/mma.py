@@ -72,26 +72,12 @@ import triton.language as tl
 from quantcore.triton.interpreter import serialize_launches
 
 from .gemv import _release
-from .lookup import codebook_table, nibble_values, rounded, to_output
+from .lookup import codebook_table, group_centroids, rounded, to_output
 from .operand import operand_order, operand_position, register_operand
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
 __all__ = ["mma_kernel"]
-
-
-@triton.jit
-def _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, WPG: tl.constexpr, D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-    """Ŵ_g without its scale: [BLOCK_N, D] fp32 centroids in natural coordinate order
-    (rows outside ``rmask`` read index 0; their scale is 0)."""
-    wcols = tl.arange(0, WPG)
-    w = tl.load(idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g * WPG + wcols[None, :],
-                mask=rmask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-    v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
-    even = tl.reshape(tl.join(tl.join(v0, v4), tl.join(v2, v6)), [BLOCK_N, WPG, 4])  # k = 0, 2, 4, 6
-    odd = tl.reshape(tl.join(tl.join(v1, v5), tl.join(v3, v7)), [BLOCK_N, WPG, 4])   # k = 1, 3, 5, 7
-    return tl.reshape(tl.join(even, odd), [BLOCK_N, D])
 
 
 @triton.jit
@@ -153,7 +139,7 @@ def _group_product(acc, idx_ptr, scale_ptr, xt, rows, rmask, g, stride_idx, cb_p
         w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, 0.0, xt.dtype, D, BLOCK_N, False,
                                  DOT_FP32, INTERPRET)
     else:
-        w_hat = _dequant_group(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET)
+        w_hat = group_centroids(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET)
     if DOT_FP32:
         part = tl.dot(w_hat, xt.to(tl.float32), input_precision="ieee")
     else:

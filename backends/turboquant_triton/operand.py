@@ -1,7 +1,7 @@
 """The tensor-core kernel's weight operand made in the register layout the matrix unit
 reads (``MmaConfig.register_operand``), instead of through shared memory.
 
-Why. ``mma._dequant_group`` looks up the eight nibbles of each index word and
+Why. ``lookup.group_centroids`` looks up the eight nibbles of each index word and
 interleaves the eight planes back into the natural coordinate order with ``join`` and
 ``reshape``. The tile it makes, [BLOCK_N, d], has a layout of its own, so Triton converts
 it to the operand layout through shared memory: per weight 2 bytes stored (STS) and 2

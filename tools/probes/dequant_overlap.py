@@ -116,7 +116,7 @@ def _variants(m: int, k: int, n: int, sets: int, gen: torch.Generator) -> tuple[
 
 
 def _check(k: int, n: int, gen: torch.Generator) -> float:
-    """The overlapped result against the serial one (the same numbers, any order)."""
+    """The stand-in dequantization against its float reference: the largest error."""
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     s = torch.rand(n, device="cuda", generator=gen) * 0.02 + 0.01
     w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
