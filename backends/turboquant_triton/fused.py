@@ -84,6 +84,9 @@ FOLD_FIXED = (0, 1, 2, 3, 4, 5, 6)
 #: the codebook's static table: lookup.py.)
 FOLD_BLOCK_N = 128
 FOLD_WARPS = 8
+#: Groups a fold program writes, at most (the largest power of two up to it that divides
+#: the group count): a shared rotation is read from L2 once per program, not per group.
+FOLD_GROUPS = 1
 
 
 def interpreting() -> bool:
@@ -404,14 +407,15 @@ class _Folded(_DenseGemm):
     is torch's, on x as it comes."""
 
     def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, groups_per_program: int = FOLD_GROUPS) -> None:
         super().__init__(passes, codebook, bias, device, dtype)
         groups = self.k // d
         block_n = FOLD_BLOCK_N
-        self.grid = (triton.cdiv(self.n, block_n), groups, 1)
+        gpp = _dividing_power_of_two(groups, groups_per_program)
+        self.grid = (triton.cdiv(self.n, block_n), groups // gpp, 1)
         rotations = [data.rotation.contiguous() for data in passes]
         self.launch = Launch(fold_kernel, device=device, options=dict(num_warps=FOLD_WARPS), fixed_pointers=FOLD_FIXED,
-                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, PASSES=len(passes),
+                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, GPP=gpp, PASSES=len(passes),
                                              SHARED1=rotations[0].shape[0] == 1, SHARED2=rotations[-1].shape[0] == 1,
                                              DOT_FP32=_dot_fp32(dtype), INTERPRET=interpreting()))
         self.weights = (_words(self.p1.indices), self.p1.scales, rotations[0], _words(self.p2.indices),
@@ -426,6 +430,14 @@ class _Folded(_DenseGemm):
         w_t = _scratch_for(self.device, self.dtype, self.n, self.k)
         self.fold(w_t.t())
         self._gemm(x2d if x2d.dtype == self.dtype else x2d.to(self.dtype), w_t, partial, out)
+
+
+def _dividing_power_of_two(n: int, most: int) -> int:
+    """The largest power of two that divides ``n`` and is at most ``most`` (at least 1)."""
+    p = 1
+    while p * 2 <= most and n % (p * 2) == 0:
+        p *= 2
+    return p
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, n: int, width: int) -> torch.Tensor:

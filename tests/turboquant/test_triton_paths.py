@@ -122,12 +122,15 @@ def test_rotation_folded_into_the_weight_then_gemm(fmt: TurboQuant, with_partial
     _check(fmt, 70, 256, 5, "fold", with_partial=with_partial)
 
 
-def test_folded_weight_is_every_pass_rotated_back() -> None:
+@pytest.mark.parametrize("per_group", [True, False], ids=["rotation-per-group", "shared-rotation"])
+@pytest.mark.parametrize("groups_per_program", [1, 2, 4])
+def test_folded_weight_is_every_pass_rotated_back(per_group: bool, groups_per_program: int) -> None:
     """``W_eff`` equals Σ_p Ŵ_p · P_pᵀ per group, Ŵ_p rounded to the compute dtype first
-    (float32 rotations here, so only the order of the d-term sums differs)."""
+    (float32 rotations here, so only the order of the d-term sums differs), however many
+    groups a program writes."""
     from quantcore.backends.turboquant_triton.fused import _Folded, dequantize_rotated
 
-    fmt = TurboQuant(group_size=32, rotation_per_group=True, residual=True)
+    fmt = TurboQuant(group_size=32, rotation_per_group=per_group, residual=True)
     _, prep = _layer(fmt, 24, 128, 4)
     passes = [dataclasses.replace(p, rotation=p.rotation.float()) for p in prep.passes]
     w_cat = dequantize_rotated(passes, prep.codebook, 32, torch.float32).view(24, 4, 2, 32)
@@ -135,7 +138,9 @@ def test_folded_weight_is_every_pass_rotated_back() -> None:
     for p, data in enumerate(passes):
         rot = data.rotation.double().expand(4, 32, 32) if data.rotation.shape[0] == 1 else data.rotation.double()
         want += torch.einsum("ngj,gij->ngi", w_cat[:, :, p, :].double(), rot)
-    folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32)
+    folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32,
+                     groups_per_program=groups_per_program)
+    assert folded.grid[1] == 4 // groups_per_program
     got = folded.fold(torch.empty(24, 128)).view(24, 4, 32)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 

@@ -132,7 +132,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     its M tiles with x rotated outside it, inside it and once by its rotation programs,
     the dequantization kernel and the fold kernel (one and two passes)."""
     from quantcore.backends.turboquant_triton import configs, dequant, fold, gemv
-    from quantcore.backends.turboquant_triton.fused import FOLD_BLOCK_N, FOLD_WARPS
+    from quantcore.backends.turboquant_triton.fused import FOLD_BLOCK_N, FOLD_GROUPS, FOLD_WARPS
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
@@ -171,7 +171,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     rows.append({"kernel": "dequant", "block_n": 32, "gpc": 2, **res})
     runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
     for passes in (1, 2):
-        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD_BLOCK_N, PASSES=passes, SHARED1=True, SHARED2=True,
+        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD_BLOCK_N, GPP=FOLD_GROUPS, PASSES=passes, SHARED1=True, SHARED2=True,
                      DOT_FP32=False, INTERPRET=False)
         res = _compile(fold.fold_kernel, runtime, const, FOLD_WARPS, 1)
         sass = res.pop("sass")

@@ -7,7 +7,7 @@ dequantize + cuBLAS, each checked against the float64 golden output and then tim
 CUDA-graph replays over weight sets that together exceed L2; cuBLAS bf16 on the same
 shape in the same rounds. Rows go to ``--json``; a table is printed last.
 
-    python -m tools.probes.turboquant_paths --part decode|mid16|mid128|prefill|fold|all [--json PATH]
+    python -m tools.probes.turboquant_paths --part decode|mid16|mid128|prefill|fold|fold_mid|all [--json PATH]
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ PARTS = {
     "prefill": [(k, n, 2048, False) for k, n in SHAPES] + [(4096, 14336, 2048, True)],
     # the two prefill paths (dequantize every pass, or fold the rotations in) from the crossover on
     "fold": [(k, n, m, res) for m in (256, 2048, 8192) for k, n in SHAPES for res in (False, True)],
+    "fold_mid": [(k, n, m, res) for m in (512, 1024) for k, n in SHAPES for res in (False, True)],
 }
 
 

@@ -1,0 +1,194 @@
+"""Where the time of TurboQuant's prefill paths goes (a developer's probe, CUDA): each part
+of ``dequant + cuBLAS`` and ``fold + cuBLAS`` timed alone as CUDA-graph replays, beside
+the bytes floor of the weight-writing kernels at the copy bandwidth measured in the same
+run, with launch variants of both kernels:
+
+* ``dequant`` — ``dequant.py`` writing one pass into ``W_cat`` (rows a program, groups a
+  program, warps);
+* ``fold`` — ``fold.py`` writing ``W_eff`` (groups a program, register cap), one and two passes;
+* ``rotate`` — the input rotation GEMM at M; ``gemm`` — cuBLAS on the dense scratch at M;
+  ``cuBLAS bf16`` — the dense layer itself.
+
+Each weight-writing variant is checked bit for bit against the shipped launch first.
+
+    python -m tools.probes.turboquant_prefill_parts [--m 2048] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+
+from quantcore.backends.turboquant_triton.dequant import dequant_kernel
+from quantcore.backends.turboquant_triton.fold import fold_kernel
+from quantcore.backends.turboquant_triton.fused import (
+    FOLD_BLOCK_N,
+    FOLD_WARPS,
+    _Dequant,
+    _Folded,
+    _words,
+    interpreting,
+)
+from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+from quantcore.benchmarks.ceilings import ceilings
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.timing import time_interleaved
+
+DTYPE = torch.bfloat16
+SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))
+#: dequant.py launches: (rows a program, groups a program, warps); the first is the shipped one.
+DEQUANT_VARIANTS = ((32, 2, 4), (64, 2, 4), (32, 4, 4), (64, 2, 8), (128, 1, 8), (16, 4, 4))
+#: fold.py launches: (groups a program, register cap or 0); the first is the shipped one.
+FOLD_VARIANTS = ((1, 0), (2, 0), (4, 0), (8, 0), (2, 128), (4, 128), (8, 128))
+SETS = 3  # weight sets rotated over (each set's indices are distinct memory)
+
+
+def _prepared(k: int, n: int, residual: bool, device: str) -> list[Any]:
+    fmt = TurboQuant(bits=4, group_size=128, residual=residual)
+    gen = torch.Generator(device=device).manual_seed(0)
+    base = fmt.quantize(torch.randn(n, k, device=device, generator=gen) * 0.02,
+                        generator=torch.Generator().manual_seed(0))
+    kernel = TurboQuantTriton(fmt, device)
+    out = []
+    for s in range(SETS):
+        t = dict(base)
+        if s:
+            for name in base:
+                if name.endswith("indices"):
+                    t[name] = torch.randint(0, 256, base[name].shape, dtype=torch.uint8, device=device, generator=gen)
+        out.append(kernel.prepare(t, dtype=DTYPE))
+    return out
+
+
+def _dequant_call(prep: Any, k: int, n: int, variant: tuple[int, int, int], w: torch.Tensor) -> Callable[[], None]:
+    block_n, gpc, warps = variant
+    data = prep.passes[0]
+    groups = k // 128
+    grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc))
+    words = _words(data.indices)
+
+    def run() -> None:
+        dequant_kernel[grid](words, data.scales, prep.codebook, w, n, k // 8, k, 0, N_GROUPS=groups, D=128,
+                             BLOCK_N=block_n, GPC=gpc, PASSES=1, INTERPRET=interpreting(), num_warps=warps)
+    return run
+
+
+def _fold_call(prep: Any, k: int, n: int, variant: tuple[int, int], w: torch.Tensor) -> Callable[[], None]:
+    gpp, maxnreg = variant
+    p1, p2 = prep.passes[0], prep.passes[-1]
+    groups = k // 128
+    grid = (triton.cdiv(n, FOLD_BLOCK_N), groups // gpp)
+    r1, r2 = p1.rotation.contiguous(), p2.rotation.contiguous()
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+
+    def run() -> None:
+        fold_kernel[grid](_words(p1.indices), p1.scales, r1, _words(p2.indices), p2.scales, r2, prep.codebook, w,
+                          n, k // 8, k, N_GROUPS=groups, D=128, BLOCK_N=FOLD_BLOCK_N, GPP=gpp,
+                          PASSES=len(prep.passes), SHARED1=r1.shape[0] == 1, SHARED2=r2.shape[0] == 1,
+                          DOT_FP32=interpreting(), INTERPRET=interpreting(), num_warps=FOLD_WARPS, **extra)
+    return run
+
+
+def _dense_parts(prep: Any, k: int, n: int, m: int, ws: list[torch.Tensor], copy: float,
+                 device: str) -> dict[str, tuple[list[Callable[[], Any]], float, None]]:
+    """The input rotation, cuBLAS on the scratch, and the dense layer, at M rows."""
+    x = [torch.randn(m, k, device=device, dtype=DTYPE) for _ in range(SETS)]
+    rot = _Dequant(prep.passes, prep.codebook, 128, None, torch.device(device), DTYPE).rotate
+    outs = [torch.empty(m, n, device=device, dtype=DTYPE) for _ in range(SETS)]
+    dense = [torch.randn(n, k, device=device, dtype=DTYPE) for _ in range(SETS)]
+
+    def rotate(i: int) -> Callable[[], Any]:
+        return lambda: rot(x[i])
+
+    def gemm(i: int) -> Callable[[], Any]:
+        return lambda: torch.mm(x[i], ws[i].t(), out=outs[i])
+
+    def linear(i: int) -> Callable[[], Any]:
+        return lambda: torch.nn.functional.linear(x[i], dense[i])
+
+    return {f"rotate x (M={m})": ([rotate(i) for i in range(SETS)], 4 * m * k / copy, None),
+            f"gemm on the scratch (M={m})": ([gemm(i) for i in range(SETS)], 0.0, None),
+            f"cuBLAS bf16 (M={m})": ([linear(i) for i in range(SETS)], 0.0, None)}
+
+
+def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dict[str, Any]]:
+    copy = ceilings(device).copy_bytes_per_s
+    variants: dict[str, tuple[list[Callable[[], Any]], float, None]] = {}
+    checks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for residual in (False, True):
+        preps = _prepared(k, n, residual, device)
+        passes = len(preps[0].passes)
+        idx_bytes = passes * n * k // 2
+        if not residual:
+            ws = [torch.empty(n, k, dtype=DTYPE, device=device) for _ in range(SETS)]
+            floor = (idx_bytes + 2 * n * k) / copy
+            ref = None
+            for v in DEQUANT_VARIANTS:
+                fns = [_dequant_call(p, k, n, v, w) for p, w in zip(preps, ws, strict=True)]
+                fns[0]()
+                got = ws[0].clone()
+                if ref is None:
+                    ref = got
+                name = f"dequant rows {v[0]} groups {v[1]} warps {v[2]}"
+                checks[name] = (got, ref)
+                variants[name] = (fns, floor, None)
+            variants |= _dense_parts(preps[0], k, n, m, ws, copy, device)
+        ws2 = [torch.empty(n, k, dtype=DTYPE, device=device) for _ in range(SETS)]
+        floor = (idx_bytes + 2 * n * k) / copy
+        ref = None
+        for fv in FOLD_VARIANTS:
+            fns = [_fold_call(p, k, n, fv, w) for p, w in zip(preps, ws2, strict=True)]
+            fns[0]()
+            got = ws2[0].clone()
+            if ref is None:
+                shipped = _Folded(preps[0].passes, preps[0].codebook, 128, None, torch.device(device), DTYPE)
+                ref = shipped.fold(torch.empty(n, k, dtype=DTYPE, device=device))
+            name = f"fold {passes} pass{'es' if passes > 1 else ''} groups {fv[0]} maxnreg {fv[1]}"
+            checks[name] = (got, ref)
+            variants[name] = (fns, floor, None)
+    bad = {name for name, (got, ref) in checks.items() if not torch.equal(got, ref)}
+    names = [name for name in variants if name not in bad]
+    timings = time_interleaved([_rotating(variants[nm][0]) for nm in names], device, rounds=rounds, graph=True,
+                               sets=[SETS] * len(names))
+    rows = [{"K": k, "N": n, "M": m, "part": name, "us": t.median_s * 1e6, "spread": t.spread, "method": t.method,
+             "floor_us": variants[name][1] * 1e6,
+             "floor_share": variants[name][1] / t.median_s if variants[name][1] else None}
+            for name, t in zip(names, timings, strict=True)]
+    rows += [{"K": k, "N": n, "M": m, "part": name, "error": "not bit-identical to the shipped launch"}
+             for name in sorted(bad)]
+    return rows
+
+
+def _rotating(fns: list[Callable[[], Any]]) -> Callable[[int], Any]:
+    return lambda i: fns[i % len(fns)]()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    for k, n in SHAPES:
+        rows += probe(k, n, args.m, args.rounds)
+        print(f"  done K{k} N{n}", file=sys.stderr, flush=True)
+    for r in rows:
+        share = f"{r['floor_share']:.0%}" if r.get("floor_share") else ""
+        print(f"K{r['K']:>5} N{r['N']:>5} {r['part']:<44} {r.get('us', float('nan')):8.1f} µs {share:>5}"
+              f" {r.get('error', '')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": ceilings("cuda").copy_bytes_per_s,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
