@@ -102,6 +102,26 @@ class MmaConfig:
 
 
 @dataclass(frozen=True)
+class FoldConfig:
+    """The fold kernel (``fold.py``): ``block_n`` rows of ``groups`` consecutive groups a
+    program (at most: the largest power of two up to it that divides the group count; a
+    shared rotation is read from L2 once per program, not per group), ``warps``,
+    ``stages`` of software pipelining over the groups (1: none), a register cap
+    (``maxnreg``, None: the compiler's), and ``register_operand``: Ŵ made in the matrix
+    unit's register layout (``operand.py``; d ≥ 64 and 16-bit operands, else through
+    shared memory). 128 rows on 8 warps through shared memory take 64 KB; 64 rows would
+    take exactly 48 KB, which cannot launch beside the codebook's static table
+    (``lookup.py``)."""
+
+    block_n: int = 128
+    warps: int = 8
+    groups: int = 1
+    stages: int = 1
+    maxnreg: int | None = None
+    register_operand: bool = False
+
+
+@dataclass(frozen=True)
 class PathChoice:
     """Largest M for the decode kernel, and largest M for the fused tensor-core kernel;
     above it a dense weight in a scratch and cuBLAS: every pass dequantized (``dequant.py``),

@@ -26,6 +26,7 @@ import triton.language as tl
 from quantcore.triton.interpreter import serialize_launches
 
 from .lookup import codebook_table, group_centroids, rounded
+from .operand import register_operand
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
@@ -33,19 +34,34 @@ __all__ = ["fold_kernel"]
 
 
 @triton.jit
-def _rotation_t(rot_ptr, g, D: tl.constexpr, SHARED: tl.constexpr):
-    """``P_gᵀ`` [D, D] (``[j, i] = P[i, j]``): the one shared rotation, or group g's."""
+def _rotation_t(rot_ptr, g, D: tl.constexpr, SHARED: tl.constexpr, REG_OPERAND: tl.constexpr):
+    """``P_gᵀ`` [D, D], row r for the coordinate at position r of the weight operand
+    (``[r, i] = P[i, c(r)]``, ``operand.operand_order``): the one shared rotation, or
+    group g's. Read as stored (rows of P, 16-byte loads), transposed in registers."""
     rot = rot_ptr if SHARED else rot_ptr + g * D * D
-    j = tl.arange(0, D)
-    return tl.load(rot + j[:, None] + j[None, :] * D)
+    i = tl.arange(0, D)
+    p = tl.load(rot + i[:, None] * D + i[None, :])  # [i, c] = P[i, c]
+    if REG_OPERAND:  # c = 4e + q sits at position (D/4)·q + e
+        return tl.reshape(tl.permute(tl.reshape(p, [D, D // 4, 4]), (2, 1, 0)), [D, D])
+    return tl.trans(p)
 
 
 @triton.jit
 def _folded_pass(acc, p_t, idx_ptr, s_ptr, cb_ptr, rows, rmask, g, stride_idx,
-                 N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
-                 INTERPRET: tl.constexpr):
-    """``acc + Ŵ_g · P_gᵀ`` for one pass: ``Ŵ_g`` [BLOCK_N, D] in natural coordinate order."""
+                 N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, REG_OPERAND: tl.constexpr,
+                 DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + Ŵ_g · P_gᵀ`` for one pass, ``Ŵ_g`` [BLOCK_N, D] = centroid · scale rounded to
+    the rotation's dtype: in natural coordinate order through shared memory, or with
+    ``REG_OPERAND`` made in the matrix unit's register layout (``operand.py``; its columns,
+    and ``p_t``'s rows, in that operand's coordinate order — the same products, summed in
+    another order)."""
     s = tl.load(s_ptr + rows.to(tl.int64) * N_GROUPS + g, mask=rmask, other=0.0)[:, None]
+    if REG_OPERAND:
+        w_hat = register_operand(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, s, p_t.dtype, D, BLOCK_N, True,
+                                 DOT_FP32, INTERPRET)
+        if DOT_FP32:
+            return tl.dot(w_hat, p_t.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w_hat, p_t, acc)
     w_hat = group_centroids(idx_ptr, rows, rmask, g, stride_idx, cb_ptr, D // 8, D, BLOCK_N, INTERPRET) * s
     if DOT_FP32:  # the interpreter's 16-bit dot is wrong; float32 activations stay exact
         return tl.dot(rounded(w_hat, p_t.dtype).to(tl.float32), p_t.to(tl.float32), acc, input_precision="ieee")
@@ -55,28 +71,29 @@ def _folded_pass(acc, p_t, idx_ptr, s_ptr, cb_ptr, rows, rmask, g, stride_idx,
 @triton.jit
 def fold_kernel(idx1_ptr, s1_ptr, rot1_ptr, idx2_ptr, s2_ptr, rot2_ptr, cb_ptr, out_ptr, N, stride_idx, stride_out,
                 N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, GPP: tl.constexpr,
-                PASSES: tl.constexpr, SHARED1: tl.constexpr, SHARED2: tl.constexpr, DOT_FP32: tl.constexpr,
-                INTERPRET: tl.constexpr):
+                PASSES: tl.constexpr, SHARED1: tl.constexpr, SHARED2: tl.constexpr, REG_OPERAND: tl.constexpr,
+                STAGES: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     """Program ``(i, j)``: rows ``i·BLOCK_N …`` of groups ``j·GPP … j·GPP + GPP − 1`` (GPP
-    divides the group count), a shared rotation loaded once for all of them."""
+    divides the group count), a shared rotation loaded once for all of them; ``STAGES``
+    software-pipelines the group loop (1: none)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
     if SHARED1:
-        p1_t = _rotation_t(rot1_ptr, 0, D, True)
+        p1_t = _rotation_t(rot1_ptr, 0, D, True, REG_OPERAND)
     if PASSES == 2 and SHARED2:
-        p2_t = _rotation_t(rot2_ptr, 0, D, True)
-    for i in range(GPP):
+        p2_t = _rotation_t(rot2_ptr, 0, D, True, REG_OPERAND)
+    for i in tl.range(0, GPP, num_stages=STAGES):
         g = tl.program_id(1) * GPP + i
-        rot1 = p1_t if SHARED1 else _rotation_t(rot1_ptr, g, D, False)
+        rot1 = p1_t if SHARED1 else _rotation_t(rot1_ptr, g, D, False, REG_OPERAND)
         acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
         acc = _folded_pass(acc, rot1, idx1_ptr, s1_ptr, cb_ptr, rows, rmask, g, stride_idx, N_GROUPS, D, BLOCK_N,
-                           DOT_FP32, INTERPRET)
+                           REG_OPERAND, DOT_FP32, INTERPRET)
         if PASSES == 2:
-            rot2 = p2_t if SHARED2 else _rotation_t(rot2_ptr, g, D, False)
+            rot2 = p2_t if SHARED2 else _rotation_t(rot2_ptr, g, D, False, REG_OPERAND)
             acc = _folded_pass(acc, rot2, idx2_ptr, s2_ptr, cb_ptr, rows, rmask, g, stride_idx, N_GROUPS, D,
-                               BLOCK_N, DOT_FP32, INTERPRET)
+                               BLOCK_N, REG_OPERAND, DOT_FP32, INTERPRET)
         cols = g * D + tl.arange(0, D)
         tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :],
                  rounded(acc, out_ptr.dtype.element_ty), mask=rmask[:, None])

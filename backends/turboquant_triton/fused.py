@@ -79,14 +79,8 @@ MMA_ROTATED = (13, 14)
 DEQUANT_FIXED = (2,)
 #: The fold kernel's index words, scales and rotations of both passes and the codebook.
 FOLD_FIXED = (0, 1, 2, 3, 4, 5, 6)
-#: Rows of W_eff a fold program writes, and its warps: two warpgroups of 64 rows. (At 64
-#: rows the dot's operands take exactly 48 KB of shared memory, which cannot launch beside
-#: the codebook's static table: lookup.py.)
-FOLD_BLOCK_N = 128
-FOLD_WARPS = 8
-#: Groups a fold program writes, at most (the largest power of two up to it that divides
-#: the group count): a shared rotation is read from L2 once per program, not per group.
-FOLD_GROUPS = 1
+#: The fold kernel's launch (configs.FoldConfig).
+FOLD = configs.FoldConfig()
 
 
 def interpreting() -> bool:
@@ -407,17 +401,22 @@ class _Folded(_DenseGemm):
     is torch's, on x as it comes."""
 
     def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
-                 device: torch.device, dtype: torch.dtype, groups_per_program: int = FOLD_GROUPS) -> None:
+                 device: torch.device, dtype: torch.dtype, config: configs.FoldConfig = FOLD) -> None:
         super().__init__(passes, codebook, bias, device, dtype)
         groups = self.k // d
-        block_n = FOLD_BLOCK_N
-        gpp = _dividing_power_of_two(groups, groups_per_program)
-        self.grid = (triton.cdiv(self.n, block_n), groups // gpp, 1)
+        gpp = _dividing_power_of_two(groups, config.groups)
+        self.grid = (triton.cdiv(self.n, config.block_n), groups // gpp, 1)
         rotations = [data.rotation.contiguous() for data in passes]
-        self.launch = Launch(fold_kernel, device=device, options=dict(num_warps=FOLD_WARPS), fixed_pointers=FOLD_FIXED,
-                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, GPP=gpp, PASSES=len(passes),
-                                             SHARED1=rotations[0].shape[0] == 1, SHARED2=rotations[-1].shape[0] == 1,
-                                             DOT_FP32=_dot_fp32(dtype), INTERPRET=interpreting()))
+        register = config.register_operand and d >= MIN_GROUP and (interpreting() or dtype != torch.float32)
+        options: dict[str, int] = dict(num_warps=config.warps)
+        if config.maxnreg:
+            options["maxnreg"] = config.maxnreg
+        self.launch = Launch(fold_kernel, device=device, options=options, fixed_pointers=FOLD_FIXED,
+                             constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=config.block_n, GPP=gpp,
+                                             PASSES=len(passes), SHARED1=rotations[0].shape[0] == 1,
+                                             SHARED2=rotations[-1].shape[0] == 1, REG_OPERAND=register,
+                                             STAGES=config.stages, DOT_FP32=_dot_fp32(dtype),
+                                             INTERPRET=interpreting()))
         self.weights = (_words(self.p1.indices), self.p1.scales, rotations[0], _words(self.p2.indices),
                         self.p2.scales, rotations[-1], self.codebook)
 

@@ -122,27 +122,57 @@ def test_rotation_folded_into_the_weight_then_gemm(fmt: TurboQuant, with_partial
     _check(fmt, 70, 256, 5, "fold", with_partial=with_partial)
 
 
+def _folded_reference(passes: list, codebook: torch.Tensor, n: int, k: int, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """Σ_p Ŵ_p · P_pᵀ per group in float64, from the prepared tensors in plain torch:
+    Ŵ_p = centroid · scale in float32, rounded to ``dtype`` (nearest even): [n, k/d, d]."""
+    groups = k // d
+    want = torch.zeros(n, groups, d, dtype=torch.float64)
+    for data in passes:
+        packed = data.indices.long()
+        idx = torch.stack([packed & 15, packed >> 4], dim=-1).view(n, k)  # coordinate 2j: low nibble
+        w_hat = (codebook.float()[idx] * data.scales.float().repeat_interleave(d, dim=1)).to(dtype)
+        rot = data.rotation.double()
+        rot = rot.expand(groups, d, d) if rot.shape[0] == 1 else rot
+        want += torch.einsum("ngj,gij->ngi", w_hat.double().view(n, groups, d), rot)
+    return want
+
+
 @pytest.mark.parametrize("per_group", [True, False], ids=["rotation-per-group", "shared-rotation"])
 @pytest.mark.parametrize("groups_per_program", [1, 2, 4])
 def test_folded_weight_is_every_pass_rotated_back(per_group: bool, groups_per_program: int) -> None:
     """``W_eff`` equals Σ_p Ŵ_p · P_pᵀ per group, Ŵ_p rounded to the compute dtype first
     (float32 rotations here, so only the order of the d-term sums differs), however many
     groups a program writes."""
-    from quantcore.backends.turboquant_triton.fused import _Folded, dequantize_rotated
+    from quantcore.backends.turboquant_triton.configs import FoldConfig
+    from quantcore.backends.turboquant_triton.fused import _Folded
 
     fmt = TurboQuant(group_size=32, rotation_per_group=per_group, residual=True)
     _, prep = _layer(fmt, 24, 128, 4)
     passes = [dataclasses.replace(p, rotation=p.rotation.float()) for p in prep.passes]
-    w_cat = dequantize_rotated(passes, prep.codebook, 32, torch.float32).view(24, 4, 2, 32)
-    want = torch.zeros(24, 4, 32, dtype=torch.float64)
-    for p, data in enumerate(passes):
-        rot = data.rotation.double().expand(4, 32, 32) if data.rotation.shape[0] == 1 else data.rotation.double()
-        want += torch.einsum("ngj,gij->ngi", w_cat[:, :, p, :].double(), rot)
+    want = _folded_reference(passes, prep.codebook, 24, 128, 32, torch.float32)
     folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32,
-                     groups_per_program=groups_per_program)
+                     FoldConfig(groups=groups_per_program))
     assert folded.grid[1] == 4 // groups_per_program
     got = folded.fold(torch.empty(24, 128)).view(24, 4, 32)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", [TurboQuant(group_size=64, residual=True),
+                                 TurboQuant(group_size=64, rotation_per_group=True)], ids=lambda f: f.slug)
+def test_register_operand_fold_is_every_pass_rotated_back(fmt: TurboQuant) -> None:
+    """The register-operand fold (Ŵ's columns and Pᵀ's rows in the operand's coordinate
+    order, bf16 operands) writes the same W_eff: within a bf16 rounding of the float64 sum,
+    as the shared-memory fold is (a permutation applied to one side only would not be)."""
+    from quantcore.backends.turboquant_triton.configs import FoldConfig
+    from quantcore.backends.turboquant_triton.fused import _Folded
+
+    _, prep = _layer(fmt, 40, 256, 6)
+    passes = [dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes]
+    want = _folded_reference(passes, prep.codebook, 40, 256, 64, torch.bfloat16)
+    for config in (FoldConfig(), FoldConfig(block_n=64, warps=4, groups=2, register_operand=True)):
+        folded = _Folded(passes, prep.codebook, 64, None, torch.device("cpu"), torch.bfloat16, config)
+        got = folded.fold(torch.empty(40, 256, dtype=torch.bfloat16)).view(40, 4, 64)
+        torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-5)
 
 
 def test_interleaved_scratch_layout() -> None:

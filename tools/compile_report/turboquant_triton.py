@@ -132,7 +132,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     its M tiles with x rotated outside it, inside it and once by its rotation programs,
     the dequantization kernel and the fold kernel (one and two passes)."""
     from quantcore.backends.turboquant_triton import configs, dequant, fold, gemv
-    from quantcore.backends.turboquant_triton.fused import FOLD_BLOCK_N, FOLD_GROUPS, FOLD_WARPS
+    from quantcore.backends.turboquant_triton.fused import FOLD
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
@@ -171,10 +171,11 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     rows.append({"kernel": "dequant", "block_n": 32, "gpc": 2, **res})
     runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
     for passes in (1, 2):
-        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD_BLOCK_N, GPP=FOLD_GROUPS, PASSES=passes, SHARED1=True, SHARED2=True,
-                     DOT_FP32=False, INTERPRET=False)
-        res = _compile(fold.fold_kernel, runtime, const, FOLD_WARPS, 1)
+        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD.block_n, GPP=FOLD.groups, PASSES=passes, SHARED1=True,
+                     SHARED2=True, REG_OPERAND=FOLD.register_operand, STAGES=FOLD.stages, DOT_FP32=False,
+                     INTERPRET=False)
+        res = _compile(fold.fold_kernel, runtime, const, FOLD.warps, 1, None, FOLD.maxnreg)
         sass = res.pop("sass")
-        rows.append({"kernel": "fold", "block_n": FOLD_BLOCK_N, "warps": FOLD_WARPS, "passes": passes, **res,
+        rows.append({"kernel": "fold", "block_n": FOLD.block_n, "warps": FOLD.warps, "passes": passes, **res,
                      "wgmma": sum(1 for line in sass.splitlines() if "HGMMA" in line)})
     return rows

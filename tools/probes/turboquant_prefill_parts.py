@@ -5,11 +5,12 @@ run, with launch variants of both kernels:
 
 * ``dequant`` — ``dequant.py`` writing one pass into ``W_cat`` (rows a program, groups a
   program, warps);
-* ``fold`` — ``fold.py`` writing ``W_eff`` (groups a program, register cap), one and two passes;
+* ``fold`` — ``fold.py`` writing ``W_eff`` (``configs.FoldConfig`` variants), one and two passes;
 * ``rotate`` — the input rotation GEMM at M; ``gemm`` — cuBLAS on the dense scratch at M;
   ``cuBLAS bf16`` — the dense layer itself.
 
-Each weight-writing variant is checked bit for bit against the shipped launch first.
+Each weight-writing variant is checked against the shipped launch first: within one bf16
+ulp (a register-operand fold sums each group in another order), bit-identity recorded.
 
     python -m tools.probes.turboquant_prefill_parts [--m 2048] [--json PATH]
 """
@@ -25,11 +26,9 @@ from typing import Any
 import torch
 import triton
 
+from quantcore.backends.turboquant_triton import configs
 from quantcore.backends.turboquant_triton.dequant import dequant_kernel
-from quantcore.backends.turboquant_triton.fold import fold_kernel
 from quantcore.backends.turboquant_triton.fused import (
-    FOLD_BLOCK_N,
-    FOLD_WARPS,
     _Dequant,
     _Folded,
     _words,
@@ -43,9 +42,16 @@ from quantcore.timing import time_interleaved
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))
 #: dequant.py launches: (rows a program, groups a program, warps); the first is the shipped one.
-DEQUANT_VARIANTS = ((32, 2, 4), (64, 2, 4), (32, 4, 4), (64, 2, 8), (128, 1, 8), (16, 4, 4))
-#: fold.py launches: (groups a program, register cap or 0); the first is the shipped one.
-FOLD_VARIANTS = ((1, 0), (2, 0), (4, 0), (8, 0), (2, 128), (4, 128), (8, 128))
+DEQUANT_VARIANTS = ((32, 2, 4), (16, 4, 4), (16, 2, 4), (16, 8, 4), (8, 8, 4), (8, 4, 2), (16, 4, 2))
+F = configs.FoldConfig
+#: fold.py launches; the first is the shipped one.
+FOLD_VARIANTS = (F(), F(groups=4, maxnreg=128), F(block_n=64, warps=4, groups=2, register_operand=True),
+                 F(block_n=64, warps=4, groups=4, register_operand=True),
+                 F(block_n=64, warps=4, groups=8, register_operand=True),
+                 F(block_n=64, warps=4, groups=4, stages=2, register_operand=True),
+                 F(block_n=64, warps=4, groups=8, stages=2, register_operand=True),
+                 F(block_n=128, warps=8, groups=4, register_operand=True),
+                 F(block_n=128, warps=8, groups=4, stages=2, register_operand=True))
 SETS = 3  # weight sets rotated over (each set's indices are distinct memory)
 
 
@@ -79,20 +85,17 @@ def _dequant_call(prep: Any, k: int, n: int, variant: tuple[int, int, int], w: t
     return run
 
 
-def _fold_call(prep: Any, k: int, n: int, variant: tuple[int, int], w: torch.Tensor) -> Callable[[], None]:
-    gpp, maxnreg = variant
-    p1, p2 = prep.passes[0], prep.passes[-1]
-    groups = k // 128
-    grid = (triton.cdiv(n, FOLD_BLOCK_N), groups // gpp)
-    r1, r2 = p1.rotation.contiguous(), p2.rotation.contiguous()
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
+def _fold_call(prep: Any, k: int, n: int, config: configs.FoldConfig, w: torch.Tensor) -> Callable[[], None]:
+    folded = _Folded(prep.passes, prep.codebook, 128, None, w.device, DTYPE, config)
+    return lambda: folded.fold(w)
 
-    def run() -> None:
-        fold_kernel[grid](_words(p1.indices), p1.scales, r1, _words(p2.indices), p2.scales, r2, prep.codebook, w,
-                          n, k // 8, k, N_GROUPS=groups, D=128, BLOCK_N=FOLD_BLOCK_N, GPP=gpp,
-                          PASSES=len(prep.passes), SHARED1=r1.shape[0] == 1, SHARED2=r2.shape[0] == 1,
-                          DOT_FP32=interpreting(), INTERPRET=interpreting(), num_warps=FOLD_WARPS, **extra)
-    return run
+
+def _close(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Within one bf16 unit in the last place of the shipped launch's value, or of the mean
+    magnitude where two passes cancel (a variant that sums a group in another order may
+    round the other way)."""
+    diff = (got.float() - ref.float()).abs()
+    return bool((diff <= 2.0 ** -7 * ref.float().abs() + 2.0 ** -12 * ref.float().abs().mean()).all())
 
 
 def _dense_parts(prep: Any, k: int, n: int, m: int, ws: list[torch.Tensor], copy: float,
@@ -120,6 +123,7 @@ def _dense_parts(prep: Any, k: int, n: int, m: int, ws: list[torch.Tensor], copy
 def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dict[str, Any]]:
     copy = ceilings(device).copy_bytes_per_s
     variants: dict[str, tuple[list[Callable[[], Any]], float, None]] = {}
+    failed: dict[str, str] = {}
     checks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for residual in (False, True):
         preps = _prepared(k, n, residual, device)
@@ -144,24 +148,31 @@ def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dic
         ref = None
         for fv in FOLD_VARIANTS:
             fns = [_fold_call(p, k, n, fv, w) for p, w in zip(preps, ws2, strict=True)]
-            fns[0]()
+            name = (f"fold {passes}p rows {fv.block_n} w{fv.warps} groups {fv.groups} stages {fv.stages}"
+                    f" maxnreg {fv.maxnreg or 0}{' reg' if fv.register_operand else ''}")
+            try:
+                fns[0]()
+            except Exception as exc:  # a variant that does not compile or launch is a row
+                failed[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
             got = ws2[0].clone()
             if ref is None:
-                shipped = _Folded(preps[0].passes, preps[0].codebook, 128, None, torch.device(device), DTYPE)
-                ref = shipped.fold(torch.empty(n, k, dtype=DTYPE, device=device))
-            name = f"fold {passes} pass{'es' if passes > 1 else ''} groups {fv[0]} maxnreg {fv[1]}"
+                ref = got
             checks[name] = (got, ref)
             variants[name] = (fns, floor, None)
-    bad = {name for name, (got, ref) in checks.items() if not torch.equal(got, ref)}
+    bad = {name for name, (got, ref) in checks.items() if not _close(got, ref)}
+    identical = {name: torch.equal(got, ref) for name, (got, ref) in checks.items()}
     names = [name for name in variants if name not in bad]
     timings = time_interleaved([_rotating(variants[nm][0]) for nm in names], device, rounds=rounds, graph=True,
                                sets=[SETS] * len(names))
     rows = [{"K": k, "N": n, "M": m, "part": name, "us": t.median_s * 1e6, "spread": t.spread, "method": t.method,
              "floor_us": variants[name][1] * 1e6,
-             "floor_share": variants[name][1] / t.median_s if variants[name][1] else None}
+             "floor_share": variants[name][1] / t.median_s if variants[name][1] else None,
+             "bit_identical_to_shipped": identical.get(name)}
             for name, t in zip(names, timings, strict=True)]
-    rows += [{"K": k, "N": n, "M": m, "part": name, "error": "not bit-identical to the shipped launch"}
+    rows += [{"K": k, "N": n, "M": m, "part": name, "error": "more than one bf16 ulp from the shipped launch"}
              for name in sorted(bad)]
+    rows += [{"K": k, "N": n, "M": m, "part": name, "error": err} for name, err in failed.items()]
     return rows
 
 
