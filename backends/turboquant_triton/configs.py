@@ -121,6 +121,26 @@ class FoldConfig:
     register_operand: bool = False
 
 
+#: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, 8 groups a program
+#: pipelined by 2 (H200, ``tools/probes/turboquant_prefill_parts.py``,
+#: benchmarks/results/probes/turboquant_prefill_parts-*.json: 4096 × 14336 one pass 116 →
+#: 82 µs, two passes 204 → 129 µs against 128 rows through shared memory, one group a
+#: program). Wider groups keep the 128-row shared-memory kernel: a [64, 256] register
+#: operand and its [64, 256] accumulator do not fit one warpgroup's registers.
+FOLD_NARROW = FoldConfig(block_n=64, warps=4, groups=8, stages=2, register_operand=True)
+
+
+#: The widest group the fold path takes by default. Wider, the kernel keeps [d, d] rotations
+#: and [128, d] operands in shared memory: 192 KB at d = 256 with one pass, 320 KB (more
+#: than an SM has) with two.
+FOLD_MAX_GROUP = 128
+
+
+def fold_config(d: int) -> FoldConfig:
+    """The fold kernel's launch for groups of ``d`` columns."""
+    return FOLD_NARROW if d <= FOLD_MAX_GROUP else FoldConfig()
+
+
 @dataclass(frozen=True)
 class PathChoice:
     """Largest M for the decode kernel, and largest M for the fused tensor-core kernel;
@@ -138,10 +158,11 @@ class PathChoice:
     fold_from_m_one_pass: int = 8192
     fold_from_m_two_passes: int = 2048
 
-    def prefill_path(self, m: int, passes: int) -> str:
-        """``"fold"`` or ``"dequant"`` for a call of ``m`` rows above ``mma_max_m``."""
+    def prefill_path(self, m: int, passes: int, d: int) -> str:
+        """``"fold"`` or ``"dequant"`` for a call of ``m`` rows above ``mma_max_m`` (groups
+        of ``d`` columns: wider than :data:`FOLD_MAX_GROUP`, always ``"dequant"``)."""
         start = self.fold_from_m_two_passes if passes == 2 else self.fold_from_m_one_pass
-        return "fold" if m >= start else "dequant"
+        return "fold" if m >= start and d <= FOLD_MAX_GROUP else "dequant"
 
 
 #: Decode variants for a GPU sweep to time beside the shipped configurations (not used

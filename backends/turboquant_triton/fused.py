@@ -79,8 +79,12 @@ MMA_ROTATED = (13, 14)
 DEQUANT_FIXED = (2,)
 #: The fold kernel's index words, scales and rotations of both passes and the codebook.
 FOLD_FIXED = (0, 1, 2, 3, 4, 5, 6)
-#: The fold kernel's launch (configs.FoldConfig).
-FOLD = configs.FoldConfig()
+#: A dequantization program: rows, and columns of a row (whole groups, at least one);
+#: H200 (tools/probes/turboquant_prefill_parts.py): 8 rows × 512 columns on 2 warps write
+#: 4096 × 14336 in 51.5 µs (67 % of the copy bandwidth), 32 × 256 on 4 warps took 72.7.
+DEQUANT_ROWS = 8
+DEQUANT_COLUMNS = 512
+DEQUANT_WARPS = 2
 
 
 def interpreting() -> bool:
@@ -369,10 +373,11 @@ class _Dequant(_DenseGemm):
         n, k, p = self.n, self.k, len(passes)
         groups = k // d
         self.d, self.width = d, p * k
-        block_n, gpc = 32, max(1, 256 // d)  # 8192 weights a program: no register spills on sm_90
+        block_n, gpc = DEQUANT_ROWS, max(1, DEQUANT_COLUMNS // d)
         gpc = min(gpc, 1 << (groups - 1).bit_length())
         self.grid = (triton.cdiv(n, block_n), triton.cdiv(groups, gpc), 1)
-        self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=4), fixed_pointers=DEQUANT_FIXED,
+        self.launch = Launch(dequant_kernel, device=device, options=dict(num_warps=DEQUANT_WARPS),
+                             fixed_pointers=DEQUANT_FIXED,
                              constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=block_n, GPC=gpc, PASSES=p,
                                              INTERPRET=interpreting()))
         self.per_pass = [(_words(data.indices), data.scales, self.codebook) for data in passes]
@@ -401,9 +406,13 @@ class _Folded(_DenseGemm):
     is torch's, on x as it comes."""
 
     def __init__(self, passes: Sequence[PassData], codebook: torch.Tensor, d: int, bias: torch.Tensor | None,
-                 device: torch.device, dtype: torch.dtype, config: configs.FoldConfig = FOLD) -> None:
+                 device: torch.device, dtype: torch.dtype, config: configs.FoldConfig | None = None) -> None:
         super().__init__(passes, codebook, bias, device, dtype)
         groups = self.k // d
+        config = config or configs.fold_config(d)
+        if d > configs.FOLD_MAX_GROUP and len(passes) == 2:
+            raise ValueError(f"the fold kernel takes groups of at most {configs.FOLD_MAX_GROUP} columns with two "
+                             f"passes (its operands would not fit an SM's shared memory), got {d}; use 'dequant'")
         gpp = _dividing_power_of_two(groups, config.groups)
         self.grid = (triton.cdiv(self.n, config.block_n), groups // gpp, 1)
         rotations = [data.rotation.contiguous() for data in passes]
@@ -497,7 +506,7 @@ def fused_linear(
     if path is None:
         choice = _paths.get(device) or _path_choice(device)
         path = ("gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m
-                else choice.prefill_path(m, len(passes)))
+                else choice.prefill_path(m, len(passes), group_size))
     has_partial = partial is not None
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)

@@ -18,7 +18,7 @@ from quantcore.cost import Cost, linear_cost
 from quantcore.kernel import Requirements
 from quantcore.kernels.turboquant import FusedTurboQuantKernel
 from quantcore.kernels.turboquant.base import ACT_DTYPES, PassData, TurboQuantPrepared
-from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
+from quantcore.kernels.turboquant.cost import group_size, passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.triton.checks import check_x
@@ -57,7 +57,7 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         # CPU this is Triton's interpreter: thousands of times slower than torch.
         m, n_pass = problem["M"], passes(problem)
         gemm = 2 * m * problem["K"] * problem["N"]
-        if m > 128 and PathChoice().prefill_path(m, n_pass) == "fold":
+        if m > 128 and PathChoice().prefill_path(m, n_pass, group_size(problem)) == "fold":
             flops_scale, launches = 1 + rotation_flops(problem) * problem["N"] / m / max(1, gemm), 2
         else:
             flops_scale, launches = n_pass + rotation_flops(problem) / max(1, gemm), 1 if m == 1 else 2 * n_pass

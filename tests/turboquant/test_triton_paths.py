@@ -208,6 +208,23 @@ def test_wrong_path_and_pass_count_are_refused() -> None:
                      out_dtype=torch.bfloat16)
 
 
+def test_wide_groups_with_two_passes_are_never_folded() -> None:
+    """Groups wider than 128 columns take the dequantization path at every M, and an
+    explicit fold of two such passes is refused (its operands would not fit an SM)."""
+    from quantcore.backends.turboquant_triton.configs import FOLD_MAX_GROUP, PathChoice
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    choice = PathChoice()
+    big = 2 * choice.fold_from_m_one_pass
+    assert choice.prefill_path(big, 2, FOLD_MAX_GROUP) == choice.prefill_path(big, 1, FOLD_MAX_GROUP) == "fold"
+    assert choice.prefill_path(big, 2, 2 * FOLD_MAX_GROUP) == choice.prefill_path(big, 1, 256) == "dequant"
+    _, prep = _layer(TurboQuant(group_size=256, residual=True), 8, 256, 0)
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 128 columns with two passes"):
+        fused_linear(x, prep.passes, prep.codebook, group_size=256, partial=None, bias=None,
+                     out_dtype=torch.bfloat16, path="fold")
+
+
 def test_config_tables_key_the_whole_geometry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantcore.backends.turboquant_triton import configs
     from quantcore.probe.card import CardKey

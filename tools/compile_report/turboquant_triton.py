@@ -132,7 +132,11 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     its M tiles with x rotated outside it, inside it and once by its rotation programs,
     the dequantization kernel and the fold kernel (one and two passes)."""
     from quantcore.backends.turboquant_triton import configs, dequant, fold, gemv
-    from quantcore.backends.turboquant_triton.fused import FOLD
+    from quantcore.backends.turboquant_triton.fused import (
+        DEQUANT_COLUMNS,
+        DEQUANT_ROWS,
+        DEQUANT_WARPS,
+    )
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
@@ -164,18 +168,21 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     geometries = {(c.block_n, c.block_m, c.gpc, c.warps, c.stages): c for c in sorted(mma_cfgs, key=str)}
     for _, cfg in sorted(geometries.items()):  # what the compiler sees (ctas only sizes the grid)
         rows += _mma_rows(cfg, everything, sass_dir)
-    const = dict(N_GROUPS=32, D=128, BLOCK_N=32, GPC=2, PASSES=2, INTERPRET=False)
+    gpc = DEQUANT_COLUMNS // 128
+    const = dict(N_GROUPS=32, D=128, BLOCK_N=DEQUANT_ROWS, GPC=gpc, PASSES=2, INTERPRET=False)
     runtime = {**_DEQ_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32", "col0": "i32"}
-    res = _compile(dequant.dequant_kernel, runtime, const, 4, 1)
+    res = _compile(dequant.dequant_kernel, runtime, const, DEQUANT_WARPS, 1)
     res.pop("sass")
-    rows.append({"kernel": "dequant", "block_n": 32, "gpc": 2, **res})
+    rows.append({"kernel": "dequant", "block_n": DEQUANT_ROWS, "gpc": gpc, **res})
     runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
-    for passes in (1, 2):
-        const = dict(N_GROUPS=32, D=128, BLOCK_N=FOLD.block_n, GPP=FOLD.groups, PASSES=passes, SHARED1=True,
-                     SHARED2=True, REG_OPERAND=FOLD.register_operand, STAGES=FOLD.stages, DOT_FP32=False,
+    for d, passes in ((128, 1), (128, 2), (256, 1)):  # two passes of d = 256 are refused
+        cfg = configs.fold_config(d)
+        const = dict(N_GROUPS=4096 // d, D=d, BLOCK_N=cfg.block_n, GPP=cfg.groups, PASSES=passes, SHARED1=True,
+                     SHARED2=True, REG_OPERAND=cfg.register_operand, STAGES=cfg.stages, DOT_FP32=False,
                      INTERPRET=False)
-        res = _compile(fold.fold_kernel, runtime, const, FOLD.warps, 1, None, FOLD.maxnreg)
+        res = _compile(fold.fold_kernel, runtime, const, cfg.warps, 1, None, cfg.maxnreg)
         sass = res.pop("sass")
-        rows.append({"kernel": "fold", "block_n": FOLD.block_n, "warps": FOLD.warps, "passes": passes, **res,
+        rows.append({"kernel": "fold", "d": d, "block_n": cfg.block_n, "warps": cfg.warps, "groups": cfg.groups,
+                     "register_operand": cfg.register_operand, "passes": passes, **res,
                      "wgmma": sum(1 for line in sass.splitlines() if "HGMMA" in line)})
     return rows

@@ -7,12 +7,18 @@ from __future__ import annotations
 from ...formats.turboquant import TurboQuant
 from ...problem import Problem
 
-__all__ = ["passes", "rotation_flops", "weight_bytes"]
+__all__ = ["group_size", "passes", "rotation_flops", "weight_bytes"]
 
 
 def passes(problem: Problem) -> int:
     fmt = problem.format
     return len(fmt.passes) if isinstance(fmt, TurboQuant) else 1
+
+
+def group_size(problem: Problem) -> int:
+    """d, the columns of a group (a TurboQuant problem's; 128 otherwise)."""
+    fmt = problem.format
+    return fmt.group_size if isinstance(fmt, TurboQuant) else 128
 
 
 def weight_bytes(problem: Problem) -> float:
