@@ -119,6 +119,9 @@ class FoldConfig:
     stages: int = 1
     maxnreg: int | None = None
     register_operand: bool = False
+    #: programs per SM of a persistent launch over all tiles (``groups`` then unused); 0: a
+    #: program per row block and ``groups`` groups
+    persistent: int = 0
 
 
 #: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, 8 groups a program

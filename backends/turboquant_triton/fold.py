@@ -13,8 +13,9 @@ and a round trip of x through memory, a launch) for the weight's (N·K·d per pa
 the dequantization, whose cost is its memory traffic), and with two passes it halves the
 big GEMM: worth it from M > d with two passes, and at large M with one.
 
-One program: ``BLOCK_N`` rows of ``GPP`` consecutive groups (a shared rotation is read
-once for all of them); per group and pass the group's centroids times its scale (``Ŵ``, rounded to the compute dtype as ``dequant.py`` rounds it), one ``tl.dot``
+A program writes ``BLOCK_N`` rows of several groups (``fold_kernel``: consecutive groups
+of one row block, or persistent over all tiles; a shared rotation read once for all of
+them); per group and pass the group's centroids times its scale (``Ŵ``, rounded to the compute dtype as ``dequant.py`` rounds it), one ``tl.dot``
 with ``P_pᵀ`` (float32 accumulation), the sum of the passes rounded once into ``W_eff``.
 """
 
@@ -70,22 +71,31 @@ def _folded_pass(acc, p_t, idx_ptr, s_ptr, cb_ptr, rows, rmask, g, stride_idx,
 
 @triton.jit
 def fold_kernel(idx1_ptr, s1_ptr, rot1_ptr, idx2_ptr, s2_ptr, rot2_ptr, cb_ptr, out_ptr, N, stride_idx, stride_out,
-                N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, GPP: tl.constexpr,
-                PASSES: tl.constexpr, SHARED1: tl.constexpr, SHARED2: tl.constexpr, REG_OPERAND: tl.constexpr,
-                STAGES: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
-    """Program ``(i, j)``: rows ``i·BLOCK_N …`` of groups ``j·GPP … j·GPP + GPP − 1`` (GPP
-    divides the group count), a shared rotation loaded once for all of them; ``STAGES``
-    software-pipelines the group loop (1: none)."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < N
+                N_GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, GPP: tl.constexpr, ITERS: tl.constexpr,
+                PERSISTENT: tl.constexpr, PASSES: tl.constexpr, SHARED1: tl.constexpr, SHARED2: tl.constexpr,
+                REG_OPERAND: tl.constexpr, STAGES: tl.constexpr, DOT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tile is ``BLOCK_N`` rows of one group. Program ``(i, j)`` writes rows ``i·BLOCK_N …``
+    of groups ``j·GPP … j·GPP + GPP − 1`` (GPP divides the group count; ``ITERS`` = GPP);
+    ``PERSISTENT``: program p of P writes tiles p, p + P, … (``ITERS`` = ⌈tiles / P⌉; a tile
+    past the last has rows past N, all masked), so no partial last wave. (A constexpr: the
+    interpreter's ``range`` takes no runtime bound.) A shared rotation
+    is loaded once per program; ``STAGES`` software-pipelines the tile loop (1: none)."""
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
     if SHARED1:
         p1_t = _rotation_t(rot1_ptr, 0, D, True, REG_OPERAND)
     if PASSES == 2 and SHARED2:
         p2_t = _rotation_t(rot2_ptr, 0, D, True, REG_OPERAND)
-    for i in tl.range(0, GPP, num_stages=STAGES):
-        g = tl.program_id(1) * GPP + i
+    for i in tl.range(0, ITERS, num_stages=STAGES):
+        if PERSISTENT:
+            t = tl.program_id(0) + i * tl.num_programs(0)
+            row_block = t // N_GROUPS
+            g = t % N_GROUPS
+        else:
+            row_block = tl.program_id(0)
+            g = tl.program_id(1) * GPP + i
+        rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
         rot1 = p1_t if SHARED1 else _rotation_t(rot1_ptr, g, D, False, REG_OPERAND)
         acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
         acc = _folded_pass(acc, rot1, idx1_ptr, s1_ptr, cb_ptr, rows, rmask, g, stride_idx, N_GROUPS, D, BLOCK_N,

@@ -413,8 +413,13 @@ class _Folded(_DenseGemm):
         if d > configs.FOLD_MAX_GROUP and len(passes) == 2:
             raise ValueError(f"the fold kernel takes groups of at most {configs.FOLD_MAX_GROUP} columns with two "
                              f"passes (its operands would not fit an SM's shared memory), got {d}; use 'dequant'")
-        gpp = _dividing_power_of_two(groups, config.groups)
-        self.grid = (triton.cdiv(self.n, config.block_n), groups // gpp, 1)
+        tiles = triton.cdiv(self.n, config.block_n) * groups
+        if config.persistent:
+            programs = min(tiles, config.persistent * _sm_count(device))
+            gpp, self.grid, self.iters = 1, (programs, 1, 1), triton.cdiv(tiles, programs)
+        else:
+            gpp = _dividing_power_of_two(groups, config.groups)
+            self.grid, self.iters = (triton.cdiv(self.n, config.block_n), groups // gpp, 1), gpp
         rotations = [data.rotation.contiguous() for data in passes]
         register = config.register_operand and d >= MIN_GROUP and (interpreting() or dtype != torch.float32)
         options: dict[str, int] = dict(num_warps=config.warps)
@@ -422,7 +427,7 @@ class _Folded(_DenseGemm):
             options["maxnreg"] = config.maxnreg
         self.launch = Launch(fold_kernel, device=device, options=options, fixed_pointers=FOLD_FIXED,
                              constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=config.block_n, GPP=gpp,
-                                             PASSES=len(passes), SHARED1=rotations[0].shape[0] == 1,
+                                             ITERS=self.iters, PERSISTENT=bool(config.persistent), PASSES=len(passes), SHARED1=rotations[0].shape[0] == 1,
                                              SHARED2=rotations[-1].shape[0] == 1, REG_OPERAND=register,
                                              STAGES=config.stages, DOT_FP32=_dot_fp32(dtype),
                                              INTERPRET=interpreting()))
@@ -438,6 +443,11 @@ class _Folded(_DenseGemm):
         w_t = _scratch_for(self.device, self.dtype, self.n, self.k)
         self.fold(w_t.t())
         self._gemm(x2d if x2d.dtype == self.dtype else x2d.to(self.dtype), w_t, partial, out)
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SMs (4 for the interpreter's CPU: a few programs, every tile visited)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _dividing_power_of_two(n: int, most: int) -> int:

@@ -138,11 +138,12 @@ def _folded_reference(passes: list, codebook: torch.Tensor, n: int, k: int, d: i
 
 
 @pytest.mark.parametrize("per_group", [True, False], ids=["rotation-per-group", "shared-rotation"])
-@pytest.mark.parametrize("groups_per_program", [1, 2, 4])
-def test_folded_weight_is_every_pass_rotated_back(per_group: bool, groups_per_program: int) -> None:
+@pytest.mark.parametrize("groups_per_program", [1, 2, 4, "persistent"])
+def test_folded_weight_is_every_pass_rotated_back(per_group: bool, groups_per_program: int | str) -> None:
     """``W_eff`` equals Σ_p Ŵ_p · P_pᵀ per group, Ŵ_p rounded to the compute dtype first
     (float32 rotations here, so only the order of the d-term sums differs), however many
-    groups a program writes."""
+    groups a program writes, and with programs that walk every tile (24 rows of 16-row
+    tiles: the last row block ragged; 8 tiles over 4 programs or 6 over 5)."""
     from quantcore.backends.turboquant_triton.configs import FoldConfig
     from quantcore.backends.turboquant_triton.fused import _Folded
 
@@ -150,9 +151,15 @@ def test_folded_weight_is_every_pass_rotated_back(per_group: bool, groups_per_pr
     _, prep = _layer(fmt, 24, 128, 4)
     passes = [dataclasses.replace(p, rotation=p.rotation.float()) for p in prep.passes]
     want = _folded_reference(passes, prep.codebook, 24, 128, 32, torch.float32)
-    folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32,
-                     FoldConfig(groups=groups_per_program))
-    assert folded.grid[1] == 4 // groups_per_program
+    if groups_per_program == "persistent":
+        config = FoldConfig(block_n=16, warps=4, persistent=1 if per_group else 2)  # 4 or 8 programs
+    else:
+        config = FoldConfig(groups=int(groups_per_program))
+    folded = _Folded(passes, prep.codebook, 32, None, torch.device("cpu"), torch.float32, config)
+    if config.persistent:
+        assert folded.grid[0] == min(8, 4 * config.persistent) and folded.iters == -(-8 // folded.grid[0])
+    else:
+        assert folded.grid[1] == 4 // config.groups
     got = folded.fold(torch.empty(24, 128)).view(24, 4, 32)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
@@ -169,7 +176,8 @@ def test_register_operand_fold_is_every_pass_rotated_back(fmt: TurboQuant) -> No
     _, prep = _layer(fmt, 40, 256, 6)
     passes = [dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes]
     want = _folded_reference(passes, prep.codebook, 40, 256, 64, torch.bfloat16)
-    for config in (FoldConfig(), FoldConfig(block_n=64, warps=4, groups=2, register_operand=True)):
+    for config in (FoldConfig(), FoldConfig(block_n=64, warps=4, groups=2, register_operand=True),
+                   FoldConfig(block_n=64, warps=4, persistent=1, register_operand=True)):
         folded = _Folded(passes, prep.codebook, 64, None, torch.device("cpu"), torch.bfloat16, config)
         got = folded.fold(torch.empty(40, 256, dtype=torch.bfloat16)).view(40, 4, 64)
         torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-5)

@@ -177,7 +177,9 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
     for d, passes in ((128, 1), (128, 2), (256, 1)):  # two passes of d = 256 are refused
         cfg = configs.fold_config(d)
-        const = dict(N_GROUPS=4096 // d, D=d, BLOCK_N=cfg.block_n, GPP=cfg.groups, PASSES=passes, SHARED1=True,
+        const = dict(N_GROUPS=4096 // d, D=d, BLOCK_N=cfg.block_n, GPP=cfg.groups, ITERS=cfg.groups if not cfg.persistent else 4,
+                     PERSISTENT=bool(cfg.persistent),
+                     PASSES=passes, SHARED1=True,
                      SHARED2=True, REG_OPERAND=cfg.register_operand, STAGES=cfg.stages, DOT_FP32=False,
                      INTERPRET=False)
         res = _compile(fold.fold_kernel, runtime, const, cfg.warps, 1, None, cfg.maxnreg)

@@ -41,17 +41,18 @@ from quantcore.timing import time_interleaved
 
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))
-#: dequant.py launches: (rows a program, groups a program, warps); the first is the shipped one.
-DEQUANT_VARIANTS = ((32, 2, 4), (16, 4, 4), (16, 2, 4), (16, 8, 4), (8, 8, 4), (8, 4, 2), (16, 4, 2))
+#: dequant.py launches: (rows a program, groups a program, warps); the first is the shipped one
+#: (d = 128).
+DEQUANT_VARIANTS = ((8, 4, 2), (32, 2, 4), (8, 8, 2), (4, 8, 1), (8, 4, 1), (4, 4, 1), (16, 4, 2))
 F = configs.FoldConfig
-#: fold.py launches; the first is the shipped one.
-FOLD_VARIANTS = (F(), F(groups=4, maxnreg=128), F(block_n=64, warps=4, groups=2, register_operand=True),
-                 F(block_n=64, warps=4, groups=4, register_operand=True),
-                 F(block_n=64, warps=4, groups=8, register_operand=True),
+#: fold.py launches; the first is the shipped one (d = 128).
+FOLD_VARIANTS = (configs.fold_config(128), F(), F(block_n=64, warps=4, groups=2, stages=2, register_operand=True),
                  F(block_n=64, warps=4, groups=4, stages=2, register_operand=True),
-                 F(block_n=64, warps=4, groups=8, stages=2, register_operand=True),
-                 F(block_n=128, warps=8, groups=4, register_operand=True),
-                 F(block_n=128, warps=8, groups=4, stages=2, register_operand=True))
+                 F(block_n=64, warps=4, persistent=3, register_operand=True),
+                 F(block_n=64, warps=4, persistent=3, stages=2, register_operand=True),
+                 F(block_n=64, warps=4, persistent=2, stages=2, register_operand=True),
+                 F(block_n=64, warps=4, persistent=4, stages=2, maxnreg=128, register_operand=True),
+                 F(block_n=64, warps=4, persistent=3, stages=3, register_operand=True))
 SETS = 3  # weight sets rotated over (each set's indices are distinct memory)
 
 
@@ -148,7 +149,8 @@ def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dic
         ref = None
         for fv in FOLD_VARIANTS:
             fns = [_fold_call(p, k, n, fv, w) for p, w in zip(preps, ws2, strict=True)]
-            name = (f"fold {passes}p rows {fv.block_n} w{fv.warps} groups {fv.groups} stages {fv.stages}"
+            walk = f"persistent {fv.persistent}/SM" if fv.persistent else f"groups {fv.groups}"
+            name = (f"fold {passes}p rows {fv.block_n} w{fv.warps} {walk} stages {fv.stages}"
                     f" maxnreg {fv.maxnreg or 0}{' reg' if fv.register_operand else ''}")
             try:
                 fns[0]()
