@@ -124,13 +124,17 @@ class FoldConfig:
     persistent: int = 0
 
 
-#: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, 8 groups a program
-#: pipelined by 2 (H200, ``tools/probes/turboquant_prefill_parts.py``,
-#: benchmarks/results/probes/turboquant_prefill_parts-*.json: 4096 × 14336 one pass 116 →
-#: 82 µs, two passes 204 → 129 µs against 128 rows through shared memory, one group a
-#: program). Wider groups keep the 128-row shared-memory kernel: a [64, 256] register
-#: operand and its [64, 256] accumulator do not fit one warpgroup's registers.
-FOLD_NARROW = FoldConfig(block_n=64, warps=4, groups=8, stages=2, register_operand=True)
+#: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, three persistent
+#: programs an SM walking every tile, pipelined three deep (H200,
+#: ``tools/probes/turboquant_prefill_parts.py``, benchmarks/results/probes/
+#: turboquant_prefill_parts-*.json: 4096 × 14336 one pass 116 → 73 µs, two passes 204 →
+#: 114 µs against 128 rows through shared memory, one group a program; a program per row
+#: block and 8 groups left a partial last wave, 82–97 and 129–131 µs). Wider groups keep the
+#: 128-row shared-memory kernel: a [64, 256] register operand and its [64, 256] accumulator
+#: do not fit one warpgroup's registers.
+FOLD_NARROW = FoldConfig(block_n=64, warps=4, stages=3, persistent=3, register_operand=True)
+#: Two passes: their operands take 89 KB of shared memory, so two programs an SM.
+FOLD_NARROW_TWO_PASSES = FoldConfig(block_n=64, warps=4, stages=3, persistent=2, register_operand=True)
 
 
 #: The widest group the fold path takes by default. Wider, the kernel keeps [d, d] rotations
@@ -139,9 +143,11 @@ FOLD_NARROW = FoldConfig(block_n=64, warps=4, groups=8, stages=2, register_opera
 FOLD_MAX_GROUP = 128
 
 
-def fold_config(d: int) -> FoldConfig:
-    """The fold kernel's launch for groups of ``d`` columns."""
-    return FOLD_NARROW if d <= FOLD_MAX_GROUP else FoldConfig()
+def fold_config(d: int, passes: int) -> FoldConfig:
+    """The fold kernel's launch for groups of ``d`` columns and ``passes`` passes."""
+    if d > FOLD_MAX_GROUP:
+        return FoldConfig()
+    return FOLD_NARROW_TWO_PASSES if passes == 2 else FOLD_NARROW
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,11 @@ DEQUANT_FIXED = (2,)
 #: The fold kernel's index words, scales and rotations of both passes and the codebook.
 FOLD_FIXED = (0, 1, 2, 3, 4, 5, 6)
 #: A dequantization program: rows, and columns of a row (whole groups, at least one);
-#: H200 (tools/probes/turboquant_prefill_parts.py): 8 rows × 512 columns on 2 warps write
-#: 4096 × 14336 in 51.5 µs (67 % of the copy bandwidth), 32 × 256 on 4 warps took 72.7.
-DEQUANT_ROWS = 8
-DEQUANT_COLUMNS = 512
-DEQUANT_WARPS = 2
+#: H200 (tools/probes/turboquant_prefill_parts.py): 4 rows × 1024 columns on one warp write
+#: 4096 × 14336 in 45.4 µs (76 % of the copy bandwidth), 32 × 256 on 4 warps took 72.4.
+DEQUANT_ROWS = 4
+DEQUANT_COLUMNS = 1024
+DEQUANT_WARPS = 1
 
 
 def interpreting() -> bool:
@@ -409,7 +409,7 @@ class _Folded(_DenseGemm):
                  device: torch.device, dtype: torch.dtype, config: configs.FoldConfig | None = None) -> None:
         super().__init__(passes, codebook, bias, device, dtype)
         groups = self.k // d
-        config = config or configs.fold_config(d)
+        config = config or configs.fold_config(d, len(passes))
         if d > configs.FOLD_MAX_GROUP and len(passes) == 2:
             raise ValueError(f"the fold kernel takes groups of at most {configs.FOLD_MAX_GROUP} columns with two "
                              f"passes (its operands would not fit an SM's shared memory), got {d}; use 'dequant'")

@@ -36,6 +36,10 @@ def test_autotune_configs_compile_for_sm90_without_spills() -> None:
             assert r["loop_instructions_per_weight"] <= (4.8 if r["unroll"] >= 3 else 5.7), r
         if r["kernel"] in ("mma", "fold"):
             assert r["wgmma"] > 0, r  # Hopper's warpgroup MMA, not the older mma.sync
+        if r["kernel"] == "fold":
+            # A persistent launch of P programs an SM must find them all resident at once
+            # (else the last ones run as a second, partial wave).
+            assert r["blocks_per_sm"] >= r["persistent"], r
     outside = {_geometry(r): r
                for r in rows if r["kernel"] == "mma" and r["rotation"] == "outside"}
     inside = [r for r in rows if r["kernel"] == "mma" and r["rotation"] == "kernel"]

@@ -176,7 +176,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
     rows.append({"kernel": "dequant", "block_n": DEQUANT_ROWS, "gpc": gpc, **res})
     runtime = {**_FOLD_PTRS, "N": "i32", "stride_idx": "i32", "stride_out": "i32"}
     for d, passes in ((128, 1), (128, 2), (256, 1)):  # two passes of d = 256 are refused
-        cfg = configs.fold_config(d)
+        cfg = configs.fold_config(d, passes)
         const = dict(N_GROUPS=4096 // d, D=d, BLOCK_N=cfg.block_n, GPP=cfg.groups, ITERS=cfg.groups if not cfg.persistent else 4,
                      PERSISTENT=bool(cfg.persistent),
                      PASSES=passes, SHARED1=True,
@@ -185,6 +185,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
         res = _compile(fold.fold_kernel, runtime, const, cfg.warps, 1, None, cfg.maxnreg)
         sass = res.pop("sass")
         rows.append({"kernel": "fold", "d": d, "block_n": cfg.block_n, "warps": cfg.warps, "groups": cfg.groups,
+                     "persistent": cfg.persistent,
                      "register_operand": cfg.register_operand, "passes": passes, **res,
                      "wgmma": sum(1 for line in sass.splitlines() if "HGMMA" in line)})
     return rows
