@@ -124,16 +124,16 @@ class FoldConfig:
     persistent: int = 0
 
 
-#: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, three persistent
-#: programs an SM walking every tile, pipelined three deep (H200,
-#: ``tools/probes/turboquant_prefill_parts.py``, benchmarks/results/probes/
-#: turboquant_prefill_parts-*.json: 4096 × 14336 one pass 116 → 73 µs, two passes 204 →
-#: 114 µs against 128 rows through shared memory, one group a program; a program per row
-#: block and 8 groups left a partial last wave, 82–97 and 129–131 µs). Wider groups keep the
-#: 128-row shared-memory kernel: a [64, 256] register operand and its [64, 256] accumulator
-#: do not fit one warpgroup's registers.
-FOLD_NARROW = FoldConfig(block_n=64, warps=4, stages=3, persistent=3, register_operand=True)
-#: Two passes: their operands take 89 KB of shared memory, so two programs an SM.
+#: The fold for d ≤ 128: one warpgroup on 64 rows, the register operand, persistent programs
+#: walking every tile, pipelined three deep; one pass four programs an SM (a 128-register
+#: cap), two passes two (their operands take 89 KB of shared memory). H200,
+#: ``tools/probes/turboquant_prefill_parts.py`` (benchmarks/results/probes/
+#: turboquant_prefill_parts-*.json), 4096 × 14336: one pass 116 → 66 µs, two passes 204 →
+#: 109 µs, against 128 rows through shared memory and one group a program; a program per
+#: row block and 8 groups left a partial last wave (82–97 and 129–131 µs). Wider groups keep
+#: the 128-row shared-memory kernel: a [64, 256] register operand and its [64, 256]
+#: accumulator do not fit one warpgroup's registers.
+FOLD_NARROW = FoldConfig(block_n=64, warps=4, stages=3, maxnreg=128, persistent=4, register_operand=True)
 FOLD_NARROW_TWO_PASSES = FoldConfig(block_n=64, warps=4, stages=3, persistent=2, register_operand=True)
 
 
@@ -157,15 +157,16 @@ class PathChoice:
     or from ``fold_from_m`` (per pass count) the rotations folded into it (``fold.py``).
 
     The fold thresholds were measured on an H200 (``tools/probes/turboquant_paths.py --part
-    fold``, benchmarks/results/probes/turboquant_paths-fold-*.json): with two passes the fold
-    halves the GEMM, 1.6–1.9× faster from M = 2048 (at M = 256 it loses on 14336 × 4096);
-    with one pass it trades the input's rotation for the weight's and wins only at M = 8192
-    (4–8 % on two shapes of three, 2 % slower on the third), losing 5–6 % at M = 2048."""
+    fold`` and ``--part fold_mid``, benchmarks/results/probes/turboquant_paths-fold*-*.json):
+    with two passes the fold halves the GEMM and wins from M = 256 on every shape (1.1–1.4×
+    at M = 256, 1.7–2.0× from M = 2048); with one pass it trades the input's rotation
+    (M·K) for the weight's (N·K·d) and wins only at M = 8192 (up to 7 %), losing up to 18 %
+    at M = 512–2048."""
 
     gemv_max_m: int = 1
     mma_max_m: int = 256
     fold_from_m_one_pass: int = 8192
-    fold_from_m_two_passes: int = 2048
+    fold_from_m_two_passes: int = 256
 
     def prefill_path(self, m: int, passes: int, d: int) -> str:
         """``"fold"`` or ``"dequant"`` for a call of ``m`` rows above ``mma_max_m`` (groups
