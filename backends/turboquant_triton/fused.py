@@ -427,7 +427,8 @@ class _Folded(_DenseGemm):
             options["maxnreg"] = config.maxnreg
         self.launch = Launch(fold_kernel, device=device, options=options, fixed_pointers=FOLD_FIXED,
                              constexprs=dict(N_GROUPS=groups, D=d, BLOCK_N=config.block_n, GPP=gpp,
-                                             ITERS=self.iters, PERSISTENT=bool(config.persistent), PASSES=len(passes), SHARED1=rotations[0].shape[0] == 1,
+                                             ITERS=self.iters, PERSISTENT=bool(config.persistent),
+                                             PASSES=len(passes), SHARED1=rotations[0].shape[0] == 1,
                                              SHARED2=rotations[-1].shape[0] == 1, REG_OPERAND=register,
                                              STAGES=config.stages, DOT_FP32=_dot_fp32(dtype),
                                              INTERPRET=interpreting()))
