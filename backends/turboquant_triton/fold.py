@@ -15,8 +15,9 @@ big GEMM: worth it from M > d with two passes, and at large M with one.
 
 A program writes ``BLOCK_N`` rows of several groups (``fold_kernel``: consecutive groups
 of one row block, or persistent over all tiles; a shared rotation read once for all of
-them); per group and pass the group's centroids times its scale (``Ŵ``, rounded to the compute dtype as ``dequant.py`` rounds it), one ``tl.dot``
-with ``P_pᵀ`` (float32 accumulation), the sum of the passes rounded once into ``W_eff``.
+them); per group and pass the group's centroids times its scale (``Ŵ``, rounded to the
+compute dtype as ``dequant.py`` rounds it), one ``tl.dot`` with ``P_pᵀ`` (float32
+accumulation), the sum of the passes rounded once into ``W_eff``.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def fold_kernel(idx1_ptr, s1_ptr, rot1_ptr, idx2_ptr, s2_ptr, rot2_ptr, cb_ptr, 
     of groups ``j·GPP … j·GPP + GPP − 1`` (GPP divides the group count; ``ITERS`` = GPP);
     ``PERSISTENT``: program p of P writes tiles p, p + P, … (``ITERS`` = ⌈tiles / P⌉; a tile
     past the last has rows past N, all masked), so no partial last wave. (A constexpr: the
-    interpreter's ``range`` takes no runtime bound.) A shared rotation
-    is loaded once per program; ``STAGES`` software-pipelines the tile loop (1: none)."""
+    interpreter's ``range`` takes no runtime bound.) A shared rotation is loaded once per
+    program; ``STAGES`` software-pipelines the tile loop (1: none)."""
     codebook_table(cb_ptr, INTERPRET)
     tl.debug_barrier()
     if SHARED1:
