@@ -93,11 +93,17 @@ def test_turboquant_triton_frees_its_codebook_on_every_path() -> None:
         from quantcore.backends.turboquant_triton import fused
 
         choice = fused._path_choice(torch.device("cpu"))
-        # The decode kernel, the tensor-core kernel, dequantize + GEMM, the rotations folded in.
-        rows = (1, 16, choice.mma_max_m + 1, choice.fold_from_m_two_passes)
-        assert rows[0] <= choice.gemv_max_m < rows[1] <= choice.mma_max_m < rows[2] < rows[3]
+        # The decode kernel, the tensor-core kernel, the rotations folded in (two passes fold
+        # wherever the tensor-core kernel stops); dequantize + GEMM asked for by name.
+        rows = (1, 16, choice.mma_max_m + 1)
+        assert rows[0] <= choice.gemv_max_m < rows[1] <= choice.mma_max_m < rows[2]
+        assert choice.prefill_path(rows[2], 2, 64) == "fold"
         for m in rows:
             assert kernel(_rows(m, 256, torch.bfloat16), prepared).shape == (m, 48)
+        x = _rows(rows[2], 256, torch.bfloat16)
+        y = fused.fused_linear(x, prepared.passes, prepared.codebook, group_size=64, partial=None, bias=prepared.bias,
+                               out_dtype=torch.bfloat16, path="dequant")
+        assert y.shape == (rows[2], 48)
         kinds = {type(b).__name__ for b in fused.launch_state(prepared.codebook).values()}
         assert kinds == {"_Gemv", "_Mma", "_Dequant", "_Folded"}
 
