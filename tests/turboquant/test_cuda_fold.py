@@ -61,7 +61,7 @@ def test_the_wrapper_folds_from_the_threshold() -> None:
     fmt = TurboQuant(group_size=128, residual=True)
     t, prep = _layer(fmt, torch.bfloat16, seed=3)
     choice = fused._path_choice(torch.device("cuda"))
-    m = choice.fold_from_m_two_passes
+    m = max(choice.fold_from_m_two_passes, choice.mma_max_m + 1)  # the first M the wrapper folds
     x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
     y = fused.fused_linear(x, prep.passes, prep.codebook, group_size=128, partial=None, bias=prep.bias,
                            out_dtype=torch.bfloat16)
