@@ -64,6 +64,14 @@ class GemvConfig:
     #: rather than by every program: no d² rotation read and no dot per program, one
     #: launch more (the same float32 rows, bit for bit)
     prerotate: bool = False
+    #: both indices of a byte looked up by one 8-byte load from a 32 KB table (pairs.py):
+    #: 19 instructions a word of eight weights where the single-centroid table takes 26,
+    #: the same float32 centroids (the same output, bit for bit); needs at least 4 warps
+    pairs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pairs and self.warps < 4:
+            raise ValueError(f"GemvConfig: pairs=True fills its table with at least 4 warps, got warps={self.warps}")
 
 
 @dataclass(frozen=True)

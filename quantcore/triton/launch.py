@@ -67,6 +67,7 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from .direct_launch import DirectLaunch, direct_launch
+from .static_shared import opt_in
 
 __all__ = ["Launch", "launch_state"]
 
@@ -91,18 +92,21 @@ def _constexpr_names(fn: Any) -> list[str]:
 
 
 class _Cuda:
-    """What a launch asks the CUDA runtime, looked up on first use (the CPU build of torch
-    lacks the raw queries; tests replace all three): the current device, its current
-    stream, and the guard that makes another device current."""
+    """What a launch asks the CUDA runtime and driver, looked up on first use (the CPU build
+    of torch lacks the raw queries; tests replace them): the current device, its current
+    stream, the guard that makes another device current, and the shared-memory opt-in of
+    a compiled kernel before its first launch (:mod:`.static_shared`)."""
 
     device: Callable[[], int] | None = None
     stream: Callable[[int], int] | None = None
     guard: Callable[[int], Any] = torch.cuda.device
+    shared_opt_in: Callable[[Any], object] = staticmethod(lambda kernel: None)
 
     @classmethod
     def load(cls) -> None:
         cls.device = torch._C._cuda_getDevice  # type: ignore[attr-defined]
         cls.stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
+        cls.shared_opt_in = staticmethod(opt_in)
 
 
 class _Bound:
@@ -272,9 +276,13 @@ class Launch:
             if args[i] is not None and not isinstance(args[i], torch.Tensor):
                 raise TypeError(f"{self._fn.__name__}: fixed pointer position {i} ({self._fn.arg_names[i]}) "
                                 f"expects a tensor or None, got a {type(args[i]).__qualname__}")
-        kernel = self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+        # Compiled and loaded first, so that a kernel with a static table of its own may be
+        # allowed the shared memory it needs (static_shared.py) before it launches.
+        kernel = self._fn.run(*args, grid=grid, warmup=True, **self._kwargs)
         if hasattr(kernel, "result"):  # compiled asynchronously
             kernel = kernel.result()
+        _Cuda.shared_opt_in(kernel)
+        self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
         caches = self._fn.device_caches[index]
         if self._key is None:
             self._key = _key_function(self._fn, self.varying, caches[3])

@@ -71,7 +71,8 @@ class FakeJIT(JITFunction):
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> FakeCompiled:
         _, spec, _ = self.device_caches[0][4](*args, **kwargs)
         kernel = self.compiled.setdefault(repr(spec), FakeCompiled(spec, self.fast))
-        self.slow.append((kernel, grid, *args))
+        if not warmup:  # warmup compiles (and loads) only
+            self.slow.append((kernel, grid, *args))
         return kernel
 
 
@@ -257,3 +258,25 @@ def test_launch_state_is_kept_per_object_and_dropped_with_it() -> None:
     del a
     gc.collect()
     assert len(launch_mod._states) == before - 1
+
+
+def test_the_compiled_kernel_is_allowed_its_shared_memory_before_its_first_launch(
+    cuda: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fn = FakeJIT(scale_kernel)
+    order: list[tuple[str, Any]] = []
+    monkeypatch.setattr(launch_mod._Cuda, "shared_opt_in", lambda kernel: order.append(("opt in", kernel)))
+    real_run = fn.run
+
+    def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> FakeCompiled:
+        kernel = real_run(*args, grid=grid, warmup=warmup, **kwargs)
+        order.append(("compiled" if warmup else "launched", kernel))
+        return kernel
+
+    monkeypatch.setattr(fn, "run", run)
+    launch = Launch(fn, constexprs={"SCALE": 1.0, "BLOCK": 64}, varying=(0, 2), device=torch.device("cuda", 0))
+    x, y = _aligned(), _aligned()
+    launch((1, 1, 1), x, y, 5, 64)
+    launch((1, 1, 1), x, y, 7, 64)  # bound: no second opt-in
+    kernel = fn.slow[0][0]
+    assert order == [("compiled", kernel), ("opt in", kernel), ("launched", kernel)]

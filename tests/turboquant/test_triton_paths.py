@@ -67,6 +67,24 @@ def test_decode_kernel_ragged_last_split_with_partial() -> None:
            with_partial=True)
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["one-pass", "residual"])
+def test_decode_kernel_with_paired_lookups(residual: bool) -> None:
+    """``pairs``: both indices of a byte looked up at once (pairs.py). The interpreter runs
+    the kernel's paired plumbing with plain loads; the PTX lookup is checked bit for bit
+    against the single lookup on the GPU (tests/turboquant/test_cuda_gemv_pairs.py)."""
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+
+    _check(TurboQuant(group_size=64, residual=residual), 70, 640, 1, "gemv",
+           GemvConfig(gpc=4, ctas=9, br=8, warps=4, unroll=1, pairs=True), with_partial=True, calls=2)
+
+
+def test_paired_lookups_need_four_warps() -> None:
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+
+    with pytest.raises(ValueError, match="at least 4 warps"):
+        GemvConfig(warps=2, pairs=True)
+
+
 def test_decode_kernel_with_a_rotation_per_group() -> None:
     _check(TurboQuant(group_size=64, rotation_per_group=True, residual=True), 48, 256, 1, "gemv")
 

@@ -47,6 +47,14 @@ GEMV_RES += [c for c in configs.GEMV_VARIANTS if c.unroll == 1]
 MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4, 4, 264)],
        128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
 CROSSOVER_M = (256, 512, 1024)
+#: ``--gemv-only``: the decode kernel with both indices of a byte looked up at once
+#: (``pairs.py``), timed beside the card's shipped plan and that plan with pairs; each
+#: pairs candidate is also checked bit for bit against its single-centroid twin.
+_P = dict(pairs=True)
+GEMV_PAIRS = {1: [G(8, 396, 8, 8, 3, **_P), G(8, 264, 8, 8, 3, **_P), G(8, 264, 16, 8, 1, **_P),
+                  G(8, 264, 16, 8, 1, maxnreg=128, **_P), G(16, 264, 8, 8, 1, **_P), G(8, 264, 8, 8, 1, **_P)],
+              2: [G(8, 264, 8, 8, 1, **_P), G(8, 396, 8, 8, 1, **_P), G(8, 264, 4, 8, 1, **_P),
+                  G(16, 264, 8, 8, 1, **_P)]}
 #: ``--mma-only``: tiles for the weight operand in the matrix unit's register layout (76
 #: registers and 28 KB at 64×16 on sm_90, six programs an SM instead of four: more
 #: programs and stages fit), timed beside the card's shipped plan at each M bucket.
@@ -60,7 +68,10 @@ MMA_REGISTER = {
 }
 
 
-def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]], rounds: int) -> list[tuple[float, str, Any]]:
+def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]], rounds: int,
+          twins: bool = False) -> list[tuple[float, str, Any]]:
+    """The candidates that are right, fastest first. ``twins``: a decode config with
+    ``pairs`` must also give exactly the output of the same config without it."""
     fmt = TurboQuant(bits=4, group_size=128, residual=passes == 2)
     sets = rotation_sets(format_bytes(fmt, m, k, n), DEVICE)
     weights = _weights(fmt, k, n, sets, DEVICE)
@@ -83,10 +94,22 @@ def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]]
         if err > 2e-2:
             print(f"  K{k} N{n} M{m} P{passes} {path} {cfg}: wrong (rel error {err:.3g})", file=sys.stderr)
             continue
+        if twins and getattr(cfg, "pairs", False):
+            twin = dataclasses.replace(cfg, pairs=False)
+            same = torch.equal(run(0), run(0, cfg=twin))
+            _checks.append({"K": k, "N": n, "passes": passes, "config": dataclasses.asdict(cfg), "rel_error": err,
+                            "bit_identical_to_single_lookup": same})
+            if not same:
+                print(f"  K{k} N{n} P{passes} {cfg}: differs from its single-lookup twin", file=sys.stderr)
+                continue
         fns.append(run)
         kept.append((path, cfg))
     timings = time_interleaved(fns, DEVICE, rounds=rounds, graph=True, sets=[sets] * len(fns))
     return sorted((t.median_s, path, cfg) for t, (path, cfg) in zip(timings, kept, strict=True))
+
+
+#: The pairs checks of a ``--gemv-only`` run (written beside its log).
+_checks: list[dict[str, Any]] = []
 
 
 def main() -> int:
@@ -97,6 +120,8 @@ def main() -> int:
                     help="only the tensor-core kernel: the register-operand tiles beside the shipped plan, one "
                          "pass, at --ms; entries for these buckets only (to merge into the shipped table)")
     ap.add_argument("--ms", default="16,32,64,128")
+    ap.add_argument("--gemv-only", action="store_true",
+                    help="only the decode kernel: the pairs candidates beside the shipped plan, 1 and 2 passes")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     card = card_key(0)
@@ -128,6 +153,17 @@ def main() -> int:
         print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
 
+    if args.gemv_only:
+        for k, n in SHAPES:
+            for passes in (1, 2):
+                shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
+                cands = [shipped, dataclasses.replace(shipped, pairs=True)] + GEMV_PAIRS[passes]
+                unique = list(dict.fromkeys(cands))
+                record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in unique], args.rounds,
+                                                    twins=True))
+        with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+            json.dump({"device": device, "rows": log, "pairs_checks": _checks}, f, indent=1)
+        return 0
     if args.mma_only:
         for k, n in SHAPES:
             for m in (int(v) for v in args.ms.split(",")):
