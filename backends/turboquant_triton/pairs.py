@@ -56,14 +56,14 @@ _FILL = tl.constexpr(
 
 
 #: One word's eight centroids: the lane's copy offset once, then per byte its offset
-#: (moved to bits 7-14, masked, the copy's offset or-ed in) and one 8-byte load.
+#: (moved to bits 7-14, masked, the copy's offset in bits 3-6 or-ed in) plus the table's
+#: address, and one 8-byte load.
 _WORD = tl.constexpr(
-    "{ .reg .u32 o, l, b; mov.u32 l, %laneid; and.b32 l, l, 15; shl.b32 l, l, 3;"
-    " mov.u32 b, qc_pairs; or.b32 l, l, b;"
-    " shl.b32 o, $8, 7; and.b32 o, o, 0x7F80; or.b32 o, o, l; ld.shared.v2.f32 {$0, $1}, [o];"
-    " and.b32 o, $8, 0xFF00; shr.u32 o, o, 1; or.b32 o, o, l; ld.shared.v2.f32 {$2, $3}, [o];"
-    " shr.u32 o, $8, 9; and.b32 o, o, 0x7F80; or.b32 o, o, l; ld.shared.v2.f32 {$4, $5}, [o];"
-    " shr.u32 o, $8, 17; and.b32 o, o, 0x7F80; or.b32 o, o, l; ld.shared.v2.f32 {$6, $7}, [o]; }")
+    "{ .reg .u32 o, l, b; mov.u32 l, %laneid; and.b32 l, l, 15; shl.b32 l, l, 3; mov.u32 b, qc_pairs;"
+    " shl.b32 o, $8, 7; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$0, $1}, [o];"
+    " and.b32 o, $8, 0xFF00; shr.u32 o, o, 1; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$2, $3}, [o];"
+    " shr.u32 o, $8, 9; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$4, $5}, [o];"
+    " shr.u32 o, $8, 17; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$6, $7}, [o]; }")
 
 
 @triton.jit

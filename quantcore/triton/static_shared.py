@@ -21,6 +21,7 @@ __all__ = ["DEFAULT_LIMIT", "opt_in"]
 DEFAULT_LIMIT = 48 * 1024
 _SHARED_SIZE_BYTES = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: the static part
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_PREFER_SHARED = 1  # CU_FUNC_CACHE_PREFER_SHARED
 
 
 @functools.cache
@@ -43,6 +44,11 @@ def opt_in(kernel: Any, driver: Any = None) -> int:
     if dynamic > DEFAULT_LIMIT or static.value + dynamic <= DEFAULT_LIMIT:
         return static.value  # Triton raised the limit itself, or none is needed
     rc = lib.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(dynamic))
+    if rc == 0:
+        # As Triton does for its own large kernels: the largest shared-memory carve-out, so
+        # that as many blocks share an SM as their registers allow (the driver's default
+        # carve-out may leave room for one).
+        rc = lib.cuFuncSetCacheConfig(function, _PREFER_SHARED)
     if rc != 0:
         raise RuntimeError(f"{kernel.name}: {static.value} bytes of static and {dynamic} of dynamic shared memory "
                            f"a block: the driver refused the opt-in (CUDA error {rc})")

@@ -29,6 +29,10 @@ class Driver:
         self.set.append((attribute, value.value))
         return self.refuse
 
+    def cuFuncSetCacheConfig(self, function: ctypes.c_void_p, config: int) -> int:
+        self.set.append((-1, config))
+        return 0
+
 
 def _kernel(dynamic: int) -> Any:
     loaded: list[bool] = []
@@ -39,7 +43,7 @@ def _kernel(dynamic: int) -> Any:
 @pytest.mark.parametrize(
     ("static", "dynamic", "expected"),
     [
-        (32 * 1024, 36 * 1024, [(8, 36 * 1024)]),  # together above 48 KB: raised to Triton's size
+        (32 * 1024, 36 * 1024, [(8, 36 * 1024), (-1, 1)]),  # above 48 KB together: raised, carve-out for shared
         (1024, 36 * 1024, []),  # within 48 KB: left as loaded
         (32 * 1024, 64 * 1024, []),  # Triton raised it itself (its own part above 48 KB)
         (0, DEFAULT_LIMIT, []),
