@@ -137,10 +137,12 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
         DEQUANT_ROWS,
         DEQUANT_WARPS,
     )
+    from quantcore.probe.card import CardKey
     from quantcore.probe.card_tables import H100_SXM
 
     rows: list[dict[str, Any]] = []
-    shipped = configs.table(H100_SXM).values()
+    h200 = CardKey("sm_90", 132, 227, 4)
+    shipped = [*configs.table(H100_SXM).values(), *configs.table(h200).values()]
     gemv_cfgs = {configs.GemvConfig(), configs.gemv_config(None, 4096, 14336, 128, 2, "bfloat16")}
     gemv_cfgs |= {c for c in shipped if isinstance(c, configs.GemvConfig)}
     gemv_cfgs |= set(configs.GEMV_VARIANTS)
@@ -151,11 +153,12 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
             const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
                          ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
                          TWO_PASSES=two, X_ROTATED=cfg.prerotate, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
-                         INTERPRET=False)
+                         PAIRS=cfg.pairs, INTERPRET=False)
             runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
             if cfg.prerotate:  # the float32 rows gemv.rotate_kernel writes
                 runtime |= {"x_ptr": "*fp32", "x2_ptr": "*fp32"}
-            dump = sass_dir / f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{cfg.maxnreg}-r{int(cfg.prerotate)}-{int(two)}.sass" if sass_dir else None
+            name = f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{cfg.maxnreg}-r{int(cfg.prerotate)}-p{int(cfg.pairs)}-{int(two)}"
+            dump = sass_dir / f"{name}.sass" if sass_dir else None
             res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump, cfg.maxnreg)
             loop = _longest_loop(res.pop("sass"))
             # weights a thread handles in one pass of the loop body (unrolled steps)
