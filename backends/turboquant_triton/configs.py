@@ -45,6 +45,10 @@ ROTATION_ENV = "QUANTCORE_TURBOQUANT_MMA_ROTATION"
 MMA_ROTATIONS = ("outside", "kernel", "once")
 
 
+#: The decode kernel's codebook lookups (``GemvConfig.lookup``), in ``pairs.py``'s order.
+LOOKUPS = ("single", "pairs", "half_pairs")
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """Decode kernel: ``gpc`` groups per program, about ``ctas`` programs, ``br`` rows a
@@ -64,14 +68,19 @@ class GemvConfig:
     #: rather than by every program: no d² rotation read and no dot per program, one
     #: launch more (the same float32 rows, bit for bit)
     prerotate: bool = False
-    #: both indices of a byte looked up by one 8-byte load from a 32 KB table (pairs.py):
-    #: 19 instructions a word of eight weights where the single-centroid table takes 26,
-    #: the same float32 centroids (the same output, bit for bit); needs at least 4 warps
-    pairs: bool = False
+    #: the codebook lookup (pairs.py): ``single`` (one index a shared-memory load),
+    #: ``pairs`` (both indices of a byte in one 8-byte load, the same float32 centroids:
+    #: the same output, bit for bit) or ``half_pairs`` (both in one 4-byte load of fp16
+    #: centroids: half the shared-memory bytes; a codebook outside fp16's normal range takes
+    #: ``pairs``). A pair table needs at least 4 warps to fill.
+    lookup: str = "single"
 
     def __post_init__(self) -> None:
-        if self.pairs and self.warps < 4:
-            raise ValueError(f"GemvConfig: pairs=True fills its table with at least 4 warps, got warps={self.warps}")
+        if self.lookup not in LOOKUPS:
+            raise ValueError(f"GemvConfig: lookup expected one of {LOOKUPS}, got {self.lookup!r}")
+        if self.lookup != "single" and self.warps < 4:
+            raise ValueError(f"GemvConfig: lookup={self.lookup!r} fills its table with at least 4 warps, "
+                             f"got warps={self.warps}")
 
 
 @dataclass(frozen=True)

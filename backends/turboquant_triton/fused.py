@@ -54,6 +54,7 @@ from .gemv import gemv_kernel, rotate_kernel
 from .lookup import to_output
 from .mma import mma_kernel
 from .operand import MIN_GROUP, coordinate_order
+from .pairs import half_codebook
 from .workspace import rotation_buffers, split_k_buffers
 
 __all__ = ["fused_linear", "interpreting"]
@@ -175,6 +176,14 @@ class _Bucket:
         return self.rotate is None or self.rotate.current()
 
 
+def _lookup(asked: str, codebook: torch.Tensor, device: torch.device) -> str:
+    """``asked``, or ``pairs`` in place of ``half_pairs`` where the codebook does not round to
+    fp16 within 2⁻¹¹ or cannot be read now (a bucket first made inside a CUDA-graph capture)."""
+    if asked != "half_pairs":
+        return asked
+    return "half_pairs" if not capturing(device) and half_codebook(codebook) else "pairs"
+
+
 class _Gemv(_Bucket):
     def __init__(self, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
                  partial: bool, bias: torch.Tensor | None, device: torch.device,
@@ -211,7 +220,7 @@ class _Gemv(_Bucket):
                 HAS_BIAS=bias is not None, INTERPRET=interpreting(),
                 # x and Π of different dtypes (a float32 layer called in bf16) meet in float32.
                 DOT_FP32=_dot_fp32(x_dot) or x_dot != passes[0].rotation.dtype,
-                PAIRS=cfg.pairs,
+                LOOKUP=configs.LOOKUPS.index(_lookup(cfg.lookup, codebook, device)),
             ),
         )
 

@@ -31,7 +31,7 @@ import triton.language as tl
 from quantcore.triton.interpreter import serialize_launches
 
 from .lookup import codebook_table, nibble_values, rotated_planes, to_output
-from .pairs import lane_offsets, pair_table, pair_values
+from .pairs import pair_table, pair_values
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
@@ -109,16 +109,16 @@ def _load_words(idx_ptr, rows, rmask, cols, stride_idx, g0, WPG: tl.constexpr,
 
 
 @triton.jit
-def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr, lane8,
-              BR: tl.constexpr, CW: tl.constexpr, PAIRS: tl.constexpr, INTERPRET: tl.constexpr):
+def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr,
+              BR: tl.constexpr, CW: tl.constexpr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr):
     """Σ_groups scale · Σ_coords c[idx]·x_rot for the BR rows of a word tile: [BR].
 
     The word tile is laid out 4 words (one 16-byte vector) per thread, 32 threads along
     a row; the 4 words of a thread lie in one group, so the thread's partial takes its
-    group's scale before the sum across the row's threads (``s`` is [BR, CW/4]). ``PAIRS``:
-    both nibbles of a byte looked up at once (``pairs.py``; ``lane8`` its table copies)."""
-    if PAIRS:
-        v0, v1, v2, v3, v4, v5, v6, v7 = pair_values(w, tl.broadcast_to(lane8[None, :], [BR, CW]), cb_ptr, INTERPRET)
+    group's scale before the sum across the row's threads (``s`` is [BR, CW/4]). ``LOOKUP``
+    other than 0: both nibbles of a byte looked up at once (``pairs.py``)."""
+    if LOOKUP != 0:
+        v0, v1, v2, v3, v4, v5, v6, v7 = pair_values(w, cb_ptr, LOOKUP, INTERPRET)
     else:
         v0, v1, v2, v3, v4, v5, v6, v7 = nibble_values(w, cb_ptr, INTERPRET)
     acc = v0 * x0[None, :]
@@ -181,7 +181,7 @@ def gemv_kernel(
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
     ROWS_CTA: tl.constexpr, BR: tl.constexpr, TAIL: tl.constexpr, UNROLL: tl.constexpr, TWO_PASSES: tl.constexpr,
     X_ROTATED: tl.constexpr, HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DOT_FP32: tl.constexpr, PAIRS: tl.constexpr, INTERPRET: tl.constexpr,
+    DOT_FP32: tl.constexpr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     split = tl.program_id(1)
@@ -192,7 +192,6 @@ def gemv_kernel(
     STEPS: tl.constexpr = ROWS_CTA // BR
     row0 = chunk * ROWS_CTA
     cols = tl.arange(0, CW)
-    lane8 = lane_offsets(cols)
     br = tl.arange(0, BR)
 
     # Three steps of index words and scales in flight before the rotation's latency; the
@@ -214,8 +213,8 @@ def gemv_kernel(
         u = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
         u1 = _load_scales(scale2_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
         u2 = _load_scales(scale2_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-    if PAIRS:
-        pair_table(cb_ptr, INTERPRET)
+    if LOOKUP != 0:
+        pair_table(cb_ptr, LOOKUP, INTERPRET)
     else:
         codebook_table(cb_ptr, INTERPRET)
     a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
@@ -230,11 +229,11 @@ def gemv_kernel(
         nmask = (nxt < N) & (step + 3 < STEPS)
         w3 = _load_words(idx_ptr, nxt, nmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
         s3 = _load_scales(scale_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-        res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, lane8, BR, CW, PAIRS, INTERPRET)
+        res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, BR, CW, LOOKUP, INTERPRET)
         if TWO_PASSES:
             v3 = _load_words(idx2_ptr, nxt, nmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
             u3 = _load_scales(scale2_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-            res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, u, cb_ptr, lane8, BR, CW, PAIRS, INTERPRET)
+            res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, u, cb_ptr, BR, CW, LOOKUP, INTERPRET)
             v, v1, v2 = v1, v2, v3
             u, u1, u2 = u1, u2, u3
         rmask = rows < N

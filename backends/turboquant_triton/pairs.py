@@ -1,34 +1,36 @@
 """Codebook lookups two weights at a time, for the decode kernel (``gemv.py``).
 
 A byte of an index word holds two indices: coordinate 2j in its low nibble, 2j + 1 in its
-high one (``lookup.py``). The pair table holds, for every byte value e, the two float32
-centroids ``(c[e & 15], c[e >> 4])``: one 8-byte ``LDS.64`` looks both up. Per byte that
-is a shift, one ``LOP3`` (mask and the lane's replica offset), the load and the two FMAs —
-19 instructions per word of eight weights where the single-centroid table
-(``lookup.nibble_values``) takes 26: two masks and a byte permute per index, one ``LDS``
-each. The centroids are the same float32 values, so the products and their order are
-the same: the kernel's output is bit for bit that of the single-centroid lookup.
+high one (``lookup.py``). A pair table holds, for every byte value e, the two centroids
+``(c[e & 15], c[e >> 4])``, so one shared-memory load looks both up. Per byte that is a
+shift, one ``LOP3`` (mask and the lane's copy offset), the load and the two FMAs, where the
+single-centroid table (``lookup.nibble_values``) takes two masks and a byte permute per
+index and one ``LDS`` each. Two tables (``LOOKUP`` in the kernel, ``GemvConfig.lookup``):
 
-Bank conflicts. Shared memory serves 128 bytes a cycle; a warp's 8-byte loads are served
-as two halves of 16 lanes. 256 entries of 8 bytes in one copy would put two lanes of a
-half on one bank pair whenever their bytes differ modulo 16. So the table is kept 16
-times, entry e of copy r at ``e · 128 + r · 8``, and lane l reads copy ``l mod 16``: the
-16 lanes of a half read 16 different bank pairs whatever their bytes — one wavefront per
-half, as many bytes a cycle as the single-centroid lookup. 32 KB of static shared memory
-(``PAIR_TABLE_BYTES``); beside Triton's own dynamic shared memory the kernel needs more than
-48 KB a block, which :func:`quantcore.triton.launch.opt_in_shared` allows before its first
-launch.
+* ``PAIRS`` — float32 pairs, one 8-byte ``LDS.64``. The same float32 centroids as the single
+  lookup, the same products in the same order: the output is bit for bit the single
+  lookup's. 256 entries × 16 copies × 8 bytes: lane l reads copy ``l mod 16`` at
+  ``e · 128 + (l mod 16) · 8``, so the 16 lanes of a half-warp (how 8-byte loads are served)
+  read 16 different bank pairs whatever their bytes. As many shared-memory bytes a weight
+  (4) as the single lookup.
+* ``HALF_PAIRS`` — the pair as two fp16 in one 4-byte ``LDS`` and two conversions to float32:
+  half the shared-memory bytes a weight (2). 256 entries × 32 copies × 4 bytes: lane l reads
+  copy l at ``e · 128 + l · 4``, one bank per lane. The centroids are rounded to fp16 once
+  (relative error at most 2⁻¹¹ where they are normal fp16 numbers); a codebook with a value
+  outside fp16's normal range never takes it (``half_codebook``).
 
-The copy a lane reads is computed from the word's column in the tile (``lane_offsets``):
-the decode tile puts 4 consecutive words of a row on one thread and 32 threads along the
-row, so column c sits on lane (c / 4) mod 32. Were the compiler to lay the tile out
-otherwise, a lane would read another copy: the same values, more wavefronts.
+Either table is 32 KB of static shared memory: beside the kernel's own shared memory the
+block needs more than 48 KB, which ``quantcore/triton/static_shared.py`` allows before the
+first launch. The copy a lane reads is taken from ``%laneid``, so it holds whatever layout
+the compiler gives the word tile.
 
-Under the interpreter there is no PTX: the lookups are plain loads of the codebook.
+Under the interpreter there is no PTX: the lookups are plain loads of the codebook (rounded
+through fp16 for ``HALF_PAIRS``).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -36,66 +38,109 @@ from quantcore.triton.interpreter import serialize_launches
 
 serialize_launches()  # the interpreter's launches share module state: one at a time
 
-__all__ = ["PAIR_TABLE_BYTES", "lane_offsets", "pair_table", "pair_values"]
+__all__ = ["HALF_PAIRS", "PAIRS", "PAIR_TABLE_BYTES", "SINGLE", "half_codebook", "pair_table", "pair_values"]
 
-#: 256 byte values × 16 copies × two float32 centroids.
-PAIR_TABLE_BYTES = 256 * 16 * 8
-
-_FILL_ROUND = """
-  setp.lt.u32 p, e, 256;
-  and.b32 lo, e, 15; shr.u32 hi, e, 4; and.b32 hi, hi, 15;
-  mad.wide.u32 a, lo, 4, $1; @p ld.global.nc.b32 vl, [a];
-  mad.wide.u32 a, hi, 4, $1; @p ld.global.nc.b32 vh, [a];
-  mov.u32 s, qc_pairs; mad.lo.u32 s, e, 128, s;""" + "".join(
-    f"\n  @p st.shared.v4.b32 [s+{16 * i}], {{vl, vh, vl, vh}};" for i in range(8)) + "\n  add.u32 e, e, n;"
-#: Declares the table and fills it in two rounds of the block's threads.
-_FILL = tl.constexpr(
-    ".shared .align 1024 .b8 qc_pairs[32768];\n"
-    "{ .reg .pred p; .reg .u32 e, n, lo, hi, s; .reg .u64 a; .reg .b32 vl, vh;\n"
-    "  mov.u32 e, %tid.x; mov.u32 n, %ntid.x;" + _FILL_ROUND + _FILL_ROUND + "\n  mov.u32 $0, 0; }")
+#: The kernel's ``LOOKUP`` values.
+SINGLE = 0
+PAIRS = 1
+HALF_PAIRS = 2
+#: Either pair table: 256 byte values × 128 bytes of copies.
+PAIR_TABLE_BYTES = 256 * 128
 
 
-#: One word's eight centroids: the lane's copy offset once, then per byte its offset
-#: (moved to bits 7-14, masked, the copy's offset in bits 3-6 or-ed in) plus the table's
-#: address, and one 8-byte load.
-_WORD = tl.constexpr(
-    "{ .reg .u32 o, l, b; mov.u32 l, %laneid; and.b32 l, l, 15; shl.b32 l, l, 3; mov.u32 b, qc_pairs;"
-    " shl.b32 o, $8, 7; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$0, $1}, [o];"
-    " and.b32 o, $8, 0xFF00; shr.u32 o, o, 1; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$2, $3}, [o];"
-    " shr.u32 o, $8, 9; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$4, $5}, [o];"
-    " shr.u32 o, $8, 17; and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; ld.shared.v2.f32 {$6, $7}, [o]; }")
+def _fill(table: str, entry: str) -> tl.constexpr:
+    """Declare ``table`` and fill it in two rounds of the block's threads (at least 128):
+    thread t writes entry t and t + threads, each entry 128 bytes of copies of ``v``, which
+    ``entry`` makes from the two centroids ``fl`` and ``fh`` (float32)."""
+    one_round = (
+        "\n  setp.lt.u32 p, e, 256;"
+        "\n  and.b32 lo, e, 15; shr.u32 hi, e, 4; and.b32 hi, hi, 15;"
+        "\n  mad.wide.u32 a, lo, 4, $1; @p ld.global.nc.f32 fl, [a];"
+        "\n  mad.wide.u32 a, hi, 4, $1; @p ld.global.nc.f32 fh, [a];"
+        f"\n  {entry}"
+        f"\n  mov.u32 s, {table}; mad.lo.u32 s, e, 128, s;"
+        + "".join(f"\n  @p st.shared.v4.b32 [s+{16 * i}], {{v0, v1, v0, v1}};" for i in range(8))
+        + "\n  add.u32 e, e, n;"
+    )
+    return tl.constexpr(
+        f".shared .align 1024 .b8 {table}[32768];\n"
+        "{ .reg .pred p; .reg .u32 e, n, lo, hi, s; .reg .u64 a; .reg .f32 fl, fh; .reg .b32 v0, v1;"
+        " .reg .b16 hl, hh;\n  mov.u32 e, %tid.x; mov.u32 n, %ntid.x;" + one_round + one_round
+        + "\n  mov.u32 $0, 0; }")
+
+
+#: float32 pairs: v0, v1 = the two centroids (an 8-byte entry, twice per 16-byte store).
+_FILL_PAIRS = _fill("qc_pairs", "mov.b32 v0, fl; mov.b32 v1, fh;")
+#: fp16 pairs: v0 = v1 = both centroids rounded to fp16 (a 4-byte entry, four per store).
+_FILL_HALF = _fill("qc_pairs16", "cvt.rn.f16.f32 hl, fl; cvt.rn.f16.f32 hh, fh; mov.b32 v0, {hl, hh}; mov.b32 v1, v0;")
+
+_SHIFTS = ("shl.b32 o, $8, 7;", "shr.u32 o, $8, 1;", "shr.u32 o, $8, 9;", "shr.u32 o, $8, 17;")
+
+
+def _word(table: str, copy: str, load: str) -> tl.constexpr:
+    """One word's eight centroids: the lane's copy offset (``copy``: into ``l``) once, then
+    per byte its offset (moved to bits 7-14, masked, the copy's or-ed in) plus the table's
+    address and ``load`` (``{j}``: the byte, its two results ``$2j``, ``$2j+1``)."""
+    body = "".join(f" {shift} and.b32 o, o, 0x7F80; or.b32 o, o, l; add.u32 o, o, b; "
+                   + load.format(lo=2 * j, hi=2 * j + 1) for j, shift in enumerate(_SHIFTS))
+    return tl.constexpr("{ .reg .u32 o, l, b, v; .reg .b16 h0, h1; mov.u32 l, %laneid; " + copy
+                        + f" mov.u32 b, {table};" + body + " }")
+
+
+_WORD_PAIRS = _word("qc_pairs", "and.b32 l, l, 15; shl.b32 l, l, 3;", "ld.shared.v2.f32 {{${lo}, ${hi}}}, [o];")
+_WORD_HALF = _word("qc_pairs16", "shl.b32 l, l, 2;",
+                   "ld.shared.b32 v, [o]; mov.b32 {{h0, h1}}, v; cvt.f32.f16 ${lo}, h0; cvt.f32.f16 ${hi}, h1;")
 
 
 @triton.jit
-def pair_table(cb_ptr, INTERPRET: tl.constexpr):
-    """Declare the pair table and fill it: thread t writes entries t and t + (threads in the
-    block), every copy of each (at least 128 threads: 4 warps). The caller places a
-    barrier before the first lookup. A no-op under the interpreter."""
+def pair_table(cb_ptr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr):
+    """Declare the ``LOOKUP`` table and fill it; the caller places a barrier before the first
+    lookup. A no-op under the interpreter."""
     if not INTERPRET:
-        tl.inline_asm_elementwise(_FILL, "=r,l", [cb_ptr], dtype=tl.int32, is_pure=False, pack=1)
+        if LOOKUP == 1:
+            tl.inline_asm_elementwise(_FILL_PAIRS, "=r,l", [cb_ptr], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(_FILL_HALF, "=r,l", [cb_ptr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def lane_offsets(cols):
-    """The byte offset of the table copy each column's lane reads: 8 · ((c / 4) mod 16)."""
-    return ((cols // 4) % 16) * 8
+def _plain(w, cb_ptr, SHIFT: tl.constexpr, LOOKUP: tl.constexpr):
+    v = tl.load(cb_ptr + ((w >> SHIFT) & 15))
+    if LOOKUP == 2:
+        v = v.to(tl.float16).to(tl.float32)
+    return v
 
 
 @triton.jit
-def pair_values(w, lane8, cb_ptr, INTERPRET: tl.constexpr):
+def pair_values(w, cb_ptr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr):
     """The centroids of the eight nibbles of every word in ``w`` (uint32), plane k for
-    coordinate 8i + k, as ``lookup.nibble_values`` returns them; ``lane8`` is
-    :func:`lane_offsets` of the words' columns, broadcast to ``w``'s shape."""
+    coordinate 8i + k, as ``lookup.nibble_values`` returns them, from the ``LOOKUP`` table."""
     if INTERPRET:
-        v0 = tl.load(cb_ptr + (w & 15))
-        v1 = tl.load(cb_ptr + ((w >> 4) & 15))
-        v2 = tl.load(cb_ptr + ((w >> 8) & 15))
-        v3 = tl.load(cb_ptr + ((w >> 12) & 15))
-        v4 = tl.load(cb_ptr + ((w >> 16) & 15))
-        v5 = tl.load(cb_ptr + ((w >> 20) & 15))
-        v6 = tl.load(cb_ptr + ((w >> 24) & 15))
-        v7 = tl.load(cb_ptr + ((w >> 28) & 15))
+        v0 = _plain(w, cb_ptr, 0, LOOKUP)
+        v1 = _plain(w, cb_ptr, 4, LOOKUP)
+        v2 = _plain(w, cb_ptr, 8, LOOKUP)
+        v3 = _plain(w, cb_ptr, 12, LOOKUP)
+        v4 = _plain(w, cb_ptr, 16, LOOKUP)
+        v5 = _plain(w, cb_ptr, 20, LOOKUP)
+        v6 = _plain(w, cb_ptr, 24, LOOKUP)
+        v7 = _plain(w, cb_ptr, 28, LOOKUP)
+    elif LOOKUP == 1:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _WORD_PAIRS, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
     else:
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
-            _WORD, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+            _WORD_HALF, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
     return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+#: fp16's largest finite value and smallest normal one.
+_HALF_MAX = 65504.0
+_HALF_MIN_NORMAL = 2.0**-14
+
+
+def half_codebook(codebook: torch.Tensor) -> bool:
+    """Whether every centroid of ``codebook`` is zero or a normal fp16 number in magnitude,
+    so that rounding it to fp16 costs at most 2⁻¹¹ of its value (reads it: one copy to the
+    host)."""
+    mags = codebook.detach().abs().to("cpu", torch.float64)
+    return bool(((mags == 0) | ((mags >= _HALF_MIN_NORMAL) & (mags <= _HALF_MAX))).all())

@@ -67,22 +67,39 @@ def test_decode_kernel_ragged_last_split_with_partial() -> None:
            with_partial=True)
 
 
+@pytest.mark.parametrize("lookup", ["pairs", "half_pairs"])
 @pytest.mark.parametrize("residual", [False, True], ids=["one-pass", "residual"])
-def test_decode_kernel_with_paired_lookups(residual: bool) -> None:
-    """``pairs``: both indices of a byte looked up at once (pairs.py). The interpreter runs
-    the kernel's paired plumbing with plain loads; the PTX lookup is checked bit for bit
-    against the single lookup on the GPU (tests/turboquant/test_cuda_gemv_pairs.py)."""
+def test_decode_kernel_with_paired_lookups(residual: bool, lookup: str) -> None:
+    """Both indices of a byte looked up at once (pairs.py). The interpreter runs the
+    kernel's paired plumbing with plain loads (fp16-rounded centroids for ``half_pairs``);
+    the PTX lookups are checked on the GPU (tests/turboquant/test_cuda_gemv_pairs.py)."""
     from quantcore.backends.turboquant_triton.configs import GemvConfig
 
     _check(TurboQuant(group_size=64, residual=residual), 70, 640, 1, "gemv",
-           GemvConfig(gpc=4, ctas=9, br=8, warps=4, unroll=1, pairs=True), with_partial=True, calls=2)
+           GemvConfig(gpc=4, ctas=9, br=8, warps=4, unroll=1, lookup=lookup), with_partial=True, calls=2)
 
 
-def test_paired_lookups_need_four_warps() -> None:
+def test_paired_lookups_need_four_warps_and_a_known_name() -> None:
     from quantcore.backends.turboquant_triton.configs import GemvConfig
 
     with pytest.raises(ValueError, match="at least 4 warps"):
-        GemvConfig(warps=2, pairs=True)
+        GemvConfig(warps=2, lookup="pairs")
+    with pytest.raises(ValueError, match="lookup expected one of"):
+        GemvConfig(lookup="quads")
+
+
+def test_a_codebook_outside_fp16_takes_the_float32_pairs() -> None:
+    from quantcore.backends.turboquant_triton.fused import _lookup
+    from quantcore.backends.turboquant_triton.pairs import half_codebook
+
+    cpu = torch.device("cpu")
+    standard = TurboQuant(group_size=64).quantize(torch.randn(4, 64))["codebook"]
+    assert half_codebook(standard) and _lookup("half_pairs", standard, cpu) == "half_pairs"
+    for bad in (1e5, 1e-6):  # above fp16's largest value, below its smallest normal one
+        odd = standard.clone()
+        odd[3] = bad
+        assert not half_codebook(odd) and _lookup("half_pairs", odd, cpu) == "pairs"
+    assert _lookup("pairs", standard, cpu) == "pairs" and _lookup("single", standard, cpu) == "single"
 
 
 def test_decode_kernel_with_a_rotation_per_group() -> None:

@@ -1,5 +1,5 @@
-"""Run the decode kernel at 4096 × 14336, M = 1, bf16, with the single-centroid lookup and
-with paired lookups (``pairs.py``), the card's shipped geometry otherwise, for ``ncu``:
+"""Run the decode kernel at 4096 × 14336, M = 1, bf16, with each codebook lookup
+(``configs.LOOKUPS``, ``pairs.py``), the card's shipped geometry otherwise, for ``ncu``:
 
     ncu -k regex:gemv_kernel --section SpeedOfLight --section WarpStateStats \\
         --section Occupancy python -m tools.probes.turboquant_gemv_pairs_ncu
@@ -26,7 +26,7 @@ def main() -> None:
     prep = TurboQuantTriton(fmt, "cuda").prepare({k: v.cuda() for k, v in t.items()}, dtype=torch.bfloat16)
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
     shipped = configs.gemv_config(card_key(0), K, N, 128, 1, torch.bfloat16)
-    for cfg in (dataclasses.replace(shipped, pairs=False), dataclasses.replace(shipped, pairs=True)):
+    for cfg in (dataclasses.replace(shipped, lookup=lookup) for lookup in configs.LOOKUPS):
         print(cfg, flush=True)
         for _ in range(2):
             fused_linear(x, prep.passes, prep.codebook, group_size=128, partial=None, bias=None,

@@ -48,13 +48,12 @@ MMA = {16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 4, 4, 3, 528), Mm(64, 16, 8, 4,
        128: [Mm(64, 64, 4, 4, 3, 264), Mm(64, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264)]}
 CROSSOVER_M = (256, 512, 1024)
 #: ``--gemv-only``: the decode kernel with both indices of a byte looked up at once
-#: (``pairs.py``), timed beside the card's shipped plan and that plan with pairs; each
-#: pairs candidate is also checked bit for bit against its single-centroid twin.
-_P = dict(pairs=True)
-GEMV_PAIRS = {1: [G(8, 396, 8, 8, 3, **_P), G(8, 264, 8, 8, 3, **_P), G(8, 264, 16, 8, 1, **_P),
-                  G(8, 264, 16, 8, 1, maxnreg=128, **_P), G(16, 264, 8, 8, 1, **_P), G(8, 264, 8, 8, 1, **_P)],
-              2: [G(8, 264, 8, 8, 1, **_P), G(8, 396, 8, 8, 1, **_P), G(8, 264, 4, 8, 1, **_P),
-                  G(16, 264, 8, 8, 1, **_P)]}
+#: (``pairs.py``), timed beside the card's shipped plan and that plan with each pair
+#: table; a ``pairs`` candidate is also checked bit for bit against its single-lookup twin.
+_GEOMETRIES = {1: [G(8, 396, 8, 8, 3), G(8, 264, 16, 8, 1), G(16, 264, 8, 8, 1), G(8, 264, 8, 8, 1)],
+               2: [G(8, 264, 8, 8, 1), G(8, 396, 8, 8, 1), G(16, 264, 8, 8, 1)]}
+GEMV_PAIRS = {p: [dataclasses.replace(g, lookup=lk) for g in gs for lk in ("pairs", "half_pairs")]
+              for p, gs in _GEOMETRIES.items()}
 #: ``--mma-only``: tiles for the weight operand in the matrix unit's register layout (76
 #: registers and 28 KB at 64×16 on sm_90, six programs an SM instead of four: more
 #: programs and stages fit), timed beside the card's shipped plan at each M bucket.
@@ -94,12 +93,13 @@ def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]]
         if err > 2e-2:
             print(f"  K{k} N{n} M{m} P{passes} {path} {cfg}: wrong (rel error {err:.3g})", file=sys.stderr)
             continue
-        if twins and getattr(cfg, "pairs", False):
-            twin = dataclasses.replace(cfg, pairs=False)
-            same = torch.equal(run(0), run(0, cfg=twin))
+        if twins and getattr(cfg, "lookup", "single") != "single":
+            mine, single = run(0), run(0, cfg=dataclasses.replace(cfg, lookup="single"))
+            same = torch.equal(mine, single)
             _checks.append({"K": k, "N": n, "passes": passes, "config": dataclasses.asdict(cfg), "rel_error": err,
-                            "bit_identical_to_single_lookup": same})
-            if not same:
+                            "bit_identical_to_single_lookup": same,
+                            "rel_difference_to_single_lookup": _rel_error(mine, single.double())})
+            if cfg.lookup == "pairs" and not same:
                 print(f"  K{k} N{n} P{passes} {cfg}: differs from its single-lookup twin", file=sys.stderr)
                 continue
         fns.append(run)
@@ -157,7 +157,8 @@ def main() -> int:
         for k, n in SHAPES:
             for passes in (1, 2):
                 shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
-                cands = [shipped, dataclasses.replace(shipped, pairs=True)] + GEMV_PAIRS[passes]
+                cands = [dataclasses.replace(shipped, lookup=lk) for lk in ("single", "pairs", "half_pairs")]
+                cands += GEMV_PAIRS[passes]
                 unique = list(dict.fromkeys(cands))
                 record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in unique], args.rounds,
                                                     twins=True))
