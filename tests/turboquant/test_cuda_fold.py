@@ -14,6 +14,7 @@ import torch
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
+from tests.turboquant.cuda_layers import DTYPES, FORMATS, cuda_layer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -21,18 +22,11 @@ K, N, M = 1024, 200, 300  # N: a ragged last 128-row program
 
 
 def _layer(fmt: TurboQuant, dtype: torch.dtype, seed: int) -> tuple[dict[str, torch.Tensor], Any]:
-    from quantcore.backends.turboquant_triton import TurboQuantTriton
-
-    gen = torch.Generator().manual_seed(seed)
-    t = fmt.quantize(torch.randn(N, K, generator=gen) * 0.05, generator=gen)
-    t["bias"] = torch.randn(N, generator=gen)
-    return t, TurboQuantTriton(fmt, "cuda").prepare({k: v.cuda() for k, v in t.items()}, dtype=dtype)
+    return cuda_layer(fmt, N, K, dtype, seed)
 
 
-@pytest.mark.parametrize("fmt", [TurboQuant(group_size=128), TurboQuant(group_size=128, residual=True),
-                                 TurboQuant(group_size=64, residual=True, rotation_per_group=True)],
-                         ids=lambda f: f.slug)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_partial", [False, True], ids=["plain", "partial"])
 def test_fold_matches_the_golden_and_the_dequantize_path(fmt: TurboQuant, dtype: torch.dtype,
                                                          with_partial: bool) -> None:
