@@ -74,6 +74,10 @@ class GemvConfig:
     #: centroids: half the shared-memory bytes; a codebook outside fp16's normal range takes
     #: ``pairs``). A pair table needs at least 4 warps to fill.
     lookup: str = "single"
+    #: programmatic dependent launch (sm_90+): the launch may start while the kernel before
+    #: it finishes; its programs read the index words, scales, rotation and codebook first
+    #: and wait for that kernel before they read x or write anything (gemv.py)
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.lookup not in LOOKUPS:

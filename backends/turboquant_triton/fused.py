@@ -210,6 +210,9 @@ class _Gemv(_Bucket):
         options: dict[str, int] = dict(num_warps=cfg.warps, num_stages=1)
         if cfg.maxnreg and not interpreting():
             options["maxnreg"] = cfg.maxnreg
+        pdl = cfg.pdl and device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device) >= (9, 0)
+        if pdl:
+            options["launch_pdl"] = True
         self.launch = Launch(
             gemv_kernel, device=device, varying=GEMV_VARYING, options=options,
             fixed_pointers=GEMV_FIXED + ((GEMV_TICKETS,) if split == 1 else ()),
@@ -220,7 +223,7 @@ class _Gemv(_Bucket):
                 HAS_BIAS=bias is not None, INTERPRET=interpreting(),
                 # x and Π of different dtypes (a float32 layer called in bf16) meet in float32.
                 DOT_FP32=_dot_fp32(x_dot) or x_dot != passes[0].rotation.dtype,
-                LOOKUP=configs.LOOKUPS.index(_lookup(cfg.lookup, codebook, device)),
+                LOOKUP=configs.LOOKUPS.index(_lookup(cfg.lookup, codebook, device)), PDL=pdl,
             ),
         )
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from quantcore.triton.interpreter import serialize_launches
 
@@ -40,19 +41,24 @@ __all__ = ["gemv_kernel", "rotate_kernel"]
 
 @triton.jit
 def _rotated16(x_ptr, rot_ptr, g0, ROWS: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
-               X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr):
+               X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr, WAIT: tl.constexpr = False):
     """x_rot of groups g0 … g0+ROWS−1 as a [16, d] float32 tile (the other rows zero): one
     ``[16, d] × [d, d]`` dot, or the pre-rotated slice. :func:`rotate_kernel` calls it
-    with the same operands, so its rows are bit for bit those of the fused rotation."""
+    with the same operands, so its rows are bit for bit those of the fused rotation.
+    ``WAIT``: the rotation is read, then the grid waits for the kernel before it (which
+    wrote x: programmatic dependent launch), then x is read."""
     r16 = tl.arange(0, 16)
     g_of = g0 + r16
     row_ok = (r16 < ROWS) & (g_of < N_GROUPS)
     dd = tl.arange(0, D)
+    if not X_ROTATED:
+        p = tl.load(rot_ptr + dd[:, None] * D + dd[None, :])
+    if WAIT:
+        gdc_wait()
     xg = tl.load(x_ptr + g_of[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
     if X_ROTATED:
         xr16 = xg.to(tl.float32)
     else:
-        p = tl.load(rot_ptr + dd[:, None] * D + dd[None, :])
         if DOT_FP32:
             xr16 = tl.dot(xg.to(tl.float32), p.to(tl.float32), input_precision="ieee")
         else:
@@ -77,9 +83,9 @@ def rotate_kernel(x_ptr, rot_ptr, out_ptr, N_GROUPS: tl.constexpr, D: tl.constex
 
 @triton.jit
 def _planes(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
-            GPC: tl.constexpr, X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr):
+            GPC: tl.constexpr, X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr, WAIT: tl.constexpr):
     """The eight nibble planes of x_rot for groups g0 … g0+GPC−1: [GPC·d/8] each."""
-    xr16 = _rotated16(x_ptr, rot_ptr, g0, GPC, N_GROUPS, D, X_ROTATED, DOT_FP32)
+    xr16 = _rotated16(x_ptr, rot_ptr, g0, GPC, N_GROUPS, D, X_ROTATED, DOT_FP32, WAIT)
     WPG: tl.constexpr = D // 8
     p0, p1, p2, p3, p4, p5, p6, p7 = rotated_planes(xr16, 16, WPG)
     # Rows GPC … 15 are zero: fold them away, then one row of CW = GPC·WPG words.
@@ -181,8 +187,10 @@ def gemv_kernel(
     N_GROUPS: tl.constexpr, D: tl.constexpr, GPC: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
     ROWS_CTA: tl.constexpr, BR: tl.constexpr, TAIL: tl.constexpr, UNROLL: tl.constexpr, TWO_PASSES: tl.constexpr,
     X_ROTATED: tl.constexpr, HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DOT_FP32: tl.constexpr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr,
+    DOT_FP32: tl.constexpr, LOOKUP: tl.constexpr, PDL: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    if PDL:  # the next kernel's programs may start as this one's finish (programmatic dependent launch)
+        gdc_launch_dependents()
     chunk = tl.program_id(0)
     split = tl.program_id(1)
     g0 = split * GPC
@@ -217,9 +225,13 @@ def gemv_kernel(
         pair_table(cb_ptr, LOOKUP, INTERPRET)
     else:
         codebook_table(cb_ptr, INTERPRET)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
+    # With PDL everything above reads only the layer's own tensors and may overlap the kernel
+    # before; x, the partial, the split-K workspace, its tickets and the output are touched
+    # only after the wait in the first _planes.
+    a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32, PDL)
     if TWO_PASSES:
-        b0, b1, b2, b3, b4, b5, b6, b7 = _planes(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _planes(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32,
+                                                 False)
     tl.debug_barrier()  # the codebook table is filled
 
     # Unrolled by the prefetch depth, so the tiles in flight rotate by renaming, not moves.

@@ -65,3 +65,40 @@ def test_paired_lookups_against_the_single_lookup_and_the_golden(fmt: TurboQuant
     x.copy_(torch.randn(1, K, generator=gen).to(dtype))
     graph.replay()
     assert torch.equal(captured, run(paired))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs sm_90")
+@pytest.mark.parametrize("lookup", ["single", "pairs"])
+def test_dependent_launches_read_the_previous_layers_output(lookup: str) -> None:
+    """``pdl``: each decode launch may start while the one before finishes and reads x only
+    after waiting for it. Four layers chained (each reads the output the one before wrote),
+    eagerly and replayed from a CUDA graph, give exactly the chain without it; with a wait
+    missing a layer would read its input before it was written."""
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    width = 2048
+    fmt = TurboQuant(group_size=128, residual=True)
+    layers = [cuda_layer(fmt, width, width, torch.bfloat16, seed=20 + i)[1] for i in range(4)]
+    plain = GemvConfig(gpc=8, ctas=264, br=8, warps=8, unroll=1, lookup=lookup)
+    chained = dataclasses.replace(plain, pdl=True)
+    x = torch.randn(1, width, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).cuda()
+
+    def chain(cfg: GemvConfig) -> torch.Tensor:
+        y = x
+        for prep in layers:
+            y = fused_linear(y, prep.passes, prep.codebook, group_size=128, partial=None, bias=prep.bias,
+                             out_dtype=torch.bfloat16, path="gemv", config=cfg)
+        return y
+
+    want = chain(plain)
+    assert torch.isfinite(want).all()
+    assert torch.equal(chain(chained), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(chained)
+    for _ in range(3):
+        x.copy_(torch.randn(1, width, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16))
+        graph.replay()
+        assert torch.equal(captured, chain(plain))

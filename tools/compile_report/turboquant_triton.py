@@ -153,7 +153,7 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
             const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
                          ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
                          TWO_PASSES=two, X_ROTATED=cfg.prerotate, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
-                         LOOKUP=configs.LOOKUPS.index(cfg.lookup), INTERPRET=False)
+                         LOOKUP=configs.LOOKUPS.index(cfg.lookup), PDL=cfg.pdl, INTERPRET=False)
             runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
             if cfg.prerotate:  # the float32 rows gemv.rotate_kernel writes
                 runtime |= {"x_ptr": "*fp32", "x2_ptr": "*fp32"}

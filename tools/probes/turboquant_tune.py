@@ -93,13 +93,13 @@ def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]]
         if err > 2e-2:
             print(f"  K{k} N{n} M{m} P{passes} {path} {cfg}: wrong (rel error {err:.3g})", file=sys.stderr)
             continue
-        if twins and getattr(cfg, "lookup", "single") != "single":
-            mine, single = run(0), run(0, cfg=dataclasses.replace(cfg, lookup="single"))
+        if twins and (getattr(cfg, "lookup", "single") != "single" or getattr(cfg, "pdl", False)):
+            mine, single = run(0), run(0, cfg=dataclasses.replace(cfg, lookup="single", pdl=False))
             same = torch.equal(mine, single)
             _checks.append({"K": k, "N": n, "passes": passes, "config": dataclasses.asdict(cfg), "rel_error": err,
                             "bit_identical_to_single_lookup": same,
                             "rel_difference_to_single_lookup": _rel_error(mine, single.double())})
-            if cfg.lookup == "pairs" and not same:
+            if cfg.lookup != "half_pairs" and not same:
                 print(f"  K{k} N{n} P{passes} {cfg}: differs from its single-lookup twin", file=sys.stderr)
                 continue
         fns.append(run)
@@ -159,6 +159,7 @@ def main() -> int:
                 shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
                 cands = [dataclasses.replace(shipped, lookup=lk) for lk in ("single", "pairs", "half_pairs")]
                 cands += GEMV_PAIRS[passes]
+                cands += [dataclasses.replace(shipped, pdl=True), dataclasses.replace(shipped, lookup="pairs", pdl=True)]
                 unique = list(dict.fromkeys(cands))
                 record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in unique], args.rounds,
                                                     twins=True))
