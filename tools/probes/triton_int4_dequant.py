@@ -10,7 +10,6 @@ probe, CUDA). Each variant is checked bit for bit against the shipped launch fir
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ from quantcore.backends.triton_int4.launch import _common
 from quantcore.benchmarks.ceilings import ceilings
 from quantcore.kernels.gptq_pairs.triton_kernels import dequant_kernel
 from quantcore.timing import time_interleaved
+from tools.probes.probe_rows import rotating, write_rows
 from tools.probes.triton_int4_tiles import random_weights
 
 DTYPE = torch.bfloat16
@@ -63,16 +63,16 @@ def probe(k: int, n: int, bits: int, rounds: int) -> list[dict[str, Any]]:
             print(f"  K{k} N{n} {name}: not bit-identical to the shipped launch", file=sys.stderr)
             continue
         names.append(name)
-        fns.append(_rotating(calls))
+        fns.append(rotating(calls))
         floors.append(floor)
         x = [torch.randn(M, k, device="cuda", dtype=DTYPE) for _ in range(SETS)]
         names.append(f"{name} + cuBLAS (M={M})")
-        fns.append(_rotating([_path(c, xi, o) for c, xi, o in zip(calls, x, outs, strict=True)]))
+        fns.append(rotating([_path(c, xi, o) for c, xi, o in zip(calls, x, outs, strict=True)]))
         floors.append(0.0)
     dense = [torch.randn(n, k, device="cuda", dtype=DTYPE) for _ in range(SETS)]
     xs = [torch.randn(M, k, device="cuda", dtype=DTYPE) for _ in range(SETS)]
     names.append(f"cuBLAS bf16 (M={M})")
-    fns.append(_rotating([_dense(xi, d) for xi, d in zip(xs, dense, strict=True)]))
+    fns.append(rotating([_dense(xi, d) for xi, d in zip(xs, dense, strict=True)]))
     floors.append(0.0)
     timings = time_interleaved(fns, "cuda", rounds=rounds, graph=True, sets=[SETS] * len(fns))
     bf16 = timings[-1].median_s
@@ -93,10 +93,6 @@ def _dense(x: torch.Tensor, w: torch.Tensor) -> Callable[[], Any]:
     return lambda: torch.nn.functional.linear(x, w)
 
 
-def _rotating(fns: list[Callable[[], Any]]) -> Callable[[int], Any]:
-    return lambda i: fns[i % len(fns)]()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bits", type=int, default=4)
@@ -110,9 +106,7 @@ def main() -> int:
         extra = f"{r['floor_share']:.0%} of floor" if r["floor_share"] else f"{r['vs_bf16']:.2f}× cuBLAS"
         print(f"K{r['K']:>5} N{r['N']:>5} {r['part']:<40} {r['us']:8.1f} µs  {extra}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": ceilings("cuda").copy_bytes_per_s,
-                       "rows": rows}, f, indent=1)
+        write_rows(args.json, rows)
     return 0
 
 

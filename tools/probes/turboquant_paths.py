@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.timing import time_interleaved
+from tools.probes.probe_rows import write_rows
 
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
@@ -160,9 +160,7 @@ def main() -> int:
         rows += probe(k, n, m, res, args.rounds)
         print(f"  done K{k} N{n} M{m} res={res} at {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": ceilings("cuda").copy_bytes_per_s,
-                           "rows": rows}, f, indent=1)
+            write_rows(args.json, rows)
     table = [[r["K"], r["N"], r["M"], r["passes"], r["variant"],
               f"{r['us']:.1f} ±{100 * r['spread']:.0f}%" if "us" in r else r.get("error", ""),
               f"{100 * r['copy_share']:.0f}%" if "us" in r else "", f"{r['vs_bf16']:.2f}×" if "us" in r else "",

@@ -18,7 +18,6 @@ ulp (a register-operand fold sums each group in another order), bit-identity rec
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +37,7 @@ from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.benchmarks.ceilings import ceilings
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.timing import time_interleaved
+from tools.probes.probe_rows import rotating, write_rows
 
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))
@@ -162,7 +162,7 @@ def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dic
     bad = {name for name, (got, ref) in checks.items() if not _close(got, ref)}
     identical = {name: torch.equal(got, ref) for name, (got, ref) in checks.items()}
     names = [name for name in variants if name not in bad]
-    timings = time_interleaved([_rotating(variants[nm][0]) for nm in names], device, rounds=rounds, graph=True,
+    timings = time_interleaved([rotating(variants[nm][0]) for nm in names], device, rounds=rounds, graph=True,
                                sets=[SETS] * len(names))
     rows = [{"K": k, "N": n, "M": m, "part": name, "us": t.median_s * 1e6, "spread": t.spread, "method": t.method,
              "floor_us": variants[name][1] * 1e6,
@@ -173,10 +173,6 @@ def probe(k: int, n: int, m: int, rounds: int, device: str = "cuda") -> list[dic
              for name in sorted(bad)]
     rows += [{"K": k, "N": n, "M": m, "part": name, "error": err} for name, err in failed.items()]
     return rows
-
-
-def _rotating(fns: list[Callable[[], Any]]) -> Callable[[int], Any]:
-    return lambda i: fns[i % len(fns)]()
 
 
 def main() -> int:
@@ -194,9 +190,7 @@ def main() -> int:
         print(f"K{r['K']:>5} N{r['N']:>5} {r['part']:<44} {r.get('us', float('nan')):8.1f} µs {share:>5}"
               f" {r.get('error', '')}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": ceilings("cuda").copy_bytes_per_s,
-                       "rows": rows}, f, indent=1)
+        write_rows(args.json, rows)
     return 0
 
 
