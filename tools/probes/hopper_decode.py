@@ -1,0 +1,140 @@
+"""Time the warp-level decode experiment (``hopper_decode_kernel.py``) beside
+``hopper_wgmma``'s table plan and cuBLAS, and check it against the float64 golden (an
+sm_90 GPU).
+
+    python -m tools.probes.hopper_decode --shapes 4096x14336 --ms 1,8 --splits 2,4 --groups 1,2 [--reads] [--json PATH]
+
+CUDA graphs over rotating weights; GPTQ 4-bit g128 sym unless ``--bits``/``--group``/
+``--asym``/``--fp16`` say otherwise. Each (split, K-groups) variant is compared with the
+golden (relative error), with the table's plan, and with its own second run (bit for
+bit). ``--reads`` also times each variant's loads without the work (``READ_ONLY`` 1–3:
+with the x staging and split-K sum, without the sum, without either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
+from quantcore.backends.hopper_wgmma.launch import prepare_x, sub_rows
+from quantcore.backends.hopper_wgmma.layout import HopperWeights
+from quantcore.benchmarks.memory import with_fresh_codes
+from quantcore.formats.gptq import GPTQ
+from quantcore.timing import time_interleaved
+
+from .hopper_decode_kernel import BM, decode_grid, decode_kernel
+
+SETS = 6
+
+
+def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_only: int = 0) -> torch.Tensor:
+    m, k = x.shape
+    n = w.out_features
+    x2 = prepare_x(x)
+    tiles = w.tiles
+    steps, split = decode_grid(w.blocks, split, groups)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    ws = torch.empty(max(1, split) * m * n, dtype=torch.float32, device=x.device)
+    cnt = w.runtime.setdefault("decode_counters", torch.zeros(tiles, dtype=torch.int32, device=x.device))
+    bias = w.bias if w.bias is not None else w.scales
+    zeros = w.zeros if w.zeros is not None else w.scales
+    pairs = 16 // w.bits
+    close = pairs // sub_rows(w) if sub_rows(w) > 1 else pairs
+    decode_kernel[(tiles, split)](
+        w.qweight.view(torch.int16), x2, w.scales, zeros, bias, y, ws, cnt,
+        m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
+        BITS=w.bits, SG=w.sub_group, CLOSE=close, HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
+        SPLIT=split > 1, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
+        READ_ONLY=read_only, num_warps=4 * groups)
+    return y
+
+
+def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, int]], bits: int, group: int, sym: bool,
+        dtype: torch.dtype, read_only: bool = False) -> dict[str, Any]:
+    dev = torch.device("cuda")
+    fmt = GPTQ(bits=bits, group_size=group, sym=sym)
+    kernel = HopperWgmmaGPTQ(fmt, dev)
+    gen = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for k, n in shapes:
+        stored = with_fresh_codes(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen), SETS, gen)
+        prepared = [kernel.prepare({a: t.to(dev) for a, t in one.items()}) for one in stored]
+        dense = [torch.randn(n, k, generator=gen).to(dev, dtype) * 0.02 for _ in range(3)]
+        golden_w = fmt.dequantize({a: t.to(dev) for a, t in stored[0].items()})
+        for m in ms:
+            x = torch.randn(m, k, generator=gen).to(dev, dtype)
+            golden = x.double() @ golden_w.T
+            table = kernel(x, prepared[0]).double()
+            names = ["table's plan", "cuBLAS"]
+            calls: list[Any] = [lambda i, x=x, p=prepared: kernel(x, p[i % SETS]),
+                                lambda i, x=x, d=dense: torch.nn.functional.linear(x, d[i % 3])]
+            sets = [SETS, 3]
+            rows.append({"k": k, "n": n, "m": m, "variant": "table's plan",
+                         "rel_err_golden": ((table - golden).norm() / golden.norm()).item()})
+            for split, groups in splits:
+                name = f"decode split {split} groups {groups}"
+                if m > BM:
+                    continue
+                try:
+                    got = decode(x, prepared[0], split, groups).double()
+                except Exception as exc:  # say what failed, time the rest
+                    rows.append({"k": k, "n": n, "m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+                    continue
+                again = decode(x, prepared[0], split, groups).double()
+                rows.append({"k": k, "n": n, "m": m, "variant": name,
+                             "rel_err_golden": ((got - golden).norm() / golden.norm()).item(),
+                             "rel_err_table": ((got - table).norm() / table.norm()).item(),
+                             "repeat_identical": bool(torch.equal(got, again))})
+                names.append(name)
+                calls.append(lambda i, x=x, p=prepared, s=split, g=groups: decode(x, p[i % SETS], s, g))
+                sets.append(SETS)
+                if read_only:  # the same reads without the work: what the loads alone cost
+                    for level, what in ((1, "reads"), (2, "reads, no split-K sum"), (3, "reads alone")):
+                        names.append(f"{name} {what}")
+                        calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level: decode(x, p[i % SETS], s, g, r))
+                        sets.append(SETS)
+            times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=sets)
+            base = times[1].median_s
+            for name, t in zip(names, times, strict=True):
+                row = next((r for r in rows if r["variant"] == name and (r["k"], r["n"], r["m"]) == (k, n, m)), None)
+                if row is None:
+                    row = {"k": k, "n": n, "m": m, "variant": name}
+                    rows.append(row)
+                row |= {"us": t.median_s * 1e6, "x_cublas": base / t.median_s, "spread": t.spread}
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "bits": bits, "group": group, "sym": sym, "dtype": str(dtype), "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="4096x14336")
+    p.add_argument("--ms", default="1")
+    p.add_argument("--splits", default="2,4", help="programs splitting K, each timed at every --groups")
+    p.add_argument("--groups", default="1", help="K-groups of four warps a program (summed in shared memory)")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--group", type=int, default=128)
+    p.add_argument("--asym", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--reads", action="store_true", help="also time each split's reads alone")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
+    res = run(shapes, [int(m) for m in a.ms.split(",")], [(int(s), int(h)) for s in a.splits.split(",") for h in a.groups.split(",")], a.bits, a.group,
+              not a.asym, torch.float16 if a.fp16 else torch.bfloat16, a.reads)
+    for r in res["rows"]:
+        extra = r.get("error") or (f"{r.get('us', float('nan')):8.2f} us  {r.get('x_cublas', 0):5.2f}x  "
+                                   f"golden {r.get('rel_err_golden', 0):.1e} table {r.get('rel_err_table', 0):.1e} "
+                                   f"same twice {r.get('repeat_identical', '-')}")
+        print(f"{r['k']:6d}x{r['n']:<6d} M{r['m']:<3d} {r['variant']:24s} {extra}", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

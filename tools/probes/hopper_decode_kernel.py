@@ -1,0 +1,310 @@
+"""A warp-level decode kernel over ``hopper_wgmma``'s prepared layout, for M ≤ 8: an
+experiment, measured and not shipped (``backends/hopper_wgmma/README.md``, "A warp-level
+decode kernel"). Run it with ``python -m tools.probes.hopper_decode``.
+
+The question it answers: at M = 1 the wgmma kernel streams a 4-bit weight at ~2 TB/s on
+both the H100 and the H200. Is that the TMA ring, the mbarrier waits and the
+warpgroup-wide wgmma waits each block pays? This kernel has none of them:
+
+* each warp owns 16 weight rows of a 64-row tile and reads its fragment of a block
+  straight from global memory into registers, two 16-byte loads a thread (the layout
+  puts each thread's words together), two steps in flight (ping-pong registers);
+* per slice of 32 inputs one LOP3 and one packed FMA a pair of codes give the exact
+  integers ``q − z`` in the activation dtype, already in the A-operand registers of
+  ``mma.sync.m16n8k16`` (the reshape/permute of the loaded words moves no data);
+* x is the B operand, ``[32, 8]`` a slice from shared memory (staged once per program):
+  one column per activation row, so M = 1…8 cost the same; each group's fp32 product is
+  scaled when the group closes;
+* K is cut between programs (``split``; partials summed in slot order by the last one,
+  ``kernels._tile_store``) and, optionally, between groups of four warps of one program
+  (``KW``), whose sums meet in shared memory.
+
+2.3 SASS instructions a code against the wgmma kernel's 4.4, the same time: see the README
+for the measured breakdown (loads, x staging, split-K sum, dequantization and MMA).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from quantcore.backends.hopper_wgmma.kernels import _tile_store
+from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
+
+__all__ = ["BM", "decode_kernel"]
+
+#: Activation rows one launch covers (the MMA's N).
+BM = 8
+
+#: The unscaled pairs ``(q₀ − z, q₁ − z)`` at ``((bits == 8)·2 + fp16)·8 + zero·4 + slice``.
+_EXACT_ASM = gl.constexpr(tuple(
+    pair_asm_text(bits, fp16, bits * i, zero, scaled=False) if i < 16 // bits else ""
+    for bits in (4, 8) for fp16 in (False, True) for zero in (False, True) for i in range(4)
+))
+
+
+@gluon.constexpr_function
+def _mma_layout(kw):
+    # Warp 4·g + w: rows 16w… of K-group g (row 64·g + r of the stacked operand).
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * kw, 1], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def _words_layout(kw):
+    # [KW, 8, 256] int16, one block of a 64-row tile per K-group: row 4h + w, column
+    # 8·lane + 2j + b (layout.py); warp w of a group reads rows w and 4 + w, 16 contiguous
+    # bytes a thread a row.
+    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [kw, 4, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _as_operand(words, KW: gl.constexpr, a_layout: gl.constexpr):
+    """The words of a block (one per K-group) as the A operand's registers ``[64·KW, 32]``
+    (row 64·g + 16w + 8h + lane/4, input 8j + 2u + b of each slice): a reshape and permute
+    that move no data."""
+    w7 = gl.reshape(words, [KW, 2, 4, 8, 4, 4, 2])  # (g, h, w, lane/4, u, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (g, w, h, lane/4, j, u, b)
+    return gl.convert_layout(gl.reshape(w7, [KW * 64, 32]), a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW: gl.constexpr, STEPS: gl.constexpr,
+             PAIRS: gl.constexpr, EVEN_K: gl.constexpr):
+    """x of the program's blocks into shared memory, ``[STEPS·PAIRS, KW·8, 32]``: entry
+    ``(PAIRS·b + sl, 8·g + m, k)`` is input ``32·(PAIRS·(first + STEPS·g + b) + sl) + k`` of
+    row m (zero past M and K), so each slice's B operand (every K-group's x side by side)
+    is one shared-memory read. The loads do not wait for each other: one trip to L2."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [PAIRS, KW, 4 // PAIRS], [2, 1, 0])
+    sl = gl.arange(0, PAIRS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    gm = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    kk = (gl.expand_dims(gl.expand_dims(sl * 32, 1), 2) + gl.expand_dims(gl.expand_dims(k, 0), 1)
+          + gl.expand_dims(gl.expand_dims((gm // 8) * (STEPS * 32 * PAIRS), 0), 2))
+    mm = gl.expand_dims(gl.expand_dims(gm % 8, 0), 2)
+    offs = mm.to(gl.int64) * stride_xm + kk
+    # The same bytes seen as [STEPS, PAIRS·KW·8, 32]: the 64-byte swizzle repeats every 8
+    # rows, so the rows of step b's view are its slices' rows in order.
+    view = x_smem._reinterpret(x_smem.dtype, [STEPS, PAIRS * KW * 8, 32], x_smem.layout)
+    for b in gl.static_range(STEPS):
+        k0 = (first + b) * (32 * PAIRS)
+        mask = mm < M
+        if not EVEN_K:
+            mask = mask & (k0 + kk < K)
+        x = gl.load(x_ptr + k0 + offs, mask=mask, other=0.0)
+        view.index(b).store(gl.reshape(x, [PAIRS * KW * 8, 32]))
+
+
+@gluon.jit
+def _group_blocks(g, first, b, blocks, STEPS: gl.constexpr):
+    """Block of step ``b`` of K-group ``g`` (a tensor); past the weight's end the last
+    block, whose x is zero there."""
+    return gl.minimum(first + g * STEPS + b, blocks - 1)
+
+
+@gluon.jit
+def _fetch(w_tile, w_offs, g_w, g_c, r_c, first, b, blocks, s_ptr, NP,
+           BITS: gl.constexpr, SG: gl.constexpr, STEPS: gl.constexpr):
+    """What step ``b`` reads from global memory: each K-group's block of words and the
+    first scale row of each accumulator row's block."""
+    BK: gl.constexpr = 512 // BITS
+    blk_w = _group_blocks(g_w, first, b, blocks, STEPS)
+    blk_c = _group_blocks(g_c, first, b, blocks, STEPS)
+    words = gl.load(w_tile + blk_w * 2048 + w_offs, eviction_policy="evict_first")
+    return words, gl.load(s_ptr + ((blk_c * BK) // SG) * NP + r_c)
+
+
+@gluon.jit
+def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
+           KW: gl.constexpr, STEPS: gl.constexpr, BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr,
+           HAS_ZEROS: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr, a_layout: gl.constexpr,
+           b_layout: gl.constexpr):
+    """Step ``b`` from what :func:`_fetch` read: each K-group's block dequantized and
+    multiplied by x from shared memory, each group's product scaled into ``acc`` when it
+    closes. The MMA multiplies every K-group's rows by every K-group's x; only the
+    diagonal is kept (:func:`_diagonal_sum`)."""
+    PAIRS: gl.constexpr = 16 // BITS
+    BK: gl.constexpr = 32 * PAIRS
+    w16 = _as_operand(words, KW, a_layout)
+    blk_a = _group_blocks(g_a, first, b, blocks, STEPS)
+    blk_c = _group_blocks(g_c, first, b, blocks, STEPS)
+    part = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+    for sl in gl.static_range(PAIRS):
+        a = _exact_operand(w16, z_ptr + ((blk_a * BK + sl * 32) // SG) * NP + r_a, sl, BITS, HAS_ZEROS, act)
+        xb = x_smem.index(b * PAIRS + sl).permute((1, 0)).load(b_layout)
+        part = mma_v2(a, xb, part)
+        if (sl + 1) % CLOSE == 0:
+            if sl + 1 == CLOSE:
+                s = s0.to(gl.float32)
+            else:  # groups narrower than the block: the later scale rows
+                s = gl.load(s_ptr + ((blk_c * BK + sl * 32) // SG) * NP + r_c).to(gl.float32)
+            acc += gl.expand_dims(s, 1) * part
+            part = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+    return acc
+
+
+@gluon.jit
+def _diagonal_sum(acc, KW: gl.constexpr, mma_layout: gl.constexpr):
+    """``[64, 8]``: the sum over K-groups g of ``acc[64·g + r, 8·g + m]``."""
+    rg = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout)) // 64
+    cg = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, mma_layout)) // 8
+    diag = gl.where(gl.expand_dims(rg, 1) == gl.expand_dims(cg, 0), acc, 0.0)
+    return gl.sum(gl.sum(gl.reshape(diag, [KW, 64, KW, 8]), axis=2), axis=0)
+
+
+@gluon.jit
+def _exact_operand(w16, z_ptrs, SL: gl.constexpr, BITS: gl.constexpr, HAS_ZEROS: gl.constexpr,
+                   act: gl.constexpr):
+    """Slice ``SL`` of the block: the exact ``q − z`` in the activation dtype, [64, 32]."""
+    FP16: gl.constexpr = act == gl.float16
+    IDX: gl.constexpr = ((BITS == 8) * 2 + FP16) * 8 + HAS_ZEROS * 4 + SL
+    if HAS_ZEROS:
+        z = gl.load(z_ptrs).to(gl.float32)
+        if BITS == 8 and not FP16:
+            # 8-bit codes in bf16 go through fp32: the zero point as 2^23 + z.
+            zin = gl.broadcast(gl.expand_dims(8388608.0 + z, 1), w16)[0]
+            return gl.inline_asm_elementwise(_EXACT_ASM[IDX], "=r,r,r,r", [w16, zin],
+                                             dtype=act.value, is_pure=True, pack=2)
+        base: gl.constexpr = 1024.0 if FP16 else 128.0
+        zin = gl.broadcast(gl.expand_dims((-(base + z)).to(act), 1), w16)[0]
+        return gl.inline_asm_elementwise(_EXACT_ASM[IDX], "=r,r,r", [w16, zin], dtype=act.value, is_pure=True,
+                                         pack=2)
+    return gl.inline_asm_elementwise(_EXACT_ASM[IDX], "=r,r", [w16], dtype=act.value, is_pure=True, pack=2)
+
+
+@gluon.jit
+def decode_kernel(
+    w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
+    BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
+    READ_ONLY: gl.constexpr = 0,
+):
+    """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
+    ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
+    per sub-group of ``SG`` inputs ``[subs, NP]``. Grid ``(tiles, split)``: program
+    ``(t, p)`` of ``4·KW`` warps takes blocks ``[p·KW·STEPS, (p + 1)·KW·STEPS)`` of tile t,
+    ``STEPS`` for each of its ``KW`` K-groups of four warps; the groups' sums meet in
+    shared memory, the programs' (``SPLIT``) in the workspace. ``CLOSE``: slices between
+    two scale rows. ``READ_ONLY`` (a probe's floor, never a result): 1 the same reads and
+    sums without dequantization or MMA, 2 without the sum over programs either, 3 nor the
+    staging of x."""
+    PAIRS: gl.constexpr = 16 // BITS
+    act: gl.constexpr = x_ptr.dtype.element_ty
+    mma_layout: gl.constexpr = _mma_layout(KW)
+    a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
+    words_layout: gl.constexpr = _words_layout(KW)
+
+    tile = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    n0 = tile * 64
+    first = pid_k * (KW * STEPS)
+
+    g_w = gl.arange(0, KW, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_layout)))
+    rows_w = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_layout)))
+    cols_w = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
+    w_offs = gl.expand_dims(gl.expand_dims(rows_w * 256, 0), 2) + gl.expand_dims(gl.expand_dims(cols_w, 0), 1)
+    g_w = gl.expand_dims(gl.expand_dims(g_w, 1), 2)
+    w_tile = w_ptr + tile.to(gl.int64) * blocks * 2048
+
+    # Each accumulator (and operand) row's K-group and weight row.
+    rows_c = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout))
+    g_c, r_c = rows_c // 64, n0 + rows_c % 64
+    rows_a = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, a_layout))
+    g_a, r_a = rows_a // 64, n0 + rows_a % 64
+
+    w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 0, blocks, s_ptr, NP, BITS, SG, STEPS)
+    w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 1, blocks, s_ptr, NP, BITS, SG, STEPS)
+    x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+    if READ_ONLY < 3:
+        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K)
+        gl.thread_barrier()
+    acc = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+    # Two steps a trip, ping-pong: while one step is dequantized and multiplied the other's
+    # words and scales are in flight, and each set of registers is refilled right after its
+    # last use, two steps ahead (no register copies between trips).
+    if READ_ONLY > 0:
+        wacc = gl.zeros([KW, 8, 256], gl.int16, words_layout)
+        for b in range(0, STEPS, 2):
+            wacc = wacc ^ w_a
+            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            wacc = wacc ^ w_b
+            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+        acc += gl.sum(gl.sum(gl.sum(wacc.to(gl.float32), axis=2), axis=1), axis=0)
+        acc += gl.sum(sa.to(gl.float32) + sb.to(gl.float32), axis=0)
+    else:
+        for b in range(0, STEPS, 2):
+            acc = _block(acc, w_a, sa, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
+                         KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            if b + 1 < STEPS:
+                acc = _block(acc, w_b, sb, b + 1, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
+                             KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+    out = _diagonal_sum(acc, KW, mma_layout)
+    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
+
+
+def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
+    """``(steps, split)``: ``split`` programs of ``groups`` K-groups each cut a tile's
+    blocks into runs of ``steps`` (the last may run past the end; no program is empty)."""
+    steps = -(-blocks // (max(1, split) * groups))
+    return steps, -(-blocks // (steps * groups))
+
+
+def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
+                   sub_group: int = 128) -> dict[str, object]:
+    """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
+    stack, shared memory and the opcode counts of the walk (the longest loop: two steps
+    of every K-group), per code a thread handles there."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from quantcore.triton.compile_report import (
+        backward_loops,
+        bundled_tool,
+        instructions,
+        opcode_counts,
+        opcodes_in,
+    )
+
+    act = "fp16" if fp16 else "bf16"
+    sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*fp16", "y_ptr": f"*{act}",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+           "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
+    pairs = 16 // bits
+    close = max(1, min(pairs, sub_group // 32))
+    const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
+                 KW=groups, STEPS=steps, READ_ONLY=0)
+    names = list(decode_kernel.arg_names)
+    src = GluonASTSource(fn=decode_kernel, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                         attrs={(names.index(a),): [["tt.divisibility", 16]] for a in sig if a != "M"})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * groups})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(bundled_tool("cuobjdump")), "-res-usage", str(cubin)],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(bundled_tool("cuobjdump")), "-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
+    ins = instructions(sass)
+    walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
+    counts = opcode_counts(opcodes_in(ins, walk))
+    codes = 2 * 64 * (512 // bits) / 128  # two steps: 64 rows × a block's inputs over one group's 128 threads
+
+    def usage_of(key: str) -> int:
+        hit = re.search(rf"{key}:(\d+)", usage)
+        return int(hit.group(1)) if hit else -1
+
+    return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
+            "registers": usage_of("REG"), "spill_stack": usage_of("STACK"), "shared": compiled.metadata.shared,
+            "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}
