@@ -63,12 +63,13 @@ class Compiled:
 
 def compile_sm90(
     fn: Any, signature: Mapping[str, str], constexprs: Mapping[str, Any], *,
-    divisible: Iterable[str], options: Mapping[str, Any],
+    divisible: Iterable[str], options: Mapping[str, Any], gluon: bool = False,
 ) -> Compiled:
-    """Compile ``fn`` (a ``@triton.jit`` function) for sm_90a. ``signature`` types the
-    runtime arguments (``"*bf16"``, ``"i32"``, …); ``divisible`` names those the launcher
-    would specialise as 16-divisible (aligned pointers, strides), as it does at run time;
-    ``options`` are the compile options (``num_warps``, ``num_stages``, ``maxnreg``, …)."""
+    """Compile ``fn`` (a ``@triton.jit`` function, or with ``gluon`` a ``@gluon.jit`` one)
+    for sm_90a. ``signature`` types the runtime arguments (``"*bf16"``, ``"i32"``, …);
+    ``divisible`` names those the launcher would specialise as 16-divisible (aligned
+    pointers, strides), as it does at run time; ``options`` are the compile options
+    (``num_warps``, ``num_stages``, ``maxnreg``, …)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU target")
     import triton
@@ -77,8 +78,13 @@ def compile_sm90(
 
     names = list(fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
-    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
-                    constexprs=dict(constexprs), attrs=attrs)
+    full = {**signature, **{k: "constexpr" for k in constexprs}}
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src: Any = GluonASTSource(fn=fn, signature=full, constexprs=dict(constexprs), attrs=attrs)
+    else:
+        src = ASTSource(fn=fn, signature=full, constexprs=dict(constexprs), attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget(*SM90), options=dict(options))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"

@@ -24,13 +24,12 @@ import triton
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import prepare_x, sub_rows
 from quantcore.backends.hopper_wgmma.layout import HopperWeights
-from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.gptq import GPTQ
 from quantcore.timing import time_interleaved
 
 from .hopper_decode_kernel import BM, decode_grid, decode_kernel
-
-SETS = 6
+from .hopper_plan_times import SETS, weight_sets
+from .probe_rows import record_times
 
 
 def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_only: int = 0) -> torch.Tensor:
@@ -63,9 +62,7 @@ def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, in
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for k, n in shapes:
-        stored = with_fresh_codes(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen), SETS, gen)
-        prepared = [kernel.prepare({a: t.to(dev) for a, t in one.items()}) for one in stored]
-        dense = [torch.randn(n, k, generator=gen).to(dev, dtype) * 0.02 for _ in range(3)]
+        stored, prepared, dense = weight_sets(kernel, k, n, gen, dtype)
         golden_w = fmt.dequantize({a: t.to(dev) for a, t in stored[0].items()})
         for m in ms:
             x = torch.randn(m, k, generator=gen).to(dev, dtype)
@@ -100,13 +97,7 @@ def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, in
                         calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level: decode(x, p[i % SETS], s, g, r))
                         sets.append(SETS)
             times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=sets)
-            base = times[1].median_s
-            for name, t in zip(names, times, strict=True):
-                row = next((r for r in rows if r["variant"] == name and (r["k"], r["n"], r["m"]) == (k, n, m)), None)
-                if row is None:
-                    row = {"k": k, "n": n, "m": m, "variant": name}
-                    rows.append(row)
-                row |= {"us": t.median_s * 1e6, "x_cublas": base / t.median_s, "spread": t.spread}
+            record_times(rows, names, times, {"k": k, "n": n, "m": m})
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "bits": bits, "group": group, "sym": sym, "dtype": str(dtype), "rows": rows}
 

@@ -260,18 +260,9 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: two steps
     of every K-group), per code a thread handles there."""
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from quantcore.triton.compile_report import (
         backward_loops,
-        bundled_tool,
+        compile_sm90,
         instructions,
         opcode_counts,
         opcodes_in,
@@ -285,26 +276,14 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
                  KW=groups, STEPS=steps, READ_ONLY=0)
-    names = list(decode_kernel.arg_names)
-    src = GluonASTSource(fn=decode_kernel, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
-                         attrs={(names.index(a),): [["tt.divisibility", 16]] for a in sig if a != "M"})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * groups})
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(bundled_tool("cuobjdump")), "-res-usage", str(cubin)],
-                               capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(bundled_tool("cuobjdump")), "-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout
+    compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
+                            options={"num_warps": 4 * groups}, gluon=True)
+    sass = compiled.sass
     ins = instructions(sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
     codes = 2 * 64 * (512 // bits) / 128  # two steps: 64 rows × a block's inputs over one group's 128 threads
 
-    def usage_of(key: str) -> int:
-        hit = re.search(rf"{key}:(\d+)", usage)
-        return int(hit.group(1)) if hit else -1
-
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "registers": usage_of("REG"), "spill_stack": usage_of("STACK"), "shared": compiled.metadata.shared,
+            "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

@@ -30,6 +30,8 @@ from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.gptq import GPTQ
 from quantcore.timing import time_interleaved
 
+from .probe_rows import record_times
+
 SETS = 6
 
 
@@ -43,6 +45,17 @@ def parse_plan(text: str) -> Plan:
                 late_scale="late" in flags, maxnreg=reg, stream=stream)
 
 
+def weight_sets(kernel: HopperWgmmaGPTQ, k: int, n: int, gen: torch.Generator,
+                dtype: torch.dtype) -> tuple[list[dict[str, torch.Tensor]], list[Any], list[torch.Tensor]]:
+    """``SETS`` stored weights of K×N (fresh codes, same scales), each prepared on the
+    GPU, and three dense ``dtype`` weights for cuBLAS: together more than the L2 holds."""
+    fmt = kernel.fmt
+    stored = with_fresh_codes(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen), SETS, gen)
+    prepared = [kernel.prepare({a: t.to(kernel.device) for a, t in one.items()}) for one in stored]
+    dense = [torch.randn(n, k, generator=gen).to(kernel.device, dtype) * 0.02 for _ in range(3)]
+    return stored, prepared, dense
+
+
 def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str], bits: int = 4) -> dict[str, Any]:
     dev = torch.device("cuda")
     fmt = GPTQ(bits=bits, group_size=128, sym=True)
@@ -50,9 +63,7 @@ def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str], bits: in
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for k, n in shapes:
-        stored = with_fresh_codes(fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen), SETS, gen)
-        prepared = [kernel.prepare({a: t.to(dev) for a, t in one.items()}) for one in stored]
-        dense = [torch.randn(n, k, generator=gen).to(dev, torch.bfloat16) * 0.02 for _ in range(3)]
+        _, prepared, dense = weight_sets(kernel, k, n, gen, torch.bfloat16)
         for m in ms:
             x = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16)
             ref = kernel(x, prepared[0]).float()
@@ -75,14 +86,7 @@ def run(shapes: list[tuple[int, int]], ms: list[int], plans: list[str], bits: in
                 calls.append(lambda i, x=x, p=prepared, plan=plan: linear(x, p[i % SETS], plan))
                 sets.append(SETS)
             times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=sets)
-            base = times[1].median_s
-            for name, t in zip(names, times, strict=True):
-                row = next((r for r in rows if r["variant"] == name and (r["k"], r["n"], r["m"]) == (k, n, m)), None)
-                if row is None:
-                    row = {"k": k, "n": n, "m": m, "variant": name}
-                    rows.append(row)
-                row |= {"us": t.median_s * 1e6, "x_cublas": base / t.median_s, "spread": t.spread,
-                        "method": t.method}
+            record_times(rows, names, times, {"k": k, "n": n, "m": m})
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "bits": bits, "rows": rows}
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +26,11 @@ import torch
 from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.formats.gptq import GPTQ
+from quantcore.triton.compile_report import compile_sm90
 
 from .hopper_wgmma_hazards import operand_hazards
 
 __all__ = ["compile_plan", "loop_profile"]
-
-
-def _tool(name: str) -> Path:
-    import triton
-
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
 
 
 def _loop(sass: str, holding: str = "HGMMA", without: str | None = None) -> list[str]:
@@ -101,9 +94,6 @@ def _weights(bits: int, k: int, n: int, group: int, sym: bool) -> Any:
 
 def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int = 4096, group: int = 128,
                  sym: bool = True, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     from quantcore.backends.hopper_wgmma.kernels import wgmma_kernel
@@ -119,27 +109,15 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
     options = {"num_warps": num_warps, **({"maxnreg": const.pop("maxnreg")} if "maxnreg" in const else {})}
     names = [a for a in wgmma_kernel.arg_names if a not in const]
     signature = {name: mangle_type(arg) for name, arg in zip(names, args, strict=True)}
-    signature |= {c: "constexpr" for c in const}
-    src = GluonASTSource(fn=wgmma_kernel, signature=signature, constexprs=const)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(_tool("cuobjdump")), "-res-usage", str(cubin)],
-                               capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(_tool("cuobjdump")), "-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout
-
-    def get(key: str) -> int:
-        hit = re.search(rf"{key}:(\d+)", usage)
-        return int(hit.group(1)) if hit else -1
+    compiled = compile_sm90(wgmma_kernel, signature, const, divisible=[], options=options, gluon=True)
+    sass = compiled.sass
 
     codes = 64 * plan.wg * 512 // bits
     hazards = operand_hazards(sass)
     producer = _loop(sass, "UTMALDG", without="HGMMA")
     return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
-            "sym": sym, "registers": get("REG"), "spill_stack": get("STACK"), "shared": compiled.metadata.shared,
-            "warps": compiled.metadata.num_warps,
+            "sym": sym, "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "warps": options["num_warps"],
             # setmaxnreg: a warp-specialised kernel hands the producer warp's registers to the consumers.
             "setmaxnreg": re.findall(r"USETMAXREG\.[A-Z_.]+ (?:U?P\w+, )?(0x[0-9a-f]+)", sass),
             **loop_profile(sass, codes, 128 * plan.wg), "producer_loop_instructions": len(producer),
