@@ -59,6 +59,8 @@ class Compiled:
     shared: int
     sass: str
     asm: Mapping[str, Any] = field(repr=False)
+    #: Warps the kernel launches with (a warp-specialised Gluon kernel adds its workers').
+    num_warps: int = 0
 
 
 def compile_sm90(
@@ -91,7 +93,8 @@ def compile_sm90(
         cubin.write_bytes(kernel.asm["cubin"])
         usage = _cuobjdump("-res-usage", cubin)
         sass = _cuobjdump("-sass", cubin)
-    return Compiled(_usage(usage, "REG"), _usage(usage, "STACK"), kernel.metadata.shared, sass, kernel.asm)
+    return Compiled(_usage(usage, "REG"), _usage(usage, "STACK"), kernel.metadata.shared, sass, kernel.asm,
+                    kernel.metadata.num_warps)
 
 
 def _cuobjdump(flag: str, cubin: Path) -> str:

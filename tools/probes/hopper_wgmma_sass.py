@@ -117,7 +117,7 @@ def compile_plan(plan: Plan, *, bits: int = 4, m: int = 1, k: int = 4096, n: int
     producer = _loop(sass, "UTMALDG", without="HGMMA")
     return {"plan": plan.__dict__, "bits": bits, "dtype": str(dtype).removeprefix("torch."), "group": group,
             "sym": sym, "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
-            "warps": options["num_warps"],
+            "warps": compiled.num_warps,
             # setmaxnreg: a warp-specialised kernel hands the producer warp's registers to the consumers.
             "setmaxnreg": re.findall(r"USETMAXREG\.[A-Z_.]+ (?:U?P\w+, )?(0x[0-9a-f]+)", sass),
             **loop_profile(sass, codes, 128 * plan.wg), "producer_loop_instructions": len(producer),
