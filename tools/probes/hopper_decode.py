@@ -22,8 +22,9 @@ import torch
 import triton
 
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
-from quantcore.backends.hopper_wgmma.launch import prepare_x, sub_rows
+from quantcore.backends.hopper_wgmma.launch import prepare_x
 from quantcore.backends.hopper_wgmma.layout import HopperWeights
+from quantcore.backends.hopper_wgmma.small_m import close_slices
 from quantcore.formats.gptq import GPTQ
 from quantcore.timing import time_interleaved
 
@@ -43,12 +44,10 @@ def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_
     cnt = w.runtime.setdefault("decode_counters", torch.zeros(tiles, dtype=torch.int32, device=x.device))
     bias = w.bias if w.bias is not None else w.scales
     zeros = w.zeros if w.zeros is not None else w.scales
-    pairs = 16 // w.bits
-    close = pairs // sub_rows(w) if sub_rows(w) > 1 else pairs
     decode_kernel[(tiles, split)](
         w.qweight.view(torch.int16), x2, w.scales, zeros, bias, y, ws, cnt,
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
-        BITS=w.bits, SG=w.sub_group, CLOSE=close, HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
+        BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
         SPLIT=split > 1, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
         READ_ONLY=read_only, num_warps=4 * groups)
     return y

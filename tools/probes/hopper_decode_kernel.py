@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quantcore.backends.hopper_wgmma.kernels import _tile_store
 from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 
-__all__ = ["BM", "decode_kernel"]
+__all__ = ["BM", "compile_report", "decode_grid", "decode_kernel"]
 
 #: Activation rows one launch covers (the MMA's N).
 BM = 8
