@@ -30,6 +30,7 @@ from quantcore.triton.launch import launch_state
 
 from .probe_rows import record_times, write_rows
 from .turboquant_paths import _weights
+from .turboquant_tune import GEMV_PAIRS, _time
 
 DTYPE = torch.bfloat16
 CASES = ((14336, 4096, 1), (4096, 14336, 2), (14336, 4096, 2), (4096, 14336, 1))
@@ -41,13 +42,22 @@ def _pdl_of(prepared: Any) -> list[bool]:
     return [bool(b.launch._kwargs.get("PDL")) for k, b in state.items() if k[0] == "gemv"]
 
 
+def _sweep_list(shipped: Any, passes: int) -> list[Any]:
+    """The decode candidates ``turboquant_tune --gemv-only`` times for this layer."""
+    cands = [dataclasses.replace(shipped, lookup=lk) for lk in ("single", "pairs", "half_pairs")]
+    cands += GEMV_PAIRS[passes]
+    cands += [dataclasses.replace(shipped, pdl=True), dataclasses.replace(shipped, lookup="pairs", pdl=True),
+              dataclasses.replace(shipped, pdl=False)]
+    return list(dict.fromkeys(cands))
+
+
 def case(k: int, n: int, passes: int, rounds: int, rows: list[dict[str, Any]]) -> None:
     fmt = TurboQuant(bits=4, group_size=128, residual=passes == 2)
     kernel = TurboQuantTriton(fmt, "cuda")
     suite_p = [kernel.prepare(w, dtype=DTYPE) for w in weight_sets(fmt, k, n, "cuda")]
     sets = rotation_sets(format_bytes(fmt, 1, k, n), "cuda")
     sweep_p = [kernel.prepare(w, dtype=DTYPE) for w in _weights(fmt, k, n, sets, "cuda")]
-    xs = [torch.randn(1, k, device="cuda", dtype=DTYPE) for _ in range(max(len(suite_p), sets))]
+    xs = [torch.randn(1, k, device="cuda", dtype=DTYPE) for _ in range(max(len(suite_p), sets, 4))]
     shipped = configs.gemv_config(card_key(0), k, n, 128, passes, DTYPE)
     plain = dataclasses.replace(shipped, pdl=False)
 
@@ -74,9 +84,16 @@ def case(k: int, n: int, passes: int, rounds: int, rows: list[dict[str, Any]]) -
     for r in rows:
         if all(r[a] == v for a, v in where.items()):
             r["table_config"] = dataclasses.asdict(shipped)
+    # The sweep's own timing function: the table's config with and without PDL, alone, and
+    # beside the sweep's whole candidate list.
+    for label, cands in (("alone", [shipped, plain]), ("in the sweep's list", _sweep_list(shipped, passes))):
+        for t, _, cfg in _time(k, n, 1, passes, [("gemv", c) for c in cands], rounds):
+            if cfg in (shipped, plain):
+                rows.append({**where, "variant": f"sweep _time {label}, table config{'' if cfg.pdl else ' without PDL'}",
+                             "us": t * 1e6})
     rows.append({**where, "variant": "buckets' PDL", "suite": _pdl_of(suite_p[0]), "sweep": _pdl_of(sweep_p[0]),
                  "suite_sets": len(suite_p), "sweep_sets": len(sweep_p)})
-    for r in rows[-len(names) - 1:]:
+    for r in rows[-len(names) - 5:]:
         print({a: (round(v, 2) if isinstance(v, float) else v) for a, v in r.items() if a != "table_config"},
               file=sys.stderr, flush=True)
 
