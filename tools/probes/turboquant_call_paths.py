@@ -102,9 +102,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default=",".join(f"{k}x{n}x{p}" for k, n, p in CASES), help="KxNxPASSES,...")
+    ap.add_argument("--pad-mb", type=int, default=0,
+                    help="allocate and hold this many MB first (moves every weight to other addresses)")
     args = ap.parse_args()
-    rows: list[dict[str, Any]] = []
-    for k, n, passes in CASES:
+    pad = torch.empty(args.pad_mb << 20, dtype=torch.uint8, device="cuda")
+    rows: list[dict[str, Any]] = [{"variant": "pad", "mb": args.pad_mb, "address": pad.data_ptr()}]
+    for spec in args.cases.split(","):
+        k, n, passes = (int(v) for v in spec.split("x"))
         case(k, n, passes, args.rounds, rows)
         write_rows(args.json, rows)
     return 0
