@@ -8,7 +8,10 @@ trees route into their pool what the *thread* that runs the model allocates
 (``_cuda_beginAllocateCurrentThreadToPool``), so a kept buffer is allocated by a short-lived
 helper thread, from the caching allocator's default pool. While a stream is being
 captured, a buffer the cache lacks is made for that graph alone (:func:`capturing`: the
-caller must not keep it).
+caller must not keep it), once per capture and key (:func:`capture_id`): a graph recorded
+on a stream that never ran the kernel eagerly (``torch.cuda.graph``'s own capture stream,
+as engines use it) would otherwise get a zero-fill node before every launch, which costs
+its time and breaks a programmatic-dependent-launch chain between two launches.
 
 Kept buffers only grow (:func:`grown`, :class:`KeptBuffers`): an outgrown one is retired,
 not freed, because a CUDA graph captured earlier may still read or write it.
@@ -16,17 +19,52 @@ not freed, because a CUDA graph captured earlier may still read or write it.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
-from collections.abc import Hashable, MutableMapping
+from collections.abc import Callable, Hashable, MutableMapping
+from typing import Any
 
 import torch
 
-__all__ = ["KeptBuffers", "capturing", "grown", "kept_buffer", "retired", "stream_key"]
+__all__ = ["KeptBuffers", "capture_id", "capturing", "grown", "kept_buffer", "retired", "stream_key"]
+
+_CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of ``device`` is recording a CUDA graph."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@functools.cache
+def _capture_info() -> Callable[..., int] | None:
+    """The driver's ``cuStreamGetCaptureInfo_v2`` (every driver since CUDA 11.3 exports it),
+    or None where there is no CUDA driver to ask."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuStreamGetCaptureInfo_v2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn  # type: ignore[no-any-return]
+
+
+def capture_id(device: torch.device) -> int | None:
+    """The driver's id of the capture the current stream of ``device`` is recording (unique
+    in the process), or None: not capturing, or no driver to ask."""
+    if not capturing(device):
+        return None
+    info = _capture_info()
+    if info is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    status, ident = ctypes.c_int(0), ctypes.c_uint64(0)
+    stream = torch._C._cuda_getCurrentRawStream(index)  # type: ignore[attr-defined]
+    if info(stream, ctypes.byref(status), ctypes.byref(ident), None, None, None) != 0 or status.value != _CAPTURE_ACTIVE:
+        return None
+    return int(ident.value)
 
 
 def kept_buffer(numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool) -> torch.Tensor:
@@ -73,12 +111,41 @@ def grown(
         if have is not None and have.numel() >= numel:
             return have
         if capturing(device):  # this graph's own, not kept
-            return (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
+            return _for_this_capture(store, key, numel, dtype, device, zero)
         size = max(numel, minimum, 2 * have.numel() if doubling and have is not None else 0)
         if have is not None:
             _retired.append(have)
         store[key] = made = kept_buffer(size, dtype, device, zero=zero)
         return made
+
+
+#: By (store, key): the buffer the capture of id ``_captured_in[0]`` was handed. Only the
+#: latest capture's are held: a new capture releases the ones before it into their graphs'
+#: pools (where a graph's replays keep using them, as its other intermediates).
+_captured: dict[tuple[int, Hashable], torch.Tensor] = {}
+_captured_in = [-1]
+
+
+def _for_this_capture(store: MutableMapping[Hashable, torch.Tensor], key: Hashable, numel: int, dtype: torch.dtype,
+                      device: torch.device, zero: bool) -> torch.Tensor:
+    """A buffer for the graph being captured: the one this capture was already handed for
+    ``store[key]`` when it still fits, so that the graph zeroes it once, not per launch
+    (every launch leaves its tickets at zero again, in stream order); made anew where the
+    capture cannot be identified."""
+    make: Any = torch.zeros if zero else torch.empty
+    ident = capture_id(device)
+    if ident is None:
+        return make(numel, dtype=dtype, device=device)  # type: ignore[no-any-return]
+    if _captured_in[0] != ident:
+        _captured.clear()
+        _captured_in[0] = ident
+    slot = (id(store), key)
+    hit = _captured.get(slot)
+    if hit is not None and hit.numel() >= numel and hit.dtype == dtype:
+        return hit
+    made: torch.Tensor = make(numel, dtype=dtype, device=device)
+    _captured[slot] = made
+    return made
 
 
 def retired() -> int:

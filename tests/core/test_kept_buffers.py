@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantcore.triton.buffers import KeptBuffers, capturing, grown, kept_buffer, retired, stream_key
+from quantcore.triton import buffers
+from quantcore.triton.buffers import KeptBuffers, capture_id, capturing, grown, kept_buffer, retired, stream_key
 
 
 def test_kept_buffer_is_zeroed_when_asked_on_the_cpu() -> None:
@@ -37,6 +38,44 @@ def test_kept_buffers_by_key_and_dtype() -> None:
     with pytest.raises(TypeError, match="pass dtype="):
         scratch.get("no dtype", 8, cpu)
     assert stream_key(cpu) == ("cpu", 0)
+
+
+def test_a_capture_is_handed_one_buffer_per_key_and_a_new_capture_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert capture_id(cpu) is None  # not capturing
+    ident = [11]
+    monkeypatch.setattr(buffers, "capturing", lambda device: True)
+    monkeypatch.setattr(buffers, "capture_id", lambda device: ident[0])
+    store: dict[object, torch.Tensor] = {}
+    first = grown(store, "tickets", 64, torch.int32, cpu, zero=True)
+    assert not bool(first.any()) and store == {}  # the graph's own: never kept in the store
+    first += 3  # a launch inside the graph would leave them at zero; the same object is what counts
+    assert grown(store, "tickets", 32, torch.int32, cpu, zero=True) is first, "zeroed once per capture, not per launch"
+    assert grown(store, "other", 32, torch.int32, cpu, zero=True) is not first
+    bigger = grown(store, "tickets", 128, torch.int32, cpu, zero=True)
+    assert bigger is not first and bigger.numel() == 128 and not bool(bigger.any())
+    ident[0] = 12  # the next graph
+    fresh = grown(store, "tickets", 32, torch.int32, cpu, zero=True)
+    assert fresh is not bigger and not bool(fresh.any())
+    monkeypatch.setattr(buffers, "capture_id", lambda device: None)  # a capture the driver cannot name
+    assert grown(store, "tickets", 32, torch.int32, cpu, zero=True) is not grown(store, "tickets", 32, torch.int32,
+                                                                                 cpu, zero=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_capture_zeroes_a_grown_buffer_once() -> None:
+    device = torch.device("cuda")
+    store: dict[object, torch.Tensor] = {}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ident = capture_id(device)
+        first = grown(store, "k", 16, torch.int32, device, zero=True)
+        again = grown(store, "k", 16, torch.int32, device, zero=True)
+    assert ident is not None and again is first and store == {}
+    other = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(other):
+        assert capture_id(device) not in (None, ident)
+        assert grown(store, "k", 16, torch.int32, device, zero=True) is not first
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
