@@ -14,7 +14,8 @@ from .test_sm90_compile import _bundled_tools, compiled_rows
 SCRIPT = """
 import json
 from tools.probes.hopper_decode_kernel import compile_report
-for kw in [dict(), dict(groups=2), dict(bits=8), dict(zeros=True, fp16=True, sub_group=32)]:
+for kw in [dict(), dict(groups=2), dict(bits=8), dict(zeros=True, fp16=True, sub_group=32),
+           dict(depth=4, steps=32)]:
     print(json.dumps(compile_report(**kw)))
 """
 
@@ -22,14 +23,14 @@ for kw in [dict(), dict(groups=2), dict(bits=8), dict(zeros=True, fp16=True, sub
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_decode_experiment_compiles_for_sm90() -> None:
     rows = compiled_rows(SCRIPT)
-    assert len(rows) == 4
+    assert len(rows) == 5
     for r in rows:
         walk = r["walk"]
         pairs = 16 // r["bits"]
         assert r["spill_stack"] == 0, r
-        # Two steps a trip; per slice and warp one m16n8k16 per k16 half and per K-group's
-        # eight x columns.
-        assert walk["HMMA"] == 2 * pairs * 2 * r["groups"], walk
+        # ``depth`` steps a trip; per slice and warp one m16n8k16 per k16 half and per
+        # K-group's eight x columns.
+        assert walk["HMMA"] == r["depth"] * pairs * 2 * r["groups"], walk
         assert walk["LDSM"] > 0, walk
         assert not {"STS", "LDS", "STL", "LDL", "BAR"} & set(walk), walk
     four_bit = rows[0]

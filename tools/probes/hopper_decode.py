@@ -2,7 +2,7 @@
 ``hopper_wgmma``'s table plan and cuBLAS, and check it against the float64 golden (an
 sm_90 GPU).
 
-    python -m tools.probes.hopper_decode --shapes 4096x14336 --ms 1,8 --splits 2,4 --groups 1,2 [--reads] [--json PATH]
+    python -m tools.probes.hopper_decode --shapes 4096x14336 --ms 1,8 --splits 2,4 --groups 1,2 [--depths 2,4] [--reads] [--json PATH]
 
 CUDA graphs over rotating weights; GPTQ 4-bit g128 sym unless ``--bits``/``--group``/
 ``--asym``/``--fp16`` say otherwise. Each (split, K-groups) variant is compared with the
@@ -33,7 +33,8 @@ from .hopper_plan_times import SETS, weight_sets
 from .probe_rows import record_times
 
 
-def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_only: int = 0) -> torch.Tensor:
+def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_only: int = 0,
+           depth: int = 2) -> torch.Tensor:
     m, k = x.shape
     n = w.out_features
     x2 = prepare_x(x)
@@ -49,11 +50,11 @@ def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
         BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
         SPLIT=split > 1, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
-        READ_ONLY=read_only, num_warps=4 * groups)
+        READ_ONLY=read_only, DEPTH=depth, num_warps=4 * groups)
     return y
 
 
-def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, int]], bits: int, group: int, sym: bool,
+def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, int, int]], bits: int, group: int, sym: bool,
         dtype: torch.dtype, read_only: bool = False) -> dict[str, Any]:
     dev = torch.device("cuda")
     fmt = GPTQ(bits=bits, group_size=group, sym=sym)
@@ -73,27 +74,28 @@ def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, in
             sets = [SETS, 3]
             rows.append({"k": k, "n": n, "m": m, "variant": "table's plan",
                          "rel_err_golden": ((table - golden).norm() / golden.norm()).item()})
-            for split, groups in splits:
-                name = f"decode split {split} groups {groups}"
+            for split, groups, depth in splits:
+                name = f"decode split {split} groups {groups}" + (f" depth {depth}" if depth != 2 else "")
                 if m > BM:
                     continue
                 try:
-                    got = decode(x, prepared[0], split, groups).double()
+                    got = decode(x, prepared[0], split, groups, depth=depth).double()
                 except Exception as exc:  # say what failed, time the rest
                     rows.append({"k": k, "n": n, "m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
                     continue
-                again = decode(x, prepared[0], split, groups).double()
+                again = decode(x, prepared[0], split, groups, depth=depth).double()
                 rows.append({"k": k, "n": n, "m": m, "variant": name,
                              "rel_err_golden": ((got - golden).norm() / golden.norm()).item(),
                              "rel_err_table": ((got - table).norm() / table.norm()).item(),
                              "repeat_identical": bool(torch.equal(got, again))})
                 names.append(name)
-                calls.append(lambda i, x=x, p=prepared, s=split, g=groups: decode(x, p[i % SETS], s, g))
+                calls.append(lambda i, x=x, p=prepared, s=split, g=groups, d=depth: decode(x, p[i % SETS], s, g, depth=d))
                 sets.append(SETS)
                 if read_only:  # the same reads without the work: what the loads alone cost
                     for level, what in ((1, "reads"), (2, "reads, no split-K sum"), (3, "reads alone")):
                         names.append(f"{name} {what}")
-                        calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level: decode(x, p[i % SETS], s, g, r))
+                        calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level, d=depth:
+                                     decode(x, p[i % SETS], s, g, r, d))
                         sets.append(SETS)
             times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=sets)
             record_times(rows, names, times, {"k": k, "n": n, "m": m})
@@ -107,6 +109,7 @@ def main() -> None:
     p.add_argument("--ms", default="1")
     p.add_argument("--splits", default="2,4", help="programs splitting K, each timed at every --groups")
     p.add_argument("--groups", default="1", help="K-groups of four warps a program (summed in shared memory)")
+    p.add_argument("--depths", default="2", help="steps in flight a warp (2 or 4), each timed at every split")
     p.add_argument("--bits", type=int, default=4, choices=(4, 8))
     p.add_argument("--group", type=int, default=128)
     p.add_argument("--asym", action="store_true")
@@ -115,7 +118,8 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
-    res = run(shapes, [int(m) for m in a.ms.split(",")], [(int(s), int(h)) for s in a.splits.split(",") for h in a.groups.split(",")], a.bits, a.group,
+    res = run(shapes, [int(m) for m in a.ms.split(",")], [(int(s), int(h), int(d)) for s in a.splits.split(",") for h in a.groups.split(",")
+                                                     for d in a.depths.split(",")], a.bits, a.group,
               not a.asym, torch.float16 if a.fp16 else torch.bfloat16, a.reads)
     for r in res["rows"]:
         extra = r.get("error") or (f"{r.get('us', float('nan')):8.2f} us  {r.get('x_cublas', 0):5.2f}x  "

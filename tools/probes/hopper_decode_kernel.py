@@ -178,7 +178,7 @@ def decode_kernel(
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    READ_ONLY: gl.constexpr = 0,
+    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -188,7 +188,7 @@ def decode_kernel(
     shared memory, the programs' (``SPLIT``) in the workspace. ``CLOSE``: slices between
     two scale rows. ``READ_ONLY`` (a probe's floor, never a result): 1 the same reads and
     sums without dequantization or MMA, 2 without the sum over programs either, 3 nor the
-    staging of x."""
+    staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn)."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
     mma_layout: gl.constexpr = _mma_layout(KW)
@@ -214,35 +214,55 @@ def decode_kernel(
     rows_a = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, a_layout))
     g_a, r_a = rows_a // 64, n0 + rows_a % 64
 
+    gl.static_assert(DEPTH == 2 or DEPTH == 4, "DEPTH: 2 or 4 steps in flight")
     w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 0, blocks, s_ptr, NP, BITS, SG, STEPS)
     w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 1, blocks, s_ptr, NP, BITS, SG, STEPS)
+    if DEPTH == 4:
+        w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 2, blocks, s_ptr, NP, BITS, SG, STEPS)
+        w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 3, blocks, s_ptr, NP, BITS, SG, STEPS)
     x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
     if READ_ONLY < 3:
         _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K)
         gl.thread_barrier()
     acc = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
-    # Two steps a trip, ping-pong: while one step is dequantized and multiplied the other's
-    # words and scales are in flight, and each set of registers is refilled right after its
-    # last use, two steps ahead (no register copies between trips).
+    # DEPTH steps a trip, each register set refilled right after its last use, DEPTH steps
+    # ahead (no register copies between trips): while one step is dequantized and
+    # multiplied the others' words and scales are in flight.
     if READ_ONLY > 0:
         wacc = gl.zeros([KW, 8, 256], gl.int16, words_layout)
-        for b in range(0, STEPS, 2):
+        for b in range(0, STEPS, DEPTH):
             wacc = wacc ^ w_a
-            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             wacc = wacc ^ w_b
-            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH + 1, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            if DEPTH == 4:
+                wacc = wacc ^ w_c
+                w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 6, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+                wacc = wacc ^ w_d
+                w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
         acc += gl.sum(gl.sum(gl.sum(wacc.to(gl.float32), axis=2), axis=1), axis=0)
         acc += gl.sum(sa.to(gl.float32) + sb.to(gl.float32), axis=0)
+        if DEPTH == 4:
+            acc += gl.sum(sc.to(gl.float32) + sd.to(gl.float32), axis=0)
     else:
-        for b in range(0, STEPS, 2):
+        for b in range(0, STEPS, DEPTH):
             acc = _block(acc, w_a, sa, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
                          KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
-            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             if b + 1 < STEPS:
                 acc = _block(acc, w_b, sb, b + 1, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
                              KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
-            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH + 1, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+            if DEPTH == 4:
+                if b + 2 < STEPS:
+                    acc = _block(acc, w_c, sc, b + 2, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 6, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
+                if b + 3 < STEPS:
+                    acc = _block(acc, w_d, sd, b + 3, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
     out = _diagonal_sum(acc, KW, mma_layout)
     _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
                 SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
@@ -256,9 +276,9 @@ def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
-    stack, shared memory and the opcode counts of the walk (the longest loop: two steps
+    stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there."""
     from quantcore.triton.compile_report import (
         backward_loops,
@@ -275,15 +295,16 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0)
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
     ins = instructions(sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
-    codes = 2 * 64 * (512 // bits) / 128  # two steps: 64 rows × a block's inputs over one group's 128 threads
+    codes = depth * 64 * (512 // bits) / 128  # a trip's steps: 64 rows × a block's inputs over one group's 128 threads
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
+            "depth": depth,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}
