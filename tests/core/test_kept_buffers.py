@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from quantcore.triton import buffers
-from quantcore.triton.buffers import KeptBuffers, capture_id, capturing, grown, kept_buffer, retired, stream_key
+from quantcore.triton.buffers import (
+    KeptBuffers,
+    capture_id,
+    capturing,
+    grown,
+    kept_buffer,
+    retired,
+    stream_key,
+)
 
 
 def test_kept_buffer_is_zeroed_when_asked_on_the_cpu() -> None:
