@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .cuda_driver import libcuda
+
 __all__ = ["KeptBuffers", "capture_id", "capturing", "grown", "kept_buffer", "retired", "stream_key"]
 
 _CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
@@ -42,7 +44,7 @@ def _capture_info() -> Callable[..., int] | None:
     """The driver's ``cuStreamGetCaptureInfo_v2`` (every driver since CUDA 11.3 exports it),
     or None where there is no CUDA driver to ask."""
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuStreamGetCaptureInfo_v2
+        fn = libcuda().cuStreamGetCaptureInfo_v2
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int

@@ -12,8 +12,9 @@ launch; it leaves every other kernel as Triton loaded it.
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any
+
+from .cuda_driver import libcuda
 
 __all__ = ["DEFAULT_LIMIT", "opt_in"]
 
@@ -24,17 +25,12 @@ _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_
 _PREFER_SHARED = 1  # CU_FUNC_CACHE_PREFER_SHARED
 
 
-@functools.cache
-def _driver() -> Any:
-    return ctypes.CDLL("libcuda.so.1")
-
-
 def opt_in(kernel: Any, driver: Any = None) -> int:
     """Let ``kernel`` (a loaded Triton ``CompiledKernel``) launch with its static and dynamic
     shared memory together above 48 KB; returns the static bytes. Raises ``RuntimeError``
     with the driver's code where the driver refuses (the card has less)."""
     kernel._init_handles()  # loads the binary: its function handle
-    lib = driver or _driver()
+    lib = driver or libcuda()
     dynamic = int(kernel.metadata.shared)
     static = ctypes.c_int(0)
     function = ctypes.c_void_p(kernel.function)
