@@ -278,16 +278,26 @@ def test_config_tables_key_the_whole_geometry(tmp_path: Path, monkeypatch: pytes
          "config": {"gpc": 4, "ctas": 99, "br": 8, "warps": 8, "unroll": 1}},
         {"kernel": "mma", "K": 4096, "N": 4096, "d": 128, "passes": 1, "dtype": "bfloat16",
          "m_bucket": 16, "config": {"block_n": 32, "block_m": 16, "gpc": 2, "warps": 4, "stages": 2, "ctas": 7}},
+        {"kernel": "gemv", "K": 4096, "N": 14336, "d": 128, "passes": 1, "dtype": "float16",
+         "config": {"gpc": 4, "ctas": 55, "br": 8, "warps": 8, "unroll": 1}},
+        {"kernel": "gemv", "K": 4096, "N": 14336, "d": 128, "passes": 1, "dtype": "bfloat16",
+         "config": {"gpc": 4, "ctas": 77, "br": 8, "warps": 8, "unroll": 1}},
         {"kernel": "paths", "config": {"gemv_max_m": 1, "mma_max_m": 64}},
     ]
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps({"card": dataclasses.asdict(dev), "entries": entries}))
     monkeypatch.setenv(configs.ENV, str(path))
     assert configs.gemv_config(dev, 4096, 4096, 128, 1, torch.bfloat16).ctas == 99
-    # Another group size, pass count, dtype, shape or architecture: not this entry.
+    # fp16 has the bf16 entry's geometry (the same bytes and registers); float32 does not.
+    assert configs.gemv_config(dev, 4096, 4096, 128, 1, torch.float16).ctas == 99
+    assert configs.mma_config(dev, 9, 4096, 4096, 128, 1, torch.float16).ctas == 7
+    # A dtype's own entry wins over its twin's.
+    assert configs.gemv_config(dev, 4096, 14336, 128, 1, torch.float16).ctas == 55
+    assert configs.gemv_config(dev, 4096, 14336, 128, 1, torch.bfloat16).ctas == 77
+    # Another group size, pass count, dtype width, shape or architecture: not this entry.
     other = CardKey("sm_80", 108, 163, 2)
     for args in ((dev, 4096, 4096, 64, 1, torch.bfloat16), (dev, 4096, 4096, 128, 2, torch.bfloat16),
-                 (dev, 4096, 4096, 128, 1, torch.float16), (dev, 4096, 14336, 128, 1, torch.bfloat16),
+                 (dev, 4096, 4096, 128, 1, torch.float32), (dev, 4096, 14336, 128, 1, torch.bfloat16),
                  (other, 4096, 4096, 128, 1, torch.bfloat16), (None, 4096, 4096, 128, 1, torch.bfloat16)):
         assert configs.gemv_config(*args).ctas != 99, args
     assert configs.mma_config(dev, 9, 4096, 4096, 128, 1, torch.bfloat16).ctas == 7

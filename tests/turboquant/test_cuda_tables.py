@@ -1,0 +1,54 @@
+"""Every entry of the table this card takes, run at its own layer shape and M bucket in
+both 16-bit dtypes against the float golden: a bf16-tuned entry also serves fp16
+(``configs._entry``), so each tuned geometry must be right in the dtype it was not
+timed in too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantcore.conformance.tolerance import compare, tolerance_for
+from quantcore.formats.turboquant import TurboQuant
+from quantcore.ops.linear import linear_reference
+
+from .cuda_layers import DTYPES, cuda_layer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _entries() -> list[tuple[str, int, int, int, int]]:
+    """(kernel, K, N, passes, M) for every gemv and mma entry of this card's table."""
+    if not torch.cuda.is_available():
+        return []
+    from quantcore.backends.turboquant_triton import configs
+    from quantcore.probe.card import card_key
+
+    out = []
+    for key in configs.table(card_key(0)):
+        if key[0] == "gemv":
+            out.append(("gemv", key[1], key[2], key[4], 1))
+        elif key[0] == "mma":
+            out.append(("mma", key[1], key[2], key[4], key[6]))
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("kernel", "k", "n", "passes", "m"), _entries())
+def test_cuda_each_table_entry_matches_golden_in_both_16_bit_dtypes(
+        kernel: str, k: int, n: int, passes: int, m: int, dtype: torch.dtype) -> None:
+    from quantcore.backends.turboquant_triton import configs
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+    from quantcore.probe.card import card_key
+
+    fmt = TurboQuant(group_size=128, residual=passes == 2)
+    t, prep = cuda_layer(fmt, n, k, dtype, seed=k + n + m)
+    rows = m if kernel == "gemv" else m - 3  # inside the bucket, not its top
+    if kernel == "mma":
+        assert configs.mma_entry(card_key(0), rows, k, n, 128, passes, dtype) is not None
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    y = fused_linear(x.cuda(), prep.passes, prep.codebook, group_size=128, partial=None, bias=prep.bias,
+                     out_dtype=dtype, path=kernel)
+    result = compare(y.cpu(), linear_reference(x, fmt.dequantize(t), t["bias"]), tolerance_for(dtype))
+    assert result.ok, result.problem
