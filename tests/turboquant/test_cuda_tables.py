@@ -5,6 +5,8 @@ timed in too."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -12,9 +14,19 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 
-from .cuda_layers import DTYPES, cuda_layer
+from .cuda_layers import DTYPES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@functools.lru_cache(maxsize=2)
+def _layer(k: int, n: int, passes: int) -> tuple[TurboQuant, dict[str, torch.Tensor], torch.Tensor]:
+    """A layer quantized once for both dtypes' cases, and its dequantized weight."""
+    fmt = TurboQuant(group_size=128, residual=passes == 2)
+    gen = torch.Generator().manual_seed(k + n + passes)
+    t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
+    t["bias"] = torch.randn(n, generator=gen)
+    return fmt, t, fmt.dequantize(t)
 
 
 def _entries() -> list[tuple[str, int, int, int, int]]:
@@ -33,16 +45,16 @@ def _entries() -> list[tuple[str, int, int, int, int]]:
     return sorted(set(out))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("kernel", "k", "n", "passes", "m"), _entries())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_each_table_entry_matches_golden_in_both_16_bit_dtypes(
         kernel: str, k: int, n: int, passes: int, m: int, dtype: torch.dtype) -> None:
-    from quantcore.backends.turboquant_triton import configs
+    from quantcore.backends.turboquant_triton import TurboQuantTriton, configs
     from quantcore.backends.turboquant_triton.fused import fused_linear
     from quantcore.probe.card import card_key
 
-    fmt = TurboQuant(group_size=128, residual=passes == 2)
-    t, prep = cuda_layer(fmt, n, k, dtype, seed=k + n + m)
+    fmt, t, w_hat = _layer(k, n, passes)
+    prep = TurboQuantTriton(fmt, "cuda").prepare({name: v.cuda() for name, v in t.items()}, dtype=dtype)
     rows = m if kernel == "gemv" else m - 3  # inside the bucket, not its top
     if kernel == "mma":
         assert configs.mma_entry(card_key(0), rows, k, n, 128, passes, dtype) is not None
@@ -50,5 +62,5 @@ def test_cuda_each_table_entry_matches_golden_in_both_16_bit_dtypes(
     x = torch.randn(rows, k, generator=gen).to(dtype)
     y = fused_linear(x.cuda(), prep.passes, prep.codebook, group_size=128, partial=None, bias=prep.bias,
                      out_dtype=dtype, path=kernel)
-    result = compare(y.cpu(), linear_reference(x, fmt.dequantize(t), t["bias"]), tolerance_for(dtype))
+    result = compare(y.cpu(), linear_reference(x, w_hat, t["bias"]), tolerance_for(dtype))
     assert result.ok, result.problem

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A batch of GPU runs under one call, each under its own timeout, everything packed into
+# one archive (the device hands back few files): $OUT/runs.tgz, and each run's last lines
+# on stdout.
+#
+#   bash tools/probes/batch_gpu.sh tables overhead svdquant decode16
+#
+#   tables     the TurboQuant table entries of this card in bf16 and fp16 against the golden
+#   overhead   quantcore bench overhead (host µs per eager call and CUDA-graph replays)
+#   svdquant   quantcore bench svdquant_prequant --graph
+#   decode16   model_decode B = 16, bf16 and TurboQuant-4 fused (tools/probes/model_decode_gpu.sh)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-$PWD/batch-runs}"
+WORK=$(mktemp -d)/runs
+mkdir -p "$WORK" "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$WORK/device.txt"
+
+# step NAME LIMIT_S COMMAND...: one run, its output in NAME.log, its tail printed.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $(date +%T) $name (timeout ${limit}s)"
+  timeout --signal=INT --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+  echo "== $name rc=$?"
+  tail -n 12 "$WORK/$name.log" | cut -c1-300
+}
+
+for part in "$@"; do
+  case $part in
+  tables) step tables 200 python3 -m pytest tests/turboquant/test_cuda_tables.py -q -n 0 -p no:cacheprovider -rf ;;
+  overhead) step overhead 170 python3 -m quantcore bench overhead --device cuda --shapes default --rounds 5 \
+      --out "$WORK/overhead" ;;
+  svdquant) step svdquant 200 python3 -m quantcore bench svdquant_prequant --device cuda --graph --rounds 3 \
+      --out "$WORK/svdquant" ;;
+  decode16) step decode16 260 env VARIANTS=bf16,tq4-g128-fused LIMIT_S=240 RESULTS="$WORK/decode16" \
+      bash tools/probes/model_decode_gpu.sh b16 ;;
+  *) echo "unknown part: $part" ;;
+  esac
+done
+tar czf "$OUT/runs.tgz" -C "$(dirname "$WORK")" runs
