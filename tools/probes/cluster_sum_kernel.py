@@ -11,22 +11,19 @@ and the H200 that costs 1.5–3.4 µs of a 15 µs call (``backends/hopper_wgmma/
 cluster instead (``num_ctas=RANKS``: the program id is the cluster's, ``%cluster_ctarank``
 tells the CTAs apart), and their partials meet on chip:
 
-* every CTA stores its partial into its own shared memory (Triton's store: the layouts hold
-  the tensor whole on every CTA of the cluster, ``cga_layout`` of zero vectors);
+* every CTA stores its partial into its own shared memory, the first 2 KB of the kernel's
+  (inline PTX from the window's base, ``global_smem``, after a CTA barrier: whatever the
+  kernel kept there before is no longer needed), thread t's four values at ``16·t``; the
+  layouts hold the tile whole on every CTA of the cluster (``cga_layout`` of zero vectors);
 * one cluster barrier with release/acquire semantics makes the stores visible to the
   cluster;
 * CTA 0 reads the other CTAs' partials through distributed shared memory (``mapa`` +
-  ``ld.shared::cluster``, inline PTX: Triton 3.6 lowers no cross-CTA exchange of this kind)
-  and adds them in rank order: the same fp32 sum, in the same order, as the tickets' last
-  program makes, so the two are bit-identical;
+  ``ld.shared::cluster``; Triton 3.6 lowers no cross-CTA exchange of this kind) and adds
+  them in rank order: the same fp32 sum, in the same order, as the tickets' last program
+  makes, so the two are bit-identical;
 * a second cluster barrier keeps every CTA's shared memory alive until CTA 0's remote loads
   are done (release: a relaxed arrive would let a CTA exit under a load still in flight);
   Triton stores a tensor held whole by every CTA from CTA 0 alone.
-
-The PTX names the shared window's base (``global_smem``) and puts each thread's four
-values at ``16 · tid``: where Triton's store of the unswizzled ``[64, 8]`` buffer, the only
-one of the kernel, puts them (the thread layout below; the compile test checks that the
-buffer is all the shared memory the kernel has).
 """
 
 from __future__ import annotations
@@ -36,7 +33,8 @@ from triton.experimental.gluon import language as gl
 
 from quantcore.backends.hopper_wgmma.kernels import _tile_store
 
-__all__ = ["BM", "BN", "cluster_kernel", "compile_report", "floor_kernel", "ticket_kernel"]
+__all__ = ["BM", "BN", "cluster_kernel", "cluster_rank", "cluster_sum", "compile_report", "exchange_layout",
+           "floor_kernel", "ticket_kernel", "whole"]
 
 #: The decode tile: weight rows (N) by activation rows (M), fp32 partials.
 BN, BM = gl.constexpr(64), gl.constexpr(8)
@@ -63,7 +61,9 @@ def _exchange_asm(ranks: int) -> str:
             "mov.u32 qc_rank, %cluster_ctarank;\n"
             "setp.eq.u32 qc_lead, qc_rank, 0;\n"
             + "".join(f"mov.f32 ${i}, ${i + 4};\n" for i in range(4))
-            + "barrier.cluster.arrive.release.aligned;\n"
+            + "bar.sync 0;\n"
+            "st.shared.v4.f32 [qc_addr], {$4, $5, $6, $7};\n"
+            "barrier.cluster.arrive.release.aligned;\n"
             "barrier.cluster.wait.acquire.aligned;\n"
             + reads
             + "barrier.cluster.arrive.release.aligned;\n"
@@ -72,16 +72,48 @@ def _exchange_asm(ranks: int) -> str:
 
 
 @gluon.constexpr_function
-def _part_layout(ranks):
-    # [64, 8] over 4 warps, four consecutive values a thread: thread t holds the 16 bytes
-    # at 16·t of the row-major tile. Every CTA of a cluster of ``ranks`` holds all of it.
-    whole = [[0, 0]] * (ranks.bit_length() - 1)
-    return gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0], cga_layout=whole)
+def whole(ranks, dims):
+    """``cga_layout`` bases that hold a tensor of ``dims`` dims whole on every CTA of a
+    cluster of ``ranks`` (a power of two; none for one CTA)."""
+    return [[0] * dims] * (ranks.bit_length() - 1)
+
+
+@gluon.constexpr_function
+def exchange_layout(ranks):
+    """``[64, 8]`` over 4 warps, four consecutive values a thread: thread t holds the 16
+    bytes at 16·t of the row-major tile, on every CTA of the cluster."""
+    return gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0], cga_layout=whole(ranks, 2))
 
 
 @gluon.constexpr_function
 def _flat_shared(ranks):
-    return gl.SwizzledSharedLayout(1, 1, 1, [1, 0], cga_layout=[[0, 0]] * (ranks.bit_length() - 1))
+    return gl.SwizzledSharedLayout(1, 1, 1, [1, 0], cga_layout=whole(ranks, 2))
+
+
+@gluon.constexpr_function
+def _lanes(ranks):
+    # 32 values over a warp's lanes, every warp (and CTA) holding them all: a reduction over
+    # them is a few shuffles, no shared memory.
+    return gl.BlockedLayout([1], [32], [4], [0], cga_layout=whole(ranks, 1))
+
+
+@gluon.jit
+def cluster_rank(RANKS: gl.constexpr):
+    """This CTA's rank in its cluster of ``RANKS``, a scalar (kernels of 4 warps)."""
+    probe = gl.arange(0, 32, layout=_lanes(RANKS))
+    rank = gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [probe], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+    return gl.max(rank, axis=0)
+
+
+@gluon.jit
+def cluster_sum(part, RANKS: gl.constexpr):
+    """The sum over the cluster's CTAs of ``part`` (``[64, 8]`` fp32 in
+    :func:`exchange_layout`), in rank order, on CTA 0 (the other CTAs get their own part
+    back). It takes the first 2 KB of the kernel's shared memory, after a CTA barrier: the
+    kernel must own at least that much and need none of it any more."""
+    return gl.inline_asm_elementwise(_exchange_asm(RANKS), "=f,=f,=f,=f,f,f,f,f", [part], dtype=gl.float32,
+                                     is_pure=False, pack=4)
 
 
 @gluon.jit
@@ -98,15 +130,13 @@ def cluster_kernel(p_ptr, y_ptr, stride_ym, RANKS: gl.constexpr):
     (``p``: ``[tiles, RANKS, BN, BM]`` fp32, the stand-in for what each program's walk over
     its share of K leaves in registers) into ``y[m, 64·tile + r]``, through the cluster's
     shared memory."""
-    layout: gl.constexpr = _part_layout(RANKS)
+    layout: gl.constexpr = exchange_layout(RANKS)
     tile = gl.program_id(0)  # the cluster's id
     rows, cols, offs = _tile_offsets(layout)
-    rank = gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [offs], dtype=gl.int32,
-                                     is_pure=True, pack=1)
-    part = gl.load(p_ptr + (tile * RANKS + rank) * (BN * BM) + offs)
+    part = gl.load(p_ptr + (tile * RANKS + cluster_rank(RANKS)) * (BN * BM) + offs)
+    # The kernel's only shared memory, the 2 KB the exchange takes (kept by its read).
     own = gl.allocate_shared_memory(gl.float32, [BN, BM], _flat_shared(RANKS), part)
-    total = gl.inline_asm_elementwise(_exchange_asm(RANKS), "=f,=f,=f,=f,f,f,f,f", [own.load(layout)], dtype=gl.float32,
-                                      is_pure=False, pack=4)
+    total = cluster_sum(own.load(layout), RANKS)
     y_offs = gl.expand_dims(cols, 0) * stride_ym + gl.expand_dims(tile * BN + rows, 1)
     gl.store(y_ptr + y_offs, total)
 
@@ -115,7 +145,7 @@ def cluster_kernel(p_ptr, y_ptr, stride_ym, RANKS: gl.constexpr):
 def ticket_kernel(p_ptr, y_ptr, ws_ptr, cnt_ptr, stride_ym, N, RANKS: gl.constexpr):
     """Grid ``(tiles, RANKS)``: the same sum through the workspace and a ticket a tile, as
     the decode kernels make it today."""
-    layout: gl.constexpr = _part_layout(1)
+    layout: gl.constexpr = exchange_layout(1)
     tile = gl.program_id(0)
     rank = gl.program_id(1)
     _, _, offs = _tile_offsets(layout)
@@ -128,7 +158,7 @@ def ticket_kernel(p_ptr, y_ptr, ws_ptr, cnt_ptr, stride_ym, N, RANKS: gl.constex
 def floor_kernel(p_ptr, ws_ptr, N, RANKS: gl.constexpr):
     """Grid ``(tiles, RANKS)``: each program loads its partial and stores it to its slot,
     no sum: the launch and traffic both sums are timed against."""
-    layout: gl.constexpr = _part_layout(1)
+    layout: gl.constexpr = exchange_layout(1)
     tile = gl.program_id(0)
     rank = gl.program_id(1)
     rows, cols, offs = _tile_offsets(layout)
