@@ -3,7 +3,8 @@ compiles for Hopper (sm_90a) with what its measurements rest on: no register spi
 loaded words reshaped into the MMA's A operand without moving data (the kernel asserts
 the conversion is trivial, so a layout change fails the compile), x read from shared
 memory by ``ldmatrix``, no other shared-memory traffic in the walk, and the walk's
-instruction count per code."""
+instruction count per code; with the split-K sum through a thread-block cluster
+(``cluster_sum_kernel.py``) the same walk and the cluster's barriers and remote loads."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ SCRIPT = """
 import json
 from tools.probes.hopper_decode_kernel import compile_report
 for kw in [dict(), dict(groups=2), dict(bits=8), dict(zeros=True, fp16=True, sub_group=32),
-           dict(depth=4, steps=32)]:
+           dict(depth=4, steps=32), dict(cluster=4)]:
     print(json.dumps(compile_report(**kw)))
 """
 
@@ -23,7 +24,7 @@ for kw in [dict(), dict(groups=2), dict(bits=8), dict(zeros=True, fp16=True, sub
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_decode_experiment_compiles_for_sm90() -> None:
     rows = compiled_rows(SCRIPT)
-    assert len(rows) == 5
+    assert len(rows) == 6
     for r in rows:
         walk = r["walk"]
         pairs = 16 // r["bits"]
@@ -35,3 +36,9 @@ def test_decode_experiment_compiles_for_sm90() -> None:
         assert not {"STS", "LDS", "STL", "LDL", "BAR"} & set(walk), walk
     four_bit = rows[0]
     assert four_bit["per_code"] <= 2.5, four_bit
+    # The split-K sum: a ticket (an atomic) per tile, or through a cluster of four CTAs —
+    # two cluster barriers, a remote load a peer, no atomic — with the same walk.
+    assert four_bit["end"]["ATOMG"] + four_bit["end"]["RED"] >= 1 and four_bit["end"]["UCGABAR_ARV"] == 0
+    cluster = rows[5]
+    assert cluster["end"] == {"UCGABAR_ARV": 2, "LD": 3, "ATOMG": 0, "RED": 0}, cluster["end"]
+    assert cluster["walk"]["HMMA"] == four_bit["walk"]["HMMA"] and cluster["per_code"] <= 2.5, cluster

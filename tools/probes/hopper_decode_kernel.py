@@ -32,6 +32,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quantcore.backends.hopper_wgmma.kernels import _tile_store
 from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 
+from .cluster_sum_kernel import cluster_rank, cluster_sum, exchange_layout, whole
+
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel"]
 
 #: Activation rows one launch covers (the MMA's N).
@@ -45,17 +47,29 @@ _EXACT_ASM = gl.constexpr(tuple(
 
 
 @gluon.constexpr_function
-def _mma_layout(kw):
-    # Warp 4·g + w: rows 16w… of K-group g (row 64·g + r of the stacked operand).
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * kw, 1], instr_shape=[16, 8])
+def _mma_layout(kw, cluster):
+    # Warp 4·g + w: rows 16w… of K-group g (row 64·g + r of the stacked operand); whole on
+    # every CTA of a cluster.
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * kw, 1], instr_shape=[16, 8],
+                                     cga_layout=whole(cluster, 2))
 
 
 @gluon.constexpr_function
-def _words_layout(kw):
+def _words_layout(kw, cluster):
     # [KW, 8, 256] int16, one block of a 64-row tile per K-group: row 4h + w, column
     # 8·lane + 2j + b (layout.py); warp w of a group reads rows w and 4 + w, 16 contiguous
     # bytes a thread a row.
-    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [kw, 4, 1], [2, 1, 0])
+    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [kw, 4, 1], [2, 1, 0], cga_layout=whole(cluster, 3))
+
+
+@gluon.constexpr_function
+def _stage_layout(pairs, kw, cluster):
+    return gl.BlockedLayout([1, 1, 8], [1, 8, 4], [pairs, kw, 4 // pairs], [2, 1, 0], cga_layout=whole(cluster, 3))
+
+
+@gluon.constexpr_function
+def _x_shared(cluster):
+    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2, cga_layout=whole(cluster, 2))
 
 
 @gluon.jit
@@ -70,12 +84,12 @@ def _as_operand(words, KW: gl.constexpr, a_layout: gl.constexpr):
 
 @gluon.jit
 def _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW: gl.constexpr, STEPS: gl.constexpr,
-             PAIRS: gl.constexpr, EVEN_K: gl.constexpr):
+             PAIRS: gl.constexpr, EVEN_K: gl.constexpr, CLUSTER: gl.constexpr):
     """x of the program's blocks into shared memory, ``[STEPS·PAIRS, KW·8, 32]``: entry
     ``(PAIRS·b + sl, 8·g + m, k)`` is input ``32·(PAIRS·(first + STEPS·g + b) + sl) + k`` of
     row m (zero past M and K), so each slice's B operand (every K-group's x side by side)
     is one shared-memory read. The loads do not wait for each other: one trip to L2."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [PAIRS, KW, 4 // PAIRS], [2, 1, 0])
+    layout: gl.constexpr = _stage_layout(PAIRS, KW, CLUSTER)
     sl = gl.arange(0, PAIRS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
     gm = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
     k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
@@ -178,7 +192,7 @@ def decode_kernel(
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2,
+    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, CLUSTER: gl.constexpr = 1,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -191,13 +205,17 @@ def decode_kernel(
     staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn)."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
-    mma_layout: gl.constexpr = _mma_layout(KW)
+    mma_layout: gl.constexpr = _mma_layout(KW, CLUSTER)
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
-    words_layout: gl.constexpr = _words_layout(KW)
+    words_layout: gl.constexpr = _words_layout(KW, CLUSTER)
 
     tile = gl.program_id(0)
-    pid_k = gl.program_id(1)
+    if CLUSTER > 1:  # the tile's programs are one cluster's CTAs (program_id: the cluster's)
+        gl.static_assert(KW == 1, "CLUSTER: one K-group of four warps a program")
+        pid_k = cluster_rank(CLUSTER)
+    else:
+        pid_k = gl.program_id(1)
     n0 = tile * 64
     first = pid_k * (KW * STEPS)
 
@@ -221,9 +239,9 @@ def decode_kernel(
         w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 2, blocks, s_ptr, NP, BITS, SG, STEPS)
         w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 3, blocks, s_ptr, NP, BITS, SG, STEPS)
     x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32],
-                                       gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+                                       _x_shared(CLUSTER))
     if READ_ONLY < 3:
-        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K)
+        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, CLUSTER)
         gl.thread_barrier()
     acc = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
     # DEPTH steps a trip, each register set refilled right after its last use, DEPTH steps
@@ -263,9 +281,32 @@ def decode_kernel(
                     acc = _block(acc, w_d, sd, b + 3, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
                                  KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
-    out = _diagonal_sum(acc, KW, mma_layout)
-    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
-                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
+    # One K-group: acc is the tile (no reshape: with a cluster's layouts Triton 3.6 does not lower it).
+    out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
+    if CLUSTER > 1:
+        _cluster_store(out, n0, b_ptr, y_ptr, M, N, stride_ym, READ_ONLY < 2, HAS_BIAS, CLUSTER)
+    else:
+        _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                    SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
+
+
+@gluon.jit
+def _cluster_store(out, n0, b_ptr, y_ptr, M, N, stride_ym, SUM: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   CLUSTER: gl.constexpr):
+    """The tile's sum over the cluster's CTAs (``cluster_sum_kernel.py``; ``SUM`` off: CTA
+    0's part alone, a probe's floor) plus the bias, stored by CTA 0."""
+    layout: gl.constexpr = exchange_layout(CLUSTER)
+    total = gl.convert_layout(out, layout)
+    if SUM:
+        total = cluster_sum(total, CLUSTER)
+    offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+    offs_m = gl.arange(0, 8, layout=gl.SliceLayout(0, layout))
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    gl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
@@ -276,10 +317,11 @@ def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128, depth: int = 2) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2, cluster: int = 1) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
-    of every K-group), per code a thread handles there."""
+    of every K-group), per code a thread handles there; ``cluster``: the split-K sum through
+    a cluster of that many CTAs, and the end's cluster barriers, remote loads and atomics."""
     from quantcore.triton.compile_report import (
         backward_loops,
         compile_sm90,
@@ -294,17 +336,19 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
            "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
-    const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth)
+    const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=cluster == 1, EVEN_K=True,
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, CLUSTER=cluster)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
-                            options={"num_warps": 4 * groups}, gluon=True)
+                            options={"num_warps": 4 * groups, "num_ctas": cluster}, gluon=True)
     sass = compiled.sass
     ins = instructions(sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
     codes = depth * 64 * (512 // bits) / 128  # a trip's steps: 64 rows × a block's inputs over one group's 128 threads
+    whole_kernel = opcode_counts(i.opcode for i in ins)
+    end = {op: whole_kernel.get(op, 0) for op in ("UCGABAR_ARV", "LD", "ATOMG", "RED")}
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth,
+            "depth": depth, "cluster": cluster, "end": end,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}
