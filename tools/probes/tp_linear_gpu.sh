@@ -31,7 +31,8 @@
 # Everything goes under $OUT (default ./tp-linear-results): the log, tp_check_*.json (a
 # check's exit code 2 is a skip, its reason in the JSON), and
 # per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
-# (tools/probes/host_cost_table.py) is printed last.
+# (tools/probes/host_cost_table.py) is printed last. PACK=PATH also packs all of it into one
+# archive at PATH (for a machine that hands back only a few files: OUT=/tmp/tp PACK=$OUT/tp.tgz).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/tp-linear-results}"
@@ -135,3 +136,6 @@ if has conformance; then
 fi
 say "done"
 python3 -m tools.probes.host_cost_table "$OUT" 2>&1 | tee "$OUT/table.txt"
+if [ -n "${PACK:-}" ]; then
+  tar czf "$PACK" -C "$OUT" . && say "packed into $PACK"
+fi
