@@ -3,12 +3,14 @@
 # one archive (the device hands back few files): $OUT/runs.tgz, and each run's last lines
 # on stdout.
 #
-#   bash tools/probes/batch_gpu.sh tables overhead svdquant decode16
+#   bash tools/probes/batch_gpu.sh tables overhead svdquant decode16 cluster
 #
 #   tables     the TurboQuant table entries of this card in bf16 and fp16 against the golden
 #   overhead   quantcore bench overhead (host µs per eager call and CUDA-graph replays)
 #   svdquant   quantcore bench svdquant_prequant --graph
 #   decode16   model_decode B = 16, bf16 and TurboQuant-4 fused (tools/probes/model_decode_gpu.sh)
+#   cluster    the split-K sum through a thread-block cluster: alone (cluster_sum.py), then in
+#              the decode experiment beside the ticket sum (hopper_decode.py --cluster --reads)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/batch-runs}"
@@ -36,6 +38,10 @@ for part in "$@"; do
       --out "$WORK/svdquant" ;;
   decode16) step decode16 260 env VARIANTS=bf16,tq4-g128-fused LIMIT_S=240 RESULTS="$WORK/decode16" \
       bash tools/probes/model_decode_gpu.sh b16 ;;
+  cluster)
+    step cluster_sum 120 python3 -m tools.probes.cluster_sum --json "$WORK/cluster_sum.json"
+    step hopper_decode_cluster 240 python3 -m tools.probes.hopper_decode --shapes 4096x14336,14336x4096 --ms 1 \
+      --splits 2,4 --cluster --reads --json "$WORK/hopper_decode_cluster.json" ;;
   *) echo "unknown part: $part" ;;
   esac
 done
