@@ -32,7 +32,8 @@
 # check's exit code 2 is a skip, its reason in the JSON), and
 # per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
 # (tools/probes/host_cost_table.py) is printed last. PACK=PATH also packs all of it into one
-# archive at PATH (for a machine that hands back only a few files: OUT=/tmp/tp PACK=$OUT/tp.tgz).
+# archive at PATH (for a machine that hands back only a few files: point OUT outside the folder it
+# hands back, and PACK inside it).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/tp-linear-results}"
