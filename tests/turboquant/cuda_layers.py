@@ -16,11 +16,22 @@ FORMATS = (TurboQuant(group_size=128), TurboQuant(group_size=128, residual=True)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-def cuda_layer(fmt: TurboQuant, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[dict[str, torch.Tensor], Any]:
-    """The layer's tensors (CPU, with a bias) and its state prepared on CUDA for ``dtype``."""
-    from quantcore.backends.turboquant_triton import TurboQuantTriton
-
+def quantized_layer(fmt: TurboQuant, n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
+    """The layer's tensors on the CPU, from fresh random weights, with a bias."""
     gen = torch.Generator().manual_seed(seed)
     t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
     t["bias"] = torch.randn(n, generator=gen)
-    return t, TurboQuantTriton(fmt, "cuda").prepare({name: v.cuda() for name, v in t.items()}, dtype=dtype)
+    return t
+
+
+def prepared_on_cuda(fmt: TurboQuant, t: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
+    """``t`` prepared on CUDA for ``turboquant_triton`` and activations of ``dtype``."""
+    from quantcore.backends.turboquant_triton import TurboQuantTriton
+
+    return TurboQuantTriton(fmt, "cuda").prepare({name: v.cuda() for name, v in t.items()}, dtype=dtype)
+
+
+def cuda_layer(fmt: TurboQuant, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[dict[str, torch.Tensor], Any]:
+    """The layer's tensors (CPU, with a bias) and its state prepared on CUDA for ``dtype``."""
+    t = quantized_layer(fmt, n, k, seed)
+    return t, prepared_on_cuda(fmt, t, dtype)

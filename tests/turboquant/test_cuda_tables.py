@@ -14,7 +14,7 @@ from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 
-from .cuda_layers import DTYPES
+from .cuda_layers import DTYPES, prepared_on_cuda, quantized_layer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -23,9 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def _layer(k: int, n: int, passes: int) -> tuple[TurboQuant, dict[str, torch.Tensor], torch.Tensor]:
     """A layer quantized once for both dtypes' cases, and its dequantized weight."""
     fmt = TurboQuant(group_size=128, residual=passes == 2)
-    gen = torch.Generator().manual_seed(k + n + passes)
-    t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
-    t["bias"] = torch.randn(n, generator=gen)
+    t = quantized_layer(fmt, n, k, seed=k + n + passes)
     return fmt, t, fmt.dequantize(t)
 
 
@@ -49,12 +47,12 @@ def _entries() -> list[tuple[str, int, int, int, int]]:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_each_table_entry_matches_golden_in_both_16_bit_dtypes(
         kernel: str, k: int, n: int, passes: int, m: int, dtype: torch.dtype) -> None:
-    from quantcore.backends.turboquant_triton import TurboQuantTriton, configs
+    from quantcore.backends.turboquant_triton import configs
     from quantcore.backends.turboquant_triton.fused import fused_linear
     from quantcore.probe.card import card_key
 
     fmt, t, w_hat = _layer(k, n, passes)
-    prep = TurboQuantTriton(fmt, "cuda").prepare({name: v.cuda() for name, v in t.items()}, dtype=dtype)
+    prep = prepared_on_cuda(fmt, t, dtype)
     rows = m if kernel == "gemv" else m - 3  # inside the bucket, not its top
     if kernel == "mma":
         assert configs.mma_entry(card_key(0), rows, k, n, 128, passes, dtype) is not None
