@@ -27,6 +27,8 @@ step() {
   timeout --signal=INT --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
   echo "== $name rc=$?"
   tail -n 12 "$WORK/$name.log" | cut -c1-300
+  # packed after every run, so a batch stopped at the call's limit still hands back what ran
+  tar czf "$OUT/runs.tgz" -C "$(dirname "$WORK")" runs
 }
 
 for part in "$@"; do
@@ -45,4 +47,3 @@ for part in "$@"; do
   *) echo "unknown part: $part" ;;
   esac
 done
-tar czf "$OUT/runs.tgz" -C "$(dirname "$WORK")" runs
