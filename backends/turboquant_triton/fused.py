@@ -26,7 +26,10 @@ the grid — is decided on a bucket's first call (of that M)
 and kept with the layer's codebook tensor (:func:`quantcore.triton.launch.launch_state`;
 a prepared state holds one codebook), checked against the pass tensors it was made for:
 the custom op rebuilds the state objects around the same tensors at every call, and passes
-handed in from elsewhere (the offload path's scratch views) get buckets of their own.
+handed in from elsewhere (the offload path's scratch views) get buckets of their own. The
+kernel's own eager call (``prepared_linear``) also remembers the bucket it took in the
+prepared state, per activation dtype and M: a later call neither chooses a path nor builds
+the bucket's key, it checks the bucket still fits the state and launches.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.kernels.turboquant.base import PassData, rotate_input
+from quantcore.kernels.turboquant.base import PassData, TurboQuantPrepared, rotate_input
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
@@ -57,7 +60,7 @@ from .operand import MIN_GROUP, coordinate_order
 from .pairs import half_codebook
 from .workspace import rotation_buffers, split_k_buffers
 
-__all__ = ["fused_linear", "interpreting"]
+__all__ = ["fused_linear", "interpreting", "prepared_linear"]
 
 #: Re-exported for the NaN-rounding regression test.
 _to_output = to_output
@@ -168,11 +171,14 @@ class _Bucket:
         """Made for these tensors (the custom op rebuilds the pass objects around the same
         tensors at every call), and their rotations unchanged since."""
         mine = self.passes
-        if self.bias is not bias or len(passes) != len(mine):
+        if self.bias is not bias:
             return False
-        for a, b in zip(mine, passes, strict=True):
-            if a.indices is not b.indices or a.scales is not b.scales or a.rotation is not b.rotation:
+        if passes is not mine:  # the very tuple it was made from (a prepared state's) needs no look inside
+            if len(passes) != len(mine):
                 return False
+            for a, b in zip(mine, passes, strict=True):
+                if a.indices is not b.indices or a.scales is not b.scales or a.rotation is not b.rotation:
+                    return False
         return self.rotate is None or self.rotate.current()
 
 
@@ -522,11 +528,82 @@ def fused_linear(
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     m = x2d.shape[0]
-    device = x2d.device
     # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
-    out = torch.empty(m, passes[0].indices.shape[0], dtype=out_dtype, device=device)
+    out = torch.empty(m, passes[0].indices.shape[0], dtype=out_dtype, device=x2d.device)
     if m == 0:
         return out
+    _bucket(x2d, passes, codebook, group_size, partial, bias, out, path, config)(x2d, partial, out)
+    return out
+
+
+#: Where :func:`prepared_linear` keeps its buckets in a prepared state's ``cache``.
+_ROUTES = object()
+#: The most (dtype, M, eager) routes a prepared state remembers (a prefill sees many M).
+MAX_ROUTES = 64
+
+
+class _Routes(dict[tuple[Any, ...], Any]):
+    """A prepared state's remembered buckets, for the codebook they were bound over: a
+    state copied with ``dataclasses.replace`` shares its ``cache`` dict, and one given
+    another codebook (moved, or another layer's) must not launch over the old one's."""
+
+    __slots__ = ("codebook",)
+
+    def __init__(self, codebook: torch.Tensor) -> None:
+        super().__init__()
+        self.codebook = codebook
+
+
+def prepared_linear(x2d: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
+    """:func:`fused_linear` of a prepared layer's own passes and bias, the output in x's
+    dtype: the bucket a call takes is remembered in the prepared state's ``cache`` per
+    (dtype, M, eager), so a later call looks it up once, checks it still fits the passes
+    and the bias, and launches. A call recorded into a CUDA graph is not remembered (its
+    buckets may be the recording's alone)."""
+    m = x2d.shape[0]
+    # ``is_cuda``, not ``x2d.device``: a device object is built per access (check_x put x
+    # on the prepared state's device, which the bucket holds).
+    eager = x2d.is_cuda and not torch.cuda.is_current_stream_capturing()
+    routes = prepared.cache.get(_ROUTES)
+    if routes is None or routes.codebook is not prepared.codebook:
+        routes = prepared.cache[_ROUTES] = _Routes(prepared.codebook)
+    key = (x2d.dtype, m, eager)
+    bucket = routes.get(key)
+    if bucket is None or m == 0 or not x2d.is_contiguous() or not bucket.fits(prepared.passes, prepared.bias):
+        return _remembered(routes, key, x2d, prepared, eager)
+    out = torch.empty(m, bucket.n, dtype=x2d.dtype, device=bucket.device)
+    bucket(x2d, None, out)
+    return out
+
+
+def _remembered(routes: _Routes, key: tuple[Any, ...], x2d: torch.Tensor, prepared: TurboQuantPrepared,
+                eager: bool) -> torch.Tensor:
+    """A call of :func:`prepared_linear` that finds no bucket to reuse: through
+    :func:`fused_linear`'s choice, the bucket then kept for the key (not while recording)."""
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    passes = prepared.passes
+    out = torch.empty(x2d.shape[0], passes[0].indices.shape[0], dtype=x2d.dtype, device=x2d.device)
+    if x2d.shape[0] == 0:
+        return out
+    bucket = _bucket(x2d, passes, prepared.codebook, prepared.group_size, None, prepared.bias, out, None, None)
+    bucket(x2d, None, out)
+    if eager or x2d.device.type != "cuda":
+        if len(routes) >= MAX_ROUTES:
+            routes.clear()
+        routes[key] = bucket
+    return out
+
+
+def _bucket(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, group_size: int,
+            partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, path: str | None,
+            config: Any) -> Any:
+    """The bucket a call of ``x2d`` (contiguous, M ≥ 1) takes, on ``path`` or the one M
+    calls for; the first eager call at an M of the tensor-core path also runs the plan a
+    recording will take (into ``out``, which the call then overwrites)."""
+    m = x2d.shape[0]
+    device = x2d.device
+    out_dtype = out.dtype
     if path is None:
         choice = _paths.get(device) or _path_choice(device)
         path = ("gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m
@@ -537,25 +614,22 @@ def fused_linear(
     if path == "gemv":
         if m != 1:
             raise ValueError(f"the decode kernel takes M = 1, got M = {m}")
-        bucket = _kept(codebook, key, passes, bias, _Gemv, x2d.dtype, passes, codebook, group_size, has_partial,
-                       bias, device, config)
-    elif path == "mma":
+        return _kept(codebook, key, passes, bias, _Gemv, x2d.dtype, passes, codebook, group_size, has_partial,
+                     bias, device, config)
+    if path == "mma":
         # An eager call and one being recorded into a CUDA graph may take different plans: the
         # first pays the host for every launch, the second only the GPU (configs.mma_rotation).
         make = (_Mma, m, x2d.dtype, passes, codebook, group_size, has_partial, bias, device, config)
-        if _eager(device):
-            bucket = _kept(codebook, (*key, "eager"), passes, bias, *make, True)
-            if m not in bucket.plans:
-                # A graph is recorded after eager calls at its M (engines warm each captured
-                # batch size up), and a recording cannot compile: the first eager call at an
-                # M also makes, compiles and runs the plan a recording will take.
-                _kept(codebook, key, passes, bias, *make)(x2d, partial, out)
-        else:
-            bucket = _kept(codebook, key, passes, bias, *make)
-    elif path in ("dequant", "fold"):
-        bucket = _kept(codebook, key, passes, bias, _Dequant if path == "dequant" else _Folded, passes, codebook,
-                       group_size, bias, device, passes[0].rotation.dtype)
-    else:
-        raise ValueError(f"path: expected 'gemv', 'mma', 'dequant' or 'fold', got {path!r}")
-    bucket(x2d, partial, out)
-    return out
+        if not _eager(device):
+            return _kept(codebook, key, passes, bias, *make)
+        bucket = _kept(codebook, (*key, "eager"), passes, bias, *make, True)
+        if m not in bucket.plans:
+            # A graph is recorded after eager calls at its M (engines warm each captured
+            # batch size up), and a recording cannot compile: the first eager call at an
+            # M also makes, compiles and runs the plan a recording will take.
+            _kept(codebook, key, passes, bias, *make)(x2d, partial, out)
+        return bucket
+    if path in ("dequant", "fold"):
+        return _kept(codebook, key, passes, bias, _Dequant if path == "dequant" else _Folded, passes, codebook,
+                     group_size, bias, device, passes[0].rotation.dtype)
+    raise ValueError(f"path: expected 'gemv', 'mma', 'dequant' or 'fold', got {path!r}")

@@ -113,8 +113,8 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         k = prepared.in_features
         check_x(x, k, ACT_DTYPES, prepared.codebook.device)
         flat = x.dim() == 2
-        out = self.run_passes(x if flat else x.reshape(-1, k), prepared.passes, prepared, bias=prepared.bias,
-                              out_dtype=x.dtype)
+        # The layer's own passes: the bucket is remembered with the prepared state.
+        out = _prepared()(x if flat else x.reshape(-1, k), prepared)
         return out if flat else out.view(*x.shape[:-1], prepared.out_features)
 
 
@@ -124,3 +124,11 @@ def _fused() -> Any:
     from .fused import fused_linear
 
     return fused_linear
+
+
+@functools.cache
+def _prepared() -> Any:
+    """``fused.prepared_linear``, imported on the first call (it imports triton)."""
+    from .fused import prepared_linear
+
+    return prepared_linear

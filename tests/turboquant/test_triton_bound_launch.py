@@ -106,3 +106,68 @@ def test_after_binding_every_call_is_still_checked() -> None:
         kernel(x[:, :128], {"indices": t["indices"]})  # type: ignore[arg-type]
     with pytest.raises(KernelInputError, match="split_halves"):
         kernel(x[:, :128], dataclasses.replace(prepared, split_halves=True))
+
+
+def test_a_prepared_states_call_looks_its_bucket_up_once(recorded: list[Recorder],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's own call remembers its bucket per (dtype, M) with the prepared state:
+    a second call chooses nothing, and launches the same bucket."""
+    kernel, prepared, _ = _layer(TurboQuant(group_size=64, residual=True))
+    x = torch.randn(16, 512).to(torch.bfloat16)
+    kernel(x, prepared)
+    chosen: list[int] = []
+    choose = fused_mod._bucket
+    monkeypatch.setattr(fused_mod, "_bucket", lambda *a: chosen.append(1) or choose(*a))
+    kernel(x, prepared)
+    kernel(x, prepared)
+    assert chosen == [] and len(recorded) == 1 and len(recorded[0].calls) == 3
+    kernel(x[:3], prepared)  # another M chooses once
+    kernel(x[:3], prepared)
+    kernel(x.half(), prepared)  # another dtype too
+    assert chosen == [1, 1]
+
+
+def test_a_remembered_bucket_is_never_launched_over_what_it_was_not_made_for(recorded: list[Recorder]) -> None:
+    """A state with another codebook (moved, or copied with dataclasses.replace, which
+    shares the cache dict) or another bias takes a bucket made for what it holds."""
+    kernel, prepared, _ = _layer(TurboQuant(group_size=64))
+    x = torch.randn(1, 512).to(torch.bfloat16)
+    kernel(x, prepared)
+    moved = dataclasses.replace(prepared, codebook=prepared.codebook.clone())
+    assert moved.cache is prepared.cache
+    kernel(x, moved)
+    assert len(recorded) == 2
+    assert recorded[1].calls[0][1][8].data_ptr() == moved.codebook.data_ptr()
+    kernel(x, prepared)  # the routes follow the codebook asked for
+    assert recorded[0].calls[-1][1][8].data_ptr() == prepared.codebook.data_ptr()
+    rebiased = dataclasses.replace(prepared, bias=prepared.bias + 1)
+    kernel(x, rebiased)
+    assert len(recorded) == 3 and recorded[2].calls[0][1][11] is rebiased.bias  # the decode kernel's bias
+
+
+def test_the_routes_a_state_remembers_are_bounded(recorded: list[Recorder]) -> None:
+    kernel, prepared, _ = _layer(TurboQuant(group_size=64))
+    x = torch.randn(fused_mod.MAX_ROUTES + 8, 512).to(torch.bfloat16)
+    for m in range(2, fused_mod.MAX_ROUTES + 8):
+        kernel(x[:m], prepared)
+    routes = prepared.cache[fused_mod._ROUTES]
+    assert 0 < len(routes) <= fused_mod.MAX_ROUTES
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+def test_a_rotation_changed_in_place_is_read_again() -> None:
+    """The tensor-core path's rotation GEMM keeps the rotations side by side: a remembered
+    route still sees a rotation changed in place (the bucket is made again)."""
+    fmt = TurboQuant(group_size=64, residual=True, rotation_per_group=True)
+    kernel, prepared, t = _layer(fmt, 40, 128)
+    x = torch.randn(5, 128).to(torch.bfloat16)
+    kernel(x, prepared)
+    turned = dict(t, residual_rotation=t["residual_rotation"].flip(-1))  # still orthogonal
+    fresh = kernel.prepare(turned, dtype=torch.bfloat16)
+    with torch.no_grad():
+        prepared.passes[1].rotation.copy_(fresh.passes[1].rotation)
+    y = kernel(x, prepared)
+    assert torch.equal(y, kernel(x, fresh))
+    ref = linear_reference(x, fmt.dequantize(turned), t["bias"])
+    assert compare(y, ref, tolerance_for(torch.bfloat16)).ok
+    assert not compare(y, linear_reference(x, fmt.dequantize(t), t["bias"]), tolerance_for(torch.bfloat16)).ok

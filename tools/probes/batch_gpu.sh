@@ -6,6 +6,10 @@
 #   bash tools/probes/batch_gpu.sh tables overhead svdquant decode16 cluster
 #
 #   tables     the TurboQuant table entries of this card in bf16 and fp16 against the golden
+#   tqcuda     the same, and the TurboQuant CUDA tests of the tensor-core rotations and the
+#              decode kernel's paired lookups (CUDA graphs recorded after eager calls)
+#   hostprofile where an eager call's host time goes (tools/probes/call_host_profile.py):
+#              TurboQuant and GPTQ-4, kernels and modules, beside nn.Linear
 #   overhead   quantcore bench overhead (host µs per eager call and CUDA-graph replays)
 #   svdquant   quantcore bench svdquant_prequant --graph
 #   decode16   model_decode B = 16, bf16 and TurboQuant-4 fused (tools/probes/model_decode_gpu.sh)
@@ -34,6 +38,10 @@ step() {
 for part in "$@"; do
   case $part in
   tables) step tables 200 python3 -m pytest tests/turboquant/test_cuda_tables.py -q -n 0 -p no:cacheprovider -rf ;;
+  tqcuda) step tqcuda 330 python3 -m pytest tests/turboquant/test_cuda_tables.py tests/turboquant/test_cuda_mma_rotation.py \
+      tests/turboquant/test_cuda_gemv_pairs.py -q -n 0 -p no:cacheprovider -rf ;;
+  hostprofile) step hostprofile 150 python3 -m tools.probes.call_host_profile --ms 1,16,128,1024 \
+      --names 'turboquant_triton|TurboQuantLinear|hopper_wgmma|QuantLinear|nn.Linear' --json "$WORK/call_host_profile.json" ;;
   overhead) step overhead 170 python3 -m quantcore bench overhead --device cuda --shapes default --rounds 5 \
       --out "$WORK/overhead" ;;
   svdquant) step svdquant 200 python3 -m quantcore bench svdquant_prequant --device cuda --graph --rounds 3 \
