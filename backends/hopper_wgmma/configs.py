@@ -24,7 +24,7 @@ import math
 from quantcore.kernels.gptq_pairs.plans import Shape, pow2_at_least
 from quantcore.probe.card import CardKey
 
-from .plans import AnyPlan, Plan, TritonPlan
+from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
 
 __all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "measured_here", "plan_for", "tile_rows"]
 
@@ -84,6 +84,8 @@ def tile_rows(plan: AnyPlan) -> int:
     """Activation rows one program of ``plan`` multiplies."""
     if isinstance(plan, TritonPlan):
         return 1 if plan.path == "gemv" else plan.block_m
+    if isinstance(plan, DecodePlan):
+        return plan.rows
     return plan.bm
 
 
@@ -118,7 +120,7 @@ def _nearest_shape(table: Table, shape: Shape) -> AnyPlan | None:
     best: tuple[tuple[float, int], tuple[int, int, int, int]] | None = None
     for key, plan in table.items():
         bits, k, n, m = key
-        if bits != shape.bits or not _serves(plan, m, shape.m):
+        if bits != shape.bits or isinstance(plan, DecodePlan) or not _serves(plan, m, shape.m):
             continue
         rank = (abs(math.log2(k / shape.k)) + abs(math.log2(n / shape.n)), shape.m - m)
         if best is None or rank < best[0]:
@@ -138,11 +140,14 @@ def _nearest_shape(table: Table, shape: Shape) -> AnyPlan | None:
 def plan_for(shape: Shape, card: CardKey) -> AnyPlan:
     """The plan of the nearest table that measured this (bits, K, N) — the card's own
     first — at the largest M at or below the call's, where it serves the call; else the
-    nearest measured shape's plan at the call's M, the card's own table first; else the rule."""
+    nearest measured shape's plan at the call's M, the card's own table first; else the rule.
+    A :class:`DecodePlan` serves only the shape and card it was measured on."""
     tables = _tables()
     order = _nearest_first(card, list(tables))
     for key in order:
         measured, plan = _measured(tables[key], shape)
+        if isinstance(plan, DecodePlan) and key != card:
+            plan = None  # measured on another card: where it wins is the card's and the shape's
         if plan is not None:
             return plan
         if measured:  # this table measured the shape, not for this M: no other card's row of it

@@ -10,7 +10,8 @@ compiled kernel). Per call: x's descriptor, M, the output, the split-K workspace
 grid.
 
 A plan that is a :class:`~.plans.TritonPlan` (a table's choice at small M) runs the Triton
-kernels over the same prepared words instead (``small_m.py``); its bucket is kept alike.
+kernels over the same prepared words instead (``small_m.py``), a :class:`~.plans.DecodePlan`
+the warp-level decode kernel (``decode_bucket.py``); their buckets are kept alike.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
 from .configs import SMEM_RESERVE, Shape, plan_for
+from .decode_bucket import DecodeBucket
 from .first_use import first_use_plan
 from .kernels import wgmma_kernel
 from .layout import TILE_N, HopperWeights
-from .plans import AnyPlan, Plan, TritonPlan
+from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
 from .small_m import SmallMBucket
 
 __all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
@@ -92,7 +94,7 @@ def fit_stages(plan: Plan, w: HopperWeights, smem_bytes: int) -> Plan:
 def plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan:
     card = _card(device)
     plan = plan_for(Shape(m, w.in_features, w.out_features, w.bits), card)
-    return plan if isinstance(plan, TritonPlan) else fit_stages(plan, w, card.smem_kib * 1024)
+    return fit_stages(plan, w, card.smem_kib * 1024) if isinstance(plan, Plan) else plan
 
 
 def prepare_x(x: torch.Tensor) -> torch.Tensor:
@@ -320,13 +322,18 @@ class _Bucket:
         return y
 
 
-def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: AnyPlan) -> _Bucket | SmallMBucket:
+AnyBucket = _Bucket | SmallMBucket | DecodeBucket
+
+
+def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: AnyPlan) -> AnyBucket:
     if isinstance(plan, TritonPlan):
         return SmallMBucket(w, dtype, device, plan)
+    if isinstance(plan, DecodePlan):
+        return DecodeBucket(w, dtype, device, plan)
     return _Bucket(w, dtype, device, plan)
 
 
-def _bucket(x: torch.Tensor, w: HopperWeights, m: int) -> _Bucket | SmallMBucket:
+def _bucket(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
     """The bucket of a call of ``m`` rows: one lookup in the state's ``runtime`` (keyed by
     activation dtype, device and M), the weight's buckets (:func:`_bind`) on a miss."""
     bucket = w.runtime.get((x.dtype, x.device, m))
@@ -335,13 +342,13 @@ def _bucket(x: torch.Tensor, w: HopperWeights, m: int) -> _Bucket | SmallMBucket
     return _bind(x, w, m)
 
 
-def _bind(x: torch.Tensor, w: HopperWeights, m: int) -> _Bucket | SmallMBucket:
+def _bind(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
     """The bucket of a call of ``m`` rows from the buckets kept with the packed weight tensor
     (not the state object: the custom op rebuilds the state object around the same tensors
     at every call), bound on a row count's first call, and remembered in ``w.runtime``."""
     state = launch_state(w.qweight)
     key = (x.dtype, x.device)
-    runs: dict[int, _Bucket | SmallMBucket] | None = state.get(key)
+    runs: dict[int, AnyBucket] | None = state.get(key)
     if runs is None:
         runs = state[key] = {}
     bucket = runs.get(m)
@@ -374,7 +381,7 @@ def _measured_on_first_use(m: int, w: HopperWeights, x2: torch.Tensor, plan: Any
         linear(x[0], w, fit_stages(candidate, w, card.smem_kib * 1024))
 
     chosen = first_use_plan(shape, card, plan, run, x2.device)
-    return chosen if isinstance(chosen, TritonPlan) else fit_stages(chosen, w, card.smem_kib * 1024)
+    return fit_stages(chosen, w, card.smem_kib * 1024) if isinstance(chosen, Plan) else chosen
 
 
 def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> torch.Tensor:
@@ -384,8 +391,8 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     m = x.numel() // w.in_features
     if plan is None:
         return _bucket(x, w, m)(x, w, m)
-    if isinstance(plan, TritonPlan):
-        return _small_m_bucket(x, w, plan)(x, w, m)
+    if isinstance(plan, TritonPlan | DecodePlan):
+        return _plan_bucket(x, w, plan)(x, w, m)
     n = w.out_features
     shape = (*x.shape[:-1], n)
     x = prepare_x(x).reshape(m, -1)
@@ -398,11 +405,11 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     return y
 
 
-def _small_m_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan) -> SmallMBucket:
+def _plan_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan | DecodePlan) -> SmallMBucket | DecodeBucket:
     state = launch_state(w.qweight)
     key = ("plans", x2.dtype, x2.device)
-    by_plan: dict[TritonPlan, SmallMBucket] = state.setdefault(key, {})
+    by_plan: dict[TritonPlan | DecodePlan, SmallMBucket | DecodeBucket] = state.setdefault(key, {})
     bucket = by_plan.get(plan)
     if bucket is None or not bucket.fits(w):
-        bucket = by_plan[plan] = SmallMBucket(w, x2.dtype, x2.device, plan)
+        bucket = by_plan[plan] = _new_bucket(w, x2.dtype, x2.device, plan)  # type: ignore[assignment]
     return bucket

@@ -2,8 +2,9 @@
 
 Plain values shared by the rule (``configs.py``) and the shipped tables (``tuned.py``).
 Every plan runs on the one prepared layout. :class:`TritonPlan` runs Triton's GEMV or
-tensor-core kernel over the same words instead (``small_m.py``): off unless a table names
-it, where it was measured faster (small M). A :class:`Plan` changes how many 64-row tiles a CTA
+tensor-core kernel over the same words instead (``small_m.py``), :class:`DecodePlan` the
+warp-level decode kernel (``decode.py``): off unless a table names them, where they were
+measured faster (small M). A :class:`Plan` changes how many 64-row tiles a CTA
 takes (``wg``), how many activation rows (``bm``), how many blocks TMA keeps in flight
 (``stages``) and how many programs split K (``split``) — never the weight's bytes.
 """
@@ -11,9 +12,9 @@ takes (``wg``), how many activation rows (``bm``), how many blocks TMA keeps in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-__all__ = ["AnyPlan", "Plan", "TritonPlan", "plan_from_dict"]
+__all__ = ["AnyPlan", "DecodePlan", "Plan", "TritonPlan", "plan_from_dict"]
 
 #: wgmma's N, the activation rows of a tile: 8…256 in steps of 8 (powers of two here).
 BM_CHOICES = (8, 16, 32, 64, 128, 256)
@@ -119,10 +120,32 @@ class TritonPlan:
             raise ValueError(f"hopper_wgmma Triton plan out of range: {self}")
 
 
-AnyPlan = Plan | TritonPlan
+@dataclass(frozen=True)
+class DecodePlan:
+    """A call through the warp-level decode kernel (``decode.py``, ``decode_bucket.py``):
+    each warp reads its rows' words into the registers of ``mma.sync``, x is staged once
+    per program, ``split`` programs cut K. Serves at most :attr:`rows` activation rows, and
+    only the shape and card it was measured on (``configs.plan_for``): where it wins is a
+    matter of the shape (slower than the wgmma plans at 14336×4096 on the H200, faster at
+    8192×28672)."""
+
+    #: Programs splitting K (as many as leave each at least one block).
+    split: int = 4
+    kind: Literal["decode"] = "decode"
+    #: Activation rows one launch multiplies (the MMA's N).
+    rows: ClassVar[int] = 8
+
+    def __post_init__(self) -> None:
+        if self.kind != "decode" or not 1 <= self.split <= 64:
+            raise ValueError(f"hopper_wgmma decode plan out of range: {self}")
+
+
+AnyPlan = Plan | TritonPlan | DecodePlan
 
 
 def plan_from_dict(d: dict[str, Any]) -> AnyPlan:
     """A plan as a table or a timing file holds it (``dataclasses.asdict``): a Triton plan
-    names its ``path``."""
+    names its ``path``, a decode plan its ``kind``."""
+    if d.get("kind") == "decode":
+        return DecodePlan(**d)
     return TritonPlan(**d) if "path" in d else Plan(**d)

@@ -12,7 +12,7 @@ import torch
 
 from quantcore.backends.hopper_wgmma.configs import Shape, default_plan, plan_for, tile_rows
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
-from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
+from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan
 from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
 from quantcore.backends.triton_int4.kernel import TritonInt4GPTQ
 from quantcore.cost import DeviceRates
@@ -32,7 +32,7 @@ def test_shipped_tables_parse_into_valid_plans() -> None:
     for path in paths:
         card, plans = parse_table(json.loads(path.read_text()))
         assert path.name == f"tuned-{card.slug}.json"
-        assert plans and all(isinstance(p, (Plan, TritonPlan)) for p in plans.values())
+        assert plans and all(isinstance(p, (Plan, TritonPlan, DecodePlan)) for p in plans.values())
         assert 4 in {b for b, _, _, _ in plans}
     # A card's table may hold only what its device calls timed (the H100's: 4-bit); 8-bit
     # shapes are answered by the nearest table that has them.

@@ -13,8 +13,7 @@
 #   overhead   quantcore bench overhead (host µs per eager call and CUDA-graph replays)
 #   svdquant   quantcore bench svdquant_prequant --graph
 #   decode16   model_decode B = 16, bf16 and TurboQuant-4 fused (tools/probes/model_decode_gpu.sh)
-#   cluster    the split-K sum through a thread-block cluster: alone (cluster_sum.py), then in
-#              the decode experiment beside the ticket sum (hopper_decode.py --cluster --reads)
+#   cluster    the split-K sum through a thread-block cluster against the ticket sum (cluster_sum.py)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/batch-runs}"
@@ -49,9 +48,7 @@ for part in "$@"; do
   decode16) step decode16 260 env VARIANTS=bf16,tq4-g128-fused LIMIT_S=240 RESULTS="$WORK/decode16" \
       bash tools/probes/model_decode_gpu.sh b16 ;;
   cluster)
-    step cluster_sum 120 python3 -m tools.probes.cluster_sum --json "$WORK/cluster_sum.json"
-    step hopper_decode_cluster 240 python3 -m tools.probes.hopper_decode --shapes 4096x14336,14336x4096 --ms 1 \
-      --splits 2,4 --cluster --reads --json "$WORK/hopper_decode_cluster.json" ;;
+    step cluster_sum 120 python3 -m tools.probes.cluster_sum --json "$WORK/cluster_sum.json" ;;
   *) echo "unknown part: $part" ;;
   esac
 done

@@ -1,16 +1,16 @@
-"""Time the warp-level decode experiment (``hopper_decode_kernel.py``) beside
-``hopper_wgmma``'s table plan and cuBLAS, and check it against the float64 golden (an
-sm_90 GPU).
+"""Time the warp-level decode kernel (``backends/hopper_wgmma/decode.py``) in its variants
+beside ``hopper_wgmma``'s table plan and cuBLAS, and check it against the float64 golden
+(an sm_90 GPU).
 
-    python -m tools.probes.hopper_decode --shapes 4096x14336 --ms 1,8 --splits 2,4 --groups 1,2 [--depths 2,4] [--reads] [--cluster] [--json PATH]
+    python -m tools.probes.hopper_decode --shapes 4096x14336 --ms 1,8 --splits 2,4 --groups 1,2 [--depths 2,4] [--reads] [--json PATH]
 
 CUDA graphs over rotating weights; GPTQ 4-bit g128 sym unless ``--bits``/``--group``/
 ``--asym``/``--fp16`` say otherwise. Each (split, K-groups) variant is compared with the
 golden (relative error), with the table's plan, and with its own second run (bit for
 bit). ``--reads`` also times each variant's loads without the work (``READ_ONLY`` 1–3:
-with the x staging and split-K sum, without the sum, without either). ``--cluster`` also
-times each split of 2, 4 or 8 programs (one K-group) as a thread-block cluster whose CTAs
-sum their partials in its shared memory instead of the workspace.
+with the x staging and split-K sum, without the sum, without either). (A split-K sum
+through a thread-block cluster's shared memory was measured with this probe and not kept:
+``backends/hopper_wgmma/README.md``.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import triton
 
+from quantcore.backends.hopper_wgmma.decode import BM, decode_grid, decode_kernel
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import prepare_x
 from quantcore.backends.hopper_wgmma.layout import HopperWeights
@@ -30,39 +31,33 @@ from quantcore.backends.hopper_wgmma.small_m import close_slices
 from quantcore.formats.gptq import GPTQ
 from quantcore.timing import time_interleaved
 
-from .hopper_decode_kernel import BM, decode_grid, decode_kernel
 from .hopper_plan_times import SETS, weight_sets
 from .probe_rows import record_times
 
 
 def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_only: int = 0,
-           depth: int = 2, cluster: bool = False) -> torch.Tensor:
-    """``cluster``: the ``split`` programs of a tile are one thread-block cluster's CTAs,
-    their partials summed in its shared memory (``cluster_sum_kernel.py``)."""
+           depth: int = 2) -> torch.Tensor:
+    """One launch of a variant (Triton's own launch path, a fresh workspace)."""
     m, k = x.shape
     n = w.out_features
     x2 = prepare_x(x)
     tiles = w.tiles
     steps, split = decode_grid(w.blocks, split, groups)
-    if cluster and (split not in (2, 4, 8) or groups != 1):
-        raise ValueError(f"a cluster takes 2, 4 or 8 programs of one K-group a tile; this grid has {split} "
-                         f"programs of {groups}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     ws = torch.empty(max(1, split) * m * n, dtype=torch.float32, device=x.device)
     cnt = w.runtime.setdefault("decode_counters", torch.zeros(tiles, dtype=torch.int32, device=x.device))
     bias = w.bias if w.bias is not None else w.scales
     zeros = w.zeros if w.zeros is not None else w.scales
-    ranks = split if cluster else 1
-    decode_kernel[(tiles, 1 if cluster else split)](
+    decode_kernel[(tiles, split)](
         w.qweight.view(torch.int16), x2, w.scales, zeros, bias, y, ws, cnt,
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
         BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
-        SPLIT=split > 1 and not cluster, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
-        READ_ONLY=read_only, DEPTH=depth, CLUSTER=ranks, num_warps=4 * groups, num_ctas=ranks)
+        SPLIT=split > 1, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
+        READ_ONLY=read_only, DEPTH=depth, num_warps=4 * groups)
     return y
 
 
-def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, int, int, bool]], bits: int, group: int,
+def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, int, int]], bits: int, group: int,
         sym: bool, dtype: torch.dtype, read_only: bool = False) -> dict[str, Any]:
     dev = torch.device("cuda")
     fmt = GPTQ(bits=bits, group_size=group, sym=sym)
@@ -82,30 +77,29 @@ def run(shapes: list[tuple[int, int]], ms: list[int], splits: list[tuple[int, in
             sets = [SETS, 3]
             rows.append({"k": k, "n": n, "m": m, "variant": "table's plan",
                          "rel_err_golden": ((table - golden).norm() / golden.norm()).item()})
-            for split, groups, depth, cluster in splits:
-                name = (f"decode split {split} groups {groups}" + (f" depth {depth}" if depth != 2 else "")
-                        + (" cluster" if cluster else ""))
+            for split, groups, depth in splits:
+                name = f"decode split {split} groups {groups}" + (f" depth {depth}" if depth != 2 else "")
                 if m > BM:
                     continue
                 try:
-                    got = decode(x, prepared[0], split, groups, depth=depth, cluster=cluster).double()
+                    got = decode(x, prepared[0], split, groups, depth=depth).double()
                 except Exception as exc:  # say what failed, time the rest
                     rows.append({"k": k, "n": n, "m": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
                     continue
-                again = decode(x, prepared[0], split, groups, depth=depth, cluster=cluster).double()
+                again = decode(x, prepared[0], split, groups, depth=depth).double()
                 rows.append({"k": k, "n": n, "m": m, "variant": name,
                              "rel_err_golden": ((got - golden).norm() / golden.norm()).item(),
                              "rel_err_table": ((got - table).norm() / table.norm()).item(),
                              "repeat_identical": bool(torch.equal(got, again))})
                 names.append(name)
-                calls.append(lambda i, x=x, p=prepared, s=split, g=groups, d=depth, c=cluster:
-                             decode(x, p[i % SETS], s, g, depth=d, cluster=c))
+                calls.append(lambda i, x=x, p=prepared, s=split, g=groups, d=depth:
+                             decode(x, p[i % SETS], s, g, depth=d))
                 sets.append(SETS)
                 if read_only:  # the same reads without the work: what the loads alone cost
                     for level, what in ((1, "reads"), (2, "reads, no split-K sum"), (3, "reads alone")):
                         names.append(f"{name} {what}")
-                        calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level, d=depth, c=cluster:
-                                     decode(x, p[i % SETS], s, g, r, d, c))
+                        calls.append(lambda i, x=x, p=prepared, s=split, g=groups, r=level, d=depth:
+                                     decode(x, p[i % SETS], s, g, r, d))
                         sets.append(SETS)
             times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=sets)
             record_times(rows, names, times, {"k": k, "n": n, "m": m})
@@ -125,15 +119,11 @@ def main() -> None:
     p.add_argument("--asym", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--reads", action="store_true", help="also time each split's reads alone")
-    p.add_argument("--cluster", action="store_true",
-                   help="also time each split of 2, 4 or 8 with its sum in a thread-block cluster's shared memory")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
-    variants = [(int(s), int(h), int(d), False) for s in a.splits.split(",") for h in a.groups.split(",")
+    variants = [(int(s), int(h), int(d)) for s in a.splits.split(",") for h in a.groups.split(",")
                 for d in a.depths.split(",")]
-    if a.cluster:
-        variants += [(s, 1, d, True) for s, h, d, _ in variants if h == 1 and s in (2, 4, 8)]
     res = run(shapes, [int(m) for m in a.ms.split(",")], variants, a.bits, a.group,
               not a.asym, torch.float16 if a.fp16 else torch.bfloat16, a.reads)
     for r in res["rows"]:

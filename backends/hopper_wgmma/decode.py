@@ -1,10 +1,6 @@
-"""A warp-level decode kernel over ``hopper_wgmma``'s prepared layout, for M ≤ 8: an
-experiment, measured and not shipped (``backends/hopper_wgmma/README.md``, "A warp-level
-decode kernel"). Run it with ``python -m tools.probes.hopper_decode``.
-
-The question it answers: at M = 1 the wgmma kernel streams a 4-bit weight at ~2 TB/s on
-both the H100 and the H200. Is that the TMA ring, the mbarrier waits and the
-warpgroup-wide wgmma waits each block pays? This kernel has none of them:
+"""The warp-level decode kernel over ``hopper_wgmma``'s prepared words, for M ≤ 8
+(:class:`~.plans.DecodePlan`, ``decode_bucket.py``; measured in the README, "A warp-level
+decode kernel"). It has no TMA ring, no mbarrier and no warpgroup-wide wgmma wait:
 
 * each warp owns 16 weight rows of a 64-row tile and reads its fragment of a block
   straight from global memory into registers, two 16-byte loads a thread (the layout
@@ -16,11 +12,13 @@ warpgroup-wide wgmma waits each block pays? This kernel has none of them:
   one column per activation row, so M = 1…8 cost the same; each group's fp32 product is
   scaled when the group closes;
 * K is cut between programs (``split``; partials summed in slot order by the last one,
-  ``kernels._tile_store``) and, optionally, between groups of four warps of one program
-  (``KW``), whose sums meet in shared memory.
+  ``kernels._tile_store``) and, for an experiment, between groups of four warps of one
+  program (``KW``), whose sums meet in shared memory.
 
-2.3 SASS instructions a code against the wgmma kernel's 4.4, the same time: see the README
-for the measured breakdown (loads, x staging, split-K sum, dequantization and MMA).
+2.3 SASS instructions a code against the wgmma kernel's 4.4. Where it is faster than the
+wgmma plans (a large N at K ≥ 4096 on the H200: 5–24 %) a card's own table names it.
+``READ_ONLY`` and ``DEPTH`` are a probe's (``tools/probes/hopper_decode.py``): the same
+launch with its work taken out step by step, and more steps in flight.
 """
 
 from __future__ import annotations
@@ -29,10 +27,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from quantcore.backends.hopper_wgmma.kernels import _tile_store
 from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 
-from .cluster_sum_kernel import cluster_rank, cluster_sum, exchange_layout, whole
+from .kernels import _tile_store
 
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel"]
 
@@ -47,29 +44,25 @@ _EXACT_ASM = gl.constexpr(tuple(
 
 
 @gluon.constexpr_function
-def _mma_layout(kw, cluster):
-    # Warp 4·g + w: rows 16w… of K-group g (row 64·g + r of the stacked operand); whole on
-    # every CTA of a cluster.
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * kw, 1], instr_shape=[16, 8],
-                                     cga_layout=whole(cluster, 2))
+def _mma_layout(kw):
+    # Warp 4·g + w: rows 16w… of K-group g (row 64·g + r of the stacked operand).
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * kw, 1], instr_shape=[16, 8])
 
 
 @gluon.constexpr_function
-def _words_layout(kw, cluster):
+def _words_layout(kw):
     # [KW, 8, 256] int16, one block of a 64-row tile per K-group: row 4h + w, column
     # 8·lane + 2j + b (layout.py); warp w of a group reads rows w and 4 + w, 16 contiguous
     # bytes a thread a row.
-    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [kw, 4, 1], [2, 1, 0], cga_layout=whole(cluster, 3))
+    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [kw, 4, 1], [2, 1, 0])
 
 
 @gluon.constexpr_function
-def _stage_layout(pairs, kw, cluster):
-    return gl.BlockedLayout([1, 1, 8], [1, 8, 4], [pairs, kw, 4 // pairs], [2, 1, 0], cga_layout=whole(cluster, 3))
+def _stage_layout(pairs, kw):
+    return gl.BlockedLayout([1, 1, 8], [1, 8, 4], [pairs, kw, 4 // pairs], [2, 1, 0])
 
 
-@gluon.constexpr_function
-def _x_shared(cluster):
-    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2, cga_layout=whole(cluster, 2))
+_X_SHARED = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
 
 
 @gluon.jit
@@ -84,12 +77,12 @@ def _as_operand(words, KW: gl.constexpr, a_layout: gl.constexpr):
 
 @gluon.jit
 def _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW: gl.constexpr, STEPS: gl.constexpr,
-             PAIRS: gl.constexpr, EVEN_K: gl.constexpr, CLUSTER: gl.constexpr):
+             PAIRS: gl.constexpr, EVEN_K: gl.constexpr):
     """x of the program's blocks into shared memory, ``[STEPS·PAIRS, KW·8, 32]``: entry
     ``(PAIRS·b + sl, 8·g + m, k)`` is input ``32·(PAIRS·(first + STEPS·g + b) + sl) + k`` of
     row m (zero past M and K), so each slice's B operand (every K-group's x side by side)
     is one shared-memory read. The loads do not wait for each other: one trip to L2."""
-    layout: gl.constexpr = _stage_layout(PAIRS, KW, CLUSTER)
+    layout: gl.constexpr = _stage_layout(PAIRS, KW)
     sl = gl.arange(0, PAIRS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
     gm = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
     k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
@@ -192,7 +185,7 @@ def decode_kernel(
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, CLUSTER: gl.constexpr = 1,
+    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -205,17 +198,13 @@ def decode_kernel(
     staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn)."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
-    mma_layout: gl.constexpr = _mma_layout(KW, CLUSTER)
+    mma_layout: gl.constexpr = _mma_layout(KW)
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
-    words_layout: gl.constexpr = _words_layout(KW, CLUSTER)
+    words_layout: gl.constexpr = _words_layout(KW)
 
     tile = gl.program_id(0)
-    if CLUSTER > 1:  # the tile's programs are one cluster's CTAs (program_id: the cluster's)
-        gl.static_assert(KW == 1, "CLUSTER: one K-group of four warps a program")
-        pid_k = cluster_rank(CLUSTER)
-    else:
-        pid_k = gl.program_id(1)
+    pid_k = gl.program_id(1)
     n0 = tile * 64
     first = pid_k * (KW * STEPS)
 
@@ -238,10 +227,9 @@ def decode_kernel(
     if DEPTH == 4:
         w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 2, blocks, s_ptr, NP, BITS, SG, STEPS)
         w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 3, blocks, s_ptr, NP, BITS, SG, STEPS)
-    x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32],
-                                       _x_shared(CLUSTER))
+    x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32], _X_SHARED)
     if READ_ONLY < 3:
-        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, CLUSTER)
+        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K)
         gl.thread_barrier()
     acc = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
     # DEPTH steps a trip, each register set refilled right after its last use, DEPTH steps
@@ -281,32 +269,9 @@ def decode_kernel(
                     acc = _block(acc, w_d, sd, b + 3, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
                                  KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
-    # One K-group: acc is the tile (no reshape: with a cluster's layouts Triton 3.6 does not lower it).
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
-    if CLUSTER > 1:
-        _cluster_store(out, n0, b_ptr, y_ptr, M, N, stride_ym, READ_ONLY < 2, HAS_BIAS, CLUSTER)
-    else:
-        _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
-                    SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
-
-
-@gluon.jit
-def _cluster_store(out, n0, b_ptr, y_ptr, M, N, stride_ym, SUM: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   CLUSTER: gl.constexpr):
-    """The tile's sum over the cluster's CTAs (``cluster_sum_kernel.py``; ``SUM`` off: CTA
-    0's part alone, a probe's floor) plus the bias, stored by CTA 0."""
-    layout: gl.constexpr = exchange_layout(CLUSTER)
-    total = gl.convert_layout(out, layout)
-    if SUM:
-        total = cluster_sum(total, CLUSTER)
-    offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-    offs_m = gl.arange(0, 8, layout=gl.SliceLayout(0, layout))
-    n_mask = offs_n < N
-    if HAS_BIAS:
-        total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
-    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
-    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
-    gl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=mask)
+    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
 
 
 def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
@@ -317,11 +282,11 @@ def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128, depth: int = 2, cluster: int = 1) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
-    of every K-group), per code a thread handles there; ``cluster``: the split-K sum through
-    a cluster of that many CTAs, and the end's cluster barriers, remote loads and atomics."""
+    of every K-group), per code a thread handles there, and the end's atomics (the split-K
+    ticket)."""
     from quantcore.triton.compile_report import (
         backward_loops,
         compile_sm90,
@@ -336,19 +301,19 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
            "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
-    const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=cluster == 1, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, CLUSTER=cluster)
+    const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
-                            options={"num_warps": 4 * groups, "num_ctas": cluster}, gluon=True)
+                            options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
     ins = instructions(sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
     codes = depth * 64 * (512 // bits) / 128  # a trip's steps: 64 rows × a block's inputs over one group's 128 threads
     whole_kernel = opcode_counts(i.opcode for i in ins)
-    end = {op: whole_kernel.get(op, 0) for op in ("UCGABAR_ARV", "LD", "ATOMG", "RED")}
+    end = {op: whole_kernel.get(op, 0) for op in ("ATOMG", "RED")}
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "cluster": cluster, "end": end,
+            "depth": depth, "end": end,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

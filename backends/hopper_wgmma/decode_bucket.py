@@ -1,0 +1,78 @@
+"""Calls of a :class:`~.plans.DecodePlan`: the warp-level decode kernel (``decode.py``) over
+``hopper_wgmma``'s own prepared words, bound once per weight, activation dtype and plan
+(kept by ``launch.py`` with the weight, as the other buckets). Per call: x, M, the output,
+the split-K workspace; the grid is the weight's 64-row tiles times the split.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from quantcore.errors import KernelInputError
+from quantcore.kernels.gptq_pairs.layout import block_k
+from quantcore.tensors import describe
+from quantcore.triton.launch import Launch
+from quantcore.triton.split_k import SplitKBuffers
+from quantcore.triton.unowned import unowned
+
+from .decode import BM, decode_grid, decode_kernel
+from .layout import HopperWeights
+from .plans import DecodePlan
+from .small_m import close_slices
+
+__all__ = ["DecodeBucket"]
+
+#: Arguments that change between the calls of one bucket and that Triton specialises: x
+#: (its alignment) and M (== 1).
+VARYING = (1, 8)
+#: The weight's words, scales, zero points and bias (the scales in the place of those it
+#: lacks); the split-K workspace and counters when K is not split: the same objects at
+#: every call of a bucket, handed to the launcher as addresses.
+FIXED = (0, 2, 3, 4)
+SPLIT_K_BUFFERS = (6, 7)
+
+
+class DecodeBucket:
+    """One decode plan of one weight for one activation dtype and device."""
+
+    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: DecodePlan) -> None:
+        self.plan, self.dtype, self.device = plan, dtype, device
+        #: The weight's tensors as bound: a state whose fields were replaced is bound again.
+        #: The packed tensor by weak reference: it owns the launch state this is kept in.
+        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
+        k, n = w.in_features, w.out_features
+        self.n, self.k, self.tiles = n, k, w.tiles
+        steps, self.split = decode_grid(w.blocks, plan.split, 1)
+        any_t = w.scales
+        self.split_k = SplitKBuffers(self.split, device, any_t)
+        const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
+                     HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=k % block_k(w.bits) == 0, KW=1,
+                     STEPS=steps, READ_ONLY=0, DEPTH=2)
+        self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
+                             fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
+                             options=dict(num_warps=4))
+        self.words = unowned(w.qweight.view(torch.int16))
+        self.mid = (w.scales, w.zeros if w.zeros is not None else any_t, w.bias if w.bias is not None else any_t)
+        # N, K, stride_xm (x is contiguous), stride_ym, scale rows' length, blocks, split
+        self.tail = (n, k, k, n, w.scales.shape[1], w.blocks, self.split)
+
+    def fits(self, w: HopperWeights) -> bool:
+        s = self.source
+        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+
+    def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
+        """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` (at most 8) rows of ``x`` ``[..., K]``
+        of this bucket's dtype."""
+        if x.dtype != self.dtype:
+            raise KernelInputError(f"x: expected {self.dtype}, got {describe(x)}")
+        if not 1 <= m <= BM:
+            raise KernelInputError(f"x: the decode kernel takes 1 to {BM} rows, got {m} ({describe(x)})")
+        x = x.contiguous()  # the launch passes K as the row stride
+        n = self.n
+        # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
+        y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
+        ws, counters = self.split_k(w.runtime, m, n, self.tiles)
+        self.launch((self.tiles, self.split, 1), self.words, x, *self.mid, y, ws, counters, m, *self.tail)
+        return y
