@@ -31,7 +31,7 @@ from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 
 from .kernels import _tile_store
 
-__all__ = ["BM", "compile_report", "decode_grid", "decode_kernel"]
+__all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
 #: Activation rows one launch covers (the MMA's N).
 BM = 8
@@ -276,9 +276,18 @@ def decode_kernel(
 
 def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
     """``(steps, split)``: ``split`` programs of ``groups`` K-groups each cut a tile's
-    blocks into runs of ``steps`` (the last may run past the end; no program is empty)."""
-    steps = -(-blocks // (max(1, split) * groups))
+    blocks into runs of ``steps``, at least two (the walk's two register sets; one step does
+    not compile); the last run may pass the end (:func:`whole_runs` says whether any does),
+    no program is empty."""
+    steps = max(2, -(-blocks // (max(1, split) * groups)))
     return steps, -(-blocks // (steps * groups))
+
+
+def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
+    """The kernel's ``EVEN_K``: K fills whole blocks and every program's runs end inside the
+    weight, so x is staged without a mask. A run past the end reads the last block again
+    against x masked to zero there."""
+    return k % (512 // bits) == 0 and blocks % (steps * groups) == 0
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,

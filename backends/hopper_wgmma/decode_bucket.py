@@ -11,13 +11,12 @@ import weakref
 import torch
 
 from quantcore.errors import KernelInputError
-from quantcore.kernels.gptq_pairs.layout import block_k
 from quantcore.tensors import describe
 from quantcore.triton.launch import Launch
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
-from .decode import BM, decode_grid, decode_kernel
+from .decode import BM, decode_grid, decode_kernel, whole_runs
 from .layout import HopperWeights
 from .plans import DecodePlan
 from .small_m import close_slices
@@ -48,7 +47,7 @@ class DecodeBucket:
         any_t = w.scales
         self.split_k = SplitKBuffers(self.split, device, any_t)
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
-                     HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=k % block_k(w.bits) == 0, KW=1,
+                     HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
                      STEPS=steps, READ_ONLY=0, DEPTH=2)
         self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
                              fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),

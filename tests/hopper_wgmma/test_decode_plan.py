@@ -34,6 +34,18 @@ def test_decode_plans_round_trip_and_refuse_what_they_cannot_run() -> None:
         DecodePlan(split=0)
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8, 64, 112])
+@pytest.mark.parametrize("split", [1, 3, 4, 8, 64])
+def test_the_grid_walks_at_least_two_steps_and_masks_a_run_past_the_end(blocks: int, split: int) -> None:
+    from quantcore.backends.hopper_wgmma.decode import decode_grid, whole_runs
+
+    steps, programs = decode_grid(blocks, split, 1)
+    assert steps >= 2 and programs <= max(1, split)
+    assert (programs - 1) * steps < blocks <= programs * steps  # every program has a block, all are covered
+    assert whole_runs(128 * blocks, 4, blocks, steps, 1) == (blocks == programs * steps)
+    assert not whole_runs(128 * blocks - 32, 4, blocks, steps, 1)  # K short of the last block
+
+
 def test_a_decode_plan_serves_its_own_card_shape_and_at_most_eight_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     decode = DecodePlan(8)
     wide = Plan(1, 16, 4, 2)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import triton
 
-from quantcore.backends.hopper_wgmma.decode import BM, decode_grid, decode_kernel
+from quantcore.backends.hopper_wgmma.decode import BM, decode_grid, decode_kernel, whole_runs
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import prepare_x
 from quantcore.backends.hopper_wgmma.layout import HopperWeights
@@ -52,7 +52,7 @@ def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_
         w.qweight.view(torch.int16), x2, w.scales, zeros, bias, y, ws, cnt,
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
         BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
-        SPLIT=split > 1, EVEN_K=k % (128 if w.bits == 4 else 64) == 0, KW=groups, STEPS=steps,
+        SPLIT=split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, groups), KW=groups, STEPS=steps,
         READ_ONLY=read_only, DEPTH=depth, num_warps=4 * groups)
     return y
 
