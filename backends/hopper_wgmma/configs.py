@@ -84,8 +84,6 @@ def tile_rows(plan: AnyPlan) -> int:
     """Activation rows one program of ``plan`` multiplies."""
     if isinstance(plan, TritonPlan):
         return 1 if plan.path == "gemv" else plan.block_m
-    if isinstance(plan, DecodePlan):
-        return plan.rows
     return plan.bm
 
 

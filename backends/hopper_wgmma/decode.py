@@ -1,4 +1,4 @@
-"""The warp-level decode kernel over ``hopper_wgmma``'s prepared words, for M ≤ 8
+"""The warp-level decode kernel over ``hopper_wgmma``'s prepared words, for M ≤ 16
 (:class:`~.plans.DecodePlan`, ``decode_bucket.py``; measured in the README, "A warp-level
 decode kernel"). It has no TMA ring, no mbarrier and no warpgroup-wide wgmma wait:
 
@@ -8,9 +8,9 @@ decode kernel"). It has no TMA ring, no mbarrier and no warpgroup-wide wgmma wai
 * per slice of 32 inputs one LOP3 and one packed FMA a pair of codes give the exact
   integers ``q − z`` in the activation dtype, already in the A-operand registers of
   ``mma.sync.m16n8k16`` (the reshape/permute of the loaded words moves no data);
-* x is the B operand, ``[32, 8]`` a slice from shared memory (staged once per program):
-  one column per activation row, so M = 1…8 cost the same; each group's fp32 product is
-  scaled when the group closes;
+* x is the B operand, ``[32, 8]`` (or ``[32, 16]``: two MMAs) a slice from shared memory
+  (staged once per program): one column per activation row, so M = 1…8 cost the same;
+  each group's fp32 product is scaled when the group closes;
 * K is cut between programs (``split``; partials summed in slot order by the last one,
   ``kernels._tile_store``) and, for an experiment, between groups of four warps of one
   program (``KW``), whose sums meet in shared memory.
@@ -33,8 +33,8 @@ from .kernels import _tile_store
 
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
-#: Activation rows one launch covers (the MMA's N).
-BM = 8
+#: Activation rows one launch covers at most (the MMA's N, twice).
+BM = 16
 
 #: The unscaled pairs ``(q₀ − z, q₁ − z)`` at ``((bits == 8)·2 + fp16)·8 + zero·4 + slice``.
 _EXACT_ASM = gl.constexpr(tuple(
@@ -77,29 +77,29 @@ def _as_operand(words, KW: gl.constexpr, a_layout: gl.constexpr):
 
 @gluon.jit
 def _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW: gl.constexpr, STEPS: gl.constexpr,
-             PAIRS: gl.constexpr, EVEN_K: gl.constexpr):
-    """x of the program's blocks into shared memory, ``[STEPS·PAIRS, KW·8, 32]``: entry
-    ``(PAIRS·b + sl, 8·g + m, k)`` is input ``32·(PAIRS·(first + STEPS·g + b) + sl) + k`` of
-    row m (zero past M and K), so each slice's B operand (every K-group's x side by side)
+             PAIRS: gl.constexpr, EVEN_K: gl.constexpr, ROWS: gl.constexpr):
+    """x of the program's blocks into shared memory, ``[STEPS·PAIRS, KW·ROWS, 32]``: entry
+    ``(PAIRS·b + sl, ROWS·g + m, k)`` is input ``32·(PAIRS·(first + STEPS·g + b) + sl) + k``
+    of row m (zero past M and K), so each slice's B operand (every K-group's x side by side)
     is one shared-memory read. The loads do not wait for each other: one trip to L2."""
     layout: gl.constexpr = _stage_layout(PAIRS, KW)
     sl = gl.arange(0, PAIRS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
-    gm = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    gm = gl.arange(0, KW * ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
     k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
     kk = (gl.expand_dims(gl.expand_dims(sl * 32, 1), 2) + gl.expand_dims(gl.expand_dims(k, 0), 1)
-          + gl.expand_dims(gl.expand_dims((gm // 8) * (STEPS * 32 * PAIRS), 0), 2))
-    mm = gl.expand_dims(gl.expand_dims(gm % 8, 0), 2)
+          + gl.expand_dims(gl.expand_dims((gm // ROWS) * (STEPS * 32 * PAIRS), 0), 2))
+    mm = gl.expand_dims(gl.expand_dims(gm % ROWS, 0), 2)
     offs = mm.to(gl.int64) * stride_xm + kk
-    # The same bytes seen as [STEPS, PAIRS·KW·8, 32]: the 64-byte swizzle repeats every 8
+    # The same bytes seen as [STEPS, PAIRS·KW·ROWS, 32]: the 64-byte swizzle repeats every 8
     # rows, so the rows of step b's view are its slices' rows in order.
-    view = x_smem._reinterpret(x_smem.dtype, [STEPS, PAIRS * KW * 8, 32], x_smem.layout)
+    view = x_smem._reinterpret(x_smem.dtype, [STEPS, PAIRS * KW * ROWS, 32], x_smem.layout)
     for b in gl.static_range(STEPS):
         k0 = (first + b) * (32 * PAIRS)
         mask = mm < M
         if not EVEN_K:
             mask = mask & (k0 + kk < K)
         x = gl.load(x_ptr + k0 + offs, mask=mask, other=0.0)
-        view.index(b).store(gl.reshape(x, [PAIRS * KW * 8, 32]))
+        view.index(b).store(gl.reshape(x, [PAIRS * KW * ROWS, 32]))
 
 
 @gluon.jit
@@ -125,7 +125,7 @@ def _fetch(w_tile, w_offs, g_w, g_c, r_c, first, b, blocks, s_ptr, NP,
 def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
            KW: gl.constexpr, STEPS: gl.constexpr, BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr,
            HAS_ZEROS: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr, a_layout: gl.constexpr,
-           b_layout: gl.constexpr):
+           b_layout: gl.constexpr, ROWS: gl.constexpr):
     """Step ``b`` from what :func:`_fetch` read: each K-group's block dequantized and
     multiplied by x from shared memory, each group's product scaled into ``acc`` when it
     closes. The MMA multiplies every K-group's rows by every K-group's x; only the
@@ -135,7 +135,7 @@ def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a,
     w16 = _as_operand(words, KW, a_layout)
     blk_a = _group_blocks(g_a, first, b, blocks, STEPS)
     blk_c = _group_blocks(g_c, first, b, blocks, STEPS)
-    part = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+    part = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
     for sl in gl.static_range(PAIRS):
         a = _exact_operand(w16, z_ptr + ((blk_a * BK + sl * 32) // SG) * NP + r_a, sl, BITS, HAS_ZEROS, act)
         xb = x_smem.index(b * PAIRS + sl).permute((1, 0)).load(b_layout)
@@ -146,7 +146,7 @@ def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a,
             else:  # groups narrower than the block: the later scale rows
                 s = gl.load(s_ptr + ((blk_c * BK + sl * 32) // SG) * NP + r_c).to(gl.float32)
             acc += gl.expand_dims(s, 1) * part
-            part = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+            part = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
     return acc
 
 
@@ -185,7 +185,7 @@ def decode_kernel(
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2,
+    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -195,7 +195,9 @@ def decode_kernel(
     shared memory, the programs' (``SPLIT``) in the workspace. ``CLOSE``: slices between
     two scale rows. ``READ_ONLY`` (a probe's floor, never a result): 1 the same reads and
     sums without dequantization or MMA, 2 without the sum over programs either, 3 nor the
-    staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn)."""
+    staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn).
+    ``ROWS``: activation rows a launch multiplies, 8 or 16 (one or two ``m16n8k16`` a slice;
+    16 with one K-group)."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
     mma_layout: gl.constexpr = _mma_layout(KW)
@@ -227,11 +229,12 @@ def decode_kernel(
     if DEPTH == 4:
         w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 2, blocks, s_ptr, NP, BITS, SG, STEPS)
         w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 3, blocks, s_ptr, NP, BITS, SG, STEPS)
-    x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * 8, 32], _X_SHARED)
+    gl.static_assert(ROWS == 8 or (ROWS == 16 and KW == 1), "ROWS: 8, or 16 with one K-group")
+    x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * ROWS, 32], _X_SHARED)
     if READ_ONLY < 3:
-        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K)
+        _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, ROWS)
         gl.thread_barrier()
-    acc = gl.zeros([KW * 64, KW * 8], gl.float32, mma_layout)
+    acc = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
     # DEPTH steps a trip, each register set refilled right after its last use, DEPTH steps
     # ahead (no register copies between trips): while one step is dequantized and
     # multiplied the others' words and scales are in flight.
@@ -254,24 +257,24 @@ def decode_kernel(
     else:
         for b in range(0, STEPS, DEPTH):
             acc = _block(acc, w_a, sa, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                         KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                         KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
             w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             if b + 1 < STEPS:
                 acc = _block(acc, w_b, sb, b + 1, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                             KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                             KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
             w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH + 1, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             if DEPTH == 4:
                 if b + 2 < STEPS:
                     acc = _block(acc, w_c, sc, b + 2, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
                 w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 6, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
                 if b + 3 < STEPS:
                     acc = _block(acc, w_d, sd, b + 3, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout)
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
     _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
-                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, 8, 4 * KW)
+                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, ROWS, 4 * KW)
 
 
 def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
@@ -291,7 +294,7 @@ def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128, depth: int = 2) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2, rows: int = 8) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there, and the end's atomics (the split-K
@@ -311,7 +314,7 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth)
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
@@ -323,6 +326,6 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     end = {op: whole_kernel.get(op, 0) for op in ("ATOMG", "RED")}
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "end": end,
+            "depth": depth, "rows": rows, "end": end,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

@@ -16,7 +16,7 @@ from quantcore.triton.launch import Launch
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
-from .decode import BM, decode_grid, decode_kernel, whole_runs
+from .decode import decode_grid, decode_kernel, whole_runs
 from .layout import HopperWeights
 from .plans import DecodePlan
 from .small_m import close_slices
@@ -48,7 +48,7 @@ class DecodeBucket:
         self.split_k = SplitKBuffers(self.split, device, any_t)
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
                      HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
-                     STEPS=steps, READ_ONLY=0, DEPTH=2)
+                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm)
         self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
                              fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
                              options=dict(num_warps=4))
@@ -62,12 +62,12 @@ class DecodeBucket:
         return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
-        """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` (at most 8) rows of ``x`` ``[..., K]``
-        of this bucket's dtype."""
+        """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` (at most the plan's ``bm``) rows of
+        ``x`` ``[..., K]`` of this bucket's dtype."""
         if x.dtype != self.dtype:
             raise KernelInputError(f"x: expected {self.dtype}, got {describe(x)}")
-        if not 1 <= m <= BM:
-            raise KernelInputError(f"x: the decode kernel takes 1 to {BM} rows, got {m} ({describe(x)})")
+        if not 1 <= m <= self.plan.bm:
+            raise KernelInputError(f"x: this decode plan takes 1 to {self.plan.bm} rows, got {m} ({describe(x)})")
         x = x.contiguous()  # the launch passes K as the row stride
         n = self.n
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).

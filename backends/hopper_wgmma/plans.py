@@ -12,7 +12,7 @@ takes (``wg``), how many activation rows (``bm``), how many blocks TMA keeps in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 __all__ = ["AnyPlan", "DecodePlan", "Plan", "TritonPlan", "plan_from_dict"]
 
@@ -124,19 +124,19 @@ class TritonPlan:
 class DecodePlan:
     """A call through the warp-level decode kernel (``decode.py``, ``decode_bucket.py``):
     each warp reads its rows' words into the registers of ``mma.sync``, x is staged once
-    per program, ``split`` programs cut K. Serves at most :attr:`rows` activation rows, and
-    only the shape and card it was measured on (``configs.plan_for``): where it wins is a
-    matter of the shape (slower than the wgmma plans at 14336×4096 on the H200, faster at
+    per program, ``split`` programs cut K. Serves at most ``bm`` activation rows, and only
+    the shape and card it was measured on (``configs.plan_for``): where it wins is a matter
+    of the shape (slower than the wgmma plans at 14336×4096 on the H200, faster at
     8192×28672)."""
 
-    #: Programs splitting K (as many as leave each at least one block).
+    #: Programs splitting K (as many as leave each at least two blocks).
     split: int = 4
+    #: Activation rows a launch multiplies: 8 (one ``m16n8k16`` a slice) or 16 (two).
+    bm: int = 8
     kind: Literal["decode"] = "decode"
-    #: Activation rows one launch multiplies (the MMA's N).
-    rows: ClassVar[int] = 8
 
     def __post_init__(self) -> None:
-        if self.kind != "decode" or not 1 <= self.split <= 64:
+        if self.kind != "decode" or not 1 <= self.split <= 64 or self.bm not in (8, 16):
             raise ValueError(f"hopper_wgmma decode plan out of range: {self}")
 
 

@@ -1,6 +1,6 @@
 """hopper_wgmma's decode plans: a table may name the warp-level decode kernel
-(``decode.py``) for a shape and M it was measured faster at; it serves at most eight rows
-and only the card and shape it was measured on; on an sm_90 GPU its bucket matches the
+(``decode.py``) for a shape and M it was measured faster at; it serves no more rows than its
+tile (8 or 16) and only the card and shape it was measured on; on an sm_90 GPU its bucket matches the
 float64 golden for every format the layout holds, and an ordinary call takes it."""
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 
 
 def test_decode_plans_round_trip_and_refuse_what_they_cannot_run() -> None:
-    for plan in (DecodePlan(), DecodePlan(split=8)):
+    for plan in (DecodePlan(), DecodePlan(split=8), DecodePlan(split=4, bm=16)):
         assert plan_from_dict(dataclasses.asdict(plan)) == plan
     assert plan_from_dict({"split": 8, "kind": "decode"}) == DecodePlan(8)
-    assert configs.tile_rows(DecodePlan(8)) == DecodePlan.rows == 8
-    with pytest.raises(ValueError, match="out of range"):
-        DecodePlan(split=0)
+    assert configs.tile_rows(DecodePlan(8)) == 8 and configs.tile_rows(DecodePlan(8, bm=16)) == 16
+    for bad in (dict(split=0), dict(bm=32)):
+        with pytest.raises(ValueError, match="out of range"):
+            DecodePlan(**bad)
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 8, 64, 112])
@@ -46,16 +47,19 @@ def test_the_grid_walks_at_least_two_steps_and_masks_a_run_past_the_end(blocks: 
     assert not whole_runs(128 * blocks - 32, 4, blocks, steps, 1)  # K short of the last block
 
 
-def test_a_decode_plan_serves_its_own_card_shape_and_at_most_eight_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    decode = DecodePlan(8)
-    wide = Plan(1, 16, 4, 2)
+def test_a_decode_plan_serves_its_own_card_shape_and_no_more_rows_than_its_tile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    decode, sixteen = DecodePlan(8), DecodePlan(8, bm=16)
+    wide = Plan(1, 32, 4, 2)
     monkeypatch.setattr(configs, "_tables", lambda: {
-        H200: {(4, 8192, 28672, 1): decode, (4, 8192, 28672, 8): decode, (4, 8192, 28672, 16): wide},
+        H200: {(4, 8192, 28672, 1): decode, (4, 8192, 28672, 8): decode, (4, 8192, 28672, 16): sixteen,
+               (4, 8192, 28672, 32): wide},
         H100: {(4, 4096, 4096, 1): Plan(1, 8, 8, 8)},
     })
     for m in (1, 2, 4, 8):
         assert configs.plan_for(configs.Shape(m, 8192, 28672, 4), H200) == decode
-    for m in (5, 16, 32):  # past the measured M's reach, or more rows than the kernel takes
+    assert configs.plan_for(configs.Shape(16, 8192, 28672, 4), H200) == sixteen
+    for m in (5, 9, 17, 32):  # past the measured M's reach, or more rows than its tile takes
         assert not isinstance(configs.plan_for(configs.Shape(m, 8192, 28672, 4), H200), DecodePlan)
     # Another card (the H100 looks the shape up in the H200's table) and another shape
     # (the nearest measured one) never take it: where it wins is the card's and the shape's.
@@ -64,14 +68,14 @@ def test_a_decode_plan_serves_its_own_card_shape_and_at_most_eight_rows(monkeypa
         assert not isinstance(configs.plan_for(configs.Shape(m, 8192, 24576, 4), H200), DecodePlan)
 
 
-def test_the_shipped_decode_plans_are_the_h200s_and_serve_no_more_than_eight_rows() -> None:
+def test_the_shipped_decode_plans_are_the_h200s_and_serve_no_more_than_their_tiles() -> None:
     tables = load_tables()
     named = {key: plan for card, table in tables.items() for key, plan in table.items()
              if isinstance(plan, DecodePlan)}
     assert named, "no shipped table names a decode plan"
     assert all(key in tables[H200] for key in named)
     for (bits, k, n, m), plan in named.items():
-        assert m <= DecodePlan.rows
+        assert m <= plan.bm
         assert configs.plan_for(configs.Shape(m, k, n, bits), H200) == plan
         assert not isinstance(configs.plan_for(configs.Shape(m, k, n, bits), H100), DecodePlan)
     assert not any(isinstance(p, DecodePlan) for p in tables[H100].values())
@@ -104,22 +108,24 @@ CASES = [
 
 
 @pytest.mark.skipif(not SM90, reason="the decode kernel is compiled for sm_90 (an H100 or H200)")
-@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize(("split", "bm"), [(1, 8), (3, 8), (2, 16)])
 @pytest.mark.parametrize("ci", range(len(CASES)), ids=[c.id for c in CASES])
-def test_the_decode_kernel_matches_the_golden(ci: int, split: int) -> None:
+def test_the_decode_kernel_matches_the_golden(ci: int, split: int, bm: int) -> None:
     from quantcore.backends.hopper_wgmma import launch
 
     fmt, k, n = CASES[ci].values
     prepared, tensors, dense = _prepared(fmt, k, n, seed=ci)
-    for m, dtype in ((1, torch.bfloat16), (3, torch.float16), (8, torch.bfloat16)):
+    ms = ((1, torch.bfloat16), (3, torch.float16), (8, torch.bfloat16)) if bm == 8 else (
+        (1, torch.float16), (11, torch.bfloat16), (16, torch.float16))
+    for m, dtype in ms:
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(ci + m)).to(dtype)
         xd = x.cuda()
         if prepared.ret_idx is not None:
             xd = xd.index_select(1, prepared.ret_idx)
         for _ in range(2):  # a split-K launch must leave its counters at zero for the next
-            y = launch.linear(xd.contiguous(), prepared, DecodePlan(split))
+            y = launch.linear(xd.contiguous(), prepared, DecodePlan(split, bm))
         c = judge_output(y.cpu(), linear_reference(x, dense, tensors["bias"]), dtype)
-        assert c.ok, f"{fmt.slug} K{k} N{n} M{m} split {split}: {c.problem}"
+        assert c.ok, f"{fmt.slug} K{k} N{n} M{m} split {split} bm {bm}: {c.problem}"
 
 
 @pytest.mark.skipif(not SM90, reason="the decode kernel is compiled for sm_90 (an H100 or H200)")

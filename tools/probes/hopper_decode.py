@@ -53,7 +53,7 @@ def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
         BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
         SPLIT=split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, groups), KW=groups, STEPS=steps,
-        READ_ONLY=read_only, DEPTH=depth, num_warps=4 * groups)
+        READ_ONLY=read_only, DEPTH=depth, ROWS=8 if m <= 8 else 16, num_warps=4 * groups)
     return y
 
 
