@@ -20,6 +20,8 @@ from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import judge_output
 from quantcore.probe.card import CardKey
 
+from .layers import prepared_layer
+
 H200 = CardKey("sm_90", 132, 227, 4)
 H100 = CardKey("sm_90", 132, 227, 3)
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -83,15 +85,7 @@ def test_the_shipped_decode_plans_are_the_h200s_and_serve_no_more_than_their_til
 
 
 def _prepared(fmt: GPTQ | AWQ, k: int, n: int, seed: int) -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
-    from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
-
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen) * 0.05
-    tensors = fmt.quantize(w, generator=gen) if isinstance(fmt, GPTQ) else fmt.quantize(w)
-    tensors["bias"] = torch.randn(n, generator=gen).half()
-    cls = HopperWgmmaGPTQ if isinstance(fmt, GPTQ) else HopperWgmmaAWQ
-    prepared = cls(fmt, "cuda").prepare({a: t.cuda() for a, t in tensors.items()})
-    return prepared, tensors, fmt.dequantize(tensors, torch.float64)
+    return prepared_layer(fmt, k, n, seed, "cuda")
 
 
 #: (format, K, N): K = 224 and 320 are no multiple of the 128-input block; N = 72 and 80

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from quantcore.backends.hopper_wgmma import configs, launch
-from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
+from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan, plan_from_dict
 from quantcore.backends.hopper_wgmma.small_m import SmallMBucket
 from quantcore.errors import KernelInputError
@@ -23,6 +23,8 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import judge_output
 from quantcore.probe.card import CardKey
+
+from .layers import prepared_layer
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRETED and not torch.cuda.is_available():
@@ -33,13 +35,7 @@ OPERAND = 0 if INTERPRETED else 1
 
 
 def _prepared(fmt: GPTQ | AWQ, k: int, n: int, seed: int) -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen) * 0.05
-    tensors = fmt.quantize(w, generator=gen) if isinstance(fmt, GPTQ) else fmt.quantize(w)
-    tensors["bias"] = torch.randn(n, generator=gen).half()
-    cls = HopperWgmmaGPTQ if isinstance(fmt, GPTQ) else HopperWgmmaAWQ
-    prepared = cls(fmt, DEVICE).prepare({a: t.to(DEVICE) for a, t in tensors.items()})
-    return prepared, tensors, fmt.dequantize(tensors, torch.float64)
+    return prepared_layer(fmt, k, n, seed, DEVICE)
 
 
 def _check(fmt: GPTQ | AWQ, k: int, n: int, m: int, dtype: torch.dtype, plan: TritonPlan | None,
