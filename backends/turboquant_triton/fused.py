@@ -35,6 +35,7 @@ the bucket's key, it checks the bucket still fits the state and launches.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -543,7 +544,8 @@ MAX_ROUTES = 64
 
 
 class _Routes(dict[tuple[Any, ...], Any]):
-    """A prepared state's remembered buckets, for the codebook they were bound over: a
+    """A prepared state's remembered buckets, for the codebook they were bound over (by weak
+    reference: a copy's codebook is not kept alive by the state it was copied from): a
     state copied with ``dataclasses.replace`` shares its ``cache`` dict, and one given
     another codebook (moved, or another layer's) must not launch over the old one's."""
 
@@ -551,7 +553,7 @@ class _Routes(dict[tuple[Any, ...], Any]):
 
     def __init__(self, codebook: torch.Tensor) -> None:
         super().__init__()
-        self.codebook = codebook
+        self.codebook = weakref.ref(codebook)
 
 
 def prepared_linear(x2d: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Tensor:
@@ -565,7 +567,7 @@ def prepared_linear(x2d: torch.Tensor, prepared: TurboQuantPrepared) -> torch.Te
     # on the prepared state's device, which the bucket holds).
     eager = x2d.is_cuda and not torch.cuda.is_current_stream_capturing()
     routes = prepared.cache.get(_ROUTES)
-    if routes is None or routes.codebook is not prepared.codebook:
+    if routes is None or routes.codebook() is not prepared.codebook:
         routes = prepared.cache[_ROUTES] = _Routes(prepared.codebook)
     key = (x2d.dtype, m, eager)
     bucket = routes.get(key)
