@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan
+from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan
 from quantcore.backends.hopper_wgmma.tuned import parse_table
 from tools.probes.hopper_wgmma_sweep import (
     MARGIN,
@@ -56,3 +56,12 @@ def test_a_triton_plan_the_check_found_wrong_is_never_shipped() -> None:
     assert unsafe == {"triton"}
     table = best_table(_rows(8.2, 6.0), INFO, unsafe=unsafe)
     assert parse_table(table)[1][(4, 4096, 4096, 1)] == SHIPPED
+
+
+def test_a_shipped_decode_plan_is_timed_as_it_is_and_kept_within_the_margin() -> None:
+    decode = DecodePlan(8)
+    assert candidates(1, 8192, 28672, 4, 132, decode)[0] == decode
+    base = {"k": 8192, "n": 28672, "m": 1, "dtype": "bf16", "bits": 4, "variant": "hopper"}
+    rows = [base | {"plan": dataclasses.asdict(decode), "us": 40.7, "default": True},
+            base | {"plan": dataclasses.asdict(SHIPPED), "us": 40.7 * (1 - MARGIN) + 0.05, "default": False}]
+    assert parse_table(best_table(rows, INFO))[1][(4, 8192, 28672, 1)] == decode

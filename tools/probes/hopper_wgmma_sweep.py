@@ -44,7 +44,7 @@ import torch
 
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear, plan_of
-from quantcore.backends.hopper_wgmma.plans import AnyPlan, Plan, TritonPlan
+from quantcore.backends.hopper_wgmma.plans import AnyPlan, DecodePlan, Plan, TritonPlan
 from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
@@ -297,7 +297,7 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         if plan not in out:
             out.append(plan)
 
-    if isinstance(shipped, TritonPlan):
+    if isinstance(shipped, TritonPlan | DecodePlan):  # timed as it is: no wgmma variants of it
         put(shipped)
         shipped = None
     if shipped is not None:
@@ -528,6 +528,8 @@ LATE_KIND = "late scale"
 def _kind(plan: dict) -> str:
     if "path" in plan:
         return "triton"
+    if plan.get("kind") == "decode":
+        return "decode"
     if plan.get("late_scale"):
         return LATE_KIND
     if plan.get("ws"):
