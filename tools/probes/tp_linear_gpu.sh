@@ -33,7 +33,8 @@
 # per part <part>/<device>/<suite>.json with <part>/<device>.md; the short table
 # (tools/probes/host_cost_table.py) is printed last. PACK=PATH also packs all of it into one
 # archive at PATH (for a machine that hands back only a few files: point OUT outside the folder it
-# hands back, and PACK inside it).
+# hands back, and PACK inside it; on one command line write PACK=… before OUT=…, as bash expands
+# the assignments in order and a PACK written after would land inside the new OUT).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/tp-linear-results}"
