@@ -526,15 +526,23 @@ def fused_linear(
     ("gemv", "mma", "dequant", "fold") and ``config`` override the choice (benchmarks, tests)."""
     if not 1 <= len(passes) <= 2:
         raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
+    return _chosen(x2d, passes, codebook, group_size, partial, bias, out_dtype, path, config)[0]
+
+
+def _chosen(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, group_size: int,
+            partial: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype, path: str | None,
+            config: Any) -> tuple[torch.Tensor, Any]:
+    """The output of a call on the bucket :func:`_bucket` chooses, and that bucket (None at M = 0)."""
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     m = x2d.shape[0]
     # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
     out = torch.empty(m, passes[0].indices.shape[0], dtype=out_dtype, device=x2d.device)
     if m == 0:
-        return out
-    _bucket(x2d, passes, codebook, group_size, partial, bias, out, path, config)(x2d, partial, out)
-    return out
+        return out, None
+    bucket = _bucket(x2d, passes, codebook, group_size, partial, bias, out, path, config)
+    bucket(x2d, partial, out)
+    return out, bucket
 
 
 #: Where :func:`prepared_linear` keeps its buckets in a prepared state's ``cache``.
@@ -582,15 +590,9 @@ def _remembered(routes: _Routes, key: tuple[Any, ...], x2d: torch.Tensor, prepar
                 eager: bool) -> torch.Tensor:
     """A call of :func:`prepared_linear` that finds no bucket to reuse: through
     :func:`fused_linear`'s choice, the bucket then kept for the key (not while recording)."""
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
-    passes = prepared.passes
-    out = torch.empty(x2d.shape[0], passes[0].indices.shape[0], dtype=x2d.dtype, device=x2d.device)
-    if x2d.shape[0] == 0:
-        return out
-    bucket = _bucket(x2d, passes, prepared.codebook, prepared.group_size, None, prepared.bias, out, None, None)
-    bucket(x2d, None, out)
-    if eager or x2d.device.type != "cuda":
+    out, bucket = _chosen(x2d, prepared.passes, prepared.codebook, prepared.group_size, None, prepared.bias,
+                          x2d.dtype, None, None)
+    if bucket is not None and (eager or x2d.device.type != "cuda"):
         if len(routes) >= MAX_ROUTES:
             routes.clear()
         routes[key] = bucket
