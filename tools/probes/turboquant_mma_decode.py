@@ -1,0 +1,574 @@
+"""A TurboQuant-4 decode kernel (M ≤ 8) on ``mma.sync`` with the looked-up weight as the A
+operand straight from registers: the structure of ``hopper_wgmma``'s warp-level decode
+kernel (``backends/hopper_wgmma/decode.py``) over TurboQuant's indices. Checked against
+the float64 golden and timed beside the shipped ``turboquant_triton`` call and cuBLAS
+bf16 on an sm_90 GPU; compiled for sm_90a on any machine (``--report``).
+
+    python -m tools.probes.turboquant_mma_decode --report
+    python -m tools.probes.turboquant_mma_decode --shapes 4096x14336 --passes 1,2 --splits 4,8 [--json PATH]
+
+**What it computes.** Every pass is one GEMV of depth P·K over the rotated input: x is
+rotated by every pass's rotation in one GEMM before the launch
+(``quantcore/kernels/turboquant/rotation.py``: ``x_rot`` is ``[M, G, P, d]`` in memory),
+and the weight is the passes' index groups side by side in the same order, block
+``b = g·P + p`` holding pass p's group g (one group of d = 128 is one block of the GPTQ
+layout: 16 int32 words a row), with one fp32 scale (``norm / √d``) per (row, block).
+
+**Layout** (:func:`pair_words`). Within a block, word c holds the 4-bit codes of inputs
+2c and 2c + 1 of each 32-input slice i in byte i (input 2c in the low nibble): a stored
+group's 64 bytes ``B[16i + c]`` transposed ``[4, 16] → [16, 4]``. The words are then put
+in ``hopper_wgmma``'s fragment order (``layout.fragment_order``), so a thread's two 16-byte
+loads are its A-fragment registers of a block, as in the GPTQ kernel.
+
+**Lookup.** A 256-entry table of centroid pairs ``(c[e & 15], c[e >> 4])`` rounded to the
+activation dtype (one 32-bit word: exactly an A register of the MMA), ``COPIES`` copies an
+entry in shared memory (static, declared in PTX), lane l reading copy ``l mod COPIES``:
+with 32 copies a warp's 32 reads fall in 32 banks, with 16 two lanes share a bank (at most
+two wavefronts a load, half the table). Per pair of weights: one shift, one LOP3 (mask the
+byte, OR the lane's copy offset) and one ``LDS``. The lane's offset is an operand computed
+once from the A layout (a wrong lane would only cost bank conflicts: every copy is equal).
+
+**Per block** (as the GPTQ kernel): 4 slices × (16 lookups a thread, ``ldmatrix`` of x's
+slice, ``mma.sync.m16n8k16``), the block's fp32 product scaled into the accumulator. Split
+over K between programs, partials summed in slot order by the last program of a tile
+(``kernels._tile_store``): deterministic, the same bits call to call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from quantcore.backends.hopper_wgmma.decode import (
+    _as_operand,
+    _fetch,
+    _mma_layout,
+    _stage_x,
+    _words_layout,
+    decode_grid,
+    whole_runs,
+)
+from quantcore.backends.hopper_wgmma.kernels import _tile_store, _wait_for_prior_grids
+from quantcore.backends.hopper_wgmma.layout import TILE_N, fragment_order, row_order
+
+__all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_words", "prepare", "unpack_pair_words"]
+
+#: Inputs of a block (one TurboQuant group of d = 128) and int32 words of one block row.
+BK = 128
+BLOCK_WORDS = 16
+#: The table's PTX name (function-scope static shared memory).
+_TABLE = "qc_tq_mma_pairs"
+#: Where the check and the timing run (an sm_90 GPU).
+DEVICE = "cuda"
+
+
+def _fill_asm(copies: int, fp16: bool) -> str:
+    """Declare the pair table and fill it in two rounds of the block's threads (at least
+    128): thread t writes entries t and t + threads, each ``copies`` words of
+    ``(c[e & 15], c[e >> 4])`` rounded to the activation dtype."""
+    cvt = "cvt.rn.f16x2.f32" if fp16 else "cvt.rn.bf16x2.f32"
+    stride = 4 * copies
+    stores = "".join(f" @p st.shared.v4.b32 [s+{16 * i}], {{v, v, v, v}};" for i in range(copies // 4))
+    one = (" setp.lt.u32 p, e, 256; and.b32 lo, e, 15; shr.u32 hi, e, 4; and.b32 hi, hi, 15;"
+           " mad.wide.u32 a, lo, 4, $1; @p ld.global.nc.f32 fl, [a];"
+           " mad.wide.u32 a, hi, 4, $1; @p ld.global.nc.f32 fh, [a];"
+           f" {cvt} v, fh, fl; mov.u32 s, {_TABLE}; mad.lo.u32 s, e, {stride}, s;" + stores + " add.u32 e, e, n;")
+    return (f".shared .align 1024 .b8 {_TABLE}[{256 * stride}];\n"
+            "{ .reg .pred p; .reg .u32 e, n, lo, hi, s; .reg .u64 a; .reg .f32 fl, fh; .reg .b32 v;"
+            " mov.u32 e, %tid.x; mov.u32 n, %ntid.x;" + one + one + " mov.u32 $0, 0; }")
+
+
+def _lookup_asm(sl: int, copies: int) -> str:
+    """One 32-bit word of pair bytes and the lane's copy offset (``$2``) → the pair of
+    centroids of byte ``sl`` (``$0``): the byte moved to the entry's offset, masked, the
+    copy's offset OR-ed in, one shared load."""
+    bits = 6 if copies == 16 else 7  # log2 of the entry's bytes (4 × copies)
+    shift = 8 * sl - bits
+    src = f"shl.b32 t, $1, {-shift};" if shift < 0 else f"shr.u32 t, $1, {shift};"
+    mask = 255 << bits
+    return ("{ .reg .b32 t, b; " + src + f" and.b32 t, t, {mask:#x}; or.b32 t, t, $2; mov.u32 b, {_TABLE};"
+            " add.u32 t, t, b; ld.shared.b32 $0, [t]; }")
+
+
+#: ``(copies == 32)·2 + fp16``.
+_FILL = gl.constexpr(tuple(_fill_asm(c, f) for c in (16, 32) for f in (False, True)))
+#: ``(copies == 32)·4 + slice``.
+_LOOKUP = gl.constexpr(tuple(_lookup_asm(s, c) for c in (16, 32) for s in range(4)))
+
+
+@gluon.jit
+def _lane_offsets(KW: gl.constexpr, COPIES: gl.constexpr, a_layout: gl.constexpr):
+    """``[64·KW, 32]`` int16 in the A layout: at each even input the byte offset of the
+    holding lane's copy, 0 at odd ones, so each packed register is that offset."""
+    rows = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, a_layout))
+    ks = gl.arange(0, 32, layout=gl.SliceLayout(0, a_layout))
+    # m16n8k16's A fragment: lane 4·(row mod 8) + (input mod 8) / 2.
+    lane = gl.expand_dims((rows % 8) * 4, 1) + gl.expand_dims((ks % 8) // 2, 0)
+    even = gl.expand_dims(ks % 2 == 0, 0)
+    off = gl.where(even, (lane % COPIES) * 4, gl.zeros_like(lane))
+    return off.to(gl.int16)
+
+
+@gluon.jit
+def _tq_block(acc, words, s0, b, x_smem, lane16, KW: gl.constexpr, COPIES: gl.constexpr, act: gl.constexpr,
+              mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr, ROWS: gl.constexpr):
+    """Step ``b``: each K-group's block looked up slice by slice into the A registers,
+    multiplied by x's slice from shared memory; the block's product scaled into ``acc``."""
+    w16 = _as_operand(words, KW, a_layout)
+    part = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
+    for sl in gl.static_range(4):
+        a = gl.inline_asm_elementwise(_LOOKUP[(COPIES == 32) * 4 + sl], "=r,r,r", [w16, lane16], dtype=act.value,
+                                      is_pure=True, pack=2)
+        xb = x_smem.index(b * 4 + sl).permute((1, 0)).load(b_layout)
+        part = mma_v2(a, xb, part)
+    return acc + gl.expand_dims(s0, 1) * part
+
+
+@gluon.jit
+def _diagonal_sum(acc, KW: gl.constexpr, mma_layout: gl.constexpr):
+    """``[64, 8]``: the sum over K-groups g of ``acc[64·g + r, 8·g + m]``."""
+    rg = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout)) // 64
+    cg = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, mma_layout)) // 8
+    diag = gl.where(gl.expand_dims(rg, 1) == gl.expand_dims(cg, 0), acc, 0.0)
+    return gl.sum(gl.sum(gl.reshape(diag, [KW, 64, KW, 8]), axis=2), axis=0)
+
+
+@gluon.jit
+def tq_decode_kernel(
+    w_ptr, x_ptr, s_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
+    HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
+    COPIES: gl.constexpr, PDL: gl.constexpr = False,
+):
+    """``w_ptr``: :func:`pair_words` as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x_rot
+    ``[M, K]`` (K = P·in_features; row stride ``stride_xm``); ``s_ptr``: fp32 scales
+    ``[blocks, NP]``; ``cb_ptr``: the fp32 codebook (16). Grid ``(tiles, split)`` as the GPTQ
+    decode kernel's: program ``(t, p)`` of ``4·KW`` warps walks ``STEPS`` blocks of each of
+    its ``KW`` K-groups, two in flight a warp. ``PDL`` (launched with programmatic
+    dependence): the first two steps' words and scales are read and the table filled while
+    the launch before (the rotation that writes x_rot) finishes; x and every write wait."""
+    ROWS: gl.constexpr = 8
+    act: gl.constexpr = x_ptr.dtype.element_ty
+    FP16: gl.constexpr = act == gl.float16
+    mma_layout: gl.constexpr = _mma_layout(KW)
+    a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
+    words_layout: gl.constexpr = _words_layout(KW)
+
+    tile = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    n0 = tile * 64
+    first = pid_k * (KW * STEPS)
+
+    g_w = gl.arange(0, KW, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_layout)))
+    rows_w = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_layout)))
+    cols_w = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
+    w_offs = gl.expand_dims(gl.expand_dims(rows_w * 256, 0), 2) + gl.expand_dims(gl.expand_dims(cols_w, 0), 1)
+    g_w = gl.expand_dims(gl.expand_dims(g_w, 1), 2)
+    w_tile = w_ptr + tile.to(gl.int64) * blocks * 2048
+    rows_c = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout))
+    g_c, r_c = rows_c // 64, n0 + rows_c % 64
+
+    w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 0, blocks, s_ptr, NP, 4, 128, STEPS)
+    w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 1, blocks, s_ptr, NP, 4, 128, STEPS)
+    gl.inline_asm_elementwise(_FILL[(COPIES == 32) * 2 + FP16], "=r,l", [cb_ptr], dtype=gl.int32, is_pure=False,
+                              pack=1)
+    lane16 = _lane_offsets(KW, COPIES, a_layout)
+    x_smem = gl.allocate_shared_memory(act, [STEPS * 4, KW * ROWS, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+    if PDL:
+        _wait_for_prior_grids()
+    _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, 4, EVEN_K, ROWS)
+    gl.thread_barrier()  # x staged and the table filled
+    acc = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
+    for b in range(0, STEPS, 2):
+        acc = _tq_block(acc, w_a, sa, b, x_smem, lane16, KW, COPIES, act, mma_layout, a_layout, b_layout, ROWS)
+        w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, 4,
+                         128, STEPS)
+        if b + 1 < STEPS:
+            acc = _tq_block(acc, w_b, sb, b + 1, x_smem, lane16, KW, COPIES, act, mma_layout, a_layout, b_layout,
+                            ROWS)
+        w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, 4,
+                         128, STEPS)
+    out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
+    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
+                64, ROWS, 4 * KW)
+
+
+# --- layout ------------------------------------------------------------------------------
+
+
+def pair_words(indices: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The passes' stored indices (each ``[N, K/2]`` uint8, d = 128) → int32 words
+    ``[N/64 rounded up, blocks·1024]``, blocks = P·K/128 with block ``g·P + p`` pass p's
+    group g; in a block row word c holds byte i = codes of inputs ``32i + 2c`` (low nibble)
+    and ``32i + 2c + 1`` (module docstring), in the fragment order. Rows past N are 0."""
+    n, half = indices[0].shape
+    groups, passes = half * 2 // BK, len(indices)
+    np_ = -(-n // TILE_N) * TILE_N
+    b = torch.zeros(np_, groups, passes, BK // 2, dtype=torch.uint8, device=indices[0].device)
+    for p, idx in enumerate(indices):
+        b[:n, :, p] = idx.reshape(n, groups, BK // 2)
+    b = b.view(np_, groups * passes, 4, 16).transpose(-1, -2).contiguous()  # [row, block, c, i]
+    return fragment_order(b.view(np_, groups * passes * BK // 2).view(torch.int32))
+
+
+def unpack_pair_words(frag: torch.Tensor, n: int, k: int, passes: int) -> list[torch.Tensor]:
+    """Inverse of :func:`pair_words`: each pass's ``[N, K/2]`` uint8 indices."""
+    words = row_order(frag)[:n].contiguous()
+    groups = k // BK
+    b = words.view(torch.uint8).view(n, groups * passes, 16, 4).transpose(-1, -2)  # [row, block, i, c]
+    b = b.reshape(n, groups, passes, BK // 2)
+    return [b[:, :, p].reshape(n, k // 2).contiguous() for p in range(passes)]
+
+
+def operand_codes(frag: torch.Tensor, tile: int, block: int, sl: int) -> torch.Tensor:
+    """What the kernel's A operand of slice ``sl`` of ``block`` of ``tile`` looks up, replayed
+    on the CPU: the ``[64, 32]`` codes (row, input of the slice), from the int16 words as the
+    kernel reads them (``_words_layout``, ``_as_operand``'s reshape and permute) and the
+    byte and nibbles the lookup takes of each 32-bit pair."""
+    w16 = frag[tile].view(torch.int16).view(-1, 8, 256)[block]  # rows 4h + w, columns 8·lane + 2j + b
+    w7 = w16.reshape(2, 4, 8, 4, 4, 2).permute(1, 0, 2, 4, 3, 5)  # (w, h, lane/4, j, u, b)
+    op = w7.reshape(64, 32).to(torch.int64) & 0xFFFF
+    pair = op[:, 0::2] | (op[:, 1::2] << 16)  # the 32-bit register of inputs 2c, 2c + 1
+    byte = (pair >> (8 * sl)) & 0xFF
+    out = torch.empty(64, 32, dtype=torch.int64)
+    out[:, 0::2], out[:, 1::2] = byte & 15, byte >> 4
+    return out
+
+
+# --- prepared state and launch -------------------------------------------------------------
+
+
+@dataclass
+class TQMmaWeights:
+    qweight: torch.Tensor  # int32 [tiles, blocks·1024]
+    scales: torch.Tensor  # fp32 [blocks, NP]
+    codebook: torch.Tensor  # fp32 [16]
+    bias: torch.Tensor | None
+    rhs: Any  # quantcore.kernels.turboquant.rotation.InputRotation
+    in_features: int
+    out_features: int
+    passes: int
+    counters: torch.Tensor  # int32 [tiles]: the split-K tickets, back to 0 after each launch
+
+    @property
+    def blocks(self) -> int:
+        return self.passes * self.in_features // BK
+
+    @property
+    def tiles(self) -> int:
+        return self.qweight.shape[0]
+
+
+def prepare(prepared: Any) -> TQMmaWeights:
+    """From ``TurboQuantTriton.prepare``'s state (d = 128, rotations in the activation dtype)."""
+    from quantcore.kernels.turboquant.rotation import InputRotation
+
+    passes = prepared.passes
+    n, k = prepared.out_features, prepared.in_features
+    if prepared.group_size != BK:
+        raise ValueError(f"group size {prepared.group_size}: this kernel takes d = {BK}")
+    np_ = -(-n // TILE_N) * TILE_N
+    g = k // BK
+    s = torch.zeros(g, len(passes), np_, dtype=torch.float32, device=prepared.codebook.device)
+    for p, data in enumerate(passes):
+        s[:, p, :n] = data.scales.T
+    qw = pair_words([data.indices for data in passes])
+    return TQMmaWeights(qweight=qw, scales=s.view(g * len(passes), np_).contiguous(), codebook=prepared.codebook,
+                        bias=prepared.bias, rhs=InputRotation([data.rotation for data in passes]), in_features=k,
+                        out_features=n, passes=len(passes),
+                        counters=torch.zeros(qw.shape[0], dtype=torch.int32, device=qw.device))
+
+
+_opted: dict[int, Any] = {}
+
+
+def decode(xr: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copies: int = 16,
+           out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
+    """One launch over the rotated input ``xr`` ``[M, P·K]`` (M ≤ 8)."""
+    m, kk = xr.shape
+    n = w.out_features
+    steps, split = decode_grid(w.blocks, split, groups)
+    y = torch.empty(m, n, dtype=out_dtype or xr.dtype, device=xr.device)
+    ws = torch.empty(max(1, split) * m * n, dtype=torch.float32, device=xr.device)
+    bias = w.bias if w.bias is not None else w.scales
+    args = (w.qweight.view(torch.int16), xr, w.scales, w.codebook, bias, y, ws, w.counters,
+            m, n, kk, xr.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split)
+    const = dict(HAS_BIAS=w.bias is not None, SPLIT=split > 1, EVEN_K=whole_runs(kk, 4, w.blocks, steps, groups),
+                 KW=groups, STEPS=steps, COPIES=copies, PDL=pdl, num_warps=4 * groups)
+    if pdl:
+        const["launch_pdl"] = True
+    grid = (w.tiles, split)
+    # The static table beside Triton's shared memory may pass 48 KB: each compiled variant
+    # opts in before its first launch (a probe's launch: the host cost is not timed).
+    compiled = tq_decode_kernel.warmup(*args, grid=grid, **const)
+    if id(compiled) not in _opted:
+        from quantcore.triton.static_shared import opt_in
+
+        opt_in(compiled)
+        _opted[id(compiled)] = compiled
+    tq_decode_kernel[grid](*args, **const)
+    return y
+
+
+def linear(x: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copies: int = 16,
+           pdl: bool = False) -> torch.Tensor:
+    """``y = x·Ŵᵀ + b``: the rotation GEMM of every pass, then one decode launch."""
+    m = x.shape[0]
+    xr = w.rhs(x.contiguous()).view(m, w.passes * w.in_features)
+    return decode(xr, w, split, groups, copies, x.dtype, pdl)
+
+
+def emulate(x: torch.Tensor, w: TQMmaWeights) -> torch.Tensor:
+    """The kernel's arithmetic in torch (CPU or GPU): centroid pairs rounded to x's dtype,
+    x rotated in its dtype, each block's product in fp32 scaled once; the output rounded."""
+    m = x.shape[0]
+    n, k, p = w.out_features, w.in_features, w.passes
+    xr = w.rhs(x.contiguous()).view(m, p * k).float()
+    cb = w.codebook.to(x.dtype).float()
+    codes = torch.cat([c.view(n, k // BK, 1, BK // 2) for c in unpack_pair_words(w.qweight.cpu(), n, k, p)], 2)
+    idx = torch.stack((codes & 15, codes >> 4), -1).reshape(n, k // BK * p, BK).long().to(x.device)
+    wq = cb[idx]  # [N, blocks, 128]
+    part = torch.einsum("nbk,mbk->mnb", wq, xr.view(m, -1, BK))
+    y = (part * w.scales[:, :n].T.unsqueeze(0)).sum(-1)
+    if w.bias is not None:
+        y = y + w.bias
+    return y.to(x.dtype)
+
+
+# --- compile report ------------------------------------------------------------------------
+
+
+def compile_report(*, fp16: bool = False, groups: int = 1, steps: int = 8, copies: int = 16) -> dict[str, Any]:
+    """Compile for sm_90a on any machine: registers, spill stack, shared memory (Triton's
+    and the static table), and the walk's opcode counts (two steps of every K-group) per
+    code a thread handles there."""
+    from quantcore.triton.compile_report import (
+        backward_loops,
+        compile_sm90,
+        instructions,
+        opcode_counts,
+        opcodes_in,
+    )
+
+    act = "fp16" if fp16 else "bf16"
+    sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp32", "cb_ptr": "*fp32", "b_ptr": "*fp32",
+           "y_ptr": f"*{act}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
+    const = dict(HAS_BIAS=False, SPLIT=True, EVEN_K=True, KW=groups, STEPS=steps, COPIES=copies)
+    compiled = compile_sm90(tq_decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
+                            options={"num_warps": 4 * groups}, gluon=True)
+    ins = instructions(compiled.sass)
+    walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
+    counts = opcode_counts(opcodes_in(ins, walk))
+    codes = 2 * 64 * BK / 128  # a trip: two steps of 64 rows × 128 inputs over one group's 128 threads
+    return {"fp16": fp16, "groups": groups, "steps": steps, "copies": copies,
+            "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "table": 256 * 4 * copies, "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2),
+            "lds_per_code": round(counts.get("LDS", 0) / codes, 3)}
+
+
+# --- GPU check and timing ------------------------------------------------------------------
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _layer(k: int, n: int, passes: int, dtype: torch.dtype, sets: int, bias: bool = False) -> tuple[Any, ...]:
+    """``sets`` quantized layers (one quantization, fresh random indices per set), the
+    shipped kernel's prepared states and this kernel's."""
+    from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
+    from quantcore.formats.turboquant import TurboQuant
+
+    from .turboquant_paths import _weights
+
+    fmt = TurboQuant(bits=4, group_size=BK, residual=passes == 2)
+    weights = _weights(fmt, k, n, sets, DEVICE)
+    if bias:
+        for w in weights:
+            w["bias"] = torch.randn(n, device=DEVICE) * 0.1
+    kernel = TurboQuantTriton(fmt, DEVICE)
+    shipped = [kernel.prepare(w, dtype=dtype) for w in weights]
+    mine = [prepare(s) for s in shipped]
+    return fmt, weights, kernel, shipped, mine
+
+
+#: The check's layers ``(K, N, passes, bias)`` and variants ``(split, groups, copies, pdl)``:
+#: K = 1408 is 11 groups (a split of 3 or 4 runs past the end), N = 1000 ends inside a tile.
+CHECK_LAYERS = ((4096, 4096, 1, False), (4096, 4096, 2, True), (1408, 1000, 1, True), (1408, 1000, 2, False))
+CHECK_MORE = ((1, 1, 16, False), (3, 1, 32, False), (3, 2, 16, False), (3, 1, 16, True))
+
+
+def check(dtype: torch.dtype) -> list[dict[str, Any]]:
+    """Variants against the float64 golden, the emulation (:func:`emulate`) and their own
+    second call; the shipped call's error beside them (bf16)."""
+    rows: list[dict[str, Any]] = []
+    fp16 = dtype == torch.float16
+    for k, n, passes, bias in CHECK_LAYERS:
+        if fp16 and (k, passes) not in ((4096, 2), (1408, 1)):
+            continue
+        fmt, weights, kernel, shipped, mine = _layer(k, n, passes, dtype, 1, bias)
+        golden_w = fmt.dequantize(weights[0])
+        variants = ((3, 1, 16, False),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 else ())
+        for m in (1, 3, 8):
+            x = torch.randn(m, k, device=DEVICE, dtype=dtype)
+            golden = x.double() @ golden_w.T
+            if bias:
+                golden += weights[0]["bias"].double()
+            emu = emulate(x, mine[0])
+            base = {"k": k, "n": n, "m": m, "passes": passes, "bias": bias, "dtype": str(dtype)}
+            if not fp16 and (m == 1 or (m == 8 and k == 4096)):
+                rows.append({**base, "variant": "shipped", "rel_err_golden": _rel(kernel(x, shipped[0]), golden)})
+            rows.append({**base, "variant": "emulation", "rel_err_golden": _rel(emu, golden)})
+            for split, groups, copies, pdl in variants:
+                name = f"mma split {split} groups {groups} copies {copies}" + (" pdl" if pdl else "")
+                try:
+                    got = linear(x, mine[0], split, groups, copies, pdl)
+                    again = linear(x, mine[0], split, groups, copies, pdl)
+                except Exception as exc:
+                    rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+                    continue
+                rows.append({**base, "variant": name, "rel_err_golden": _rel(got, golden),
+                             "rel_err_emulation": _rel(got, emu.double()),
+                             "repeat_identical": bool(torch.equal(got, again))})
+    return rows
+
+
+def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...], variants: Sequence[tuple[int, int, bool]],
+                rounds: int) -> list[dict[str, Any]]:
+    """One layer and M: each variant checked (golden, twice the same), then all timed together."""
+    from quantcore.timing import time_interleaved
+
+    from .probe_rows import record_times
+
+    kernel, shipped, mine, dense, golden_w = layer
+    sets = len(mine)
+    dtype = torch.bfloat16
+    xs = [torch.randn(m, k, device=DEVICE, dtype=dtype) for _ in range(sets)]
+    golden = xs[0].double() @ golden_w.T
+    names = ["shipped", "cuBLAS bf16"]
+    calls: list[Any] = [lambda i: kernel(xs[i % sets], shipped[i % sets]),
+                        lambda i: torch.nn.functional.linear(xs[i % sets], dense[i % len(dense)])]
+    nsets = [sets, len(dense)]
+    where = {"k": k, "n": n, "m": m, "passes": passes}
+    rows = [{**where, "variant": "shipped", "rel_err_golden": _rel(kernel(xs[0], shipped[0]), golden)}]
+    xr = [w.rhs(x).view(m, passes * k) for w, x in zip(mine, xs, strict=True)]
+    for split, copies, pdl in variants:
+        name = f"mma split {split} copies {copies}" + (" pdl" if pdl else "")
+        try:
+            got = linear(xs[0], mine[0], split, 1, copies, pdl)
+            again = linear(xs[0], mine[0], split, 1, copies, pdl)
+        except Exception as exc:
+            rows.append({**where, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+            continue
+        rows.append({**where, "variant": name, "rel_err_golden": _rel(got, golden),
+                     "repeat_identical": bool(torch.equal(got, again))})
+        names.append(name)
+        calls.append(lambda i, s=split, c=copies, d=pdl: linear(xs[i % sets], mine[i % sets], s, 1, c, d))
+        nsets.append(sets)
+        if copies == 16 and not pdl:
+            names.append(name + " decode alone")
+            calls.append(lambda i, s=split: decode(xr[i % sets], mine[i % sets], s, 1, 16))
+            nsets.append(sets)
+    times = time_interleaved(calls, DEVICE, rounds=rounds, graph=True, sets=nsets)
+    record_times(rows, names, times, where)
+    for r in rows:
+        if "us" in r:
+            print(f"{k}x{n} P{passes} M{m} {r['variant']:36s} {r['us']:8.2f} us {r['x_cublas']:5.2f}x "
+                  f"err {r.get('rel_err_golden', float('nan')):.1e} same {r.get('repeat_identical', '-')}", flush=True)
+    return rows
+
+
+def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Sequence[int], splits: Sequence[int],
+           rounds: int, save: Callable[[list[dict[str, Any]]], None], deadline: float) -> list[dict[str, Any]]:
+    """CUDA-graph replays over weight sets larger than L2 (bf16): the shipped call, cuBLAS,
+    and per split this kernel with the rotation before it (its decode launch alone beside
+    it), with 32 table copies at the first split and with programmatic dependent launch.
+    ``save`` gets the rows after each layer; no layer starts past ``deadline``."""
+    from quantcore.benchmarks.memory import rotation_sets
+    from quantcore.benchmarks.suites.turboquant_linear import format_bytes
+    from quantcore.formats.turboquant import TurboQuant
+
+    dtype = torch.bfloat16
+    rows: list[dict[str, Any]] = []
+    variants = [(s, 16, False) for s in splits] + [(splits[0], 32, False)] + [(s, 16, True) for s in splits]
+    for k, n in shapes:
+        dense = [torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02 for _ in range(rotation_sets(2 * k * n, DEVICE))]
+        for passes in passes_list:
+            if time.monotonic() > deadline:
+                rows.append({"k": k, "n": n, "passes": passes, "variant": "-", "error": "not run: out of time"})
+                continue
+            fmt = TurboQuant(bits=4, group_size=BK, residual=passes == 2)
+            sets = rotation_sets(format_bytes(fmt, 1, k, n), DEVICE)
+            fmt, weights, kernel, shipped, mine = _layer(k, n, passes, dtype, sets)
+            golden_w = fmt.dequantize(weights[0])
+            for m in ms:
+                rows += _time_layer(k, n, m, passes, (kernel, shipped, mine, dense, golden_w), variants, rounds)
+            save(rows)
+    return rows
+
+
+def _report_all() -> list[dict[str, Any]]:
+    out = []
+    for kw in (dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=28)):
+        r = compile_report(**kw)  # type: ignore[arg-type]
+        print(json.dumps(r), flush=True)
+        out.append(r)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--report", action="store_true", help="compile for sm_90a only (any machine)")
+    p.add_argument("--shapes", default="4096x14336,14336x4096,4096x4096")
+    p.add_argument("--passes", default="1,2")
+    p.add_argument("--ms", default="1")
+    p.add_argument("--splits", default="4,8,16")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds after which no new layer is timed")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    deadline = time.monotonic() + a.budget
+    res: dict[str, Any] = {}
+
+    def save(timing_rows: list[dict[str, Any]] | None = None) -> None:
+        if timing_rows is not None:
+            res["timing"] = timing_rows
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=1))
+
+    if a.report:
+        res["compile"] = _report_all()
+        save()
+        return
+    import triton
+
+    res |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    torch.manual_seed(0)
+    if not a.no_check:
+        res["check"] = []
+        for dtype in (torch.bfloat16, torch.float16):
+            for r in check(dtype):
+                res["check"].append(r)
+                print(json.dumps(r), flush=True)
+        save()
+    shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
+    timing(shapes, [int(v) for v in a.passes.split(",")], [int(v) for v in a.ms.split(",")],
+           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline)
+
+
+if __name__ == "__main__":
+    main()
