@@ -67,7 +67,7 @@ def test_emulated_arithmetic_against_the_golden(residual: bool) -> None:
 _SCRIPT = """
 import json
 from tools.probes.turboquant_mma_decode import compile_report
-for kw in [dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=28)]:
+for kw in [dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=28), dict(tiles=2, copies=32)]:
     print(json.dumps(compile_report(**kw)))
 """
 
@@ -78,7 +78,7 @@ def test_kernel_compiles_for_sm90_without_spills() -> None:
     out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 5
+    assert len(rows) == 6
     for r in rows:
         walk = r["walk"]
         assert r["spill_stack"] == 0, r

@@ -31,7 +31,41 @@ once from the A layout (a wrong lane would only cost bank conflicts: every copy 
 **Per block** (as the GPTQ kernel): 4 slices × (16 lookups a thread, ``ldmatrix`` of x's
 slice, ``mma.sync.m16n8k16``), the block's fp32 product scaled into the accumulator. Split
 over K between programs, partials summed in slot order by the last program of a tile
-(``kernels._tile_store``): deterministic, the same bits call to call.
+(``kernels._tile_store``): deterministic, the same bits call to call. ``TILES`` > 1 puts
+that many 64-row tiles in one program (8 or 16 warps) sharing the table and x's staging,
+so 32 copies (conflict-free) fit with a program an SM fewer.
+
+sm_90a (``--report``): 53 registers, no spills, 2.32 SASS instructions a weight in the walk
+(per pair: SHF, LOP3, LDS; per slice one LDSM and two HMMA), against 2.25 for the GPTQ
+kernel and 3.9–4.8 for the shipped decode kernel; 16 KB table + 2 KB of x a step.
+
+**Measured** (one H200, ``benchmarks/results/probes/turboquant_mma_decode-nvidia-h200.json``;
+CUDA graphs over weight sets larger than L2, bf16, M = 1, µs; the new kernel's best split,
+the rotation GEMM before it included, and its decode launch alone):
+
+============  ======  ======  ===============  ===================  ===========
+K × N         passes  cuBLAS  shipped          new (best split)     decode alone
+============  ======  ======  ===============  ===================  ===========
+4096×14336    1       32.86   **18.57**        24.34 (split 4)      22.08
+14336×4096    1       32.38   **21.29**        22.02 (8)            19.54
+4096×4096     1       13.45   **9.40**         12.34 (4)            9.95
+4096×14336    2       32.27   **36.91**        38.75 (8)            36.43
+14336×4096    2       32.86   54.40            **40.32** (16)       37.77
+4096×4096     2       13.35   21.60            **16.00** (8)        13.64
+============  ======  ======  ===============  ===================  ===========
+
+Right everywhere (bf16 2.5–3.4e-3 of the float64 golden, the shipped path 2.3–2.7e-3; fp16
+3–4e-4; 1 and 2 passes, M = 1, 3, 8, bias, K = 1408 whose split runs past the end, N =
+1000; within 1.2e-5 of :func:`emulate`), bit-identical call to call. Faster than the
+shipped call only with two passes on the two shapes where the shipped kernel is slowest
+(1.35×); slower with one pass. The rotation launch costs 2.3–2.6 µs (programmatic dependent
+launch gains nothing: within ±0.3 µs); 32 copies were slower (48 KB a program: 4 programs
+an SM, more than a wave). Why the decode launch alone is 22 µs where the GPTQ kernel on the
+same words is 14.7: the table loads. 32 LDS a warp and block, two wavefronts each with 16
+copies, are about 7 µs of the shared-memory pipe per SM on 4096×14336 (the GPTQ kernel's
+LDSM ~1.8 µs), and the 16 KB table and 2 KB a step of x leave 6 programs an SM (792 < 896 at
+split 4). Long runs of x staged up front cost occupancy too (14336×4096, two passes: split 4
+stages 112 KB a program, 73 µs against 40 at split 16).
 """
 
 from __future__ import annotations
@@ -51,9 +85,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quantcore.backends.hopper_wgmma.decode import (
     _as_operand,
-    _fetch,
     _mma_layout,
-    _stage_x,
     _words_layout,
     decode_grid,
     whole_runs,
@@ -120,12 +152,13 @@ def _lane_offsets(KW: gl.constexpr, COPIES: gl.constexpr, a_layout: gl.constexpr
 
 
 @gluon.jit
-def _tq_block(acc, words, s0, b, x_smem, lane16, KW: gl.constexpr, COPIES: gl.constexpr, act: gl.constexpr,
-              mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr, ROWS: gl.constexpr):
-    """Step ``b``: each K-group's block looked up slice by slice into the A registers,
-    multiplied by x's slice from shared memory; the block's product scaled into ``acc``."""
-    w16 = _as_operand(words, KW, a_layout)
-    part = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
+def _tq_block(acc, words, s0, b, x_smem, lane16, G: gl.constexpr, COLS: gl.constexpr, COPIES: gl.constexpr,
+              act: gl.constexpr, mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr):
+    """Step ``b``: the ``G`` row groups' blocks looked up slice by slice into the A
+    registers, multiplied by x's slice from shared memory; the block's product scaled into
+    ``acc``."""
+    w16 = _as_operand(words, G, a_layout)
+    part = gl.zeros([G * 64, COLS], gl.float32, mma_layout)
     for sl in gl.static_range(4):
         a = gl.inline_asm_elementwise(_LOOKUP[(COPIES == 32) * 4 + sl], "=r,r,r", [w16, lane16], dtype=act.value,
                                       is_pure=True, pack=2)
@@ -144,65 +177,113 @@ def _diagonal_sum(acc, KW: gl.constexpr, mma_layout: gl.constexpr):
 
 
 @gluon.jit
+def _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, b, blocks, s_ptr, NP, KW: gl.constexpr,
+              STEPS: gl.constexpr):
+    """Step ``b``'s words of every row group (``t_w``: its tile, ``g_w``: its K-group) and
+    the scale of each accumulator row (``r_c``, K-group ``g_c``); past the weight's end the
+    last block (x is zero there)."""
+    blk_w = gl.minimum(first + g_w * STEPS + b, blocks - 1)
+    blk_c = gl.minimum(first + g_c * STEPS + b, blocks - 1)
+    words = gl.load(w_ptr + (t_w * blocks + blk_w) * 2048 + w_offs, eviction_policy="evict_first")
+    return words, gl.load(s_ptr + blk_c * NP + r_c)
+
+
+@gluon.jit
+def _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW: gl.constexpr, TILES: gl.constexpr, STEPS: gl.constexpr,
+             EVEN_K: gl.constexpr, ROWS: gl.constexpr):
+    """x of the program's blocks into shared memory ``[STEPS·4, KW·ROWS, 32]`` (as
+    ``hopper_wgmma.decode._stage_x``, on ``4·KW·TILES`` warps): entry ``(4·b + sl,
+    ROWS·g + m, k)`` is input ``32·(4·(first + STEPS·g + b) + sl) + k`` of row m (zero past M
+    and K)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8 // TILES], [1, 8, 4], [4, KW, TILES], [2, 1, 0])
+    sl = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    gm = gl.arange(0, KW * ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    kk = (gl.expand_dims(gl.expand_dims(sl * 32, 1), 2) + gl.expand_dims(gl.expand_dims(k, 0), 1)
+          + gl.expand_dims(gl.expand_dims((gm // ROWS) * (STEPS * 128), 0), 2))
+    mm = gl.expand_dims(gl.expand_dims(gm % ROWS, 0), 2)
+    offs = mm.to(gl.int64) * stride_xm + kk
+    # The same bytes seen as [STEPS, 4·KW·ROWS, 32]: the 64-byte swizzle repeats every 8 rows.
+    view = x_smem._reinterpret(x_smem.dtype, [STEPS, 4 * KW * ROWS, 32], x_smem.layout)
+    for b in gl.static_range(STEPS):
+        k0 = (first + b) * 128
+        mask = mm < M
+        if not EVEN_K:
+            mask = mask & (k0 + kk < K)
+        x = gl.load(x_ptr + k0 + offs, mask=mask, other=0.0)
+        view.index(b).store(gl.reshape(x, [4 * KW * ROWS, 32]))
+
+
+@gluon.jit
 def tq_decode_kernel(
     w_ptr, x_ptr, s_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    COPIES: gl.constexpr, PDL: gl.constexpr = False,
+    COPIES: gl.constexpr, PDL: gl.constexpr = False, TILES: gl.constexpr = 1,
 ):
     """``w_ptr``: :func:`pair_words` as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x_rot
     ``[M, K]`` (K = P·in_features; row stride ``stride_xm``); ``s_ptr``: fp32 scales
-    ``[blocks, NP]``; ``cb_ptr``: the fp32 codebook (16). Grid ``(tiles, split)`` as the GPTQ
-    decode kernel's: program ``(t, p)`` of ``4·KW`` warps walks ``STEPS`` blocks of each of
-    its ``KW`` K-groups, two in flight a warp. ``PDL`` (launched with programmatic
-    dependence): the first two steps' words and scales are read and the table filled while
-    the launch before (the rotation that writes x_rot) finishes; x and every write wait."""
+    ``[blocks, NP]``; ``cb_ptr``: the fp32 codebook (16). Grid ``(ceil(tiles / TILES),
+    split)``: program ``(c, p)`` of ``4·KW·TILES`` warps walks ``STEPS`` blocks of each of
+    its ``KW`` K-groups (as the GPTQ decode kernel), or of each of its ``TILES`` tiles of 64
+    rows, which share x's staging and the table; two steps in flight a warp. ``PDL``
+    (launched with programmatic dependence): the first two steps' words and scales are read
+    and the table filled while the launch before (the rotation that writes x_rot)
+    finishes; x and every write wait."""
+    gl.static_assert(KW == 1 or TILES == 1, "K-groups or tiles, not both")
     ROWS: gl.constexpr = 8
+    G: gl.constexpr = KW * TILES
     act: gl.constexpr = x_ptr.dtype.element_ty
     FP16: gl.constexpr = act == gl.float16
-    mma_layout: gl.constexpr = _mma_layout(KW)
+    mma_layout: gl.constexpr = _mma_layout(G)
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
-    words_layout: gl.constexpr = _words_layout(KW)
+    words_layout: gl.constexpr = _words_layout(G)
 
-    tile = gl.program_id(0)
+    cta = gl.program_id(0)
     pid_k = gl.program_id(1)
-    n0 = tile * 64
+    tiles = NP // 64
+    n0 = cta * (64 * TILES)
     first = pid_k * (KW * STEPS)
 
-    g_w = gl.arange(0, KW, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_layout)))
+    g_w = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_layout)))
     rows_w = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_layout)))
     cols_w = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
     w_offs = gl.expand_dims(gl.expand_dims(rows_w * 256, 0), 2) + gl.expand_dims(gl.expand_dims(cols_w, 0), 1)
     g_w = gl.expand_dims(gl.expand_dims(g_w, 1), 2)
-    w_tile = w_ptr + tile.to(gl.int64) * blocks * 2048
-    rows_c = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout))
-    g_c, r_c = rows_c // 64, n0 + rows_c % 64
+    rows_c = gl.arange(0, G * 64, layout=gl.SliceLayout(1, mma_layout))
+    if TILES == 1:
+        t_w = (g_w * 0 + cta).to(gl.int64)
+        g_c, r_c = rows_c // 64, n0 + rows_c % 64
+    else:  # the last program's tiles past the weight read its last tile (never stored)
+        t_w = gl.minimum(cta * TILES + g_w, tiles - 1).to(gl.int64)
+        g_w = g_w * 0
+        g_c, r_c = rows_c * 0, gl.minimum(n0 + rows_c, NP - 1)
 
-    w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 0, blocks, s_ptr, NP, 4, 128, STEPS)
-    w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 1, blocks, s_ptr, NP, 4, 128, STEPS)
+    w_a, sa = _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, 0, blocks, s_ptr, NP, KW, STEPS)
+    w_b, sb = _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, 1, blocks, s_ptr, NP, KW, STEPS)
     gl.inline_asm_elementwise(_FILL[(COPIES == 32) * 2 + FP16], "=r,l", [cb_ptr], dtype=gl.int32, is_pure=False,
                               pack=1)
-    lane16 = _lane_offsets(KW, COPIES, a_layout)
+    lane16 = _lane_offsets(G, COPIES, a_layout)
     x_smem = gl.allocate_shared_memory(act, [STEPS * 4, KW * ROWS, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
     if PDL:
         _wait_for_prior_grids()
-    _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, 4, EVEN_K, ROWS)
+    _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, TILES, STEPS, EVEN_K, ROWS)
     gl.thread_barrier()  # x staged and the table filled
-    acc = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
+    acc = gl.zeros([G * 64, KW * ROWS], gl.float32, mma_layout)
     for b in range(0, STEPS, 2):
-        acc = _tq_block(acc, w_a, sa, b, x_smem, lane16, KW, COPIES, act, mma_layout, a_layout, b_layout, ROWS)
-        w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr, NP, 4,
-                         128, STEPS)
+        acc = _tq_block(acc, w_a, sa, b, x_smem, lane16, G, KW * ROWS, COPIES, act, mma_layout, a_layout, b_layout)
+        w_a, sa = _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, gl.minimum(b + 2, STEPS - 1), blocks, s_ptr,
+                            NP, KW, STEPS)
         if b + 1 < STEPS:
-            acc = _tq_block(acc, w_b, sb, b + 1, x_smem, lane16, KW, COPIES, act, mma_layout, a_layout, b_layout,
-                            ROWS)
-        w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr, NP, 4,
-                         128, STEPS)
+            acc = _tq_block(acc, w_b, sb, b + 1, x_smem, lane16, G, KW * ROWS, COPIES, act, mma_layout, a_layout,
+                            b_layout)
+        w_b, sb = _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr,
+                            NP, KW, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
-    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
-                64, ROWS, 4 * KW)
+    _tile_store(out, cta, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
+                64 * TILES, ROWS, 4 * G)
 
 
 # --- layout ------------------------------------------------------------------------------
@@ -295,8 +376,9 @@ _opted: dict[int, Any] = {}
 
 
 def decode(xr: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copies: int = 16,
-           out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
-    """One launch over the rotated input ``xr`` ``[M, P·K]`` (M ≤ 8)."""
+           out_dtype: torch.dtype | None = None, pdl: bool = False, tiles: int = 1) -> torch.Tensor:
+    """One launch over the rotated input ``xr`` ``[M, P·K]`` (M ≤ 8); ``tiles`` row tiles
+    of 64 a program (with one K-group)."""
     m, kk = xr.shape
     n = w.out_features
     steps, split = decode_grid(w.blocks, split, groups)
@@ -306,10 +388,10 @@ def decode(xr: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copie
     args = (w.qweight.view(torch.int16), xr, w.scales, w.codebook, bias, y, ws, w.counters,
             m, n, kk, xr.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split)
     const = dict(HAS_BIAS=w.bias is not None, SPLIT=split > 1, EVEN_K=whole_runs(kk, 4, w.blocks, steps, groups),
-                 KW=groups, STEPS=steps, COPIES=copies, PDL=pdl, num_warps=4 * groups)
+                 KW=groups, STEPS=steps, COPIES=copies, PDL=pdl, TILES=tiles, num_warps=4 * groups * tiles)
     if pdl:
         const["launch_pdl"] = True
-    grid = (w.tiles, split)
+    grid = (-(-w.tiles // tiles), split)
     # The static table beside Triton's shared memory may pass 48 KB: each compiled variant
     # opts in before its first launch (a probe's launch: the host cost is not timed).
     compiled = tq_decode_kernel.warmup(*args, grid=grid, **const)
@@ -323,11 +405,11 @@ def decode(xr: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copie
 
 
 def linear(x: torch.Tensor, w: TQMmaWeights, split: int, groups: int = 1, copies: int = 16,
-           pdl: bool = False) -> torch.Tensor:
+           pdl: bool = False, tiles: int = 1) -> torch.Tensor:
     """``y = x·Ŵᵀ + b``: the rotation GEMM of every pass, then one decode launch."""
     m = x.shape[0]
     xr = w.rhs(x.contiguous()).view(m, w.passes * w.in_features)
-    return decode(xr, w, split, groups, copies, x.dtype, pdl)
+    return decode(xr, w, split, groups, copies, x.dtype, pdl, tiles)
 
 
 def emulate(x: torch.Tensor, w: TQMmaWeights) -> torch.Tensor:
@@ -350,7 +432,8 @@ def emulate(x: torch.Tensor, w: TQMmaWeights) -> torch.Tensor:
 # --- compile report ------------------------------------------------------------------------
 
 
-def compile_report(*, fp16: bool = False, groups: int = 1, steps: int = 8, copies: int = 16) -> dict[str, Any]:
+def compile_report(*, fp16: bool = False, groups: int = 1, steps: int = 8, copies: int = 16,
+                   tiles: int = 1) -> dict[str, Any]:
     """Compile for sm_90a on any machine: registers, spill stack, shared memory (Triton's
     and the static table), and the walk's opcode counts (two steps of every K-group) per
     code a thread handles there."""
@@ -358,6 +441,7 @@ def compile_report(*, fp16: bool = False, groups: int = 1, steps: int = 8, copie
         backward_loops,
         compile_sm90,
         instructions,
+        occupancy_sm90,
         opcode_counts,
         opcodes_in,
     )
@@ -366,16 +450,18 @@ def compile_report(*, fp16: bool = False, groups: int = 1, steps: int = 8, copie
     sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp32", "cb_ptr": "*fp32", "b_ptr": "*fp32",
            "y_ptr": f"*{act}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "stride_xm": "i32", "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
-    const = dict(HAS_BIAS=False, SPLIT=True, EVEN_K=True, KW=groups, STEPS=steps, COPIES=copies)
+    const = dict(HAS_BIAS=False, SPLIT=True, EVEN_K=True, KW=groups, STEPS=steps, COPIES=copies, TILES=tiles)
     compiled = compile_sm90(tq_decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
-                            options={"num_warps": 4 * groups}, gluon=True)
+                            options={"num_warps": 4 * groups * tiles}, gluon=True)
     ins = instructions(compiled.sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
     codes = 2 * 64 * BK / 128  # a trip: two steps of 64 rows × 128 inputs over one group's 128 threads
-    return {"fp16": fp16, "groups": groups, "steps": steps, "copies": copies,
+    return {"fp16": fp16, "groups": groups, "steps": steps, "copies": copies, "tiles": tiles,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
-            "table": 256 * 4 * copies, "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2),
+            "table": 256 * 4 * copies,
+            "blocks_per_sm": occupancy_sm90(compiled.registers, 4 * groups * tiles, compiled.shared + 256 * 4 * copies),
+            "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2),
             "lds_per_code": round(counts.get("LDS", 0) / codes, 3)}
 
 
@@ -405,15 +491,16 @@ def _layer(k: int, n: int, passes: int, dtype: torch.dtype, sets: int, bias: boo
     return fmt, weights, kernel, shipped, mine
 
 
-#: The check's layers ``(K, N, passes, bias)`` and variants ``(split, groups, copies, pdl)``:
+#: The check's layers ``(K, N, passes, bias)`` and variants ``(split, groups, copies, pdl, tiles)``:
 #: K = 1408 is 11 groups (a split of 3 or 4 runs past the end), N = 1000 ends inside a tile.
 CHECK_LAYERS = ((4096, 4096, 1, False), (4096, 4096, 2, True), (1408, 1000, 1, True), (1408, 1000, 2, False))
-CHECK_MORE = ((1, 1, 16, False), (3, 1, 32, False), (3, 2, 16, False), (3, 1, 16, True))
+CHECK_MORE = ((1, 1, 16, False, 1), (3, 1, 32, False, 1), (3, 2, 16, False, 1), (3, 1, 16, True, 1))
 
 
-def check(dtype: torch.dtype) -> list[dict[str, Any]]:
+def check(dtype: torch.dtype, tiles: Sequence[int] = (1,)) -> list[dict[str, Any]]:
     """Variants against the float64 golden, the emulation (:func:`emulate`) and their own
-    second call; the shipped call's error beside them (bf16)."""
+    second call; the shipped call's error beside them (bf16). Each of ``tiles`` above 1 on
+    every layer (32 copies, split 3)."""
     rows: list[dict[str, Any]] = []
     fp16 = dtype == torch.float16
     for k, n, passes, bias in CHECK_LAYERS:
@@ -421,7 +508,8 @@ def check(dtype: torch.dtype) -> list[dict[str, Any]]:
             continue
         fmt, weights, kernel, shipped, mine = _layer(k, n, passes, dtype, 1, bias)
         golden_w = fmt.dequantize(weights[0])
-        variants = ((3, 1, 16, False),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 else ())
+        variants = ((3, 1, 16, False, 1),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 else ())
+        variants += tuple((3, 1, 32, False, t) for t in tiles if t > 1)
         for m in (1, 3, 8):
             x = torch.randn(m, k, device=DEVICE, dtype=dtype)
             golden = x.double() @ golden_w.T
@@ -432,11 +520,12 @@ def check(dtype: torch.dtype) -> list[dict[str, Any]]:
             if not fp16 and (m == 1 or (m == 8 and k == 4096)):
                 rows.append({**base, "variant": "shipped", "rel_err_golden": _rel(kernel(x, shipped[0]), golden)})
             rows.append({**base, "variant": "emulation", "rel_err_golden": _rel(emu, golden)})
-            for split, groups, copies, pdl in variants:
-                name = f"mma split {split} groups {groups} copies {copies}" + (" pdl" if pdl else "")
+            for split, groups, copies, pdl, t in variants:
+                name = (f"mma split {split} groups {groups} copies {copies}" + (" pdl" if pdl else "")
+                        + (f" tiles {t}" if t > 1 else ""))
                 try:
-                    got = linear(x, mine[0], split, groups, copies, pdl)
-                    again = linear(x, mine[0], split, groups, copies, pdl)
+                    got = linear(x, mine[0], split, groups, copies, pdl, t)
+                    again = linear(x, mine[0], split, groups, copies, pdl, t)
                 except Exception as exc:
                     rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
                     continue
@@ -446,8 +535,8 @@ def check(dtype: torch.dtype) -> list[dict[str, Any]]:
     return rows
 
 
-def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...], variants: Sequence[tuple[int, int, bool]],
-                rounds: int) -> list[dict[str, Any]]:
+def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
+                variants: Sequence[tuple[int, int, bool, int]], rounds: int) -> list[dict[str, Any]]:
     """One layer and M: each variant checked (golden, twice the same), then all timed together."""
     from quantcore.timing import time_interleaved
 
@@ -465,20 +554,20 @@ def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...], var
     where = {"k": k, "n": n, "m": m, "passes": passes}
     rows = [{**where, "variant": "shipped", "rel_err_golden": _rel(kernel(xs[0], shipped[0]), golden)}]
     xr = [w.rhs(x).view(m, passes * k) for w, x in zip(mine, xs, strict=True)]
-    for split, copies, pdl in variants:
-        name = f"mma split {split} copies {copies}" + (" pdl" if pdl else "")
+    for split, copies, pdl, tiles in variants:
+        name = f"mma split {split} copies {copies}" + (" pdl" if pdl else "") + (f" tiles {tiles}" if tiles > 1 else "")
         try:
-            got = linear(xs[0], mine[0], split, 1, copies, pdl)
-            again = linear(xs[0], mine[0], split, 1, copies, pdl)
+            got = linear(xs[0], mine[0], split, 1, copies, pdl, tiles)
+            again = linear(xs[0], mine[0], split, 1, copies, pdl, tiles)
         except Exception as exc:
             rows.append({**where, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
             continue
         rows.append({**where, "variant": name, "rel_err_golden": _rel(got, golden),
                      "repeat_identical": bool(torch.equal(got, again))})
         names.append(name)
-        calls.append(lambda i, s=split, c=copies, d=pdl: linear(xs[i % sets], mine[i % sets], s, 1, c, d))
+        calls.append(lambda i, s=split, c=copies, d=pdl, t=tiles: linear(xs[i % sets], mine[i % sets], s, 1, c, d, t))
         nsets.append(sets)
-        if copies == 16 and not pdl:
+        if copies == 16 and not pdl and tiles == 1:
             names.append(name + " decode alone")
             calls.append(lambda i, s=split: decode(xr[i % sets], mine[i % sets], s, 1, 16))
             nsets.append(sets)
@@ -492,10 +581,12 @@ def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...], var
 
 
 def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Sequence[int], splits: Sequence[int],
-           rounds: int, save: Callable[[list[dict[str, Any]]], None], deadline: float) -> list[dict[str, Any]]:
+           rounds: int, save: Callable[[list[dict[str, Any]]], None], deadline: float,
+           tiles: Sequence[int] = (1,)) -> list[dict[str, Any]]:
     """CUDA-graph replays over weight sets larger than L2 (bf16): the shipped call, cuBLAS,
     and per split this kernel with the rotation before it (its decode launch alone beside
-    it), with 32 table copies at the first split and with programmatic dependent launch.
+    it), with 32 table copies at the first split and with programmatic dependent launch;
+    each of ``tiles`` above 1 (row tiles a program, 32 copies) at every split.
     ``save`` gets the rows after each layer; no layer starts past ``deadline``."""
     from quantcore.benchmarks.memory import rotation_sets
     from quantcore.benchmarks.suites.turboquant_linear import format_bytes
@@ -503,7 +594,8 @@ def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Se
 
     dtype = torch.bfloat16
     rows: list[dict[str, Any]] = []
-    variants = [(s, 16, False) for s in splits] + [(splits[0], 32, False)] + [(s, 16, True) for s in splits]
+    variants = ([(s, 16, False, 1) for s in splits] + [(splits[0], 32, False, 1)] + [(s, 16, True, 1) for s in splits]
+                + [(s, 32, False, t) for t in tiles if t > 1 for s in splits])
     for k, n in shapes:
         dense = [torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02 for _ in range(rotation_sets(2 * k * n, DEVICE))]
         for passes in passes_list:
@@ -522,7 +614,8 @@ def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Se
 
 def _report_all() -> list[dict[str, Any]]:
     out = []
-    for kw in (dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=28)):
+    for kw in (dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=28), dict(tiles=2, copies=32),
+               dict(tiles=2), dict(tiles=4, copies=32)):
         r = compile_report(**kw)  # type: ignore[arg-type]
         print(json.dumps(r), flush=True)
         out.append(r)
@@ -536,6 +629,7 @@ def main() -> None:
     p.add_argument("--passes", default="1,2")
     p.add_argument("--ms", default="1")
     p.add_argument("--splits", default="4,8,16")
+    p.add_argument("--tiles", default="1", help="row tiles a program; each above 1 timed with 32 copies")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--budget", type=float, default=200.0, help="seconds after which no new layer is timed")
@@ -558,16 +652,17 @@ def main() -> None:
 
     res |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     torch.manual_seed(0)
+    tiles = [int(v) for v in a.tiles.split(",")]
     if not a.no_check:
         res["check"] = []
         for dtype in (torch.bfloat16, torch.float16):
-            for r in check(dtype):
+            for r in check(dtype, tiles):
                 res["check"].append(r)
                 print(json.dumps(r), flush=True)
         save()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
     timing(shapes, [int(v) for v in a.passes.split(",")], [int(v) for v in a.ms.split(",")],
-           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline)
+           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline, tiles)
 
 
 if __name__ == "__main__":
