@@ -12,7 +12,7 @@ decode kernel"). It has no TMA ring, no mbarrier and no warpgroup-wide wgmma wai
   (staged once per program): one column per activation row, so M = 1…8 cost the same;
   each group's fp32 product is scaled when the group closes;
 * K is cut between programs (``split``; partials summed in slot order by the last one,
-  ``kernels._tile_store``) and, for an experiment, between groups of four warps of one
+  ``quantcore/triton/gluon_split_k.tile_store``) and, for an experiment, between groups of four warps of one
   program (``KW``), whose sums meet in shared memory.
 
 2.3 SASS instructions a code against the wgmma kernel's 4.4. Where it is faster than the
@@ -28,8 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
-
-from .kernels import _tile_store
+from quantcore.triton.gluon_split_k import tile_store
 
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
@@ -273,7 +272,7 @@ def decode_kernel(
                                  KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
-    _tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+    tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
                 SPLIT and READ_ONLY < 2, HAS_BIAS, 64, ROWS, 4 * KW)
 
 

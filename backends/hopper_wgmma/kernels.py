@@ -51,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from quantcore.kernels.gptq_pairs.ptx import offset_pair_asm_text, pair_asm_text
+from quantcore.triton.gluon_split_k import let_dependents_launch, tile_store, wait_for_prior_grids
 
 __all__ = ["wgmma_kernel"]
 
@@ -92,16 +93,6 @@ def _tile_layout(box_layout):
 @gluon.constexpr_function
 def _slots(nbytes):
     return max(1, 128 // nbytes)
-
-
-@gluon.constexpr_function
-def _store_layout(bn, bm, num_warps):
-    # Outputs along N are contiguous in y: 8 per thread, threads along N first.
-    tn = min(bn // 8, 32)
-    tm = 32 // tn
-    wm = max(1, min(num_warps, bm // tm))
-    wn = num_warps // wm
-    return gl.BlockedLayout([8, 1], [tn, tm], [wn, wm], [0, 1])
 
 
 @gluon.jit
@@ -167,22 +158,6 @@ def _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, 
     if PART != WEIGHT_SIDE:
         x_box = x_smem._reinterpret(x_desc.dtype, [x_smem.shape[0] // PAIRS] + x_desc.block_type.shape, x_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
         tma.async_copy_global_to_shared(x_desc, [blk * PAIRS, m0, 0], b, x_box.index(stage))
-
-
-@gluon.jit
-def _wait_for_prior_grids():
-    """``griddepcontrol.wait``: until the grids this launch depends on have finished and
-    their writes are visible (a no-op for a launch without programmatic dependence)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _let_dependents_launch():
-    """``griddepcontrol.launch_dependents``: a launch that depends on this one may start
-    its programs (they wait in :func:`_wait_for_prior_grids` before reading what this
-    one writes)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -353,14 +328,14 @@ def _stream_store(acc, tile, u, seg_end, pairs, units, pid, b_ptr, y_ptr, ws_ptr
     n0 = (tile // num_m) * BN
     m0 = (tile % num_m) * BM
     if (u == start) & (seg_end == start + pairs):
-        _tile_store(acc, tile, 0, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, 1, False, HAS_BIAS, BN,
+        tile_store(acc, tile, 0, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, 1, False, HAS_BIAS, BN,
                     BM, NUM_WARPS)
     else:
         # The programs of a tile: those whose run [g·units/grid, (g+1)·units/grid) holds one of its pairs.
         grid = gl.num_programs(0)
         first = ((start + 1) * grid - 1) // units
         last = ((start + pairs) * grid - 1) // units
-        _tile_store(acc, tile, pid - first, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, last - first + 1,
+        tile_store(acc, tile, pid - first, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, last - first + 1,
                     True, HAS_BIAS, BN, BM, NUM_WARPS)
 
 
@@ -447,14 +422,14 @@ def wgmma_kernel(
             if p < n_iter:
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
-        _wait_for_prior_grids()
+        wait_for_prior_grids()
         for p in gl.static_range(STAGES):
             if p < n_iter:
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
                        tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
     elif not WS and not STREAM:  # with WS the producer partition fills the ring
         if PDL == 1:
-            _wait_for_prior_grids()
+            wait_for_prior_grids()
         for p in gl.static_range(STAGES):
             if p < n_iter:
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
@@ -568,42 +543,7 @@ def wgmma_kernel(
         if WS:
             mbarrier.invalidate(empty.index(st))
     if PDL != 0:
-        _let_dependents_launch()  # the next layer's launch may start its weight loads
+        let_dependents_launch()  # the next layer's launch may start its weight loads
     if not STREAM:  # a balanced grid stored each run of its tiles as it ended
-        _tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT,
+        tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT,
                     HAS_BIAS, BN, BM, NUM_WARPS)
-
-
-@gluon.jit
-def _tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
-                SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-                NUM_WARPS: gl.constexpr):
-    """The end of a program of a split (or whole) tile: store it, or its part to workspace
-    slot ``pid_k`` of ``split_k``, the last program of the tile (counter ``pid``) summing
-    the parts in slot order."""
-    out_layout: gl.constexpr = _store_layout(BN, BM, NUM_WARPS)
-    acc = gl.convert_layout(acc, out_layout)
-    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
-    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
-    n_mask = offs_n < N
-    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
-    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
-    out_ty: gl.constexpr = y_ptr.dtype.element_ty
-    if not SPLIT:
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
-        gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
-    else:
-        ws_offs = gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + ws_offs, acc, mask=mask)
-        gl.thread_barrier()  # every thread's partial is stored before the release below
-        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
-            total = gl.zeros([BN, BM], gl.float32, out_layout)
-            for s in range(split_k):
-                # .cg: from L2, where the other programs' partials are (L1 is not coherent).
-                total += gl.load(ws_ptr + s * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
-            gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
-            gl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch

@@ -5,7 +5,7 @@ the sum through global memory the decode kernels use today: an experiment (run i
 A decode kernel that cuts K between programs ends with one fp32 partial a program of its
 64 × 8 output tile (64 weight rows, up to 8 activation rows). Today each program stores its
 partial to a workspace, takes a ticket (an atomic), and the last one reads every partial
-back from L2 and stores the sum (``backends/hopper_wgmma/kernels._tile_store``): on the H100
+back from L2 and stores the sum (``quantcore/triton/gluon_split_k.tile_store``): on the H100
 and the H200 that costs 1.5–3.4 µs of a 15 µs call (``backends/hopper_wgmma/README.md``,
 "A warp-level decode kernel"). Here the ``RANKS`` programs of a tile are the CTAs of one
 cluster instead (``num_ctas=RANKS``: the program id is the cluster's, ``%cluster_ctarank``
@@ -31,7 +31,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from quantcore.backends.hopper_wgmma.kernels import _tile_store
+from quantcore.triton.gluon_split_k import tile_store
 
 __all__ = ["BM", "BN", "cluster_kernel", "cluster_rank", "cluster_sum", "compile_report", "exchange_layout",
            "floor_kernel", "ticket_kernel", "whole"]
@@ -150,7 +150,7 @@ def ticket_kernel(p_ptr, y_ptr, ws_ptr, cnt_ptr, stride_ym, N, RANKS: gl.constex
     rank = gl.program_id(1)
     _, _, offs = _tile_offsets(layout)
     part = gl.load(p_ptr + (tile * RANKS + rank) * (BN * BM) + offs)
-    _tile_store(part, tile, rank, tile * BN, 0, y_ptr, y_ptr, ws_ptr, cnt_ptr, BM, N, stride_ym, RANKS,
+    tile_store(part, tile, rank, tile * BN, 0, y_ptr, y_ptr, ws_ptr, cnt_ptr, BM, N, stride_ym, RANKS,
                 True, False, BN, BM, 4)
 
 

@@ -31,7 +31,7 @@ once from the A layout (a wrong lane would only cost bank conflicts: every copy 
 **Per block** (as the GPTQ kernel): 4 slices × (16 lookups a thread, ``ldmatrix`` of x's
 slice, ``mma.sync.m16n8k16``), the block's fp32 product scaled into the accumulator. Split
 over K between programs, partials summed in slot order by the last program of a tile
-(``kernels._tile_store``): deterministic, the same bits call to call. ``TILES`` > 1 puts
+(``quantcore/triton/gluon_split_k.tile_store``): deterministic, the same bits call to call. ``TILES`` > 1 puts
 that many 64-row tiles in one program (8 or 16 warps) sharing the table and x's staging,
 so 32 copies (conflict-free) fit with a program an SM fewer.
 
@@ -90,8 +90,8 @@ from quantcore.backends.hopper_wgmma.decode import (
     decode_grid,
     whole_runs,
 )
-from quantcore.backends.hopper_wgmma.kernels import _tile_store, _wait_for_prior_grids
 from quantcore.backends.hopper_wgmma.layout import TILE_N, fragment_order, row_order
+from quantcore.triton.gluon_split_k import tile_store, wait_for_prior_grids
 
 __all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_words", "prepare", "unpack_pair_words"]
 
@@ -268,7 +268,7 @@ def tq_decode_kernel(
     x_smem = gl.allocate_shared_memory(act, [STEPS * 4, KW * ROWS, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
     if PDL:
-        _wait_for_prior_grids()
+        wait_for_prior_grids()
     _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, TILES, STEPS, EVEN_K, ROWS)
     gl.thread_barrier()  # x staged and the table filled
     acc = gl.zeros([G * 64, KW * ROWS], gl.float32, mma_layout)
@@ -282,7 +282,7 @@ def tq_decode_kernel(
         w_b, sb = _tq_fetch(w_ptr, w_offs, t_w, g_w, r_c, g_c, first, gl.minimum(b + 3, STEPS - 1), blocks, s_ptr,
                             NP, KW, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
-    _tile_store(out, cta, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
+    tile_store(out, cta, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
                 64 * TILES, ROWS, 4 * G)
 
 

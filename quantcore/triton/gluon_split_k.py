@@ -1,0 +1,72 @@
+"""Pieces every Gluon kernel of quantcore's that splits K between programs shares: the end
+of a program (its tile stored, or its part put in a workspace slot and, by the tile's last
+program, summed in slot order, so the result is the same bits whoever finishes last) and
+the programmatic-dependent-launch handshakes (sm_90)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["let_dependents_launch", "tile_store", "wait_for_prior_grids"]
+
+
+@gluon.constexpr_function
+def store_layout(bn, bm, num_warps):
+    # Outputs along N are contiguous in y: 8 per thread, threads along N first.
+    tn = min(bn // 8, 32)
+    tm = 32 // tn
+    wm = max(1, min(num_warps, bm // tm))
+    wn = num_warps // wm
+    return gl.BlockedLayout([8, 1], [tn, tm], [wn, wm], [0, 1])
+
+
+@gluon.jit
+def wait_for_prior_grids():
+    """``griddepcontrol.wait``: until the grids this launch depends on have finished and
+    their writes are visible (a no-op for a launch without programmatic dependence)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def let_dependents_launch():
+    """``griddepcontrol.launch_dependents``: a launch that depends on this one may start
+    its programs (they wait in :func:`wait_for_prior_grids` before reading what this
+    one writes)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+               SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+               NUM_WARPS: gl.constexpr):
+    """The end of a program of a split (or whole) tile: store it, or its part to workspace
+    slot ``pid_k`` of ``split_k``, the last program of the tile (counter ``pid``) summing
+    the parts in slot order."""
+    out_layout: gl.constexpr = store_layout(BN, BM, NUM_WARPS)
+    acc = gl.convert_layout(acc, out_layout)
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+    n_mask = offs_n < N
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
+    out_ty: gl.constexpr = y_ptr.dtype.element_ty
+    if not SPLIT:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+        gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
+    else:
+        ws_offs = gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + ws_offs, acc, mask=mask)
+        gl.thread_barrier()  # every thread's partial is stored before the release below
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            total = gl.zeros([BN, BM], gl.float32, out_layout)
+            for s in range(split_k):
+                # .cg: from L2, where the other programs' partials are (L1 is not coherent).
+                total += gl.load(ws_ptr + s * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
+            gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
