@@ -18,7 +18,9 @@ that entry in the other where the other has none of its own.
 Tables: every ``tuned-<card slug>.json`` beside this file, then the file named by the
 environment variable ``QUANTCORE_TURBOQUANT_CONFIGS`` (its entries win over the shipped
 ones of the same card). Each is ``{"card": {...}, "entries": [{"kernel": "gemv" | "mma" |
-"paths", "K", "N", "d", "passes", "dtype", ["m_bucket"], "config": {...}}, ...]}``.
+"mma_decode" | "paths", "K", "N", "d", "passes", "dtype", ["m_bucket" | "m"], "config": {...}},
+...]}``. An ``mma_decode`` entry serves only the card whose table holds it (never the nearest
+one), at ``m`` = 1 for one row and ``m`` = 8 for 2 … 8 rows.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from quantcore.errors import InvalidArgumentError
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import read_card_json, table_for
 
-__all__ = ["EAGER_ONCE_MAX_MACS", "GEMV_VARIANTS", "GemvConfig", "MmaConfig", "PathChoice", "gemv_config",
-           "m_bucket", "mma_config", "mma_entry", "mma_rotation", "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
+__all__ = ["EAGER_ONCE_MAX_MACS", "GEMV_VARIANTS", "MMA_DECODE_ROWS", "GemvConfig", "MmaConfig", "MmaDecodeConfig",
+           "PathChoice", "gemv_config", "m_bucket", "mma_config", "mma_decode_config", "mma_entry", "mma_rotation",
+           "mma_rule", "path_for", "rotate_in_kernel", "table", "tables"]
 
 ENV = "QUANTCORE_TURBOQUANT_CONFIGS"
 #: ``outside``, ``kernel`` or ``once``: where the tensor-core kernel applies a shared 16-bit
@@ -121,6 +124,26 @@ class MmaConfig:
     rotate_once: bool = False
     register_operand: bool = False
     scaled_operand: bool = False
+
+
+#: The most activation rows the ``mma.sync`` decode kernel multiplies (the MMA's N).
+MMA_DECODE_ROWS = 8
+
+
+@dataclass(frozen=True)
+class MmaDecodeConfig:
+    """The ``mma.sync`` decode kernel (``decode_mma.py``, M ≤ :data:`MMA_DECODE_ROWS`):
+    ``split`` programs share a row tile's K (every pass's groups, one GEMV of depth P·K),
+    ``tiles`` 64-row tiles a program (they share the program's pair table and staged x),
+    ``copies`` of each pair-table entry in shared memory (32: every lane its own bank)."""
+
+    split: int = 8
+    tiles: int = 2
+    copies: int = 32
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.split, int) and self.split >= 1 and self.tiles in (1, 2) and self.copies in (16, 32)):
+            raise ValueError(f"MmaDecodeConfig: expected split >= 1, tiles 1 or 2, copies 16 or 32, got {self}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +234,7 @@ GEMV_VARIANTS = (
     GemvConfig(gpc=8, ctas=264, br=8, warps=8, unroll=1, prerotate=True),
 )
 
-_KINDS = {"gemv": GemvConfig, "mma": MmaConfig, "paths": PathChoice}
+_KINDS = {"gemv": GemvConfig, "mma": MmaConfig, "mma_decode": MmaDecodeConfig, "paths": PathChoice}
 
 
 def _dtype_name(dtype: object) -> str:
@@ -223,7 +246,9 @@ def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
     if kind == "paths":
         return ("paths",)
     key = (kind, entry["K"], entry["N"], entry["d"], entry["passes"], entry["dtype"])
-    return (*key, entry["m_bucket"]) if kind == "mma" else key
+    if kind == "mma":
+        return (*key, entry["m_bucket"])
+    return (*key, entry["m"]) if kind == "mma_decode" else key
 
 
 Table = dict[tuple[Any, ...], Any]
@@ -295,6 +320,23 @@ def gemv_config(card: CardKey | None, k: int, n: int, d: int, passes: int, dtype
     if passes == 2:  # twice the registers: 2 programs an SM, no unrolling
         return GemvConfig(gpc=gpc, ctas=264, unroll=1)
     return GemvConfig(gpc=gpc)
+
+
+def mma_decode_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int,
+                      dtype: object) -> MmaDecodeConfig | None:
+    """The ``mma.sync`` decode kernel's config where the card's OWN table names it for this
+    layer (entry ``m`` = 1 for one row, 8 for 2 … 8), else None: where it beats the other
+    paths depends on the card and the shape (it lost at one pass and M = 1 on 4096-wide
+    layers of an H200), so no other card's or shape's entry stands in."""
+    if card is None or not 1 <= m <= MMA_DECODE_ROWS:
+        return None
+    own = tables().get(card, {})
+    name = _dtype_name(dtype)
+    rows = 1 if m == 1 else MMA_DECODE_ROWS
+    hit = own.get(("mma_decode", k, n, d, passes, name, rows))
+    if hit is None and name in _SAME_WIDTH:
+        hit = own.get(("mma_decode", k, n, d, passes, _SAME_WIDTH[name], rows))
+    return hit if isinstance(hit, MmaDecodeConfig) else None
 
 
 def m_bucket(m: int) -> int:

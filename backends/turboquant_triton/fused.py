@@ -61,7 +61,7 @@ from .operand import MIN_GROUP, coordinate_order
 from .pairs import half_codebook
 from .workspace import rotation_buffers, split_k_buffers
 
-__all__ = ["fused_linear", "interpreting", "prepared_linear"]
+__all__ = ["default_path", "fused_linear", "interpreting", "prepared_linear"]
 
 #: Re-exported for the NaN-rounding regression test.
 _to_output = to_output
@@ -599,6 +599,22 @@ def _remembered(routes: _Routes, key: tuple[Any, ...], x2d: torch.Tensor, prepar
     return out
 
 
+def default_path(m: int, x_dtype: torch.dtype, k: int, n: int, passes: int, group_size: int, has_partial: bool,
+                 device: torch.device) -> tuple[str, Any]:
+    """The path a call of ``m`` rows takes on ``device`` (M ≥ 1), and the config the card's
+    table names for it where that is the ``mma.sync`` decode kernel (else None: the path
+    looks its own up). That kernel runs where the card's own table names it for the layer
+    and rows (``configs.mma_decode_config``), never with a running partial."""
+    if not has_partial:
+        cfg = configs.mma_decode_config(_card(device), m, k, n, group_size, passes, x_dtype)
+        if cfg is not None:
+            return "mma_decode", cfg
+    choice = _paths.get(device) or _path_choice(device)
+    if m <= choice.gemv_max_m:
+        return "gemv", None
+    return ("mma" if m <= choice.mma_max_m else choice.prefill_path(m, passes, group_size)), None
+
+
 def _bucket(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, group_size: int,
             partial: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, path: str | None,
             config: Any) -> Any:
@@ -608,11 +624,11 @@ def _bucket(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tenso
     m = x2d.shape[0]
     device = x2d.device
     out_dtype = out.dtype
-    if path is None:
-        choice = _paths.get(device) or _path_choice(device)
-        path = ("gemv" if m <= choice.gemv_max_m else "mma" if m <= choice.mma_max_m
-                else choice.prefill_path(m, len(passes), group_size))
     has_partial = partial is not None
+    if path is None:
+        n, half = passes[0].indices.shape
+        path, table_config = default_path(m, x2d.dtype, 2 * half, n, len(passes), group_size, has_partial, device)
+        config = config if config is not None else table_config
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)
     if path == "gemv":

@@ -31,6 +31,8 @@ _KN = ((4096, 4096), (4096, 14336), (14336, 4096))
 SHAPES = {
     "default": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (1, 16, 128, 2048))],
     "decode": [{"M": 1, "K": k, "N": n} for k, n in _KN],
+    # One row and the most the mma.sync decode kernel takes (backends/turboquant_triton/decode_mma.py).
+    "small_batch": [{"M": m, "K": k, "N": n} for (k, n), m in itertools.product(_KN, (1, 8))],
     "prefill": [{"M": 2048, "K": k, "N": n} for k, n in _KN],
     "sweep": [{"M": 1 << i, "K": 4096, "N": 4096} for i in range(12)],
     # Sized for a CPU (turboquant_torch's per-group loop is slow there).
