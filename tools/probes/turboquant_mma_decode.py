@@ -66,6 +66,35 @@ copies, are about 7 µs of the shared-memory pipe per SM on 4096×14336 (the GPT
 LDSM ~1.8 µs), and the 16 KB table and 2 KB a step of x leave 6 programs an SM (792 < 896 at
 split 4). Long runs of x staged up front cost occupancy too (14336×4096, two passes: split 4
 stages 112 KB a program, 73 µs against 40 at split 16).
+
+**On the shipped layout** (``backends/turboquant_triton/decode_mma.py``: the same walk over
+``PassData.indices`` as stored, x staged in the k-slot order instead; one H200,
+``benchmarks/results/probes/turboquant_mma_decode-shipped-layout-nvidia-h200.json``, bf16,
+µs with the rotation, best split and tile count of each):
+
+============  ======  ======  =======  ==============  =============
+K × N         passes  M       shipped  fragment order  shipped layout
+============  ======  ======  =======  ==============  =============
+4096×14336    1       1       18.88    21.92           26.10
+4096×14336    1       8       27.05    23.78           35.02
+4096×14336    2       1       36.77    35.14           48.15
+4096×14336    2       8       46.31    37.86           64.76
+14336×4096    1       1       21.32    20.80           24.63
+14336×4096    1       8       26.58    21.88           31.71
+14336×4096    2       1       53.26    31.42           52.79
+14336×4096    2       8       49.06    33.71           67.30
+4096×4096     1       1       9.58     11.99           12.77
+4096×4096     1       8       13.16    12.89           14.77
+4096×4096     2       1       21.63    15.94           17.28
+4096×4096     2       8       20.91    16.88           21.98
+============  ======  ======  =======  ==============  =============
+
+Right (bf16 2.5–3.4e-3 of the golden, fp16 3.3–4.1e-4, within 4.7e-5 of its emulation),
+bit-identical call to call, counters left at zero; but slower than the fragment order
+everywhere and than the shipped call on the large layers: a tile's block is 64 rows of 64
+bytes K/2 bytes apart instead of 4 KB in one run, and at M = 8 x's permuted staging costs
+more (4-byte gathers). Some variants of that run failed to launch (a specialisation of the
+arguments that missed the shared-memory opt-in, fixed since).
 """
 
 from __future__ import annotations
@@ -91,6 +120,7 @@ from quantcore.backends.hopper_wgmma.decode import (
     whole_runs,
 )
 from quantcore.backends.hopper_wgmma.layout import TILE_N, fragment_order, row_order
+from quantcore.backends.turboquant_triton import decode_mma as shipped_layout
 from quantcore.triton.gluon_split_k import tile_store, wait_for_prior_grids
 
 __all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_words", "prepare", "unpack_pair_words"]
@@ -429,6 +459,45 @@ def emulate(x: torch.Tensor, w: TQMmaWeights) -> torch.Tensor:
     return y.to(x.dtype)
 
 
+@dataclass
+class ShippedLayout:
+    """What the backend's kernel (``backends/turboquant_triton/decode_mma.py``) reads: the
+    shipped prepared state as it is, the rotation of every pass, its workspace and counters."""
+
+    prepared: Any
+    rhs: Any
+    workspace: torch.Tensor
+    counters: torch.Tensor
+
+
+def shipped_state(prepared: Any, rhs: Any, max_split: int = 16) -> ShippedLayout:
+    """The backend kernel's call state over ``prepared`` (no copy of the weight)."""
+    n = prepared.out_features
+    dev = prepared.codebook.device
+    return ShippedLayout(prepared, rhs, torch.empty(max_split * 8 * n, dtype=torch.float32, device=dev),
+                         torch.zeros(shipped_layout.counters_size(n, 1), dtype=torch.int32, device=dev))
+
+
+def shipped_decode(xr: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int) -> torch.Tensor:
+    """The backend kernel's launch over the rotated input ``xr`` ``[M, P·K]``."""
+    p = s.prepared
+    out = torch.empty(xr.shape[0], p.out_features, dtype=xr.dtype, device=xr.device)
+    return shipped_layout.mma_decode(xr, p.passes, p.codebook, p.bias, out, split=split, tiles=tiles, copies=copies,
+                                     workspace=s.workspace, counters=s.counters)
+
+
+def shipped_linear(x: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int) -> torch.Tensor:
+    """``y = x·Ŵᵀ + b`` on the shipped layout: the rotation GEMM, then the backend's launch."""
+    m = x.shape[0]
+    xr = s.rhs(x.contiguous()).view(m, len(s.prepared.passes) * s.prepared.in_features)
+    return shipped_decode(xr.to(x.dtype), s, split, tiles, copies)
+
+
+#: The backend kernel's variants the check runs ``(split, tiles, copies)``: split 3 runs past
+#: the end of K = 1408 (11 blocks a pass), split 1 stores without the workspace.
+SHIPPED_CHECK = ((3, 1, 16), (3, 2, 32), (1, 2, 32), (8, 2, 32))
+
+
 # --- compile report ------------------------------------------------------------------------
 
 
@@ -488,7 +557,7 @@ def _layer(k: int, n: int, passes: int, dtype: torch.dtype, sets: int, bias: boo
     kernel = TurboQuantTriton(fmt, DEVICE)
     shipped = [kernel.prepare(w, dtype=dtype) for w in weights]
     mine = [prepare(s) for s in shipped]
-    return fmt, weights, kernel, shipped, mine
+    return fmt, weights, kernel, shipped, mine, [shipped_state(s, w.rhs) for s, w in zip(shipped, mine, strict=True)]
 
 
 #: The check's layers ``(K, N, passes, bias)`` and variants ``(split, groups, copies, pdl, tiles)``:
@@ -497,18 +566,20 @@ CHECK_LAYERS = ((4096, 4096, 1, False), (4096, 4096, 2, True), (1408, 1000, 1, T
 CHECK_MORE = ((1, 1, 16, False, 1), (3, 1, 32, False, 1), (3, 2, 16, False, 1), (3, 1, 16, True, 1))
 
 
-def check(dtype: torch.dtype, tiles: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True) -> list[dict[str, Any]]:
     """Variants against the float64 golden, the emulation (:func:`emulate`) and their own
     second call; the shipped call's error beside them (bf16). Each of ``tiles`` above 1 on
-    every layer (32 copies, split 3)."""
+    every layer (32 copies, split 3); ``more``: the fragment-order kernel's other variants.
+    The backend's kernel on the shipped layout (:data:`SHIPPED_CHECK`) against the golden,
+    its own emulation (``decode_mma.emulate``) and its second call."""
     rows: list[dict[str, Any]] = []
     fp16 = dtype == torch.float16
     for k, n, passes, bias in CHECK_LAYERS:
         if fp16 and (k, passes) not in ((4096, 2), (1408, 1)):
             continue
-        fmt, weights, kernel, shipped, mine = _layer(k, n, passes, dtype, 1, bias)
+        fmt, weights, kernel, shipped, mine, layout = _layer(k, n, passes, dtype, 1, bias)
         golden_w = fmt.dequantize(weights[0])
-        variants = ((3, 1, 16, False, 1),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 else ())
+        variants = ((3, 1, 16, False, 1),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 and more else ())
         variants += tuple((3, 1, 32, False, t) for t in tiles if t > 1)
         for m in (1, 3, 8):
             x = torch.randn(m, k, device=DEVICE, dtype=dtype)
@@ -532,17 +603,33 @@ def check(dtype: torch.dtype, tiles: Sequence[int] = (1,)) -> list[dict[str, Any
                 rows.append({**base, "variant": name, "rel_err_golden": _rel(got, golden),
                              "rel_err_emulation": _rel(got, emu.double()),
                              "repeat_identical": bool(torch.equal(got, again))})
+            st = layout[0]
+            xr = st.rhs(x.contiguous()).view(m, passes * k).to(dtype)
+            emu_s = shipped_layout.emulate(xr, st.prepared.passes, st.prepared.codebook, st.prepared.bias, dtype)
+            for split, t, copies in SHIPPED_CHECK:
+                name = f"shipped layout split {split} tiles {t} copies {copies}"
+                try:
+                    got = shipped_linear(x, st, split, t, copies)
+                    again = shipped_linear(x, st, split, t, copies)
+                except Exception as exc:
+                    rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+                    continue
+                rows.append({**base, "variant": name, "rel_err_golden": _rel(got, golden),
+                             "rel_err_emulation": _rel(got, emu_s.double()),
+                             "repeat_identical": bool(torch.equal(got, again)),
+                             "counters_zero": bool((st.counters == 0).all())})
     return rows
 
 
 def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
-                variants: Sequence[tuple[int, int, bool, int]], rounds: int) -> list[dict[str, Any]]:
+                variants: Sequence[tuple[int, int, bool, int]], rounds: int,
+                new_variants: Sequence[tuple[int, int, int]] = ()) -> list[dict[str, Any]]:
     """One layer and M: each variant checked (golden, twice the same), then all timed together."""
     from quantcore.timing import time_interleaved
 
     from .probe_rows import record_times
 
-    kernel, shipped, mine, dense, golden_w = layer
+    kernel, shipped, mine, dense, golden_w, layout = layer
     sets = len(mine)
     dtype = torch.bfloat16
     xs = [torch.randn(m, k, device=DEVICE, dtype=dtype) for _ in range(sets)]
@@ -571,22 +658,41 @@ def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
             names.append(name + " decode alone")
             calls.append(lambda i, s=split: decode(xr[i % sets], mine[i % sets], s, 1, 16))
             nsets.append(sets)
+    for split, t, copies in new_variants:
+        name = f"shipped layout split {split} tiles {t} copies {copies}"
+        try:
+            got = shipped_linear(xs[0], layout[0], split, t, copies)
+            again = shipped_linear(xs[0], layout[0], split, t, copies)
+        except Exception as exc:
+            rows.append({**where, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+            continue
+        rows.append({**where, "variant": name, "rel_err_golden": _rel(got, golden),
+                     "repeat_identical": bool(torch.equal(got, again))})
+        names.append(name)
+        calls.append(lambda i, s=split, t=t, c=copies: shipped_linear(xs[i % sets], layout[i % sets], s, t, c))
+        nsets.append(sets)
+        names.append(name + " decode alone")
+        calls.append(lambda i, s=split, t=t, c=copies: shipped_decode(xr[i % sets], layout[i % sets], s, t, c))
+        nsets.append(sets)
     times = time_interleaved(calls, DEVICE, rounds=rounds, graph=True, sets=nsets)
     record_times(rows, names, times, where)
     for r in rows:
         if "us" in r:
-            print(f"{k}x{n} P{passes} M{m} {r['variant']:36s} {r['us']:8.2f} us {r['x_cublas']:5.2f}x "
+            print(f"{k}x{n} P{passes} M{m} {r['variant']:46s} {r['us']:8.2f} us {r['x_cublas']:5.2f}x "
                   f"err {r.get('rel_err_golden', float('nan')):.1e} same {r.get('repeat_identical', '-')}", flush=True)
     return rows
 
 
 def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Sequence[int], splits: Sequence[int],
            rounds: int, save: Callable[[list[dict[str, Any]]], None], deadline: float,
-           tiles: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+           tiles: Sequence[int] = (1,), lean: bool = False) -> list[dict[str, Any]]:
     """CUDA-graph replays over weight sets larger than L2 (bf16): the shipped call, cuBLAS,
     and per split this kernel with the rotation before it (its decode launch alone beside
     it), with 32 table copies at the first split and with programmatic dependent launch;
-    each of ``tiles`` above 1 (row tiles a program, 32 copies) at every split.
+    each of ``tiles`` above 1 (row tiles a program, 32 copies) at every split; the backend's
+    kernel on the shipped layout at every split and each of ``tiles`` (32 copies with two,
+    16 with one), with and without the rotation. ``lean``: of this kernel only its runs
+    at each split and tile count (no 32-copy one-tile or dependent-launch runs).
     ``save`` gets the rows after each layer; no layer starts past ``deadline``."""
     from quantcore.benchmarks.memory import rotation_sets
     from quantcore.benchmarks.suites.turboquant_linear import format_bytes
@@ -594,8 +700,10 @@ def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Se
 
     dtype = torch.bfloat16
     rows: list[dict[str, Any]] = []
-    variants = ([(s, 16, False, 1) for s in splits] + [(splits[0], 32, False, 1)] + [(s, 16, True, 1) for s in splits]
-                + [(s, 32, False, t) for t in tiles if t > 1 for s in splits])
+    variants = [(s, 16, False, 1) for s in splits] + [(s, 32, False, t) for t in tiles if t > 1 for s in splits]
+    if not lean:
+        variants += [(splits[0], 32, False, 1)] + [(s, 16, True, 1) for s in splits]
+    new_variants = [(s, t, 32 if t > 1 else 16) for t in tiles for s in splits]
     for k, n in shapes:
         dense = [torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02 for _ in range(rotation_sets(2 * k * n, DEVICE))]
         for passes in passes_list:
@@ -604,10 +712,11 @@ def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Se
                 continue
             fmt = TurboQuant(bits=4, group_size=BK, residual=passes == 2)
             sets = rotation_sets(format_bytes(fmt, 1, k, n), DEVICE)
-            fmt, weights, kernel, shipped, mine = _layer(k, n, passes, dtype, sets)
+            fmt, weights, kernel, shipped, mine, layout = _layer(k, n, passes, dtype, sets)
             golden_w = fmt.dequantize(weights[0])
             for m in ms:
-                rows += _time_layer(k, n, m, passes, (kernel, shipped, mine, dense, golden_w), variants, rounds)
+                rows += _time_layer(k, n, m, passes, (kernel, shipped, mine, dense, golden_w, layout), variants, rounds,
+                                    new_variants)
             save(rows)
     return rows
 
@@ -632,6 +741,7 @@ def main() -> None:
     p.add_argument("--tiles", default="1", help="row tiles a program; each above 1 timed with 32 copies")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--lean", action="store_true", help="of the fragment-order kernel only its base variants")
     p.add_argument("--budget", type=float, default=200.0, help="seconds after which no new layer is timed")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
@@ -646,6 +756,13 @@ def main() -> None:
 
     if a.report:
         res["compile"] = _report_all()
+        res["compile_shipped_layout"] = []
+        for f in (False, True):
+            for passes in (1, 2):
+                for t, c in ((2, 32), (1, 16)):
+                    r = shipped_layout.compile_report(fp16=f, passes=passes, tiles=t, copies=c)
+                    print(json.dumps(r), flush=True)
+                    res["compile_shipped_layout"].append(r)
         save()
         return
     import triton
@@ -656,13 +773,13 @@ def main() -> None:
     if not a.no_check:
         res["check"] = []
         for dtype in (torch.bfloat16, torch.float16):
-            for r in check(dtype, tiles):
+            for r in check(dtype, tiles, more=not a.lean):
                 res["check"].append(r)
                 print(json.dumps(r), flush=True)
         save()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
     timing(shapes, [int(v) for v in a.passes.split(",")], [int(v) for v in a.ms.split(",")],
-           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline, tiles)
+           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline, tiles, a.lean)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,410 @@
+"""The ``mma.sync`` decode kernel (M ≤ 8) over the shipped ``PassData`` layout: the looked-up
+weight is the A operand of ``mma.sync.m16n8k16`` straight from registers, every pass one
+GEMV of depth P·K over x rotated before the launch (``x_rot [M, G, P, d]``, block
+``b = g·P + p`` is pass p's group g, d = 128).
+
+**Loads.** Lane ``(q, c) = (lane / 4, lane % 4)`` of warp w reads, per block, the 16
+contiguous bytes at byte ``16c`` of the group of rows ``16w + q`` and ``16w + q + 8`` of its
+tile (``indices [N, K/2]`` as stored: four lanes read one row's 64 group bytes). Its 32-bit
+word j (j < 4) is that row's A-fragment register j of the block — the reshape to the operand
+moves no data — and byte ``s`` of the word, one stored byte, is a key of the pair table.
+
+**The permutation.** ``Σ_k A[r, k]·B[k, m]`` does not change when the same permutation of k
+is applied to A and to x. Slice s (32 k-slots) of a block at k-slot ``8j + 2c + b`` holds
+byte ``16c + 4j + s`` of the group, i.e. coordinate :func:`slot_coordinate` ``= 32c + 8j +
+2s + b``; x is staged into shared memory in that order once per program, so the weight is
+read as stored, never repacked.
+
+**Lookup.** A 256-entry table of centroid pairs ``(c[e & 15], c[e >> 4])`` rounded to the
+activation dtype (one 32-bit word: exactly an A register), ``COPIES`` copies an entry in
+static shared memory, lane l reading copy ``l mod COPIES`` (32: every lane its own bank).
+Per pair of weights one shift, one LOP3 and one ``LDS``.
+
+**Split-K.** ``split`` programs share a row tile's blocks; each stores its fp32 part to a
+workspace slot and the tile's last program (an int32 counter per program column, back to 0
+when it is done) sums the parts in slot order (``quantcore/triton/gluon_split_k.tile_store``):
+the same bits call to call. ``TILES`` 64-row tiles a program share the table and staged x.
+With two passes the run of each program is even, so its first register set always holds
+pass 0's blocks and its second pass 1's.
+
+**Measured** (one H200, ``tools/probes/turboquant_mma_decode.py``): right and bit-identical,
+but slower than the same walk over a repacked copy (each tile's block in one 4 KB run) by
+1.07–2.0×, and than the shipped decode path on the large layers; it is not a default path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from quantcore.transforms.turboquant_passes import PassData
+from quantcore.triton.gluon_split_k import tile_store
+
+__all__ = ["BK", "MAX_ROWS", "compile_report", "counters_size", "decode_grid", "emulate", "mma_decode",
+           "slot_coordinate", "workspace_size"]
+
+#: Coordinates of a block (one TurboQuant group, d = 128).
+BK = 128
+#: Activation rows the kernel takes (the MMA's N).
+MAX_ROWS = 8
+#: Rows of a tile (four warps of m16).
+TILE_N = 64
+#: The table's PTX name (function-scope static shared memory).
+_TABLE = "qc_tq_mma_decode_pairs"
+#: The same numbers for the kernels.
+_BKC = gl.constexpr(BK)
+_ROWS = gl.constexpr(MAX_ROWS)
+_TN = gl.constexpr(TILE_N)
+
+
+def _fill_asm(copies: int, fp16: bool) -> str:
+    """Declare the pair table and fill it in two rounds of the block's threads (at least
+    128): thread t writes entries t and t + threads, each ``copies`` words of
+    ``(c[e & 15], c[e >> 4])`` rounded to the activation dtype."""
+    cvt = "cvt.rn.f16x2.f32" if fp16 else "cvt.rn.bf16x2.f32"
+    stride = 4 * copies
+    stores = "".join(f" @p st.shared.v4.b32 [s+{16 * i}], {{v, v, v, v}};" for i in range(copies // 4))
+    one = (" setp.lt.u32 p, e, 256; and.b32 lo, e, 15; shr.u32 hi, e, 4; and.b32 hi, hi, 15;"
+           " mad.wide.u32 a, lo, 4, $1; @p ld.global.nc.f32 fl, [a];"
+           " mad.wide.u32 a, hi, 4, $1; @p ld.global.nc.f32 fh, [a];"
+           f" {cvt} v, fh, fl; mov.u32 s, {_TABLE}; mad.lo.u32 s, e, {stride}, s;" + stores + " add.u32 e, e, n;")
+    return (f".shared .align 1024 .b8 {_TABLE}[{256 * stride}];\n"
+            "{ .reg .pred p; .reg .u32 e, n, lo, hi, s; .reg .u64 a; .reg .f32 fl, fh; .reg .b32 v;"
+            " mov.u32 e, %tid.x; mov.u32 n, %ntid.x;" + one + one + " mov.u32 $0, 0; }")
+
+
+def _lookup_asm(sl: int, copies: int) -> str:
+    """One 32-bit word of stored bytes and the lane's copy offset (``$2``) → the centroid
+    pair of byte ``sl`` (``$0``): the byte moved to the entry's offset, masked, the copy's
+    offset OR-ed in, one shared load."""
+    bits = 6 if copies == 16 else 7  # log2 of the entry's bytes (4 × copies)
+    shift = 8 * sl - bits
+    src = f"shl.b32 t, $1, {-shift};" if shift < 0 else f"shr.u32 t, $1, {shift};"
+    mask = 255 << bits
+    return ("{ .reg .b32 t, b; " + src + f" and.b32 t, t, {mask:#x}; or.b32 t, t, $2; mov.u32 b, {_TABLE};"
+            " add.u32 t, t, b; ld.shared.b32 $0, [t]; }")
+
+
+#: ``(copies == 32)·2 + fp16``.
+_FILL = gl.constexpr(tuple(_fill_asm(c, f) for c in (16, 32) for f in (False, True)))
+#: ``(copies == 32)·4 + slice``.
+_LOOKUP = gl.constexpr(tuple(_lookup_asm(s, c) for c in (16, 32) for s in range(4)))
+
+
+@gluon.constexpr_function
+def _mma_layout(tiles):
+    # Warp 4·t + w: rows 16w… of tile t (row 64·t + r of the stacked operand).
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4 * tiles, 1], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def _words_layout(tiles):
+    # [TILES, 8, 256] int16, a block of each tile: entry (t, 4h + w, 32q + 8c + 2j + b) is
+    # int16 2j + b of lane 4q + c's 16 bytes of row 16w + 8h + q; a thread's 8 are contiguous.
+    return gl.BlockedLayout([1, 1, 8], [1, 1, 32], [tiles, 4, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _as_operand(words, TILES: gl.constexpr, a_layout: gl.constexpr):
+    """A block's words as the A operand's registers ``[64·TILES, 32]`` (row 64t + 16w + 8h +
+    q, k-slot 8j + 2c + b): a reshape and permute that move no data."""
+    w7 = gl.reshape(words, [TILES, 2, 4, 8, 4, 4, 2])  # (t, h, w, q, c, j, b)
+    w7 = gl.permute(w7, [0, 2, 1, 3, 5, 4, 6])  # (t, w, h, q, j, c, b)
+    return gl.convert_layout(gl.reshape(w7, [TILES * 64, 32]), a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _lane_offsets(TILES: gl.constexpr, COPIES: gl.constexpr, a_layout: gl.constexpr):
+    """``[64·TILES, 32]`` int16 in the A layout: at each even k-slot the byte offset of the
+    holding lane's table copy, 0 at odd ones, so each packed register is that offset."""
+    rows = gl.arange(0, TILES * 64, layout=gl.SliceLayout(1, a_layout))
+    ks = gl.arange(0, 32, layout=gl.SliceLayout(0, a_layout))
+    # m16n8k16's A fragment: lane 4·(row mod 8) + (k mod 8) / 2.
+    lane = gl.expand_dims((rows % 8) * 4, 1) + gl.expand_dims((ks % 8) // 2, 0)
+    even = gl.expand_dims(ks % 2 == 0, 0)
+    off = gl.where(even, (lane % COPIES) * 4, gl.zeros_like(lane))
+    return off.to(gl.int16)
+
+
+@gluon.jit
+def _block(acc, words, s0, b, x_smem, lane16, TILES: gl.constexpr, COPIES: gl.constexpr, act: gl.constexpr,
+           mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr):
+    """Step ``b``: every tile's block looked up slice by slice into the A registers,
+    multiplied by x's (permuted) slice from shared memory; the block's product scaled into
+    ``acc``."""
+    w16 = _as_operand(words, TILES, a_layout)
+    part = gl.zeros([TILES * 64, _ROWS], gl.float32, mma_layout)
+    for sl in gl.static_range(4):
+        a = gl.inline_asm_elementwise(_LOOKUP[(COPIES == 32) * 4 + sl], "=r,r,r", [w16, lane16], dtype=act.value,
+                                      is_pure=True, pack=2)
+        xb = x_smem.index(b * 4 + sl).permute((1, 0)).load(b_layout)
+        part = mma_v2(a, xb, part)
+    return acc + gl.expand_dims(s0, 1) * part
+
+
+@gluon.jit
+def _fetch(i_ptr, s_ptr, w_rows, w_cols, s_rows, first, b, G, P: gl.constexpr):
+    """Step ``b``'s stored bytes (as int16) of every tile and the scale of each accumulator
+    row; a block past the weight's end reads its pass's last group (x is zero there)."""
+    gi = gl.minimum((first + b) // P, G - 1)
+    words = gl.load(i_ptr + w_rows + gi * (_BKC // 4) + w_cols, eviction_policy="evict_first")
+    return words, gl.load(s_ptr + s_rows + gi)
+
+
+@gluon.jit
+def _stage_x(x_ptr, x_smem, M, KK, stride_xm, first, TILES: gl.constexpr, STEPS: gl.constexpr,
+             EVEN_K: gl.constexpr):
+    """x of the program's blocks into shared memory ``[STEPS·4, 8, 32]``: entry
+    ``(4·b + s, m, 8j + 2c + v)`` is coordinate ``32c + 8j + 2s + v`` of block ``first + b``
+    of row m (zero past M and the end): the k-slot order of the A operand."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8 // TILES], [1, 8, 4], [4, 1, TILES], [2, 1, 0])
+    sl = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    mr = gl.arange(0, _ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    k = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    coord = 32 * ((k % 8) // 2) + 8 * (k // 8) + (k % 2)
+    kk = gl.expand_dims(gl.expand_dims(sl * 2, 1), 2) + gl.expand_dims(gl.expand_dims(coord, 0), 1)
+    mm = gl.expand_dims(gl.expand_dims(mr, 0), 2)
+    offs = mm.to(gl.int64) * stride_xm + kk
+    # The same bytes seen as [STEPS, 4·8, 32]: the 64-byte swizzle repeats every 8 rows.
+    view = x_smem._reinterpret(x_smem.dtype, [STEPS, 4 * _ROWS, 32], x_smem.layout)
+    for b in gl.static_range(STEPS):
+        k0 = (first + b) * _BKC
+        mask = mm < M
+        if not EVEN_K:
+            mask = mask & (k0 + kk < KK)
+        x = gl.load(x_ptr + k0 + offs, mask=mask, other=0.0)
+        view.index(b).store(gl.reshape(x, [4 * _ROWS, 32]))
+
+
+@gluon.jit
+def mma_decode_kernel(
+    x_ptr, i0_ptr, i1_ptr, s0_ptr, s1_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, KK, G, stride_xm, stride_ym, split_k,
+    P: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, EVEN_K: gl.constexpr, STEPS: gl.constexpr,
+    COPIES: gl.constexpr, TILES: gl.constexpr,
+):
+    """``x_ptr``: x_rot ``[M, KK]`` (KK = P·K; row stride ``stride_xm``); ``i{p}_ptr``: pass
+    p's stored indices ``[N, K/2]`` read as int16; ``s{p}_ptr``: its fp32 scales ``[N, G]``;
+    ``cb_ptr``: the fp32 codebook (16). Grid ``(ceil(N / (64·TILES)), split)``: program
+    ``(c, k)`` of ``4·TILES`` warps walks ``STEPS`` blocks from ``k·STEPS`` of its tiles,
+    two steps in flight."""
+    gl.static_assert(P == 1 or STEPS % 2 == 0, "two passes walk an even run")
+    act: gl.constexpr = x_ptr.dtype.element_ty
+    FP16: gl.constexpr = act == gl.float16
+    mma_layout: gl.constexpr = _mma_layout(TILES)
+    a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
+    words_layout: gl.constexpr = _words_layout(TILES)
+
+    cta = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    n0 = cta * (_TN * TILES)
+    first = pid_k * STEPS
+    row_words = G * (_BKC // 4)  # int16 of a stored row
+
+    t_w = gl.arange(0, TILES, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_layout)))
+    r_w = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_layout)))
+    c_w = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
+    # Row 64t + 16w + 8h + q of the tile (dim 1 = 4h + w, column 32q + ...), the last row past N.
+    rows = (gl.expand_dims(gl.expand_dims(t_w * 64, 1), 2) + gl.expand_dims(gl.expand_dims((r_w % 4) * 16
+            + (r_w // 4) * 8, 0), 2) + gl.expand_dims(gl.expand_dims(c_w // 32, 0), 1))
+    w_rows = gl.minimum(n0 + rows, N - 1) * row_words
+    w_cols = gl.expand_dims(gl.expand_dims(c_w % 32, 0), 1)
+    rows_c = gl.arange(0, TILES * 64, layout=gl.SliceLayout(1, mma_layout))
+    s_rows = gl.minimum(n0 + rows_c, N - 1) * G
+
+    ib_ptr = i1_ptr if P == 2 else i0_ptr
+    sb_ptr = s1_ptr if P == 2 else s0_ptr
+    w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, 0, G, P)
+    w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, 1, G, P)
+    gl.inline_asm_elementwise(_FILL[(COPIES == 32) * 2 + FP16], "=r,l", [cb_ptr], dtype=gl.int32, is_pure=False,
+                              pack=1)
+    lane16 = _lane_offsets(TILES, COPIES, a_layout)
+    x_smem = gl.allocate_shared_memory(act, [STEPS * 4, _ROWS, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+    _stage_x(x_ptr, x_smem, M, KK, stride_xm, first, TILES, STEPS, EVEN_K)
+    gl.thread_barrier()  # x staged and the table filled
+    acc = gl.zeros([TILES * 64, _ROWS], gl.float32, mma_layout)
+    for b in range(0, STEPS, 2):
+        acc = _block(acc, w_a, sa, b, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+        w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 2, STEPS - 2 + (P == 1)),
+                         G, P)
+        if b + 1 < STEPS:
+            acc = _block(acc, w_b, sb, b + 1, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+        w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 3, STEPS - 1), G, P)
+    tile_store(acc, cta, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
+               _TN * TILES, _ROWS, 4 * TILES)
+
+
+# --- host side -------------------------------------------------------------------------------
+
+
+def slot_coordinate() -> torch.Tensor:
+    """int64 ``[4, 32]``: the coordinate of a block that k-slot ``k`` of slice ``s`` holds
+    (``32c + 8j + 2s + b`` for ``k = 8j + 2c + b``); a permutation of 0…127."""
+    k = torch.arange(32)
+    s = torch.arange(4).unsqueeze(1)
+    return 32 * ((k % 8) // 2) + 8 * (k // 8) + 2 * s + (k % 2)
+
+
+def slot_codes(indices: torch.Tensor, group: int) -> torch.Tensor:
+    """int64 ``[N, 4, 32]``: the code each k-slot of each slice of ``group`` looks up, read
+    as the kernel reads the stored bytes (lane c's 16 bytes at ``16c``, word j, byte s; the
+    low nibble at even k-slots)."""
+    n = indices.shape[0]
+    grp = indices[:, group * (BK // 2):(group + 1) * (BK // 2)].to(torch.int64)  # [N, 64]
+    k = torch.arange(32)
+    byte = 16 * ((k % 8) // 2) + 4 * (k // 8) + torch.arange(4).unsqueeze(1)  # [4, 32]
+    b = grp[:, byte.reshape(-1)].view(n, 4, 32)
+    return torch.where((k % 2 == 0), b & 15, b >> 4)
+
+
+def emulate(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's arithmetic in torch (any device): x staged in k-slot order, each k-slot's
+    code read as the kernel reads the stored bytes, centroids rounded to x's dtype, each
+    block's product in fp32 scaled once, the sum rounded to ``out_dtype``."""
+    m, kk = x_rot.shape
+    p = len(passes)
+    n = passes[0].indices.shape[0]
+    groups = kk // (p * BK)
+    cb = codebook.to(x_rot.dtype).float().cpu()
+    xb = x_rot.float().cpu().view(m, groups, p, BK)[..., slot_coordinate().reshape(-1)]  # [M, G, P, 128]
+    y = torch.zeros(m, n, dtype=torch.float32)
+    for g in range(groups):
+        for q, data in enumerate(passes):
+            wq = cb[slot_codes(data.indices.cpu(), g).reshape(n, BK)]
+            part = xb[:, g, q] @ wq.T
+            y += part * data.scales[:, g].float().cpu()
+    if bias is not None:
+        y += bias.float().cpu()
+    return y.to(out_dtype).to(x_rot.device)
+
+
+def decode_grid(blocks: int, split: int, passes: int) -> tuple[int, int]:
+    """``(steps, split)``: ``split`` programs cut a tile's ``blocks`` into runs of ``steps``,
+    at least two and even with two passes (each register set one pass); the last run may
+    pass the end, no program is empty."""
+    steps = max(2, -(-blocks // max(1, split)))
+    steps += steps % 2 if passes == 2 else 0
+    return steps, -(-blocks // steps)
+
+
+def workspace_size(m: int, n: int, split: int) -> int:
+    """fp32 elements of the split-K workspace a call of ``m`` rows and ``split`` needs."""
+    return split * m * n if split > 1 else 0
+
+
+def counters_size(n: int, tiles: int) -> int:
+    """int32 counters a layer of ``n`` rows needs at ``tiles`` row tiles a program (zero
+    before the first launch; every launch leaves them zero)."""
+    return -(-n // (TILE_N * tiles))
+
+
+_opted: set[tuple[Any, ...]] = set()
+
+
+def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
+               out: torch.Tensor, *, split: int, tiles: int = 2, copies: int = 32,
+               workspace: torch.Tensor | None = None, counters: torch.Tensor | None = None) -> torch.Tensor:
+    """``out [M, N] = x_rot·Ŵᵀ (+ bias)`` in one launch, Ŵ the passes' stored indices and
+    scales as prepared (d = 128, no copy). ``x_rot``: ``[M, P·K]`` (M ≤ 8, row-contiguous,
+    ``[M, G, P, d]`` in memory: every pass's rotation applied); ``codebook`` fp32 [16];
+    ``bias`` [N] or None; ``out`` ``[M, N]`` in the activation dtype (its row stride free).
+    ``split`` programs share a row tile's K (the run is rounded, :func:`decode_grid`); with
+    ``split`` above 1 the run needs ``workspace`` (fp32, at least :func:`workspace_size`) and
+    ``counters`` (int32, at least :func:`counters_size`, zero; left zero)."""
+    p = len(passes)
+    m, kk = x_rot.shape
+    n, half = passes[0].indices.shape
+    if p not in (1, 2) or tiles not in (1, 2) or copies not in (16, 32):
+        raise ValueError(f"mma_decode: passes 1 or 2, tiles 1 or 2, copies 16 or 32; got {p}, {tiles}, {copies}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"mma_decode: 1 to {MAX_ROWS} rows, got {m}")
+    if x_rot.dtype not in (torch.bfloat16, torch.float16) or out.dtype != x_rot.dtype:
+        raise ValueError(f"mma_decode: x_rot and out in bf16 or fp16, got {x_rot.dtype} and {out.dtype}")
+    if kk != 2 * half * p or half % (BK // 2) or x_rot.stride(1) != 1:
+        raise ValueError(f"mma_decode: x_rot [M, P·K] row-contiguous with K = {2 * half} a multiple of {BK}, "
+                         f"got {tuple(x_rot.shape)} strides {x_rot.stride()}")
+    if tuple(out.shape) != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"mma_decode: out [{m}, {n}] row-contiguous, got {tuple(out.shape)} strides {out.stride()}")
+    groups = 2 * half // BK
+    for d in passes:
+        if (tuple(d.indices.shape) != (n, half) or d.indices.dtype != torch.uint8 or not d.indices.is_contiguous()
+                or tuple(d.scales.shape) != (n, groups) or d.scales.dtype != torch.float32
+                or not d.scales.is_contiguous()):
+            raise ValueError("mma_decode: each pass's indices [N, K/2] uint8 and scales [N, K/128] float32, "
+                             "contiguous")
+        if d.indices.data_ptr() % 16:
+            raise ValueError("mma_decode: indices must be 16-byte aligned")
+    if n * half >= 2**31:
+        raise ValueError("mma_decode: a pass's indices must hold fewer than 2**31 bytes")
+    steps, split = decode_grid(p * groups, split, p)
+    grid = (counters_size(n, tiles), split)
+    if split > 1:
+        if workspace is None or workspace.dtype != torch.float32 or workspace.numel() < workspace_size(m, n, split):
+            raise ValueError(f"mma_decode: split {split} needs an fp32 workspace of {workspace_size(m, n, split)}")
+        if counters is None or counters.dtype != torch.int32 or counters.numel() < grid[0]:
+            raise ValueError(f"mma_decode: split {split} needs {grid[0]} int32 counters (zero)")
+    ws = workspace if workspace is not None else out
+    cnt = counters if counters is not None else out
+    last = passes[-1]
+    args = (x_rot, passes[0].indices.view(torch.int16), last.indices.view(torch.int16), passes[0].scales,
+            last.scales, codebook, bias if bias is not None else codebook, out, ws, cnt,
+            m, n, kk, groups, x_rot.stride(0), out.stride(0), split)
+    const = dict(P=p, HAS_BIAS=bias is not None, SPLIT=split > 1, EVEN_K=(p * groups) % steps == 0, STEPS=steps,
+                 COPIES=copies, TILES=tiles, num_warps=4 * tiles)
+    # Triton compiles a variant per specialisation of the arguments (an int equal to 1 or
+    # divisible by 16, a pointer 16-byte aligned): each needs its own opt-in.
+    key = (x_rot.device, tuple(sorted(const.items())),
+           tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0)
+                 for a in args))
+    if key not in _opted:
+        # The static table beside Triton's shared memory may pass 48 KB: each compiled
+        # variant opts in before its first launch.
+        from quantcore.triton.static_shared import opt_in
+
+        opt_in(mma_decode_kernel.warmup(*args, grid=grid, **const))
+        _opted.add(key)
+    mma_decode_kernel[grid](*args, **const)
+    return out
+
+
+def compile_report(*, fp16: bool = False, passes: int = 2, steps: int = 8, copies: int = 32,
+                   tiles: int = 2) -> dict[str, Any]:
+    """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill stack,
+    shared memory (Triton's and the table), programs an SM, and the walk's opcode counts (two
+    steps) per weight a thread handles there."""
+    from quantcore.triton.compile_report import (
+        backward_loops,
+        compile_sm90,
+        instructions,
+        occupancy_sm90,
+        opcode_counts,
+        opcodes_in,
+    )
+
+    act = "fp16" if fp16 else "bf16"
+    sig = {"x_ptr": f"*{act}", "i0_ptr": "*i16", "i1_ptr": "*i16", "s0_ptr": "*fp32", "s1_ptr": "*fp32",
+           "cb_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": f"*{act}", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "M": "i32", "N": "i32", "KK": "i32", "G": "i32", "stride_xm": "i32", "stride_ym": "i32", "split_k": "i32"}
+    const = dict(P=passes, HAS_BIAS=False, SPLIT=True, EVEN_K=True, STEPS=steps, COPIES=copies, TILES=tiles)
+    compiled = compile_sm90(mma_decode_kernel, sig, const, divisible=[a for a in sig if a not in ("M", "G")],
+                            options={"num_warps": 4 * tiles}, gluon=True)
+    ins = instructions(compiled.sass)
+    walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
+    counts = opcode_counts(opcodes_in(ins, walk))
+    weights = 2 * TILE_N * BK / 128  # a trip: two steps of 64 rows × 128 coordinates over a tile's 128 threads
+    table = 256 * 4 * copies
+    return {"fp16": fp16, "passes": passes, "steps": steps, "copies": copies, "tiles": tiles,
+            "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
+            "table": table, "blocks_per_sm": occupancy_sm90(compiled.registers, 4 * tiles, compiled.shared + table),
+            "walk": dict(counts), "per_weight": round(sum(counts.values()) / weights, 2),
+            "lds_per_weight": round(counts.get("LDS", 0) / weights, 3),
+            "ldg_128": counts.get("LDG.E.EF.128.CONSTANT", 0) + counts.get("LDG.E.128", 0)
+            + counts.get("LDG.E.EF.128", 0) + counts.get("LDG.E.128.CONSTANT", 0)}
