@@ -51,7 +51,7 @@ from quantcore.triton.buffers import capturing, stream_key
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.unowned import unowned
 
-from . import configs
+from . import configs, decode_mma
 from .dequant import dequant_kernel
 from .fold import fold_kernel
 from .gemv import gemv_kernel, rotate_kernel
@@ -80,6 +80,11 @@ MMA_TICKETS = 12
 #: The tensor-core kernel's rotated-x workspace and its counts: the codebook unless the
 #: launch's first programs rotate x once.
 MMA_ROTATED = (13, 14)
+#: The mma.sync decode kernel's rotated x and M; its indices, scales, codebook and bias (the
+#: codebook in its place); its split-K workspace and counters when K is not split.
+MMA_DECODE_VARYING = (0, 10)
+MMA_DECODE_FIXED = (1, 2, 3, 4, 5, 6)
+MMA_DECODE_SPLIT_K = (8, 9)
 #: The dequantization kernel's codebook (its index words and scales are each pass's).
 DEQUANT_FIXED = (2,)
 #: The fold kernel's index words, scales and rotations of both passes and the codebook.
@@ -346,6 +351,50 @@ class _Mma(_Bucket):
         return ws, tk, xr, counts
 
 
+class _MmaDecode(_Bucket):
+    """The ``mma.sync`` decode kernel (``decode_mma.py``, M ≤ 8, d = 128): every pass's
+    rotation in one GEMM before it, then one launch over the passes' stored indices."""
+
+    rotate: InputRotation
+
+    def __init__(self, x_dtype: torch.dtype, passes: Sequence[PassData], codebook: torch.Tensor, d: int,
+                 bias: torch.Tensor | None, device: torch.device, cfg: configs.MmaDecodeConfig) -> None:
+        super().__init__(passes, codebook, bias, device)
+        if device.type != "cuda" or interpreting():
+            raise ValueError("the mma.sync decode kernel is a compiled Gluon kernel: a CUDA GPU, not the interpreter")
+        if d != decode_mma.BK or x_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"the mma.sync decode kernel takes groups of {decode_mma.BK} and 16-bit activations, "
+                             f"got d = {d} and {x_dtype}")
+        p, n, k = len(passes), self.n, self.k
+        self.rotate = InputRotation([data.rotation for data in passes])
+        self.groups = k // d
+        steps, self.split = decode_mma.decode_grid(p * self.groups, cfg.split, p)
+        self.grid = (decode_mma.counters_size(n, cfg.tiles), self.split, 1)
+        last = passes[-1]
+        self.weights = (passes[0].indices.view(torch.int16), last.indices.view(torch.int16), passes[0].scales,
+                        last.scales, self.codebook, self.bias_or_cb)
+        self.launch = Launch(
+            decode_mma.mma_decode_kernel, device=device, varying=MMA_DECODE_VARYING, options=dict(num_warps=4 * cfg.tiles),
+            fixed_pointers=MMA_DECODE_FIXED + (MMA_DECODE_SPLIT_K if self.split <= 1 else ()),
+            constexprs=dict(P=p, HAS_BIAS=bias is not None, SPLIT=self.split > 1,
+                            EVEN_K=(p * self.groups) % steps == 0, STEPS=steps, COPIES=cfg.copies, TILES=cfg.tiles),
+        )
+
+    def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:
+        m = x2d.shape[0]
+        if not 1 <= m <= decode_mma.MAX_ROWS or partial is not None or out.dtype != x2d.dtype:
+            raise ValueError(f"the mma.sync decode kernel takes 1 to {decode_mma.MAX_ROWS} rows, no running partial "
+                             f"and its output in x's dtype; got {m} rows, partial {partial is not None}, {out.dtype}")
+        kk = len(self.passes) * self.k
+        x_rot = self.rotate(x2d).view(m, kk)
+        if self.split > 1:
+            ws, tk = self.scratch(m, lambda: split_k_buffers(self.device, self.split * m * self.n, self.grid[0]))
+        else:  # never read: one program a tile stores it itself
+            ws = tk = self.codebook
+        self.launch(self.grid, x_rot, *self.weights, out, ws, tk, m, self.n, kk, self.groups, kk, out.stride(0),
+                    self.split)
+
+
 class _DenseGemm(_Bucket):
     """A prefill bucket: a kernel writes a dense weight into a scratch, cuBLAS multiplies."""
 
@@ -523,7 +572,8 @@ def fused_linear(
     config: Any = None,
 ) -> torch.Tensor:
     """``partial + Σ_passes x Ŵ_pᵀ (+ bias)`` as [M, N] in ``out_dtype``. ``path``
-    ("gemv", "mma", "dequant", "fold") and ``config`` override the choice (benchmarks, tests)."""
+    ("gemv", "mma", "mma_decode", "dequant", "fold") and ``config`` override the choice
+    (benchmarks, tests)."""
     if not 1 <= len(passes) <= 2:
         raise ValueError(f"fused_linear takes one or two passes, got {len(passes)}")
     return _chosen(x2d, passes, codebook, group_size, partial, bias, out_dtype, path, config)[0]
@@ -629,6 +679,10 @@ def _bucket(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tenso
         n, half = passes[0].indices.shape
         path, table_config = default_path(m, x2d.dtype, 2 * half, n, len(passes), group_size, has_partial, device)
         config = config if config is not None else table_config
+    if path == "mma_decode" and config is None:  # asked for by name: the table's config for these rows, or the default
+        n, half = passes[0].indices.shape
+        config = (configs.mma_decode_config(_card(device), m, 2 * half, n, group_size, len(passes), x2d.dtype)
+                  or configs.MmaDecodeConfig())
     key = (path, configs.m_bucket(m) if path == "mma" else 0, x2d.dtype, out_dtype, has_partial, config,
            id(passes[-1].indices), len(passes), device)
     if path == "gemv":
@@ -649,7 +703,10 @@ def _bucket(x2d: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tenso
             # M also makes, compiles and runs the plan a recording will take.
             _kept(codebook, key, passes, bias, *make)(x2d, partial, out)
         return bucket
+    if path == "mma_decode":
+        return _kept(codebook, key, passes, bias, _MmaDecode, x2d.dtype, passes, codebook, group_size, bias, device,
+                     config)
     if path in ("dequant", "fold"):
         return _kept(codebook, key, passes, bias, _Dequant if path == "dequant" else _Folded, passes, codebook,
                      group_size, bias, device, passes[0].rotation.dtype)
-    raise ValueError(f"path: expected 'gemv', 'mma', 'dequant' or 'fold', got {path!r}")
+    raise ValueError(f"path: expected 'gemv', 'mma', 'mma_decode', 'dequant' or 'fold', got {path!r}")

@@ -28,7 +28,7 @@ def _layer(k: int, n: int, passes: int) -> tuple[TurboQuant, dict[str, torch.Ten
 
 
 def _entries() -> list[tuple[str, int, int, int, int]]:
-    """(kernel, K, N, passes, M) for every gemv and mma entry of this card's table."""
+    """(kernel, K, N, passes, M) for every gemv, mma and mma_decode entry of this card's table."""
     if not torch.cuda.is_available():
         return []
     from quantcore.backends.turboquant_triton import configs
@@ -38,8 +38,8 @@ def _entries() -> list[tuple[str, int, int, int, int]]:
     for key in configs.table(card_key(0)):
         if key[0] == "gemv":
             out.append(("gemv", key[1], key[2], key[4], 1))
-        elif key[0] == "mma":
-            out.append(("mma", key[1], key[2], key[4], key[6]))
+        elif key[0] in ("mma", "mma_decode"):
+            out.append((key[0], key[1], key[2], key[4], key[6]))
     return sorted(set(out))
 
 
@@ -53,7 +53,7 @@ def test_cuda_each_table_entry_matches_golden_in_both_16_bit_dtypes(
 
     fmt, t, w_hat = _layer(k, n, passes)
     prep = prepared_on_cuda(fmt, t, dtype)
-    rows = m if kernel == "gemv" else m - 3  # inside the bucket, not its top
+    rows = m if kernel != "mma" else m - 3  # inside the bucket, not its top (a decode entry's rows are its own)
     if kernel == "mma":
         assert configs.mma_entry(card_key(0), rows, k, n, 128, passes, dtype) is not None
     gen = torch.Generator().manual_seed(m)

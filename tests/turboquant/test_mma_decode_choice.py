@@ -69,3 +69,21 @@ def test_a_table_file_holds_mma_decode_entries(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(InvalidArgumentError, match="not a tuned config"):
         configs.tables()
     configs._tables.cache_clear()
+
+
+def test_asked_for_on_a_cpu_it_says_where_it_runs() -> None:
+    from quantcore.formats.turboquant import TurboQuant
+
+    from .cuda_layers import quantized_layer
+
+    fmt = TurboQuant(group_size=128)
+    prep = fused_prepared(fmt, quantized_layer(fmt, 64, 256, seed=1))
+    with pytest.raises(ValueError, match="a CUDA GPU, not the interpreter"):
+        fused.fused_linear(torch.randn(2, 256), prep.passes, prep.codebook, group_size=128, partial=None,
+                           bias=prep.bias, out_dtype=torch.float32, path="mma_decode")
+
+
+def fused_prepared(fmt: object, t: dict[str, torch.Tensor]) -> object:
+    from quantcore.backends.turboquant_triton import TurboQuantTriton
+
+    return TurboQuantTriton(fmt, "cpu").prepare(t, dtype=torch.float32)
