@@ -27,6 +27,18 @@ the same bits call to call. ``TILES`` 64-row tiles a program share the table and
 With two passes the run of each program is even, so its first register set always holds
 pass 0's blocks and its second pass 1's.
 
+**Options** (compile-time, off by default: the shipped kernel). ``WIDE``: a step is two
+consecutive groups of one pass (unit ``u = g2·P + p``: groups ``2·g2`` and ``2·g2 + 1``), lane
+c loading 16 bytes at ``16c`` and at ``64 + 16c`` of each of its rows, so each step reads
+every row's whole 128-byte line (two loads issued together, each the default's load: the
+operand conversion stays trivial); each group scaled by its own scale; an odd G's last unit
+reads its last group twice with x zero for the second. ``XVEC``: x staged with 16-byte loads
+— a thread loads ``32c + 8j + [0, 8)`` for c < 4 of one row and one j, which is every
+slice's k-slots ``8j…8j + 7``, so the permutation is a reshape of its registers and each
+slice one 16-byte shared store (:func:`staged_slot_coordinate`). sm_90a: both compile
+without spills, but ``WIDE`` holds two steps of 16 words in flight (100–133 registers where
+the default takes 62–72: two programs an SM at two tiles instead of three or four).
+
 **Measured** (one H200, ``tools/probes/turboquant_mma_decode.py``): right and bit-identical,
 but slower than the same walk over a repacked copy (each tile's block in one 4 KB run) by
 1.07–2.0×, and than the shipped decode path on the large layers; it is not a default path.
@@ -46,7 +58,7 @@ from quantcore.transforms.turboquant_passes import PassData
 from quantcore.triton.gluon_split_k import tile_store
 
 __all__ = ["BK", "MAX_ROWS", "compile_report", "counters_size", "decode_grid", "emulate", "mma_decode",
-           "slot_coordinate", "workspace_size"]
+           "slot_coordinate", "staged_slot_coordinate", "wide_slot_codes", "wide_units", "workspace_size"]
 
 #: Coordinates of a block (one TurboQuant group, d = 128).
 BK = 128
@@ -148,6 +160,29 @@ def _block(acc, words, s0, b, x_smem, lane16, TILES: gl.constexpr, COPIES: gl.co
 
 
 @gluon.jit
+def _wide_block(acc, lo, hi, s_lo, s_hi, b, x_smem, lane16, TILES: gl.constexpr, COPIES: gl.constexpr,
+                act: gl.constexpr, mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr):
+    """Wide step ``b``: its two groups (x's staged groups ``2b`` and ``2b + 1``), each looked
+    up, multiplied and scaled by its own scale as :func:`_block` does."""
+    acc = _block(acc, lo, s_lo, 2 * b, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+    return _block(acc, hi, s_hi, 2 * b + 1, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+
+
+@gluon.jit
+def _wide_fetch(i_ptr, s_ptr, w_rows, w_cols, s_rows, first, b, G, P: gl.constexpr):
+    """Wide step ``b`` (unit ``u = first + b``: groups ``2·(u / P)`` and the next of pass
+    ``u mod P``): each row's 128-byte pair of groups, lane c's 16 bytes at ``16c`` and at
+    ``64 + 16c`` (two loads issued together, each as :func:`_fetch`'s), and both groups'
+    scales; a group past the weight's end reads its pass's last (x is zero there)."""
+    g0 = gl.minimum(2 * ((first + b) // P), G - 1)
+    g1 = gl.minimum(2 * ((first + b) // P) + 1, G - 1)
+    base = i_ptr + w_rows + w_cols
+    lo = gl.load(base + g0 * (_BKC // 4), eviction_policy="evict_first")
+    hi = gl.load(base + g1 * (_BKC // 4), eviction_policy="evict_first")
+    return lo, hi, gl.load(s_ptr + s_rows + g0), gl.load(s_ptr + s_rows + g1)
+
+
+@gluon.jit
 def _fetch(i_ptr, s_ptr, w_rows, w_cols, s_rows, first, b, G, P: gl.constexpr):
     """Step ``b``'s stored bytes (as int16) of every tile and the scale of each accumulator
     row; a block past the weight's end reads its pass's last group (x is zero there)."""
@@ -157,11 +192,25 @@ def _fetch(i_ptr, s_ptr, w_rows, w_cols, s_rows, first, b, G, P: gl.constexpr):
 
 
 @gluon.jit
-def _stage_x(x_ptr, x_smem, M, KK, stride_xm, first, TILES: gl.constexpr, STEPS: gl.constexpr,
-             EVEN_K: gl.constexpr):
-    """x of the program's blocks into shared memory ``[STEPS·4, 8, 32]``: entry
-    ``(4·b + s, m, 8j + 2c + v)`` is coordinate ``32c + 8j + 2s + v`` of block ``first + b``
-    of row m (zero past M and the end): the k-slot order of the A operand."""
+def _staged_block(i, first, G, P: gl.constexpr, WIDE: gl.constexpr):
+    """Group ``i`` of the program's staging → ``(block of x_rot, whether it is inside the
+    weight)``: block ``first + i``, or with ``WIDE`` group ``2·(u / P) + i mod 2`` of pass
+    ``u mod P`` for unit ``u = first + i / 2`` (block ``g·P + p``)."""
+    if WIDE:
+        u = first + i // 2
+        g = 2 * (u // P) + i % 2
+        return g * P + u % P, g < G
+    else:
+        return first + i, first + i < P * G
+
+
+@gluon.jit
+def _stage_x(x_ptr, x_smem, M, G, stride_xm, first, P: gl.constexpr, TILES: gl.constexpr, NG: gl.constexpr,
+             EVEN_K: gl.constexpr, WIDE: gl.constexpr):
+    """x of the program's ``NG`` staged groups into shared memory ``[NG·4, 8, 32]``: entry
+    ``(4·i + s, m, 8j + 2c + v)`` is coordinate ``32c + 8j + 2s + v`` of staged group i
+    (:func:`_staged_block`) of row m (zero past M and the end): the k-slot order of the A
+    operand, read with 4-byte gathers."""
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 8 // TILES], [1, 8, 4], [4, 1, TILES], [2, 1, 0])
     sl = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
     mr = gl.arange(0, _ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
@@ -170,15 +219,58 @@ def _stage_x(x_ptr, x_smem, M, KK, stride_xm, first, TILES: gl.constexpr, STEPS:
     kk = gl.expand_dims(gl.expand_dims(sl * 2, 1), 2) + gl.expand_dims(gl.expand_dims(coord, 0), 1)
     mm = gl.expand_dims(gl.expand_dims(mr, 0), 2)
     offs = mm.to(gl.int64) * stride_xm + kk
-    # The same bytes seen as [STEPS, 4·8, 32]: the 64-byte swizzle repeats every 8 rows.
-    view = x_smem._reinterpret(x_smem.dtype, [STEPS, 4 * _ROWS, 32], x_smem.layout)
-    for b in gl.static_range(STEPS):
-        k0 = (first + b) * _BKC
+    # The same bytes seen as [NG, 4·8, 32]: the 64-byte swizzle repeats every 8 rows.
+    view = x_smem._reinterpret(x_smem.dtype, [NG, 4 * _ROWS, 32], x_smem.layout)
+    for i in gl.static_range(NG):
+        blk, ok = _staged_block(i, first, G, P, WIDE)
         mask = mm < M
         if not EVEN_K:
-            mask = mask & (k0 + kk < KK)
-        x = gl.load(x_ptr + k0 + offs, mask=mask, other=0.0)
-        view.index(b).store(gl.reshape(x, [4 * _ROWS, 32]))
+            mask = mask & ok
+        x = gl.load(x_ptr + blk * _BKC + offs, mask=mask, other=0.0)
+        view.index(i).store(gl.reshape(x, [4 * _ROWS, 32]))
+
+
+@gluon.jit
+def _stage_x_vec(x_ptr, x_smem, M, G, stride_xm, first, P: gl.constexpr, WARPS: gl.constexpr, NG: gl.constexpr,
+                 NCH: gl.constexpr, EVEN_K: gl.constexpr, WIDE: gl.constexpr):
+    """As :func:`_stage_x` with 16-byte loads and stores: a thread of the warp that stages a
+    group loads the four 16-byte runs ``32c + 8j + [0, 8)`` (c < 4) of one row m and one j,
+    i.e. every slice's k-slots ``8j…8j + 7``; the permutation is a reshape of its registers
+    and each slice's eight are one 16-byte store. ``NCH`` groups a round (one a warp, the
+    other warps repeating them: the same values to the same place)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 4, 1, 8], [1, 8, 1, 4, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    l_i: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, layout))))
+    l_m: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, layout))))
+    l_c: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, layout))))
+    l_j: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, layout))))
+    l_r: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
+    ii = gl.arange(0, NCH, layout=l_i)
+    mr = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, _ROWS, layout=l_m), 0), 2), 3), 4)
+    cc = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=l_c), 0), 1), 3), 4)
+    jj = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=l_j), 0), 1), 2), 4)
+    rr = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=l_r), 0), 1), 2), 3)
+    offs = mr * stride_xm + (32 * cc + 8 * jj + rr)  # M ≤ 8 rows of P·K: int32
+    # The same bytes seen as [NG, 4·8, 32] (the 64-byte swizzle of the last two dims).
+    view = x_smem._reinterpret(x_smem.dtype, [NG, 4 * _ROWS, 32],
+                               gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=3))
+    for i0 in gl.static_range(0, NG, NCH):
+        blk, ok = _staged_block(i0 + ii, first, G, P, WIDE)
+        blk5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(blk, 1), 2), 3), 4)
+        mask = mr < M
+        if not EVEN_K:
+            mask = mask & gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(ok, 1), 2), 3), 4)
+        x = gl.load(x_ptr + blk5 * _BKC + offs, mask=mask, other=0.0)  # [NCH, m, c, j, 2s + v]
+        x = gl.permute(gl.reshape(x, [NCH, _ROWS, 4, 4, 4, 2]), [0, 4, 1, 3, 2, 5])  # (i, s, m, j, c, v)
+        view.slice(i0, NCH).store(gl.reshape(x, [NCH, 4 * _ROWS, 32]))
+
+
+@gluon.constexpr_function
+def _chunk(groups, warps):
+    # Groups a round of the 16-byte staging: the largest power of two dividing both.
+    n = 1
+    while n < warps and groups % (2 * n) == 0:
+        n *= 2
+    return n
 
 
 @gluon.jit
@@ -186,13 +278,16 @@ def mma_decode_kernel(
     x_ptr, i0_ptr, i1_ptr, s0_ptr, s1_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, KK, G, stride_xm, stride_ym, split_k,
     P: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, EVEN_K: gl.constexpr, STEPS: gl.constexpr,
-    COPIES: gl.constexpr, TILES: gl.constexpr,
+    COPIES: gl.constexpr, TILES: gl.constexpr, WIDE: gl.constexpr = False, XVEC: gl.constexpr = False,
 ):
     """``x_ptr``: x_rot ``[M, KK]`` (KK = P·K; row stride ``stride_xm``); ``i{p}_ptr``: pass
     p's stored indices ``[N, K/2]`` read as int16; ``s{p}_ptr``: its fp32 scales ``[N, G]``;
     ``cb_ptr``: the fp32 codebook (16). Grid ``(ceil(N / (64·TILES)), split)``: program
-    ``(c, k)`` of ``4·TILES`` warps walks ``STEPS`` blocks from ``k·STEPS`` of its tiles,
-    two steps in flight."""
+    ``(c, k)`` of ``4·TILES`` warps walks ``STEPS`` steps from ``k·STEPS`` of its tiles,
+    two steps in flight. A step is one block, or with ``WIDE`` one unit ``u = g2·P + p``:
+    groups ``2·g2`` and ``2·g2 + 1`` of pass p (each row's whole 128-byte line; the last
+    unit of an odd G has x zero for its second group). ``XVEC``: x staged with 16-byte loads
+    (:func:`_stage_x_vec`)."""
     gl.static_assert(P == 1 or STEPS % 2 == 0, "two passes walk an even run")
     act: gl.constexpr = x_ptr.dtype.element_ty
     FP16: gl.constexpr = act == gl.float16
@@ -200,6 +295,7 @@ def mma_decode_kernel(
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
     words_layout: gl.constexpr = _words_layout(TILES)
+    NG: gl.constexpr = STEPS * 2 if WIDE else STEPS
 
     cta = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -220,23 +316,44 @@ def mma_decode_kernel(
 
     ib_ptr = i1_ptr if P == 2 else i0_ptr
     sb_ptr = s1_ptr if P == 2 else s0_ptr
-    w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, 0, G, P)
-    w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, 1, G, P)
+    if WIDE:
+        w_a, v_a, sa, ta = _wide_fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, 0, G, P)
+        w_b, v_b, sb, tb = _wide_fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, 1, G, P)
+    else:
+        w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, 0, G, P)
+        w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, 1, G, P)
     gl.inline_asm_elementwise(_FILL[(COPIES == 32) * 2 + FP16], "=r,l", [cb_ptr], dtype=gl.int32, is_pure=False,
                               pack=1)
     lane16 = _lane_offsets(TILES, COPIES, a_layout)
-    x_smem = gl.allocate_shared_memory(act, [STEPS * 4, _ROWS, 32],
+    x_smem = gl.allocate_shared_memory(act, [NG * 4, _ROWS, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
-    _stage_x(x_ptr, x_smem, M, KK, stride_xm, first, TILES, STEPS, EVEN_K)
+    if XVEC:
+        _stage_x_vec(x_ptr, x_smem, M, G, stride_xm, first, P, 4 * TILES, NG, _chunk(NG, 4 * TILES), EVEN_K, WIDE)
+    else:
+        _stage_x(x_ptr, x_smem, M, G, stride_xm, first, P, TILES, NG, EVEN_K, WIDE)
     gl.thread_barrier()  # x staged and the table filled
     acc = gl.zeros([TILES * 64, _ROWS], gl.float32, mma_layout)
-    for b in range(0, STEPS, 2):
-        acc = _block(acc, w_a, sa, b, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
-        w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 2, STEPS - 2 + (P == 1)),
-                         G, P)
-        if b + 1 < STEPS:
-            acc = _block(acc, w_b, sb, b + 1, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
-        w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 3, STEPS - 1), G, P)
+    if WIDE:
+        # The same bound, unknown to the compiler (STEPS ≤ max(2, P·G)): the walk stays a loop
+        # rather than every step's loads hoisted at once.
+        for b in range(0, gl.minimum(STEPS, 2 * P * G + 2), 2):
+            acc = _wide_block(acc, w_a, v_a, sa, ta, b, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout,
+                              b_layout)
+            w_a, v_a, sa, ta = _wide_fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first,
+                                           gl.minimum(b + 2, STEPS - 2 + (P == 1)), G, P)
+            if b + 1 < STEPS:
+                acc = _wide_block(acc, w_b, v_b, sb, tb, b + 1, x_smem, lane16, TILES, COPIES, act, mma_layout,
+                                  a_layout, b_layout)
+            w_b, v_b, sb, tb = _wide_fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first,
+                                           gl.minimum(b + 3, STEPS - 1), G, P)
+    else:
+        for b in range(0, STEPS, 2):
+            acc = _block(acc, w_a, sa, b, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+            w_a, sa = _fetch(i0_ptr, s0_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 2, STEPS - 2 + (P == 1)),
+                             G, P)
+            if b + 1 < STEPS:
+                acc = _block(acc, w_b, sb, b + 1, x_smem, lane16, TILES, COPIES, act, mma_layout, a_layout, b_layout)
+            w_b, sb = _fetch(ib_ptr, sb_ptr, w_rows, w_cols, s_rows, first, gl.minimum(b + 3, STEPS - 1), G, P)
     tile_store(acc, cta, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT, HAS_BIAS,
                _TN * TILES, _ROWS, 4 * TILES)
 
@@ -264,26 +381,72 @@ def slot_codes(indices: torch.Tensor, group: int) -> torch.Tensor:
     return torch.where((k % 2 == 0), b & 15, b >> 4)
 
 
+def staged_slot_coordinate() -> torch.Tensor:
+    """int64 ``[4, 32]``: the coordinate :func:`_stage_x_vec` puts at k-slot k of slice s: a
+    thread's four 16-byte runs ``32c + 8j + [0, 8)`` seen as ``(c, j, s, v)`` and reshaped to
+    ``(s, j, c, v)`` (equal to :func:`slot_coordinate`)."""
+    return torch.arange(BK).view(4, 4, 4, 2).permute(2, 1, 0, 3).reshape(4, 32)
+
+
+def wide_slot_codes(indices: torch.Tensor, unit: int, passes: int = 1) -> torch.Tensor:
+    """int64 ``[N, 2, 4, 32]``: the codes of wide step ``unit``'s two groups (``2·(unit /
+    P)`` and the next; a group past the end reads the last group, as the kernel does), read
+    from each row's 128-byte line as the kernel reads it (lane c's 16 bytes at ``64u +
+    16c``, word j, byte s)."""
+    n, half = indices.shape
+    groups = 2 * half // BK
+    g0 = 2 * (unit // passes)
+    out = []
+    for u in range(2):
+        g = min(g0 + u, groups - 1)
+        line = indices[:, g * (BK // 2):(g + 1) * (BK // 2)].to(torch.int64)
+        k = torch.arange(32)
+        byte = 16 * ((k % 8) // 2) + 4 * (k // 8) + torch.arange(4).unsqueeze(1)
+        b = line[:, byte.reshape(-1)].view(n, 4, 32)
+        out.append(torch.where((k % 2 == 0), b & 15, b >> 4))
+    return torch.stack(out, 1)
+
+
 def emulate(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
-            out_dtype: torch.dtype) -> torch.Tensor:
-    """The kernel's arithmetic in torch (any device): x staged in k-slot order, each k-slot's
-    code read as the kernel reads the stored bytes, centroids rounded to x's dtype, each
-    block's product in fp32 scaled once, the sum rounded to ``out_dtype``."""
+            out_dtype: torch.dtype, *, wide: bool = False, xvec: bool = False) -> torch.Tensor:
+    """The kernel's arithmetic in torch (any device): x staged in k-slot order (with
+    ``xvec`` by :func:`staged_slot_coordinate`), each k-slot's code read as the kernel reads
+    the stored bytes (with ``wide`` a step's two groups from the row's 128-byte line,
+    :func:`wide_slot_codes`, the second group of an odd count's last step weighted by zero),
+    centroids rounded to x's dtype, each group's product in fp32 scaled once, the sum
+    rounded to ``out_dtype``."""
     m, kk = x_rot.shape
     p = len(passes)
     n = passes[0].indices.shape[0]
     groups = kk // (p * BK)
     cb = codebook.to(x_rot.dtype).float().cpu()
-    xb = x_rot.float().cpu().view(m, groups, p, BK)[..., slot_coordinate().reshape(-1)]  # [M, G, P, 128]
+    order = staged_slot_coordinate() if xvec else slot_coordinate()
+    xb = x_rot.float().cpu().view(m, groups, p, BK)[..., order.reshape(-1)]  # [M, G, P, 128]
     y = torch.zeros(m, n, dtype=torch.float32)
-    for g in range(groups):
-        for q, data in enumerate(passes):
-            wq = cb[slot_codes(data.indices.cpu(), g).reshape(n, BK)]
-            part = xb[:, g, q] @ wq.T
-            y += part * data.scales[:, g].float().cpu()
+    if wide:
+        for unit in range(p * -(-groups // 2)):
+            q, data = unit % p, passes[unit % p]
+            codes = wide_slot_codes(data.indices.cpu(), unit, p)
+            for u in range(2):
+                g = 2 * (unit // p) + u
+                xg = xb[:, g, q] if g < groups else torch.zeros(m, BK)
+                part = xg @ cb[codes[:, u].reshape(n, BK)].T
+                y += part * data.scales[:, min(g, groups - 1)].float().cpu()
+    else:
+        for g in range(groups):
+            for q, data in enumerate(passes):
+                wq = cb[slot_codes(data.indices.cpu(), g).reshape(n, BK)]
+                part = xb[:, g, q] @ wq.T
+                y += part * data.scales[:, g].float().cpu()
     if bias is not None:
         y += bias.float().cpu()
     return y.to(out_dtype).to(x_rot.device)
+
+
+def wide_units(groups: int, passes: int) -> int:
+    """Steps of ``wide`` over the weight: each pass's groups in pairs (an odd count's last
+    pair half past the end), unit ``g2·P + p``."""
+    return passes * -(-groups // 2)
 
 
 def decode_grid(blocks: int, split: int, passes: int) -> tuple[int, int]:
@@ -311,14 +474,17 @@ _opted: set[tuple[Any, ...]] = set()
 
 def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
                out: torch.Tensor, *, split: int, tiles: int = 2, copies: int = 32,
-               workspace: torch.Tensor | None = None, counters: torch.Tensor | None = None) -> torch.Tensor:
+               workspace: torch.Tensor | None = None, counters: torch.Tensor | None = None, wide: bool = False,
+               xvec: bool = False) -> torch.Tensor:
     """``out [M, N] = x_rot·Ŵᵀ (+ bias)`` in one launch, Ŵ the passes' stored indices and
     scales as prepared (d = 128, no copy). ``x_rot``: ``[M, P·K]`` (M ≤ 8, row-contiguous,
     ``[M, G, P, d]`` in memory: every pass's rotation applied); ``codebook`` fp32 [16];
     ``bias`` [N] or None; ``out`` ``[M, N]`` in the activation dtype (its row stride free).
     ``split`` programs share a row tile's K (the run is rounded, :func:`decode_grid`); with
     ``split`` above 1 the run needs ``workspace`` (fp32, at least :func:`workspace_size`) and
-    ``counters`` (int32, at least :func:`counters_size`, zero; left zero)."""
+    ``counters`` (int32, at least :func:`counters_size`, zero; left zero). ``wide``: a step
+    reads two groups of a pass (each row's 128-byte line; ``split`` cuts :func:`wide_units`);
+    ``xvec``: x staged with 16-byte loads. Both off: the shipped kernel."""
     p = len(passes)
     m, kk = x_rot.shape
     n, half = passes[0].indices.shape
@@ -344,7 +510,8 @@ def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.
             raise ValueError("mma_decode: indices must be 16-byte aligned")
     if n * half >= 2**31:
         raise ValueError("mma_decode: a pass's indices must hold fewer than 2**31 bytes")
-    steps, split = decode_grid(p * groups, split, p)
+    units = wide_units(groups, p) if wide else p * groups
+    steps, split = decode_grid(units, split, p)
     grid = (counters_size(n, tiles), split)
     if split > 1:
         if workspace is None or workspace.dtype != torch.float32 or workspace.numel() < workspace_size(m, n, split):
@@ -357,8 +524,9 @@ def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.
     args = (x_rot, passes[0].indices.view(torch.int16), last.indices.view(torch.int16), passes[0].scales,
             last.scales, codebook, bias if bias is not None else codebook, out, ws, cnt,
             m, n, kk, groups, x_rot.stride(0), out.stride(0), split)
-    const = dict(P=p, HAS_BIAS=bias is not None, SPLIT=split > 1, EVEN_K=(p * groups) % steps == 0, STEPS=steps,
-                 COPIES=copies, TILES=tiles, num_warps=4 * tiles)
+    const = dict(P=p, HAS_BIAS=bias is not None, SPLIT=split > 1,
+                 EVEN_K=units % steps == 0 and not (wide and groups % 2), STEPS=steps, COPIES=copies, TILES=tiles,
+                 WIDE=bool(wide), XVEC=bool(xvec), num_warps=4 * tiles)
     # Triton compiles a variant per specialisation of the arguments (an int equal to 1 or
     # divisible by 16, a pointer 16-byte aligned): each needs its own opt-in.
     key = (x_rot.device, tuple(sorted(const.items())),
@@ -376,7 +544,8 @@ def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.
 
 
 def compile_report(*, fp16: bool = False, passes: int = 2, steps: int = 8, copies: int = 32,
-                   tiles: int = 2) -> dict[str, Any]:
+                   tiles: int = 2, wide: bool = False, xvec: bool = False,
+                   maxnreg: int | None = None) -> dict[str, Any]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill stack,
     shared memory (Triton's and the table), programs an SM, and the walk's opcode counts (two
     steps) per weight a thread handles there."""
@@ -393,18 +562,24 @@ def compile_report(*, fp16: bool = False, passes: int = 2, steps: int = 8, copie
     sig = {"x_ptr": f"*{act}", "i0_ptr": "*i16", "i1_ptr": "*i16", "s0_ptr": "*fp32", "s1_ptr": "*fp32",
            "cb_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": f"*{act}", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "M": "i32", "N": "i32", "KK": "i32", "G": "i32", "stride_xm": "i32", "stride_ym": "i32", "split_k": "i32"}
-    const = dict(P=passes, HAS_BIAS=False, SPLIT=True, EVEN_K=True, STEPS=steps, COPIES=copies, TILES=tiles)
+    const = dict(P=passes, HAS_BIAS=False, SPLIT=True, EVEN_K=True, STEPS=steps, COPIES=copies, TILES=tiles,
+                 WIDE=wide, XVEC=xvec)
     compiled = compile_sm90(mma_decode_kernel, sig, const, divisible=[a for a in sig if a not in ("M", "G")],
-                            options={"num_warps": 4 * tiles}, gluon=True)
+                            options={"num_warps": 4 * tiles, **({"maxnreg": maxnreg} if maxnreg else {})}, gluon=True)
     ins = instructions(compiled.sass)
     walk = max(backward_loops(ins), key=lambda span: len(opcodes_in(ins, span)))
     counts = opcode_counts(opcodes_in(ins, walk))
-    weights = 2 * TILE_N * BK / 128  # a trip: two steps of 64 rows × 128 coordinates over a tile's 128 threads
+    # Outside the walk (x's staging, the table, the scales, the store): the global loads
+    # and shared stores with their width.
+    outside = [i.opcode for i in ins if not walk[0] <= i.address <= walk[1]]
+    staging = {op: outside.count(op) for op in sorted(set(outside)) if op.startswith(("LDG", "STS"))}
+    # A trip: two steps (of one group, or two with ``wide``) of 64 rows × 128 coordinates over a tile's 128 threads.
+    weights = 2 * (2 if wide else 1) * TILE_N * BK / 128
     table = 256 * 4 * copies
-    return {"fp16": fp16, "passes": passes, "steps": steps, "copies": copies, "tiles": tiles,
+    return {"fp16": fp16, "passes": passes, "steps": steps, "copies": copies, "tiles": tiles, "wide": wide,
+            "xvec": xvec, "maxnreg": maxnreg, "staging": staging,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "table": table, "blocks_per_sm": occupancy_sm90(compiled.registers, 4 * tiles, compiled.shared + table),
             "walk": dict(counts), "per_weight": round(sum(counts.values()) / weights, 2),
             "lds_per_weight": round(counts.get("LDS", 0) / weights, 3),
-            "ldg_128": counts.get("LDG.E.EF.128.CONSTANT", 0) + counts.get("LDG.E.128", 0)
-            + counts.get("LDG.E.EF.128", 0) + counts.get("LDG.E.128.CONSTANT", 0)}
+            "ldg_128": sum(1 for op in opcodes_in(ins, walk) if op.startswith("LDG") and ".128" in op)}

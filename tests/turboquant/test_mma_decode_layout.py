@@ -110,3 +110,63 @@ def test_shipped_variants_compile_without_spills() -> None:
         assert walk["HMMA"] == 16 and r["lds_per_weight"] == 0.5, walk
         assert walk["LDSM"] > 0 and not {"STS", "STL", "LDL", "BAR"} & set(walk), walk
         assert r["per_weight"] < 2.5, r
+
+
+def test_staged_order_is_the_slot_order() -> None:
+    assert torch.equal(dm.staged_slot_coordinate(), dm.slot_coordinate())
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_wide_slot_codes_read_both_groups_of_the_line(passes: int) -> None:
+    gen = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 256, (5, 3 * dm.BK // 2), dtype=torch.uint8, generator=gen)  # 3 groups: a tail
+    assert dm.wide_units(3, passes) == 2 * passes
+    for unit in range(dm.wide_units(3, passes)):
+        g0 = 2 * (unit // passes)
+        got = dm.wide_slot_codes(idx, unit, passes)
+        assert torch.equal(got[:, 0], dm.slot_codes(idx, g0))
+        assert torch.equal(got[:, 1], dm.slot_codes(idx, min(g0 + 1, 2)))
+
+
+@pytest.mark.parametrize(("wide", "xvec"), [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(("passes", "k"), [(1, 384), (2, 384), (2, 512)])
+def test_option_emulation_matches_the_golden(passes: int, k: int, wide: bool, xvec: bool) -> None:
+    dtype = torch.bfloat16
+    n, m = 72, 3
+    fmt, t, prep = _prepared(passes, k, n, dtype)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(dtype)
+    golden = x.double() @ fmt.dequantize(t).double().T + t["bias"].double()
+    x_rot = InputRotation([d.rotation for d in prep.passes])(x.contiguous()).view(m, passes * k)
+    y = dm.emulate(x_rot, prep.passes, prep.codebook, prep.bias, dtype, wide=wide, xvec=xvec)
+    base = dm.emulate(x_rot, prep.passes, prep.codebook, prep.bias, dtype)
+    assert y.dtype == dtype and y.shape == (m, n)
+    err = float((y.double() - golden).norm() / golden.norm())
+    assert err < 1e-2, err
+    assert float((y.double() - base.double()).norm() / golden.norm()) < 1e-2
+
+
+#: The options ``(passes, tiles, copies, wide, xvec, steps)`` at the shipped variants' groups a program.
+OPTIONS = [(p, t, c, w, v, 4 if w else 8) for p in (1, 2) for t, c in ((2, 32), (1, 16))
+           for w, v in ((True, False), (False, True), (True, True))]
+
+_OPTIONS_SCRIPT = """
+import json, sys
+from quantcore.backends.turboquant_triton.decode_mma import compile_report
+for p, t, c, w, v, s in json.loads(sys.argv[1]):
+    print(json.dumps(compile_report(passes=p, tiles=t, copies=c, wide=w, xvec=v, steps=s)))
+"""
+
+
+@pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+def test_options_compile_without_spills() -> None:
+    env = {a: v for a, v in os.environ.items() if a != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _OPTIONS_SCRIPT, json.dumps(OPTIONS)], capture_output=True,
+                         text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == len(OPTIONS)
+    for r in rows:
+        assert r["spill_stack"] == 0, r
+        assert r["lds_per_weight"] == 0.5 and not {"STL", "LDL", "BAR"} & set(r["walk"]), r
+        if r["xvec"]:  # x read in 16-byte runs, each slice's eight k-slots one 16-byte store
+            assert r["staging"].get("LDG.E.128", 0) > 0 and "LDG.E.U16" not in r["staging"], r

@@ -6,6 +6,13 @@ bf16 on an sm_90 GPU; compiled for sm_90a on any machine (``--report``).
 
     python -m tools.probes.turboquant_mma_decode --report
     python -m tools.probes.turboquant_mma_decode --shapes 4096x14336 --passes 1,2 --splits 4,8 [--json PATH]
+    python -m tools.probes.turboquant_mma_decode --wide 0,1 --xvec 0,1 --tiles 2 --lean [--json PATH]
+
+``--wide``/``--xvec`` (each ``0``, ``1`` or ``0,1``): the shipped-layout kernel's options
+(``decode_mma.mma_decode(wide=, xvec=)``: two groups a step, each row's whole 128-byte
+line; x staged with 16-byte loads), every pair checked (bf16: golden, its emulation, the
+same bits call to call) and timed beside the shipped call, the fragment-order kernel and
+cuBLAS.
 
 **What it computes.** Every pass is one GEMV of depth P·K over the rotated input: x is
 rotated by every pass's rotation in one GEMM before the launch
@@ -478,24 +485,33 @@ def shipped_state(prepared: Any, rhs: Any, max_split: int = 16) -> ShippedLayout
                          torch.zeros(shipped_layout.counters_size(n, 1), dtype=torch.int32, device=dev))
 
 
-def shipped_decode(xr: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int) -> torch.Tensor:
-    """The backend kernel's launch over the rotated input ``xr`` ``[M, P·K]``."""
+def shipped_decode(xr: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int, wide: bool = False,
+                   xvec: bool = False) -> torch.Tensor:
+    """The backend kernel's launch over the rotated input ``xr`` ``[M, P·K]`` (``wide``,
+    ``xvec``: its options, ``decode_mma.mma_decode``)."""
     p = s.prepared
     out = torch.empty(xr.shape[0], p.out_features, dtype=xr.dtype, device=xr.device)
     return shipped_layout.mma_decode(xr, p.passes, p.codebook, p.bias, out, split=split, tiles=tiles, copies=copies,
-                                     workspace=s.workspace, counters=s.counters)
+                                     workspace=s.workspace, counters=s.counters, wide=wide, xvec=xvec)
 
 
-def shipped_linear(x: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int) -> torch.Tensor:
+def shipped_linear(x: torch.Tensor, s: ShippedLayout, split: int, tiles: int, copies: int, wide: bool = False,
+                   xvec: bool = False) -> torch.Tensor:
     """``y = x·Ŵᵀ + b`` on the shipped layout: the rotation GEMM, then the backend's launch."""
     m = x.shape[0]
     xr = s.rhs(x.contiguous()).view(m, len(s.prepared.passes) * s.prepared.in_features)
-    return shipped_decode(xr.to(x.dtype), s, split, tiles, copies)
+    return shipped_decode(xr.to(x.dtype), s, split, tiles, copies, wide, xvec)
 
 
 #: The backend kernel's variants the check runs ``(split, tiles, copies)``: split 3 runs past
 #: the end of K = 1408 (11 blocks a pass), split 1 stores without the workspace.
 SHIPPED_CHECK = ((3, 1, 16), (3, 2, 32), (1, 2, 32), (8, 2, 32))
+#: Each option pair ``(wide, xvec)`` other than the shipped (0, 0) runs these of them.
+OPTION_CHECK = ((3, 2, 32), (3, 1, 16))
+
+
+def _options_name(wide: bool, xvec: bool) -> str:
+    return (" wide" if wide else "") + (" xvec" if xvec else "")
 
 
 # --- compile report ------------------------------------------------------------------------
@@ -566,12 +582,15 @@ CHECK_LAYERS = ((4096, 4096, 1, False), (4096, 4096, 2, True), (1408, 1000, 1, T
 CHECK_MORE = ((1, 1, 16, False, 1), (3, 1, 32, False, 1), (3, 2, 16, False, 1), (3, 1, 16, True, 1))
 
 
-def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True) -> list[dict[str, Any]]:
+def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True,
+          options: Sequence[tuple[bool, bool]] = ((False, False),), ms: Sequence[int] = (1, 3, 8)
+          ) -> list[dict[str, Any]]:
     """Variants against the float64 golden, the emulation (:func:`emulate`) and their own
     second call; the shipped call's error beside them (bf16). Each of ``tiles`` above 1 on
     every layer (32 copies, split 3); ``more``: the fragment-order kernel's other variants.
     The backend's kernel on the shipped layout (:data:`SHIPPED_CHECK`) against the golden,
-    its own emulation (``decode_mma.emulate``) and its second call."""
+    its own emulation (``decode_mma.emulate``) and its second call; each of ``options``
+    (``(wide, xvec)``, the shipped pair excepted) at :data:`OPTION_CHECK` (bf16); rows ``ms``."""
     rows: list[dict[str, Any]] = []
     fp16 = dtype == torch.float16
     for k, n, passes, bias in CHECK_LAYERS:
@@ -581,7 +600,7 @@ def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True) ->
         golden_w = fmt.dequantize(weights[0])
         variants = ((3, 1, 16, False, 1),) + (CHECK_MORE if (k, passes) == (4096, 2) and not fp16 and more else ())
         variants += tuple((3, 1, 32, False, t) for t in tiles if t > 1)
-        for m in (1, 3, 8):
+        for m in ms:
             x = torch.randn(m, k, device=DEVICE, dtype=dtype)
             golden = x.double() @ golden_w.T
             if bias:
@@ -605,12 +624,18 @@ def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True) ->
                              "repeat_identical": bool(torch.equal(got, again))})
             st = layout[0]
             xr = st.rhs(x.contiguous()).view(m, passes * k).to(dtype)
-            emu_s = shipped_layout.emulate(xr, st.prepared.passes, st.prepared.codebook, st.prepared.bias, dtype)
-            for split, t, copies in SHIPPED_CHECK:
-                name = f"shipped layout split {split} tiles {t} copies {copies}"
+            runs = [(sp, t, c, False, False) for sp, t, c in SHIPPED_CHECK]
+            runs += [(sp, t, c, w, v) for w, v in options if (w or v) and not fp16 for sp, t, c in OPTION_CHECK]
+            emus: dict[tuple[bool, bool], torch.Tensor] = {}
+            for split, t, copies, wide, xvec in runs:
+                if (wide, xvec) not in emus:
+                    emus[wide, xvec] = shipped_layout.emulate(xr, st.prepared.passes, st.prepared.codebook,
+                                                              st.prepared.bias, dtype, wide=wide, xvec=xvec)
+                emu_s = emus[wide, xvec]
+                name = f"shipped layout split {split} tiles {t} copies {copies}" + _options_name(wide, xvec)
                 try:
-                    got = shipped_linear(x, st, split, t, copies)
-                    again = shipped_linear(x, st, split, t, copies)
+                    got = shipped_linear(x, st, split, t, copies, wide, xvec)
+                    again = shipped_linear(x, st, split, t, copies, wide, xvec)
                 except Exception as exc:
                     rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
                     continue
@@ -623,7 +648,7 @@ def check(dtype: torch.dtype, tiles: Sequence[int] = (1,), more: bool = True) ->
 
 def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
                 variants: Sequence[tuple[int, int, bool, int]], rounds: int,
-                new_variants: Sequence[tuple[int, int, int]] = ()) -> list[dict[str, Any]]:
+                new_variants: Sequence[tuple[int, int, int, bool, bool]] = ()) -> list[dict[str, Any]]:
     """One layer and M: each variant checked (golden, twice the same), then all timed together."""
     from quantcore.timing import time_interleaved
 
@@ -658,21 +683,23 @@ def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
             names.append(name + " decode alone")
             calls.append(lambda i, s=split: decode(xr[i % sets], mine[i % sets], s, 1, 16))
             nsets.append(sets)
-    for split, t, copies in new_variants:
-        name = f"shipped layout split {split} tiles {t} copies {copies}"
+    for split, t, copies, wide, xvec in new_variants:
+        name = f"shipped layout split {split} tiles {t} copies {copies}" + _options_name(wide, xvec)
         try:
-            got = shipped_linear(xs[0], layout[0], split, t, copies)
-            again = shipped_linear(xs[0], layout[0], split, t, copies)
+            got = shipped_linear(xs[0], layout[0], split, t, copies, wide, xvec)
+            again = shipped_linear(xs[0], layout[0], split, t, copies, wide, xvec)
         except Exception as exc:
             rows.append({**where, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
             continue
         rows.append({**where, "variant": name, "rel_err_golden": _rel(got, golden),
                      "repeat_identical": bool(torch.equal(got, again))})
         names.append(name)
-        calls.append(lambda i, s=split, t=t, c=copies: shipped_linear(xs[i % sets], layout[i % sets], s, t, c))
+        calls.append(lambda i, s=split, t=t, c=copies, w=wide, v=xvec: shipped_linear(xs[i % sets], layout[i % sets],
+                                                                                      s, t, c, w, v))
         nsets.append(sets)
         names.append(name + " decode alone")
-        calls.append(lambda i, s=split, t=t, c=copies: shipped_decode(xr[i % sets], layout[i % sets], s, t, c))
+        calls.append(lambda i, s=split, t=t, c=copies, w=wide, v=xvec: shipped_decode(xr[i % sets], layout[i % sets],
+                                                                                      s, t, c, w, v))
         nsets.append(sets)
     times = time_interleaved(calls, DEVICE, rounds=rounds, graph=True, sets=nsets)
     record_times(rows, names, times, where)
@@ -685,14 +712,16 @@ def _time_layer(k: int, n: int, m: int, passes: int, layer: tuple[Any, ...],
 
 def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Sequence[int], splits: Sequence[int],
            rounds: int, save: Callable[[list[dict[str, Any]]], None], deadline: float,
-           tiles: Sequence[int] = (1,), lean: bool = False) -> list[dict[str, Any]]:
+           tiles: Sequence[int] = (1,), lean: bool = False,
+           options: Sequence[tuple[bool, bool]] = ((False, False),)) -> list[dict[str, Any]]:
     """CUDA-graph replays over weight sets larger than L2 (bf16): the shipped call, cuBLAS,
     and per split this kernel with the rotation before it (its decode launch alone beside
     it), with 32 table copies at the first split and with programmatic dependent launch;
     each of ``tiles`` above 1 (row tiles a program, 32 copies) at every split; the backend's
     kernel on the shipped layout at every split and each of ``tiles`` (32 copies with two,
     16 with one), with and without the rotation. ``lean``: of this kernel only its runs
-    at each split and tile count (no 32-copy one-tile or dependent-launch runs).
+    at each split and tile count (no 32-copy one-tile or dependent-launch runs). ``options``:
+    the ``(wide, xvec)`` pairs of the shipped-layout kernel timed.
     ``save`` gets the rows after each layer; no layer starts past ``deadline``."""
     from quantcore.benchmarks.memory import rotation_sets
     from quantcore.benchmarks.suites.turboquant_linear import format_bytes
@@ -703,7 +732,7 @@ def timing(shapes: Sequence[tuple[int, int]], passes_list: Sequence[int], ms: Se
     variants = [(s, 16, False, 1) for s in splits] + [(s, 32, False, t) for t in tiles if t > 1 for s in splits]
     if not lean:
         variants += [(splits[0], 32, False, 1)] + [(s, 16, True, 1) for s in splits]
-    new_variants = [(s, t, 32 if t > 1 else 16) for t in tiles for s in splits]
+    new_variants = [(s, t, 32 if t > 1 else 16, w, v) for w, v in options for t in tiles for s in splits]
     for k, n in shapes:
         dense = [torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02 for _ in range(rotation_sets(2 * k * n, DEVICE))]
         for passes in passes_list:
@@ -741,7 +770,11 @@ def main() -> None:
     p.add_argument("--tiles", default="1", help="row tiles a program; each above 1 timed with 32 copies")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--check-ms", default="1,3,8", help="rows of the check")
+    p.add_argument("--check-dtypes", default="bf16,fp16", help="activation dtypes of the check")
     p.add_argument("--lean", action="store_true", help="of the fragment-order kernel only its base variants")
+    p.add_argument("--wide", default="0", help="shipped-layout kernel: 0 one group a step, 1 two (a 128-byte line)")
+    p.add_argument("--xvec", default="0", help="shipped-layout kernel: 0 x staged by 4-byte gathers, 1 16-byte loads")
     p.add_argument("--budget", type=float, default=200.0, help="seconds after which no new layer is timed")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
@@ -763,6 +796,14 @@ def main() -> None:
                     r = shipped_layout.compile_report(fp16=f, passes=passes, tiles=t, copies=c)
                     print(json.dumps(r), flush=True)
                     res["compile_shipped_layout"].append(r)
+        # Its options at the same groups a program (a wide step is two groups: half the steps).
+        for passes in (1, 2):
+            for t, c in ((2, 32), (1, 16)):
+                for wide, xvec in ((True, False), (False, True), (True, True)):
+                    r = shipped_layout.compile_report(passes=passes, tiles=t, copies=c, wide=wide, xvec=xvec,
+                                                      steps=4 if wide else 8)
+                    print(json.dumps(r), flush=True)
+                    res["compile_shipped_layout"].append(r)
         save()
         return
     import triton
@@ -770,16 +811,18 @@ def main() -> None:
     res |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     torch.manual_seed(0)
     tiles = [int(v) for v in a.tiles.split(",")]
+    options = [(bool(int(w)), bool(int(v))) for w in a.wide.split(",") for v in a.xvec.split(",")]
     if not a.no_check:
         res["check"] = []
-        for dtype in (torch.bfloat16, torch.float16):
-            for r in check(dtype, tiles, more=not a.lean):
+        for dtype in [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in a.check_dtypes.split(",")]:
+            for r in check(dtype, tiles, more=not a.lean, options=options,
+                           ms=[int(v) for v in a.check_ms.split(",")]):
                 res["check"].append(r)
                 print(json.dumps(r), flush=True)
         save()
     shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in a.shapes.split(",")]
     timing(shapes, [int(v) for v in a.passes.split(",")], [int(v) for v in a.ms.split(",")],
-           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline, tiles, a.lean)
+           [int(v) for v in a.splits.split(",")], a.rounds, save, deadline, tiles, a.lean, options)
 
 
 if __name__ == "__main__":
