@@ -135,11 +135,15 @@ class MmaDecodeConfig:
     """The ``mma.sync`` decode kernel (``decode_mma.py``, M ≤ :data:`MMA_DECODE_ROWS`):
     ``split`` programs share a row tile's K (every pass's groups, one GEMV of depth P·K),
     ``tiles`` 64-row tiles a program (they share the program's pair table and staged x),
-    ``copies`` of each pair-table entry in shared memory (32: every lane its own bank)."""
+    ``copies`` of each pair-table entry in shared memory (32: every lane its own bank);
+    ``wide``: a step reads two groups of a pass (each row's whole 128-byte line); ``xvec``: x
+    staged with 16-byte loads."""
 
     split: int = 8
     tiles: int = 2
     copies: int = 32
+    wide: bool = False
+    xvec: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.split, int) and self.split >= 1 and self.tiles in (1, 2) and self.copies in (16, 32)):

@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quantcore.transforms.turboquant_passes import PassData
 from quantcore.triton.gluon_split_k import tile_store
 
-__all__ = ["BK", "MAX_ROWS", "compile_report", "counters_size", "decode_grid", "emulate", "mma_decode",
+__all__ = ["BK", "MAX_ROWS", "compile_report", "counters_size", "decode_grid", "emulate", "launch_constants", "mma_decode",
            "slot_coordinate", "staged_slot_coordinate", "wide_slot_codes", "wide_units", "workspace_size"]
 
 #: Coordinates of a block (one TurboQuant group, d = 128).
@@ -472,6 +472,17 @@ def counters_size(n: int, tiles: int) -> int:
 _opted: set[tuple[Any, ...]] = set()
 
 
+def launch_constants(passes: int, groups: int, split: int, *, tiles: int, copies: int, has_bias: bool,
+                     wide: bool = False, xvec: bool = False) -> tuple[int, dict[str, Any]]:
+    """``(split, constexprs)`` of a launch over ``passes`` passes of ``groups`` groups: the
+    split rounded to whole runs (:func:`decode_grid`) and the kernel's compile-time arguments."""
+    units = wide_units(groups, passes) if wide else passes * groups
+    steps, split = decode_grid(units, split, passes)
+    return split, dict(P=passes, HAS_BIAS=has_bias, SPLIT=split > 1,
+                       EVEN_K=units % steps == 0 and not (wide and groups % 2), STEPS=steps, COPIES=copies,
+                       TILES=tiles, WIDE=bool(wide), XVEC=bool(xvec))
+
+
 def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.Tensor, bias: torch.Tensor | None,
                out: torch.Tensor, *, split: int, tiles: int = 2, copies: int = 32,
                workspace: torch.Tensor | None = None, counters: torch.Tensor | None = None, wide: bool = False,
@@ -510,8 +521,8 @@ def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.
             raise ValueError("mma_decode: indices must be 16-byte aligned")
     if n * half >= 2**31:
         raise ValueError("mma_decode: a pass's indices must hold fewer than 2**31 bytes")
-    units = wide_units(groups, p) if wide else p * groups
-    steps, split = decode_grid(units, split, p)
+    split, constexprs = launch_constants(p, groups, split, tiles=tiles, copies=copies, has_bias=bias is not None,
+                                         wide=wide, xvec=xvec)
     grid = (counters_size(n, tiles), split)
     if split > 1:
         if workspace is None or workspace.dtype != torch.float32 or workspace.numel() < workspace_size(m, n, split):
@@ -524,9 +535,7 @@ def mma_decode(x_rot: torch.Tensor, passes: Sequence[PassData], codebook: torch.
     args = (x_rot, passes[0].indices.view(torch.int16), last.indices.view(torch.int16), passes[0].scales,
             last.scales, codebook, bias if bias is not None else codebook, out, ws, cnt,
             m, n, kk, groups, x_rot.stride(0), out.stride(0), split)
-    const = dict(P=p, HAS_BIAS=bias is not None, SPLIT=split > 1,
-                 EVEN_K=units % steps == 0 and not (wide and groups % 2), STEPS=steps, COPIES=copies, TILES=tiles,
-                 WIDE=bool(wide), XVEC=bool(xvec), num_warps=4 * tiles)
+    const = dict(constexprs, num_warps=4 * tiles)
     # Triton compiles a variant per specialisation of the arguments (an int equal to 1 or
     # divisible by 16, a pointer 16-byte aligned): each needs its own opt-in.
     key = (x_rot.device, tuple(sorted(const.items())),

@@ -3,6 +3,9 @@
 
 * M = 1 — ``gemv.py``: CUDA-core decode kernel, rotation fused in, split over K, all
   passes in one launch;
+* M ≤ 8 where the card's own table names it for the layer (``configs.mma_decode_config``) —
+  ``decode_mma.py``: the looked-up weight straight into ``mma.sync``'s registers, every pass's
+  rotation in one GEMM before it, all passes one GEMV of depth P·K in one launch;
 * M ≤ ``mma_max_m`` — ``mma.py``: tensor-core kernel, split over K, all passes in one
   launch; the input is rotated once per call by one small GEMM for every pass before it
   (``quantcore/kernels/turboquant/rotation.py``; the default in a CUDA graph, and always
@@ -368,7 +371,9 @@ class _MmaDecode(_Bucket):
         p, n, k = len(passes), self.n, self.k
         self.rotate = InputRotation([data.rotation for data in passes])
         self.groups = k // d
-        steps, self.split = decode_mma.decode_grid(p * self.groups, cfg.split, p)
+        self.split, constexprs = decode_mma.launch_constants(p, self.groups, cfg.split, tiles=cfg.tiles,
+                                                             copies=cfg.copies, has_bias=bias is not None,
+                                                             wide=cfg.wide, xvec=cfg.xvec)
         self.grid = (decode_mma.counters_size(n, cfg.tiles), self.split, 1)
         last = passes[-1]
         self.weights = (passes[0].indices.view(torch.int16), last.indices.view(torch.int16), passes[0].scales,
@@ -376,8 +381,7 @@ class _MmaDecode(_Bucket):
         self.launch = Launch(
             decode_mma.mma_decode_kernel, device=device, varying=MMA_DECODE_VARYING, options=dict(num_warps=4 * cfg.tiles),
             fixed_pointers=MMA_DECODE_FIXED + (MMA_DECODE_SPLIT_K if self.split <= 1 else ()),
-            constexprs=dict(P=p, HAS_BIAS=bias is not None, SPLIT=self.split > 1,
-                            EVEN_K=(p * self.groups) % steps == 0, STEPS=steps, COPIES=cfg.copies, TILES=cfg.tiles),
+            constexprs=constexprs,
         )
 
     def __call__(self, x2d: torch.Tensor, partial: torch.Tensor | None, out: torch.Tensor) -> None:

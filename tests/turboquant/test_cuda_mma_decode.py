@@ -37,7 +37,9 @@ def _call(prep, x, dtype, config=None):  # type: ignore[no-untyped-def]
 def _configs():  # type: ignore[no-untyped-def]
     from quantcore.backends.turboquant_triton.configs import MmaDecodeConfig
 
-    return [MmaDecodeConfig(split=s, tiles=t, copies=c) for s, t, c in ((1, 1, 16), (3, 2, 32), (8, 2, 32))]
+    return [MmaDecodeConfig(split=s, tiles=t, copies=c, wide=w, xvec=v)
+            for s, t, c, w, v in ((1, 1, 16, False, False), (3, 2, 32, False, False), (8, 2, 32, False, False),
+                                  (3, 2, 32, True, False), (3, 1, 16, False, True), (2, 2, 32, True, True))]
 
 
 @pytest.mark.parametrize("passes", [1, 2])
@@ -60,7 +62,7 @@ def test_cuda_mma_decode_replays_from_a_graph_bit_for_bit() -> None:
     fmt, t, _ = _layer(2048, 512, 2)
     prep = prepared_on_cuda(fmt, t, torch.bfloat16)
     x = torch.randn(4, 2048, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).cuda()
-    cfg = _configs()[-1]
+    cfg = _configs()[2]
     _call(prep, x, torch.bfloat16, cfg)  # compiled before the recording
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
