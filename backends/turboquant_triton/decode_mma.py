@@ -478,6 +478,10 @@ def launch_constants(passes: int, groups: int, split: int, *, tiles: int, copies
     split rounded to whole runs (:func:`decode_grid`) and the kernel's compile-time arguments."""
     units = wide_units(groups, passes) if wide else passes * groups
     steps, split = decode_grid(units, split, passes)
+    if xvec and steps & (steps - 1):
+        # Its staging reshapes x's registers by the run's length: a power of two only (an
+        # odd run aborts Triton's layout pass instead of compiling).
+        raise ValueError(f"mma_decode: xvec stages runs of a power of two steps, this split gives {steps}")
     return split, dict(P=passes, HAS_BIAS=has_bias, SPLIT=split > 1,
                        EVEN_K=units % steps == 0 and not (wide and groups % 2), STEPS=steps, COPIES=copies,
                        TILES=tiles, WIDE=bool(wide), XVEC=bool(xvec))

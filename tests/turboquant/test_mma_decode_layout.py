@@ -170,3 +170,12 @@ def test_options_compile_without_spills() -> None:
         assert r["lds_per_weight"] == 0.5 and not {"STL", "LDL", "BAR"} & set(r["walk"]), r
         if r["xvec"]:  # x read in 16-byte runs, each slice's eight k-slots one 16-byte store
             assert r["staging"].get("LDG.E.128", 0) > 0 and "LDG.E.U16" not in r["staging"], r
+
+
+def test_xvec_refuses_a_run_that_is_not_a_power_of_two() -> None:
+    from quantcore.backends.turboquant_triton.decode_mma import launch_constants
+
+    split, const = launch_constants(1, 8, 1, tiles=1, copies=16, has_bias=False, xvec=True)
+    assert (split, const["STEPS"], const["XVEC"]) == (1, 8, True)
+    with pytest.raises(ValueError, match="power of two steps"):
+        launch_constants(1, 8, 3, tiles=1, copies=16, has_bias=False, xvec=True)  # runs of 3
