@@ -121,6 +121,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quantcore.backends.hopper_wgmma.decode import (
     _as_operand,
+    _diagonal_sum,
     _mma_layout,
     _words_layout,
     decode_grid,
@@ -128,6 +129,7 @@ from quantcore.backends.hopper_wgmma.decode import (
 )
 from quantcore.backends.hopper_wgmma.layout import TILE_N, fragment_order, row_order
 from quantcore.backends.turboquant_triton import decode_mma as shipped_layout
+from quantcore.backends.turboquant_triton.decode_mma import _FILL, _LOOKUP, _lane_offsets
 from quantcore.triton.gluon_split_k import tile_store, wait_for_prior_grids
 
 __all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_words", "prepare", "unpack_pair_words"]
@@ -135,57 +137,8 @@ __all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_w
 #: Inputs of a block (one TurboQuant group of d = 128) and int32 words of one block row.
 BK = 128
 BLOCK_WORDS = 16
-#: The table's PTX name (function-scope static shared memory).
-_TABLE = "qc_tq_mma_pairs"
 #: Where the check and the timing run (an sm_90 GPU).
 DEVICE = "cuda"
-
-
-def _fill_asm(copies: int, fp16: bool) -> str:
-    """Declare the pair table and fill it in two rounds of the block's threads (at least
-    128): thread t writes entries t and t + threads, each ``copies`` words of
-    ``(c[e & 15], c[e >> 4])`` rounded to the activation dtype."""
-    cvt = "cvt.rn.f16x2.f32" if fp16 else "cvt.rn.bf16x2.f32"
-    stride = 4 * copies
-    stores = "".join(f" @p st.shared.v4.b32 [s+{16 * i}], {{v, v, v, v}};" for i in range(copies // 4))
-    one = (" setp.lt.u32 p, e, 256; and.b32 lo, e, 15; shr.u32 hi, e, 4; and.b32 hi, hi, 15;"
-           " mad.wide.u32 a, lo, 4, $1; @p ld.global.nc.f32 fl, [a];"
-           " mad.wide.u32 a, hi, 4, $1; @p ld.global.nc.f32 fh, [a];"
-           f" {cvt} v, fh, fl; mov.u32 s, {_TABLE}; mad.lo.u32 s, e, {stride}, s;" + stores + " add.u32 e, e, n;")
-    return (f".shared .align 1024 .b8 {_TABLE}[{256 * stride}];\n"
-            "{ .reg .pred p; .reg .u32 e, n, lo, hi, s; .reg .u64 a; .reg .f32 fl, fh; .reg .b32 v;"
-            " mov.u32 e, %tid.x; mov.u32 n, %ntid.x;" + one + one + " mov.u32 $0, 0; }")
-
-
-def _lookup_asm(sl: int, copies: int) -> str:
-    """One 32-bit word of pair bytes and the lane's copy offset (``$2``) → the pair of
-    centroids of byte ``sl`` (``$0``): the byte moved to the entry's offset, masked, the
-    copy's offset OR-ed in, one shared load."""
-    bits = 6 if copies == 16 else 7  # log2 of the entry's bytes (4 × copies)
-    shift = 8 * sl - bits
-    src = f"shl.b32 t, $1, {-shift};" if shift < 0 else f"shr.u32 t, $1, {shift};"
-    mask = 255 << bits
-    return ("{ .reg .b32 t, b; " + src + f" and.b32 t, t, {mask:#x}; or.b32 t, t, $2; mov.u32 b, {_TABLE};"
-            " add.u32 t, t, b; ld.shared.b32 $0, [t]; }")
-
-
-#: ``(copies == 32)·2 + fp16``.
-_FILL = gl.constexpr(tuple(_fill_asm(c, f) for c in (16, 32) for f in (False, True)))
-#: ``(copies == 32)·4 + slice``.
-_LOOKUP = gl.constexpr(tuple(_lookup_asm(s, c) for c in (16, 32) for s in range(4)))
-
-
-@gluon.jit
-def _lane_offsets(KW: gl.constexpr, COPIES: gl.constexpr, a_layout: gl.constexpr):
-    """``[64·KW, 32]`` int16 in the A layout: at each even input the byte offset of the
-    holding lane's copy, 0 at odd ones, so each packed register is that offset."""
-    rows = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, a_layout))
-    ks = gl.arange(0, 32, layout=gl.SliceLayout(0, a_layout))
-    # m16n8k16's A fragment: lane 4·(row mod 8) + (input mod 8) / 2.
-    lane = gl.expand_dims((rows % 8) * 4, 1) + gl.expand_dims((ks % 8) // 2, 0)
-    even = gl.expand_dims(ks % 2 == 0, 0)
-    off = gl.where(even, (lane % COPIES) * 4, gl.zeros_like(lane))
-    return off.to(gl.int16)
 
 
 @gluon.jit
@@ -202,15 +155,6 @@ def _tq_block(acc, words, s0, b, x_smem, lane16, G: gl.constexpr, COLS: gl.const
         xb = x_smem.index(b * 4 + sl).permute((1, 0)).load(b_layout)
         part = mma_v2(a, xb, part)
     return acc + gl.expand_dims(s0, 1) * part
-
-
-@gluon.jit
-def _diagonal_sum(acc, KW: gl.constexpr, mma_layout: gl.constexpr):
-    """``[64, 8]``: the sum over K-groups g of ``acc[64·g + r, 8·g + m]``."""
-    rg = gl.arange(0, KW * 64, layout=gl.SliceLayout(1, mma_layout)) // 64
-    cg = gl.arange(0, KW * 8, layout=gl.SliceLayout(0, mma_layout)) // 8
-    diag = gl.where(gl.expand_dims(rg, 1) == gl.expand_dims(cg, 0), acc, 0.0)
-    return gl.sum(gl.sum(gl.reshape(diag, [KW, 64, KW, 8]), axis=2), axis=0)
 
 
 @gluon.jit
