@@ -150,7 +150,16 @@ def _block(acc, words, s0, b, x_smem, lane16, TILES: gl.constexpr, COPIES: gl.co
     multiplied by x's (permuted) slice from shared memory; the block's product scaled into
     ``acc``."""
     w16 = _as_operand(words, TILES, a_layout)
-    part = gl.zeros([TILES * 64, _ROWS], gl.float32, mma_layout)
+    return looked_up_product(acc, w16, s0, b, x_smem, lane16, TILES * 64, _ROWS, COPIES, act, mma_layout, b_layout)
+
+
+@gluon.jit
+def looked_up_product(acc, w16, s0, b, x_smem, lane16, ROWS: gl.constexpr, COLS: gl.constexpr,
+                      COPIES: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr, b_layout: gl.constexpr):
+    """A block's pair bytes ``w16`` (already in the A layout) looked up slice by slice into
+    the A registers, multiplied by staged x slice ``4b + sl``; the product scaled by the
+    rows' ``s0`` into ``acc`` (``[ROWS, COLS]``). Shared with the probe's repacked-layout kernel."""
+    part = gl.zeros([ROWS, COLS], gl.float32, mma_layout)
     for sl in gl.static_range(4):
         a = gl.inline_asm_elementwise(_LOOKUP[(COPIES == 32) * 4 + sl], "=r,r,r", [w16, lane16], dtype=act.value,
                                       is_pure=True, pack=2)

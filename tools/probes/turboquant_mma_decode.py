@@ -117,7 +117,6 @@ from typing import Any
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quantcore.backends.hopper_wgmma.decode import (
     _as_operand,
@@ -129,7 +128,7 @@ from quantcore.backends.hopper_wgmma.decode import (
 )
 from quantcore.backends.hopper_wgmma.layout import TILE_N, fragment_order, row_order
 from quantcore.backends.turboquant_triton import decode_mma as shipped_layout
-from quantcore.backends.turboquant_triton.decode_mma import _FILL, _LOOKUP, _lane_offsets
+from quantcore.backends.turboquant_triton.decode_mma import _FILL, _lane_offsets, looked_up_product
 from quantcore.triton.gluon_split_k import tile_store, wait_for_prior_grids
 
 __all__ = ["TQMmaWeights", "compile_report", "emulate", "operand_codes", "pair_words", "prepare", "unpack_pair_words"]
@@ -148,13 +147,7 @@ def _tq_block(acc, words, s0, b, x_smem, lane16, G: gl.constexpr, COLS: gl.const
     registers, multiplied by x's slice from shared memory; the block's product scaled into
     ``acc``."""
     w16 = _as_operand(words, G, a_layout)
-    part = gl.zeros([G * 64, COLS], gl.float32, mma_layout)
-    for sl in gl.static_range(4):
-        a = gl.inline_asm_elementwise(_LOOKUP[(COPIES == 32) * 4 + sl], "=r,r,r", [w16, lane16], dtype=act.value,
-                                      is_pure=True, pack=2)
-        xb = x_smem.index(b * 4 + sl).permute((1, 0)).load(b_layout)
-        part = mma_v2(a, xb, part)
-    return acc + gl.expand_dims(s0, 1) * part
+    return looked_up_product(acc, w16, s0, b, x_smem, lane16, G * 64, COLS, COPIES, act, mma_layout, b_layout)
 
 
 @gluon.jit
