@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,10 @@ def _rank0(prepared: SVDQuantWeights) -> SVDQuantWeights:
     return dataclasses.replace(prepared, lora_down=prepared.lora_down[:, :0].contiguous())
 
 
+def _quantize(kernel: Any, xs: list[torch.Tensor], prepared: SVDQuantWeights, tile: Tile, i: int) -> object:
+    return kernel.forward(xs[i % len(xs)], prepared, tile=tile)
+
+
 def run_case(fp4: bool, m: int, n: int, r: int, copy: float, gen: torch.Generator, *,
              variants: bool) -> list[dict[str, Any]]:
     """One case; ``variants``: the quantizer alone on every tile of :func:`quantizer_tiles`, else on the shipped one."""
@@ -62,8 +68,8 @@ def run_case(fp4: bool, m: int, n: int, r: int, copy: float, gen: torch.Generato
     dst = torch.empty_like(src)
     names: list[tuple[str, Tile | None, int]] = [("cublas_lora_down", None, nbytes), ("copy", None, nbytes),
                                                  ("full", base, nbytes)]
-    fns = [lambda i: xs[i % sets] @ layer["lora_down"], lambda i: dst.copy_(src),
-           lambda i: kernel.forward(xs[i % sets], prepared, tile=base)]
+    fns: list[Callable[[int], object]] = [lambda i: xs[i % sets] @ layer["lora_down"], lambda i: dst.copy_(src),
+                                          lambda i: kernel.forward(xs[i % sets], prepared, tile=base)]
     rows: list[dict[str, Any]] = []
     for tile in quantizer_tiles(base) if variants else [base]:
         try:
@@ -76,11 +82,11 @@ def run_case(fp4: bool, m: int, n: int, r: int, copy: float, gen: torch.Generato
         exact = torch.equal(out.qout, full.qout) and torch.equal(out.oscales.view(torch.uint8),
                                                                   full.oscales.view(torch.uint8))
         names.append((f"quantizer{'' if exact else ' (CODES DIFFER)'}", tile, q_bytes))
-        fns.append(lambda i, t=tile: kernel.forward(xs[i % sets], quant_only, tile=t))
+        fns.append(functools.partial(_quantize, kernel, xs, quant_only, tile))
     timings = time_interleaved(fns, "cuda", rounds=5, graph=True, sets=[sets, 1, sets, *[sets] * (len(fns) - 3)])
-    for (part, tile, b), timing in zip(names, timings, strict=True):
+    for (part, timed_tile, b), timing in zip(names, timings, strict=True):
         rows.append({"fmt": "nvfp4" if fp4 else "int4", "M": m, "N": n, "R": r, "part": part,
-                     "tile": tile.describe() if tile else "", "us": timing.median_s * 1e6, "bytes": b,
+                     "tile": timed_tile.describe() if timed_tile else "", "us": timing.median_s * 1e6, "bytes": b,
                      "copy_share": b / timing.median_s / copy, "method": timing.method})
     return rows
 
