@@ -84,14 +84,9 @@ def test_the_shipped_folder_reads() -> None:
 
 def test_candidates_start_with_the_baseline_and_are_distinct() -> None:
     for m, r in ((4352, 32), (4352, 128), (256, 128)):
-        for fp4 in (True, False):
-            tiles = candidates(SHIPPED_BIG, m, r, fp4)
-            assert tiles[0] == SHIPPED_BIG and len(set(tiles)) == len(tiles) > 4
-            # the small batch tries the flat walk; the large one whole row tiles a program
-            # (the grid = the row tiles) and, for NVFP4 only, a whole block a thread
-            assert any(t.flat and t.prefetch for t in tiles) == (m <= 512)
-            assert any(t.grid == 4352 // t.bm for t in tiles) == (m > 512)
-            assert any(t.halves for t in tiles) == (m > 512 and fp4)
+        tiles = candidates(SHIPPED_BIG, m, r)
+        assert tiles[0] == SHIPPED_BIG and len(set(tiles)) == len(tiles) > 4
+        assert any(t.flat and t.prefetch for t in tiles)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the probe's case on the CPU, under the interpreter")

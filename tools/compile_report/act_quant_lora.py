@@ -49,7 +49,7 @@ def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True,
              "TREE": tile.tree, "BM": tile.bm, "BN": tile.bn, "BR": rank_block(r), "FLAT": tile.flat,
              "PREFETCH": tile.prefetch, "RED": tile.red,
              "SLOTS": launch_geometry(tile, m_pad, n, 132)[2] if tile.flat else 0,
-             "NT": 32 * tile.num_warps if tile.flat else 0, "HALVES": tile.halves}
+             "NT": 32 * tile.num_warps if tile.flat else 0}
     options: dict[str, Any] = {"num_warps": tile.num_warps, "num_stages": tile.num_stages, "enable_fp_fusion": False}
     if tile.maxnreg:
         options["maxnreg"] = tile.maxnreg

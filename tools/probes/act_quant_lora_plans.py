@@ -61,24 +61,18 @@ def baseline(fp4: bool, m: int, n: int, r: int) -> Tile:
             or pick_tile(m_pad, n, r, fp4))
 
 
-def candidates(base: Tile, m: int, r: int, fp4: bool = True) -> list[Tile]:
+def candidates(base: Tile, m: int, r: int) -> list[Tile]:
     """The baseline first, then the plan options on it and on a few neighbours."""
     rep = dataclasses.replace
-    out = [base, rep(base, prefetch=True)]
+    out = [base, rep(base, prefetch=True), rep(base, flat=True), rep(base, flat=True, prefetch=True)]
     if m > 512:
-        # more programs an SM (the quantizer is issue-bound at 3 warps a scheduler), and
-        # whole row tiles per program (no LoRA partials: at R = 128 they move half the
-        # op's bytes again); NVFP4 also with a whole block per thread (``halves``)
-        m_pad = -(-m // 256) * 256
-        denser = [rep(base, maxnreg=128, per_sm=4, grid=0, prefetch=True),
-                  Tile(16, 128, 4, 3, m_pad // 16, 1, None, prefetch=True),
-                  Tile(32, 128, 4, 3, m_pad // 32, 1, None, prefetch=True),
-                  Tile(32, 64, 4, 3, 0, 1, 128, 4, prefetch=True)]
-        out += denser
-        if fp4:
-            out += [rep(t, halves=True) for t in [rep(base, prefetch=True), *denser]]
-    else:  # (the flat walk was 2-4x slower at M = 4352 on both cards: timed at the small batch only)
-        out += [rep(base, flat=True), rep(base, flat=True, prefetch=True)]
+        out += [rep(base, flat=True, prefetch=True, num_stages=4)]
+        # 8 warps on 64 rows: half the quantizer and the R = 128 accumulator per thread
+        eight = Tile(64, 64, 8, 3, 264, 1, 128)
+        out += [eight, rep(eight, flat=True, prefetch=True)]
+        if base.maxnreg != 168 or base.per_sm != 3 or base.grid:
+            out += [rep(Tile(64, 64, 4, 3, 0, 1, 168, 3), flat=True, prefetch=True)]
+    else:
         out += [rep(base, red=4), rep(base, red=8), rep(base, prefetch=True, red=8)]
         # more, smaller programs: four 4-warp programs an SM under 128 registers
         more = Tile(16, 64, 4, 3, 528, 1, 128)
@@ -204,8 +198,7 @@ def run_case(fp4: bool, m: int, n: int, r: int, tiles: list[Tile], copy: float, 
             rows.append(row)
             continue
         q, s = _bits(a, fp4)
-        same_walk = (tile.bm, tile.bn, tile.grid, tile.per_sm, tile.halves) == (base.bm, base.bn, base.grid, base.per_sm,
-                                                                                base.halves)
+        same_walk = (tile.bm, tile.bn, tile.grid, tile.per_sm) == (base.bm, base.bn, base.grid, base.per_sm)
         la, lb, lr = a.lora_act_out, b.lora_act_out, ref.lora_act_out
         row.update({
             "codes_scales_exact": bool(torch.equal(q, ref_q) and torch.equal(s, ref_s) and base_golden),
@@ -262,7 +255,7 @@ def main(out: Path, *, table_dir: Path | None = None, quick: bool = False, procs
     t0 = time.perf_counter()
     shapes = [SHAPES[0], SHAPES[5]] if quick else SHAPES
     shapes = [shape for shape in shapes if not ms or shape[0] in ms]
-    cases = [(fp4, m, n, r, candidates(baseline(fp4, m, n, r), m, r, fp4)) for fp4, (m, n, r) in
+    cases = [(fp4, m, n, r, candidates(baseline(fp4, m, n, r), m, r)) for fp4, (m, n, r) in
              itertools.product((True, False), shapes)]
     ctx = torch.multiprocessing.get_context("spawn")
     jobs = [(fp4, m, n, r, [t]) for fp4, m, n, r, tiles in cases for t in tiles]

@@ -35,16 +35,12 @@ class Tile:
     prefetch: bool = False
     #: LoRA partial slots a shared row tile's last program loads per round trip (1, 2, 4, 8)
     red: int = 1
-    #: NVFP4: load each step as the two 8-wide halves of every 16-block, so one thread
-    #: holds a whole block (no shuffle for its max, its scale made once, not twice)
-    halves: bool = False
 
     def describe(self) -> str:
         """Every field, in words: what a bench row or a log line names the tile by."""
         programs = f"grid {self.grid}" if self.grid else f"{self.per_sm} programs/SM"
         cap = f"maxnreg {self.maxnreg}" if self.maxnreg else "no register cap"
-        plan = "".join(word for on, word in ((self.flat, ", flat"), (self.prefetch, ", prefetch"),
-                                             (self.halves, ", halves")) if on)
+        plan = "".join(word for on, word in ((self.flat, ", flat"), (self.prefetch, ", prefetch")) if on)
         red = f", {self.red} slots a load" if self.red != 1 else ""
         return (f"bm {self.bm}, bn {self.bn}, {self.num_warps} warps, {self.num_stages} stages, {programs}, "
                 f"tree {self.tree}, {cap}{plan}{red}")

@@ -140,9 +140,6 @@ def check_tile(tile: Tile, fmt: SVDQuantAct, r: int) -> None:
         problems.append(f"maxnreg={tile.maxnreg} must be None or in [64, 255]")
     if tile.red not in (1, 2, 4, 8):
         problems.append(f"red={tile.red} must be 1, 2, 4 or 8")
-    if tile.halves and (not fmt.fp4 or tile.flat or tile.bn < 32):
-        problems.append("halves needs NVFP4 (16-element blocks), the per-row-tile walk (not flat) and bn >= 32 "
-                        "(each half a dot of depth >= 16)")
     if r > MAX_RANK:
         problems.append(f"R={r} > {MAX_RANK}")
     if problems:

@@ -87,7 +87,7 @@ class Bucket:
                             INTERPRETED=interpreted, GPU_MATH=gpu_math, PTX=compiled,
                             TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r), FLAT=tile.flat,
                             PREFETCH=tile.prefetch, RED=tile.red, SLOTS=self.slots if tile.flat else 0,
-                            NT=32 * tile.num_warps if tile.flat else 0, HALVES=tile.halves),
+                            NT=32 * tile.num_warps if tile.flat else 0),
             options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra),
         )
 

@@ -172,53 +172,6 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _fp4_scale(amax, PTX: tl.constexpr):
-    """Per NVFP4 block of max ``|v|`` ``amax``: ``(s8, scale bits, bad)`` — the stored fp8 e4m3
-    scale as float32 (NaN for a bad block: its codes come out 0), its bits (int32), and
-    whether the block holds a NaN or an Inf."""
-    bad = ~(amax <= 3.4028234663852886e38)
-    if PTX:  # the GPU's fp8 conversion, and amax / 6 without a division
-        s = tl.minimum(div6_rn(amax), 448.0)
-        sbits = tl.maximum(s.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32), 1)
-        s8 = sbits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:  # exact integers: the interpreter's fp8 cast is wrong, and no fp8 hardware is needed
-        s = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
-        sbits = tl.maximum(e4m3_scale_bits(tl.minimum(s, 448.0)), 1)  # a zero scale → 2⁻⁹
-        s8 = e4m3_value(sbits)
-    return tl.where(bad, float("nan"), s8), tl.where(bad, 0x7F, sbits), bad
-
-
-@triton.jit
-def _pack_words(code, BM: tl.constexpr, COLS: tl.constexpr):
-    """``[BM, COLS]`` 4-bit codes → ``[BM, COLS / 8]`` 32-bit words, element 8j+k in bits
-    4k..4k+3 of word j (two per byte, low first): three rounds of pairing neighbours,
-    shifts and ors on whole registers."""
-    lo, hi = tl.split(tl.reshape(code, (BM, COLS // 2, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (BM, COLS // 4, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (BM, COLS // 8, 2)))
-    return lo | (hi << 16)
-
-
-@triton.jit
-def _block_max(vb, GPU_MATH: tl.constexpr):
-    """NaN-propagating max of ``|v|`` over the last axis; without ``GPU_MATH`` the max of
-    ``|v|``'s bit patterns (int32), which order as the values, NaN above Inf."""
-    if GPU_MATH:
-        m = tl.reduce(tl.abs(vb), 2, _max_nan)
-    else:
-        m = tl.max(vb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
-    return m
-
-
-@triton.jit
-def _as_amax(m, GPU_MATH: tl.constexpr):
-    """:func:`_block_max`'s result as the float32 block max."""
-    if not GPU_MATH:
-        m = m.to(tl.float32, bitcast=True)
-    return m
-
-
-@triton.jit
 def _quantize_tile(v, real, FP4: tl.constexpr, GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr):
     """One ``BM × BN`` tile of ``v = x / smooth`` (float32): ``(words [BM, BN/8] int32,
@@ -226,15 +179,28 @@ def _quantize_tile(v, real, FP4: tl.constexpr, GPU_MATH: tl.constexpr, PTX: tl.c
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
     vb = tl.reshape(v, (BM, NB, BLOCK))
-    amax = _as_amax(_block_max(vb, GPU_MATH), GPU_MATH)
+    vbits = vb.to(tl.int32, bitcast=True)
+    if GPU_MATH:
+        amax = tl.reduce(tl.abs(vb), 2, _max_nan)
+    else:  # for |v| the bit patterns order as the values, NaN above Inf
+        amax = tl.max(vbits & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    bad = ~(amax <= 3.4028234663852886e38)  # the block holds a NaN or an Inf
     if FP4:
-        s8, sbits, bad = _fp4_scale(amax, PTX)
-        code = e2m1_code(vb, s8[:, :, None], TREE)
+        if PTX:  # the GPU's fp8 conversion, and amax / 6 without a division
+            s = tl.minimum(div6_rn(amax), 448.0)
+            sbits = tl.maximum(s.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32), 1)
+            s8 = sbits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:  # exact integers: the interpreter's fp8 cast is wrong, and no fp8 hardware is needed
+            s = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+            sbits = tl.maximum(e4m3_scale_bits(tl.minimum(s, 448.0)), 1)  # a zero scale → 2⁻⁹
+            s8 = e4m3_value(sbits)
+        s8 = tl.where(bad, float("nan"), s8)[:, :, None]
+        code = e2m1_code(vb, s8, TREE)
         # Padding rows are zero bytes: their v is ±0 (0 · a negative rsmooth is -0), so
         # the sign bits are dropped per block there, as for a non-finite block.
         keep = tl.where(bad | ~real[:, None], 0x77777777, -1)
+        sbits = tl.where(bad, 0x7F, sbits)
     else:
-        bad = ~(amax <= 3.4028234663852886e38)  # the block holds a NaN or an Inf
         # r = 7 / amax; an all-zero block (r = inf) and one too small for r to be
         # finite get codes 0; 0 is never a divisor and inf never a factor
         nonzero = amax > 0
@@ -248,104 +214,58 @@ def _quantize_tile(v, real, FP4: tl.constexpr, GPU_MATH: tl.constexpr, PTX: tl.c
         sbits = scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         sbits = tl.where(bad, 0x7E00, sbits)
     sbits = tl.where(real[:, None], sbits, 0)
-    words = tl.reshape(_pack_words(tl.reshape(code, (BM, BN)), BM, BN), (BM, NB, BLOCK // 8)) & keep[:, :, None]
+    # eight codes per 32-bit word, element 8j+k in bits 4k..4k+3 (two per byte, low
+    # first): three rounds of pairing neighbours, shifts and ors on whole registers
+    lo, hi = tl.split(tl.reshape(code, (BM, BN // 2, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (BM, BN // 4, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (BM, BN // 8, 2)))
+    words = tl.reshape(lo | (hi << 16), (BM, NB, BLOCK // 8)) & keep[:, :, None]
     return tl.reshape(words, (BM, BN // 8)), sbits
 
 
 @triton.jit
-def _quantize_halves(v_lo, v_hi, real, GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr):
-    """NVFP4 from the two halves of every 16-block (``HALVES``): ``v_lo`` holds elements 0–7
-    of each block of the step, ``v_hi`` elements 8–15 (``[BM, BN/2]`` each, the same
-    layout), so the thread holding a block's first eight elements holds its last eight too:
-    the block max needs no shuffle, and the per-block work (the scale, its fp8 rounding,
-    the thresholds) is done once per block instead of once per half. Same outputs as
-    :func:`_quantize_tile`."""
-    NB: tl.constexpr = BN // 16
-    lo = tl.reshape(v_lo, (BM, NB, 8))
-    hi = tl.reshape(v_hi, (BM, NB, 8))
-    if GPU_MATH:
-        amax = _max_nan(_block_max(lo, GPU_MATH), _block_max(hi, GPU_MATH))
-    else:
-        amax = _as_amax(tl.maximum(_block_max(lo, GPU_MATH), _block_max(hi, GPU_MATH)), GPU_MATH)
-    s8, sbits, bad = _fp4_scale(amax, PTX)
-    keep = tl.where(bad | ~real[:, None], 0x77777777, -1)
-    w_lo = _pack_words(tl.reshape(e2m1_code(lo, s8[:, :, None], TREE), (BM, BN // 2)), BM, BN // 2) & keep
-    w_hi = _pack_words(tl.reshape(e2m1_code(hi, s8[:, :, None], TREE), (BM, BN // 2)), BM, BN // 2) & keep
-    return tl.reshape(tl.join(w_lo, w_hi), (BM, BN // 8)), tl.where(real[:, None], sbits, 0)
-
-
-@triton.jit
-def _step_columns(BN: tl.constexpr, HALVES: tl.constexpr):
-    """The x columns a step loads, relative to its first: all ``BN``, or with ``HALVES``
-    the first eight of every 16-block (``[BN/2]``; the other eight are 8 further on)."""
-    if HALVES:
-        j = tl.arange(0, BN // 2)
-        cols = (j // 8) * 16 + j % 8
-    else:
-        cols = tl.arange(0, BN)
-    return cols
-
-
-@triton.jit
-def _load_rs(rs_ptr, c, N: tl.constexpr, HAS_SMOOTH: tl.constexpr, BN: tl.constexpr, HALVES: tl.constexpr = False):
+def _load_rs(rs_ptr, c, N: tl.constexpr, HAS_SMOOTH: tl.constexpr, BN: tl.constexpr):
     """``1/smooth`` of step column chunk ``c`` (float32 ``[BN]``; 1.0 past N). Without
-    smooth, a constant the caller never multiplies by. With ``HALVES`` the columns of
-    :func:`_step_columns`, then the same plus 8 (eight contiguous columns a load, as x's)."""
-    j = tl.arange(0, BN)
-    if HALVES:
-        p = j % (BN // 2)
-        offs = c * BN + (p // 8) * 16 + p % 8 + (j // (BN // 2)) * 8
-    else:
-        offs = c * BN + j
+    smooth, a constant the caller never multiplies by."""
+    offs_n = tl.arange(0, BN)
     if HAS_SMOOTH:
         if N % BN != 0:
-            rs = tl.load(rs_ptr + offs, mask=offs < N, other=1.0)
-        else:
-            rs = tl.load(rs_ptr + offs)
-    else:
-        rs = tl.full((BN,), 1.0, tl.float32)
-    return rs
+            return tl.load(rs_ptr + c * BN + offs_n, mask=c * BN + offs_n < N, other=1.0)
+        return tl.load(rs_ptr + c * BN + offs_n)
+    return tl.full((BN,), 1.0, tl.float32)
 
 
 @triton.jit
 def _step(acc, c, x_ptrs, w_ptrs, rs, q_ptrs, s_ptrs, real, M_PAD,
           N: tl.constexpr, R: tl.constexpr, FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr,
           GPU_MATH: tl.constexpr, PTX: tl.constexpr, TREE: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, HALVES: tl.constexpr = False):
+          BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
     """One step: the ``BM × BN`` tile of x at step ``c`` of its row tile, added to the
     LoRA accumulator (returned) and quantized (codes and scales stored); ``rs`` is the
-    step's ``1/smooth`` (:func:`_load_rs`). ``x_ptrs`` and ``w_ptrs`` point at the step's
-    columns of :func:`_step_columns`; with ``HALVES`` the tile is loaded as its two
-    halves of every block (:func:`_quantize_halves`) and the LoRA is two dots."""
+    step's ``1/smooth`` (:func:`_load_rs`)."""
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
     MASK_N: tl.constexpr = N % BN != 0
+    offs_n = tl.arange(0, BN)
     offs_r = tl.arange(0, BR)
-    cols = c * BN + _step_columns(BN, HALVES)
-    x_mask = real[:, None] & (cols < N)[None, :] if MASK_N else real[:, None]
-    w_mask = (offs_r < R)[None, :] & (cols < N)[:, None] if MASK_N else (offs_r < R)[None, :]
-    if HALVES:
-        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        x_hi = tl.load(x_ptrs + 8, mask=x_mask, other=0.0)
-        if R > 0:
-            acc = _lora(acc, x, tl.load(w_ptrs, mask=w_mask, other=0.0), GPU_MATH)
-            acc = _lora(acc, x_hi, tl.load(w_ptrs + 8 * R, mask=w_mask, other=0.0), GPU_MATH)
-        v = x.to(tl.float32)
-        v_hi = x_hi.to(tl.float32)
-        if HAS_SMOOTH:
-            rs_lo, rs_hi = tl.split(tl.trans(tl.reshape(rs, (2, BN // 2))))
-            v = v * rs_lo[None, :]
-            v_hi = v_hi * rs_hi[None, :]
-        words, sbits = _quantize_halves(v, v_hi, real, GPU_MATH, PTX, TREE, BM, BN)
+    if MASK_N:
+        cols = c * BN + offs_n
+        x = tl.load(x_ptrs, mask=real[:, None] & (cols < N)[None, :], other=0.0)
     else:
-        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        if R > 0:
-            acc = _lora(acc, x, tl.load(w_ptrs, mask=w_mask, other=0.0), GPU_MATH)
-        v = x.to(tl.float32)
-        if HAS_SMOOTH:
-            v = v * rs[None, :]
-        words, sbits = _quantize_tile(v, real, FP4, GPU_MATH, PTX, TREE, BM, BN)
+        x = tl.load(x_ptrs, mask=real[:, None], other=0.0)
+    if R > 0:
+        if MASK_N:
+            w = tl.load(w_ptrs, mask=(offs_r < R)[None, :] & (cols < N)[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=(offs_r < R)[None, :], other=0.0)
+        if GPU_MATH:
+            acc = tl.dot(x, w, acc)
+        else:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    v = x.to(tl.float32)
+    if HAS_SMOOTH:
+        v = v * rs[None, :]
+    words, sbits = _quantize_tile(v, real, FP4, GPU_MATH, PTX, TREE, BM, BN)
     if MASK_N:
         tl.store(q_ptrs, words, mask=(c * (BN // 8) + tl.arange(0, BN // 8) < N // 8)[None, :])
         tl.store(s_ptrs, sbits.to(s_ptrs.dtype.element_ty), mask=(c * NB + tl.arange(0, NB) < N // BLOCK)[None, :])
@@ -353,15 +273,6 @@ def _step(acc, c, x_ptrs, w_ptrs, rs, q_ptrs, s_ptrs, real, M_PAD,
         tl.store(q_ptrs, words)
         tl.store(s_ptrs, sbits.to(s_ptrs.dtype.element_ty))
     return acc
-
-
-@triton.jit
-def _lora(acc, x, w, GPU_MATH: tl.constexpr):
-    """``acc + x @ w``: on the loaded dtype, or (the interpreter, whose bf16 dot is wrong)
-    in float32."""
-    if GPU_MATH:
-        return tl.dot(x, w, acc)
-    return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
 
 
 @triton.jit
@@ -478,7 +389,7 @@ def act_quant_lora_kernel(
     FP4: tl.constexpr, HAS_SMOOTH: tl.constexpr, INTERPRETED: tl.constexpr, GPU_MATH: tl.constexpr,
     PTX: tl.constexpr, TREE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
     FLAT: tl.constexpr = False, PREFETCH: tl.constexpr = False, RED: tl.constexpr = 1, SLOTS: tl.constexpr = 0,
-    NT: tl.constexpr = 0, HALVES: tl.constexpr = False,
+    NT: tl.constexpr = 0,
 ):
     BLOCK: tl.constexpr = 16 if FP4 else 64
     NB: tl.constexpr = BN // BLOCK
@@ -495,6 +406,7 @@ def act_quant_lora_kernel(
     start = pid * steps // progs
     end = (pid + 1) * steps // progs
     offs_m = tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
     offs_w = tl.arange(0, BN // 8)
     offs_b = tl.arange(0, NB)
     offs_r = tl.arange(0, BR)
@@ -524,23 +436,22 @@ def act_quant_lora_kernel(
             real = rows < M
             acc = tl.zeros((BM, BR), dtype=tl.float32)
             # pointers at the first step, advanced by one step per iteration
-            offs_x = _step_columns(BN, HALVES)
-            x_ptrs = x_ptr + rows[:, None] * stride_xm + (c_lo * BN + offs_x)[None, :]
-            w_ptrs = w_ptr + (c_lo * BN + offs_x)[:, None] * R + offs_r[None, :]
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + (c_lo * BN + offs_n)[None, :]
+            w_ptrs = w_ptr + (c_lo * BN + offs_n)[:, None] * R + offs_r[None, :]
             q_ptrs = q_ptr + rows[:, None] * (N // 8) + (c_lo * (BN // 8) + offs_w)[None, :]
             s_ptrs = s_ptr + (c_lo * NB + offs_b)[None, :] * M_PAD + rows[:, None]
             if PREFETCH:
-                rs = _load_rs(rs_ptr, c_lo, N, HAS_SMOOTH, BN, HALVES)
+                rs = _load_rs(rs_ptr, c_lo, N, HAS_SMOOTH, BN)
             if INTERPRETED:  # its range() cannot take bounds computed from program_id
                 c = c_lo
                 while c < c_hi:
                     if PREFETCH:  # the next step's 1/smooth, loaded a step ahead of its use
                         here = rs
-                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN, HALVES)
+                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN)
                     else:
-                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN, HALVES)
+                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN)
                     acc = _step(acc, c, x_ptrs, w_ptrs, here, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
-                                GPU_MATH, PTX, TREE, BM, BN, BR, HALVES)
+                                GPU_MATH, PTX, TREE, BM, BN, BR)
                     x_ptrs += BN
                     w_ptrs += BN * R
                     q_ptrs += BN // 8
@@ -550,11 +461,11 @@ def act_quant_lora_kernel(
                 for c in range(c_lo, c_hi):
                     if PREFETCH:
                         here = rs
-                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN, HALVES)
+                        rs = _load_rs(rs_ptr, _next_chunk(c, CHUNKS), N, HAS_SMOOTH, BN)
                     else:
-                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN, HALVES)
+                        here = _load_rs(rs_ptr, c, N, HAS_SMOOTH, BN)
                     acc = _step(acc, c, x_ptrs, w_ptrs, here, q_ptrs, s_ptrs, real, M_PAD, N, R, FP4, HAS_SMOOTH,
-                                GPU_MATH, PTX, TREE, BM, BN, BR, HALVES)
+                                GPU_MATH, PTX, TREE, BM, BN, BR)
                     x_ptrs += BN
                     w_ptrs += BN * R
                     q_ptrs += BN // 8
