@@ -61,10 +61,13 @@ def baseline(fp4: bool, m: int, n: int, r: int) -> Tile:
             or pick_tile(m_pad, n, r, fp4))
 
 
-def candidates(base: Tile, m: int, r: int) -> list[Tile]:
-    """The baseline first, then the plan options on it and on a few neighbours."""
+def candidates(base: Tile, m: int, r: int, stages: tuple[int, ...] = ()) -> list[Tile]:
+    """The baseline first, then the plan options on it and on a few neighbours, and the
+    baseline with each software-pipeline depth of ``stages`` (1: x loaded to registers and
+    stored to shared memory for the dot by the threads, no asynchronous copies)."""
     rep = dataclasses.replace
-    out = [base, rep(base, prefetch=True), rep(base, flat=True), rep(base, flat=True, prefetch=True)]
+    out = [base, rep(base, prefetch=True), *(rep(base, num_stages=s) for s in stages)]
+    out += [rep(base, flat=True), rep(base, flat=True, prefetch=True)]
     if m > 512:
         out += [rep(base, flat=True, prefetch=True, num_stages=4)]
         # 8 warps on 64 rows: half the quantizer and the R = 128 accumulator per thread
@@ -247,7 +250,7 @@ def table(rows: list[dict], meta: dict) -> dict:
 
 
 def main(out: Path, *, table_dir: Path | None = None, quick: bool = False, procs: int = 12,
-         ms: tuple[int, ...] = ()) -> list[dict]:
+         ms: tuple[int, ...] = (), stages: tuple[int, ...] = ()) -> list[dict]:
     import triton
 
     from quantcore.probe.card_tables import card_fields, cuda_card
@@ -255,7 +258,7 @@ def main(out: Path, *, table_dir: Path | None = None, quick: bool = False, procs
     t0 = time.perf_counter()
     shapes = [SHAPES[0], SHAPES[5]] if quick else SHAPES
     shapes = [shape for shape in shapes if not ms or shape[0] in ms]
-    cases = [(fp4, m, n, r, candidates(baseline(fp4, m, n, r), m, r)) for fp4, (m, n, r) in
+    cases = [(fp4, m, n, r, candidates(baseline(fp4, m, n, r), m, r, stages)) for fp4, (m, n, r) in
              itertools.product((True, False), shapes)]
     ctx = torch.multiprocessing.get_context("spawn")
     jobs = [(fp4, m, n, r, [t]) for fp4, m, n, r, tiles in cases for t in tiles]
@@ -302,7 +305,9 @@ if __name__ == "__main__":
     parser.add_argument("--table", type=Path, default=None, help="write DIR/tuned-<card slug>.json")
     parser.add_argument("--quick", action="store_true", help="two shapes only")
     parser.add_argument("--m", default="", help="only these batch sizes (comma-separated, e.g. 4352)")
+    parser.add_argument("--stages", default="", help="also the baseline at these pipeline depths (e.g. 1,2)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("act_quant_lora_plans: needs a CUDA GPU")
-    main(args.out, table_dir=args.table, quick=args.quick, ms=tuple(int(v) for v in args.m.split(",") if v))
+    main(args.out, table_dir=args.table, quick=args.quick, ms=tuple(int(v) for v in args.m.split(",") if v),
+         stages=tuple(int(v) for v in args.stages.split(",") if v))
