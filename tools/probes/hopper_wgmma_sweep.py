@@ -379,8 +379,9 @@ def run_warm(out: Path, bits: int, ms: list[int], shapes: list[tuple[int, int]],
     groups: dict[tuple, list] = {}
     for k, n, m, plans in points:
         for plan in plans:
-            # A Triton plan's split and K are constexprs of its kernel: one kernel per (plan, shape).
-            key = (("triton", str(plan), k, n, m == 1) if isinstance(plan, TritonPlan) else
+            # A Triton or decode plan's split and K are constexprs of its kernel: one kernel per
+            # (plan, shape).
+            key = (("other", str(plan), k, n, m == 1) if isinstance(plan, TritonPlan | DecodePlan) else
                    ("wgmma", plan.wg, plan.bm, plan.stages, plan.split > 1, plan.per_wait, plan.in_flight, plan.ws,
                     plan.late_scale, plan.maxnreg, m == 1))
             groups.setdefault(key, []).append((k, n, m, plan))
