@@ -2,10 +2,12 @@
 
 :func:`host_times` issues a queue of calls and synchronises once: the host's time per call
 is the time to issue them (it returns before the device has finished; a queue of 64 calls
-stays far below the launch queue's depth, so the host never waits for the device unless
-the call itself waits), and the wall time per call includes draining the queue. Where the
-device is faster than the host — decode — the two agree. On a CPU the call computes, and
-both are its time.
+stays far below the launch queue's depth), and the wall time per call includes draining
+the queue. Where the device is faster than the host — decode — the two agree. On CUDA each
+round also issues the queue again while a spin kernel holds the device (``held``): a queue
+issued to a running device can still meet it — a launch whose driver resources are in use,
+an allocation that waits — so the held time is the host's alone, and it is what
+:meth:`HostSamples.timing` reports. On a CPU the call computes, and every time is its time.
 
 :func:`subjects` builds, for one activation dtype and M, every quantcore kernel that runs
 here (called directly, as an engine holding the prepared state calls it) and every module
@@ -81,30 +83,56 @@ def _sync(device: torch.device) -> None:
 @dataclass(frozen=True)
 class HostSamples:
     """One callable's samples, one per round: seconds per call to issue the queue
-    (``host``), and per call with the queue drained (``wall``)."""
+    (``host``), per call with the queue drained (``wall``), and (CUDA) to issue it while
+    a spin kernel holds the device (``held``; empty elsewhere)."""
 
     host: tuple[float, ...]
     wall: tuple[float, ...]
+    held: tuple[float, ...] = ()
+
+    @property
+    def issue(self) -> tuple[float, ...]:
+        """The host's own time per call: ``held`` where measured, else ``host``."""
+        return self.held or self.host
 
     def timing(self) -> Timing:
-        med = statistics.median(self.host)
-        spread = (max(self.host) - min(self.host)) / med if med > 0 else 0.0
-        return Timing(med, spread, len(self.host), "host-queue")
+        med = statistics.median(self.issue)
+        spread = (max(self.issue) - min(self.issue)) / med if med > 0 else 0.0
+        return Timing(med, spread, len(self.issue), "host-held" if self.held else "host-queue")
 
     def paired_ratio(self, base: HostSamples) -> float:
-        """The median over rounds of this callable's host time over ``base``'s in the same
-        round. The rounds interleave the callables, so a slow spell of the machine (another
-        tenant, a frequency change) that lasts a round scales both sides of a ratio alike,
-        where a ratio of medians over rounds takes it at full weight."""
-        return statistics.median(t / b for t, b in zip(self.host, base.host, strict=True))
+        """The median over rounds of this callable's host time (:attr:`issue`) over
+        ``base``'s in the same round. The rounds interleave the callables, so a slow spell
+        of the machine (another tenant, a frequency change) that lasts a round scales both
+        sides of a ratio alike, where a ratio of medians over rounds takes it at full weight."""
+        return statistics.median(t / b for t, b in zip(self.issue, base.issue, strict=True))
+
+
+#: GPU clock cycles a second that a hold's spin is sized by (a little above an H100's or
+#: H200's boost clock, so the spin lasts at least as long as asked).
+HOLD_HZ = 2.0e9
+
+
+def _held_queue(fn: Callable[[int], object], device: torch.device, calls: int, free_s: float) -> float:
+    """Seconds per call to issue ``calls`` calls while a spin kernel holds ``device`` for
+    three times (at least 2 ms) what the free-running queue took to issue."""
+    torch.cuda._sleep(int(max(2e-3, 3 * free_s) * HOLD_HZ))
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    t1 = time.perf_counter()
+    _sync(device)
+    return (t1 - t0) / calls
 
 
 def host_samples(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,
                  calls: int = QUEUE) -> list[HostSamples]:
     """Per callable, interleaved over ``rounds``: the host time per call issuing a queue of
-    ``calls``, and the wall time per call with the queue drained, one sample a round."""
+    ``calls``, the wall time per call with the queue drained and (CUDA) the host time per
+    call with the device held, one sample a round."""
     host: list[list[float]] = [[] for _ in fns]
     wall: list[list[float]] = [[] for _ in fns]
+    held: list[list[float]] = [[] for _ in fns]
     for fn in fns:  # warm: compile, bind, allocate
         for i in range(3):
             fn(i)
@@ -120,7 +148,9 @@ def host_samples(fns: Sequence[Callable[[int], object]], device: torch.device, *
             t2 = time.perf_counter()
             host[j].append((t1 - t0) / calls)
             wall[j].append((t2 - t0) / calls)
-    return [HostSamples(tuple(h), tuple(w)) for h, w in zip(host, wall, strict=True)]
+            if device.type == "cuda":
+                held[j].append(_held_queue(fn, device, calls, t1 - t0))
+    return [HostSamples(tuple(h), tuple(w), tuple(d)) for h, w, d in zip(host, wall, held, strict=True)]
 
 
 def host_times(fns: Sequence[Callable[[int], object]], device: torch.device, *, rounds: int = 5,

@@ -12,9 +12,11 @@ cost; it is then set against the raw op's time at K = N = 4096.
 Host cost (``host-…`` cases, bf16 and fp16, every shape): each quantcore kernel that runs
 here, called directly on its prepared state, and each module, called as a model calls it,
 beside ``nn.Linear`` and ``F.linear`` on the same M, K, N in the same process
-(:mod:`._host_cost`: the host's time per call over a queue of calls synchronised once;
-the wall time per call is in the note, and the median over rounds of each round's time over
-nn.Linear's in the same round, :data:`PAIRED`, by which the target is judged). Target on a
+(:mod:`._host_cost`: the host's time per call over a queue of calls synchronised once, on
+CUDA issued while a spin kernel holds the GPU, so that no call meets the device; the queue
+issued to a running GPU and its wall time per call are in the note, and the median over
+rounds of each round's time over nn.Linear's in the same round, :data:`PAIRED`, by which
+the target is judged). Target on a
 GPU: every kernel and module ≤ 1.3× ``nn.Linear``. On CUDA each ``graph-…`` case times the same calls as CUDA-graph replays
 (what the GPU itself takes). Shape sets: ``default`` (a GPU: the paths' M buckets at
 K = N = 4096), ``buckets`` (every M bucket of the Triton kernels), ``cpu`` (tiny: CI, where
@@ -108,7 +110,10 @@ def host_cases(device: str, shapes: list[dict[str, int]], dtypes: tuple[torch.dt
             for s, samples in zip(things, timed, strict=True):
                 wall = statistics.median(samples.wall)
                 paired = f"{samples.paired_ratio(base):.3f}{PAIRED}" if base is not None else ""
-                note = "; ".join(x for x in (s.kind, s.note, f"wall {wall * 1e6:.1f} µs per call", paired) if x)
+                running = (f"issued to a running GPU {statistics.median(samples.host) * 1e6:.1f} µs per call"
+                           if samples.held else "")
+                note = "; ".join(x for x in (s.kind, s.note, running, f"wall {wall * 1e6:.1f} µs per call", paired)
+                                 if x)
                 case.variants.append(Variant(s.name, "peer" if s.kind == "dense" else "kernel", _never, 0, 0,
                                              note=note, measured=samples.timing()))
             yield case

@@ -106,6 +106,22 @@ def test_a_slow_spell_does_not_decide_a_paired_ratio() -> None:
     assert twice.paired_ratio(base) == pytest.approx(2.0)
 
 
+def test_the_held_queue_decides_where_it_was_measured() -> None:
+    """On CUDA the host's own time is the queue issued while a spin kernel holds the GPU
+    (``held``): a queue issued to a running GPU that met it (here 3× slower in two rounds)
+    decides neither the timing nor the paired ratio; without held samples (a CPU) the
+    running queue does."""
+    from quantcore.benchmarks.suites._host_cost import HostSamples
+
+    base = HostSamples((20e-6,) * 5, (0.0,) * 5, (20e-6,) * 5)
+    met = HostSamples((60e-6, 60e-6, 24e-6, 24e-6, 24e-6), (0.0,) * 5, (24e-6,) * 5)
+    assert met.timing().median_s == pytest.approx(24e-6) and met.timing().method == "host-held"
+    assert met.paired_ratio(base) == pytest.approx(1.2)
+    cpu = HostSamples((60e-6, 60e-6, 24e-6, 24e-6, 60e-6), (0.0,) * 5)
+    assert cpu.issue == cpu.host and cpu.timing().median_s == pytest.approx(60e-6)
+    assert cpu.timing().method == "host-queue"
+
+
 def test_host_notes_judge_by_the_paired_ratio() -> None:
     from quantcore.benchmarks.suites.overhead import PAIRED, paired_ratio
 
