@@ -72,6 +72,6 @@ class DecodeBucket:
         n = self.n
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
         y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
-        ws, counters = self.split_k(w.runtime, m, n, self.tiles)
+        ws, counters = self.split_k(m, n, self.tiles)
         self.launch((self.tiles, self.split, 1), self.words, x, *self.mid, y, ws, counters, m, *self.tail)
         return y

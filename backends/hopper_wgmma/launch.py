@@ -317,7 +317,7 @@ class _Bucket:
         y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
         x = prepare_x(x)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
-        ws, counters = self.split_k(w.runtime, m, n, tiles)
+        ws, counters = self.split_k(m, n, tiles)
         self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x, m), *self.mid, y, ws, counters, m, *self.tail)
         return y
 
@@ -399,7 +399,7 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     y = torch.empty(shape, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, TILE_N * plan.wg) * triton.cdiv(m, plan.bm)
     slots = stream_grid(w, plan, m, _sms(x.device))[1] if plan.stream else split_steps(w, plan).split
-    ws, counters = SplitKBuffers(slots, x.device, w.scales)(w.runtime, m, n, tiles)
+    ws, counters = SplitKBuffers(slots, x.device, w.scales)(m, n, tiles)
     grid, args, const = kernel_args(x, w, plan, y.view(m, n), ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y

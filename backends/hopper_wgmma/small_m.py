@@ -106,6 +106,6 @@ class SmallMBucket:
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
         y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
         grid, tiles = launch_grid(self.plan.path, m, self.n_tiles, self.block_m, self.split)
-        ws, counters = self.split_k(w.runtime, m, n, tiles)
+        ws, counters = self.split_k(m, n, tiles)
         self.launch(grid, x, *self.fixed, y, ws, counters, m, *self.tail)
         return y

@@ -6,7 +6,8 @@ instead of run (no GPU). Per call, after a bucket's first:
 * a module (QuantLinear) called with a model's ``[B, T, K]`` or a flat ``[M, K]``: the
   output, made in its final shape, and the launch — no reshape of x, no view of y;
 * act-order: the permutation of x too;
-* a split-K plan: the workspace too;
+* a split-K plan: nothing more (its workspace and counters are the stream's kept ones,
+  as on CUDA; a CPU call makes its own);
 * a small-M Triton plan: the output and the launch;
 
 and the bucket is found in the prepared state without the weight's launch state, while
@@ -73,12 +74,18 @@ def test_a_module_call_issues_the_output_and_the_launch(recorded: list[Recorder]
     assert args[1].base is x  # x's storage read as it is
 
 
-def test_act_order_adds_the_permutation_and_a_split_the_workspace(recorded: list[Recorder],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_act_order_adds_the_permutation_and_a_split_takes_the_kept_buffers(recorded: list[Recorder],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.triton import split_k
+
+    monkeypatch.setattr(split_k, "keeps_buffers", lambda device: True)  # CUDA's rule
     module = _module(GPTQ(bits=4, group_size=32, desc_act=True), Plan(wg=1, bm=16, stages=4, split=2), monkeypatch)
     assert module.prepared.ret_idx is not None
     x = torch.randn(1, 1, K).bfloat16()
-    assert _ops(lambda: module(x)) == Counter({"index_select": 1, "empty": 2})
+    assert _ops(lambda: module(x)) == Counter({"index_select": 1, "empty": 1})
+    monkeypatch.setattr(split_k, "keeps_buffers", lambda device: False)  # a CPU's own rule
+    fresh = _module(GPTQ(bits=4, group_size=32, desc_act=True), Plan(wg=1, bm=16, stages=4, split=2), monkeypatch)
+    assert _ops(lambda: fresh(x)) == Counter({"index_select": 1, "empty": 2, "zeros": 1})
 
 
 def test_a_small_m_triton_plan_issues_the_output_and_the_launch(recorded: list[Recorder],

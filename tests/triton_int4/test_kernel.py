@@ -81,6 +81,23 @@ def test_paths(fmt: GPTQ, plan: Plan) -> None:
     _run(fmt, m, 384, 72, torch.bfloat16, plan)
 
 
+def test_split_launches_share_the_kept_buffers_and_leave_the_counters_at_zero(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's kept per-stream workspace and counters (forced here on the interpreter's
+    device too): two layers' split-K launches, each twice, in turn on the same buffers —
+    each right against the golden, every counter back at zero after each launch."""
+    from quantcore.triton import split_k
+
+    monkeypatch.setattr(split_k, "keeps_buffers", lambda device: True)
+    fmt = GPTQ(bits=4, group_size=64, sym=False)
+    for plan, (m, k, n) in ((Plan("gemv", gemv=GemvConfig(32, 1, 3)), (1, 384, 72)),
+                            (Plan("mma", mma=MmaConfig(16, 32, 2, operand=MMA_OPERAND, block_b=2)), (5, 256, 40))):
+        _run(fmt, m, k, n, torch.bfloat16, plan)
+        assert split_k._WORKSPACES._kept, "the launches did not take the kept buffers"
+        counters = list(split_k._COUNTERS._kept.values())
+        assert counters and all(not bool(c.any()) for c in counters), f"{plan}: counters left set"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 3, 40])
 def test_default_plan(m: int, dtype: torch.dtype) -> None:
