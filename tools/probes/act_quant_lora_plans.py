@@ -1,6 +1,6 @@
 """The act_quant_lora plan options on this GPU, in one run (a few minutes on an H100)::
 
-    python -m tools.probes.act_quant_lora_plans --out FILE [--table DIR] [--quick]
+    python -m tools.probes.act_quant_lora_plans --out FILE [--table DIR] [--quick] [--m 4352] [--stages 1,2]
 
 (``--out`` defaults to ``$SVDQUANT_PLANS_OUT``, else ``act_quant_lora_plans.json``.) For
 each format and shape of the benchmark (M = 4352 and 256; N = 3840 and 10240; R = 32 and
