@@ -25,8 +25,10 @@ from .buffers import KeptBuffers, capturing, stream_key
 
 __all__ = ["SplitKBuffers", "keeps_buffers"]
 
-_WORKSPACES = KeptBuffers(torch.float32, zero=False)
-_COUNTERS = KeptBuffers(torch.int32, zero=True, minimum=1024)
+#: Both only grow, and an outgrown buffer is never freed (a captured graph may use it): they
+#: double, so a stream whose calls grow one row at a time retires a few buffers, not one a row.
+_WORKSPACES = KeptBuffers(torch.float32, zero=False, minimum=1 << 16, doubling=True)
+_COUNTERS = KeptBuffers(torch.int32, zero=True, minimum=1024, doubling=True)
 
 
 def keeps_buffers(device: torch.device) -> bool:

@@ -43,6 +43,22 @@ def test_kept_buffers_are_per_stream_and_shared_by_launches_there() -> None:
     assert first(5, 7, 2)[0].data_ptr() == ws.data_ptr()
 
 
+def test_a_stream_whose_calls_grow_row_by_row_retires_few_buffers() -> None:
+    """Kept buffers are never freed once outgrown (a captured graph may still use them), so
+    they double: 2,000 calls of 1, 2, 3 … rows retire a handful, not one a row (which would
+    keep on the order of the square of the largest workspace)."""
+    from quantcore.triton.buffers import retired
+
+    cpu = torch.device("cpu")
+    buffers = SplitKBuffers(4, cpu, torch.randn(3))
+    buffers.keeps = True
+    before = retired()
+    for m in range(1, 2001):
+        ws, counters = buffers(m, 1024, m)
+        assert ws.numel() >= 4 * m * 1024 and counters.numel() >= m
+    assert retired() - before <= 16
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kept buffers are CUDA's (a CPU call makes its own)")
 def test_a_cuda_launch_takes_its_streams_kept_buffers() -> None:
     """On CUDA a call allocates nothing: every split-K launch on a stream gets that
