@@ -32,7 +32,7 @@ from quantcore.kernels.gptq_pairs.triton_kernels import (
 )
 from quantcore.probe.card_tables import cuda_card
 from quantcore.tensors import describe
-from quantcore.triton.buffers import KeptBuffers
+from quantcore.triton.buffers import KeptBuffers, stream_key
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
@@ -97,13 +97,19 @@ def _breaks(x2: torch.Tensor, w: TritonIntWeights) -> tuple[int, ...]:
     return plan_breaks(_shape(1, x2.dtype, w), cuda_card(x2.device))
 
 
-#: One dequantization scratch per (device, dtype), shared by every layer and grown to the
-#: largest: the dense weight exists only while one call runs.
+#: One dequantization scratch per (device, stream, dtype), shared by every layer and grown
+#: to the largest: the dense weight exists only while one call runs, and the next call on
+#: the stream writes it only after the matmul that reads it. Two streams never share one
+#: (two micro-batches' prefill run at once would overwrite each other's weight).
 _SCRATCH = KeptBuffers(None, zero=False)
 
 
 def _scratch_for(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    return _SCRATCH.get((device, dtype), numel, device, dtype)[:numel]
+    """The dense weight's scratch: on CUDA the stream's kept one; elsewhere (Triton's
+    interpreter on a CPU, where two threads may run calls at once) the call's own."""
+    if device.type != "cuda":
+        return torch.empty(numel, dtype=dtype, device=device)
+    return _SCRATCH.get((*stream_key(device), dtype), numel, device, dtype)[:numel]
 
 
 def _common(w: TritonIntWeights) -> dict[str, Any]:
