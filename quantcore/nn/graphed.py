@@ -16,6 +16,8 @@ that runs it eagerly (``generate`` without ``torch.compile``, a tensor-parallel 
   output row depends on the same input row only: linears, activations, an all-reduce
   of the rows), so the padding rows — whatever an earlier call left there — never reach
   a returned row;
+* each CUDA stream has its own graphs and static tensors: two streams calling the block
+  at once (two micro-batches overlapped) never write one static input;
 * anything else runs the module itself: a CPU tensor, more rows than ``max_rows``, a
   call being traced (``torch.compile``, fake tensors) or recorded into a graph of the
   caller's, a call with autograd on an input that needs it, and a bucket whose capture
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, QuantCoreError, QuantCoreWarning
+from ..triton.buffers import stream_key
 from .quant_module import QuantModule
 
 __all__ = ["GraphedEager", "graph_submodules", "row_bucket"]
@@ -108,7 +111,7 @@ class GraphedEager(nn.Module):
         self._follow_states()
         rows = x.reshape(-1, x.shape[-1])  # every leading dim is rows: [B, T, H] as [B·T, H]
         m = rows.shape[0]
-        key = (row_bucket(m), rows.shape[1], x.dtype, x.device)
+        key = (row_bucket(m), rows.shape[1], x.dtype, x.device, stream_key(x.device))
         cap = self._graphs.get(key)
         if cap is None:
             if key in self._refused:

@@ -94,6 +94,26 @@ def test_replays_return_the_rows_of_the_call_and_capture_once_a_bucket(stand_in:
     assert torch.equal(wrapped(x), block(x)) and wrapped.captures == before
 
 
+def test_each_stream_replays_its_own_graphs(stand_in: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two streams (here a stand-in for the current stream's key) capture a bucket each and
+    keep to their own static tensors, so calls on both at once could not overwrite each
+    other's input; returning to a stream replays its graph without capturing again."""
+    stream = ["a"]
+    monkeypatch.setattr(graphed, "stream_key", lambda device: stream[0])
+    block = _Block()
+    wrapped = GraphedEager(block, max_rows=4)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(wrapped(x), block(x))
+    stream[0] = "b"
+    torch.testing.assert_close(wrapped(x), block(x))
+    assert wrapped.captures == 2
+    (on_a, on_b) = wrapped._graphs.values()
+    assert on_a.x is not on_b.x and on_a.out is not on_b.out
+    stream[0] = "a"
+    torch.testing.assert_close(wrapped(x), block(x))
+    assert wrapped.captures == 2
+
+
 def test_a_new_prepared_state_is_captured_again(stand_in: None) -> None:
     block = _Block()
     wrapped = GraphedEager(block, max_rows=4)
