@@ -151,9 +151,10 @@ def e2m1_code(v, s8, TREE: tl.constexpr):
         t0 = tl.fma(c1, tl.fma(c2, 1.5 * s8, s8), tl.fma(c2, 2.25 * s8, 0.25 * s8))  # 5, 2.5, 1.25, 0.25 (·s8)
         c0 = (a > t0).to(tl.float32)
         # idx · 2⁻¹⁴⁹ is the subnormal whose bits are idx (exact: small integers)
-        d1 = tl.full(c0.shape, 1, tl.int32).to(tl.float32, bitcast=True)  # 2⁻¹⁴⁹ (bits 1, 2, 4)
-        d2 = tl.full(c0.shape, 2, tl.int32).to(tl.float32, bitcast=True)
-        d4 = tl.full(c0.shape, 4, tl.int32).to(tl.float32, bitcast=True)
+        # (scalars, which carry no layout: Gluon kernels call this function too)
+        d1 = tl.cast(1, tl.int32).to(tl.float32, bitcast=True)  # 2⁻¹⁴⁹ (bits 1, 2, 4)
+        d2 = tl.cast(2, tl.int32).to(tl.float32, bitcast=True)
+        d4 = tl.cast(4, tl.int32).to(tl.float32, bitcast=True)
         idx = tl.fma(c2, d4, tl.fma(c1, d2, c0 * d1)).to(tl.int32, bitcast=True)
     # v's bits 28–31 shifted down put its sign in bit 3
     sign = (v.to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
