@@ -22,7 +22,8 @@ from typing import Any
 
 __all__ = [
     "Compiled", "Instruction", "backward_loops", "bundled_tool", "compile_sm90", "innermost",
-    "instructions", "occupancy_sm90", "opcode_counts", "opcodes_in", "tools_available", "wgmma_waits",
+    "instructions", "longest_inner_loop", "occupancy_sm90", "opcode_counts", "opcodes_in", "tools_available",
+    "wgmma_waits",
 ]
 
 #: Hopper, with the architecture-specific features (wgmma) Triton uses there.
@@ -146,6 +147,16 @@ def opcodes_in(ins: Sequence[Instruction], span: tuple[int, int]) -> list[str]:
     """The opcodes (with modifiers) of the instructions within ``span``, both ends included."""
     lo, hi = span
     return [i.opcode for i in ins if lo <= i.address <= hi]
+
+
+def longest_inner_loop(sass: str) -> list[str]:
+    """The opcodes of the longest loop of ``sass`` that holds no other loop (a kernel's
+    main walk); empty where it has none."""
+    ins = instructions(sass)
+    loops = innermost(backward_loops(ins))
+    if not loops:
+        return []
+    return opcodes_in(ins, max(loops, key=lambda span: span[1] - span[0]))
 
 
 def wgmma_waits(ins: Sequence[Instruction], span: tuple[int, int]) -> dict[str, int]:

@@ -12,14 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from quantcore.kernels.svdquant.triton_kernel import Tile, launch_geometry, pick_tile, rank_block
-from quantcore.triton.compile_report import (
-    backward_loops,
-    compile_sm90,
-    innermost,
-    instructions,
-    occupancy_sm90,
-    opcodes_in,
-)
+from quantcore.triton.compile_report import compile_sm90, longest_inner_loop, occupancy_sm90
 
 __all__ = ["SHAPES", "compile_one", "report"]
 
@@ -31,11 +24,7 @@ SHAPES = [(fp4, n, r) for fp4 in (True, False) for n, r in ((3840, 32), (10240, 
 def loop_instructions(sass: str) -> int:
     """Instructions in the longest innermost loop (the walk over a row tile's steps; the
     loop over row tiles around it is not counted)."""
-    ins = instructions(sass)
-    inner = innermost(backward_loops(ins))
-    if not inner:
-        return 0
-    return len(opcodes_in(ins, max(inner, key=lambda span: span[1] - span[0])))
+    return len(longest_inner_loop(sass))
 
 
 def compile_one(fp4: bool, n: int, r: int, tile: Tile, *, smooth: bool = True,

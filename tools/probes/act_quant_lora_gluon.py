@@ -224,13 +224,7 @@ def compile_report(n: int = 3840, r: int = 32, tile: GluonTile | None = None) ->
     instructions an element of the step loop."""
     from triton.runtime.jit import mangle_type
 
-    from quantcore.triton.compile_report import (
-        backward_loops,
-        compile_sm90,
-        innermost,
-        instructions,
-        opcodes_in,
-    )
+    from quantcore.triton.compile_report import compile_sm90, longest_inner_loop
 
     tile = tile or GluonTile()
     m = 4352
@@ -246,10 +240,8 @@ def compile_report(n: int = 3840, r: int = 32, tile: GluonTile | None = None) ->
     aligned = ["rs_ptr", "q_ptr", "s_ptr", "l_ptr", "ws_ptr", "cnt_ptr"]
     compiled = compile_sm90(gluon_act_quant_lora, signature, const, divisible=aligned,
                             options={"num_warps": 4, "enable_fp_fusion": False}, gluon=True)
-    ins = instructions(compiled.sass)
-    loops = innermost(backward_loops(ins))
     per_thread = tile.bm * tile.bk / 128
-    body = opcodes_in(ins, max(loops, key=lambda span: span[1] - span[0])) if loops else []
+    body = longest_inner_loop(compiled.sass)
     return {"N": n, "R": r, "tile": tile.describe(), "registers": compiled.registers,
             "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "instr_per_element": round(len(body) / per_thread, 1),
