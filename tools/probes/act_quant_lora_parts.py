@@ -2,7 +2,7 @@
 same kernel compiled with rank 0: no LoRA, no partials), cuBLAS's LoRA-down alone and a
 device copy of the op's bytes, as CUDA-graph replays in one process (an sm_90 GPU, a minute)::
 
-    python -m tools.probes.act_quant_lora_parts [--json PATH]
+    python -m tools.probes.act_quant_lora_parts [--m 4352] [--json PATH]
     python -m tools.probes.act_quant_lora_parts --ncu nvfp4,4352,3840,32   # one case, for ncu
 
 The rank-0 rows run the shipped tile and a few others (more columns per step, more
@@ -31,7 +31,8 @@ from .act_quant_lora_plans import _kernel, _layer, baseline, copy_rate, op_bytes
 
 __all__ = ["main", "quantizer_tiles"]
 
-SHAPES = [(4352, n, r) for n in (3840, 10240) for r in (32, 128)]
+#: (N, R) of the suite's layers; M from ``--m`` (4352 by default).
+LAYERS = [(n, r) for n in (3840, 10240) for r in (32, 128)]
 
 
 def quantizer_tiles(base: Tile) -> list[Tile]:
@@ -107,12 +108,12 @@ def ncu_target(spec: str) -> int:
     return 0
 
 
-def main(out: Path | None) -> int:
+def main(out: Path | None, m: int) -> int:
     copy = copy_rate()
     gen = torch.Generator().manual_seed(1)
     rows: list[dict[str, Any]] = []
     for fp4 in (True, False):
-        for m, n, r in SHAPES:
+        for n, r in LAYERS:
             part = run_case(fp4, m, n, r, copy, gen, variants=(n, r) == (3840, 32))
             rows += part
             for row in part:
@@ -130,7 +131,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--ncu", default=None, help="fmt,M,N,R: three calls of one case, for ncu")
+    parser.add_argument("--m", type=int, default=4352, help="activation rows")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("act_quant_lora_parts: needs a CUDA GPU")
-    sys.exit(ncu_target(args.ncu) if args.ncu else main(args.json))
+    sys.exit(ncu_target(args.ncu) if args.ncu else main(args.json, args.m))

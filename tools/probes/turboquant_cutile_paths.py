@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,8 +29,7 @@ from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.timing import time_interleaved
-from tools.probes.probe_rows import write_rows
-from tools.probes.turboquant_paths import _rel_error, _weights
+from tools.probes.turboquant_paths import _rel_error, _weights, run_cases
 
 DTYPE = torch.bfloat16
 SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))
@@ -139,13 +137,7 @@ def main() -> int:
     todo = [(k, n, m, False) for k, n in shapes for m in ms]
     if args.residual:
         todo += [(k, n, 1, True) for k, n in shapes]
-    rows: list[dict[str, Any]] = []
-    t0 = time.time()
-    for k, n, m, res in todo:
-        rows += probe(k, n, m, res, args.rounds)
-        print(f"  done K{k} N{n} M{m} res={res} at {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-        if args.json:
-            write_rows(args.json, rows)
+    rows = run_cases(todo, probe, args.rounds, args.json)
     table = [[r["K"], r["N"], r["M"], r["passes"], r["variant"],
               f"{r['us']:.1f} ±{100 * r['spread']:.0f}%" if "us" in r else r.get("error", ""),
               f"{100 * r['copy_share']:.0f}%" if "us" in r else "", f"{r['vs_bf16']:.2f}×" if "us" in r else "",

@@ -147,6 +147,19 @@ PARTS = {
 }
 
 
+def run_cases(todo: list[tuple[int, int, int, bool]], probe: Callable[..., list[dict[str, Any]]], rounds: int,
+              json_path: str | None) -> list[dict[str, Any]]:
+    """``probe(k, n, m, residual, rounds)`` for every case, the rows written after each."""
+    rows: list[dict[str, Any]] = []
+    t0 = time.time()
+    for k, n, m, res in todo:
+        rows += probe(k, n, m, res, rounds)
+        print(f"  done K{k} N{n} M{m} res={res} at {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        if json_path:
+            write_rows(json_path, rows)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="all", choices=[*PARTS, "all"])
@@ -154,13 +167,7 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     todo = [c for p, cases in PARTS.items() if args.part in (p, "all") for c in cases]
-    rows: list[dict[str, Any]] = []
-    t0 = time.time()
-    for k, n, m, res in todo:
-        rows += probe(k, n, m, res, args.rounds)
-        print(f"  done K{k} N{n} M{m} res={res} at {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-        if args.json:
-            write_rows(args.json, rows)
+    rows = run_cases(todo, probe, args.rounds, args.json)
     table = [[r["K"], r["N"], r["M"], r["passes"], r["variant"],
               f"{r['us']:.1f} ±{100 * r['spread']:.0f}%" if "us" in r else r.get("error", ""),
               f"{100 * r['copy_share']:.0f}%" if "us" in r else "", f"{r['vs_bf16']:.2f}×" if "us" in r else "",
