@@ -22,15 +22,22 @@ class Recorder:
     made: ClassVar[list[Recorder]] = []
 
     def __init__(self, fn: Any, *, constexprs: Any, options: Any = None, varying: Any = (),
-                 fixed_descriptors: Any = (), fixed_pointers: Any = (), device: Any) -> None:
+                 fixed_descriptors: Any = (), fixed_pointers: Any = (), own_pointers: Any = (), device: Any) -> None:
         self.fn, self.constexprs, self.options = fn, dict(constexprs), dict(options or {})
         self.varying, self.fixed_descriptors, self.device = tuple(varying), tuple(fixed_descriptors), device
-        self.fixed_pointers = tuple(fixed_pointers)
+        self.fixed_pointers, self.own_pointers = tuple(fixed_pointers), tuple(own_pointers)
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        #: The stream each call was handed (``Launch.on``), None where it was not.
+        self.streams: list[Any] = []
         Recorder.made.append(self)
 
     def __call__(self, grid: Any, *args: Any) -> None:
         self.calls.append((grid, args))
+        self.streams.append(None)
+
+    def on(self, stream: Any, grid: Any, *args: Any) -> None:
+        self.calls.append((grid, args))
+        self.streams.append(stream)
 
 
 def record_launches(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Recorder]:
@@ -56,7 +63,7 @@ def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
     ``varying`` specialised alike on all of its calls (else the binary compiled for one
     call would run another), and every fixed descriptor or pointer position held the same
     object (else the launch would take Triton's per-call path), a fixed pointer a tensor
-    or None."""
+    or None, and every own pointer a tensor on the launch's device."""
     for launch in launches:
         assert launch.calls, f"{launch.fn} was bound but never launched"
         for pos in range(len(launch.calls[0][1])):
@@ -70,3 +77,8 @@ def assert_fixed_arguments_specialise_alike(launches: list[Recorder]) -> None:
             held = [args[pos] for _, args in launch.calls]
             assert all(a is held[0] for a in held), (launch.fn, pos, "another tensor")
             assert held[0] is None or isinstance(held[0], torch.Tensor), (launch.fn, pos, type(held[0]))
+        for pos in launch.own_pointers:
+            assert pos not in launch.varying and pos not in launch.fixed_descriptors, (launch.fn, pos)
+            assert pos not in launch.fixed_pointers, (launch.fn, pos)
+            for _, args in launch.calls:
+                assert isinstance(args[pos], torch.Tensor) and args[pos].device == launch.device, (launch.fn, pos)

@@ -167,9 +167,11 @@ class TritonMoE(TRTLLMMoEKernel):
     def _checked(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: TritonMoEWeights,
                  topk_weights: torch.Tensor | None) -> None:
         self.require_prepared(prepared)
+        layout = prepared.layout
+        e, k, _ = layout.shape
         check_routing(
-            x, topk_ids, topk_weights, num_experts=prepared.num_experts, k=prepared.k,
-            dtypes=ACT_DTYPES, device=prepared.layout.device, check_ids=reads_ids(topk_ids),
+            x, topk_ids, topk_weights, num_experts=e, k=k, dtypes=ACT_DTYPES, device=layout.device,
+            check_ids=reads_ids(topk_ids),
         )
 
     def shard_prepared(self, prepared: TritonMoEWeights, *, dim: str, rank: int, world: int) -> TritonMoEWeights:
@@ -187,7 +189,7 @@ class TritonMoE(TRTLLMMoEKernel):
         topk_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._checked(x, topk_ids, prepared, topk_weights)
-        return self.forward(x, topk_ids, prepared, topk_weights=topk_weights)
+        return self._run(x, topk_ids, prepared, topk_weights, None, False)
 
     def gated(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: TritonMoEWeights) -> torch.Tensor:
         """The FFN's first GEMM with TensorRT-LLM's SwiGLU fused into the epilogue:
@@ -195,7 +197,7 @@ class TritonMoE(TRTLLMMoEKernel):
         self._checked(x, topk_ids, prepared, None)
         if prepared.n % 64:
             raise KernelInputError(f"gated: N={prepared.n} must be a multiple of 64 (32 SwiGLU columns per tile)")
-        return self.forward(x, topk_ids, prepared, gated=True)
+        return self._run(x, topk_ids, prepared, None, None, True)
 
     def forward(
         self,
@@ -211,66 +213,79 @@ class TritonMoE(TRTLLMMoEKernel):
         safe). Inputs must satisfy :func:`~quantcore.ops.moe.check_routing` but for the ids'
         range: a route whose expert id lies outside ``[0, E)`` gets NaN in its output row
         (with ``topk_weights``, its token's row)."""
+        return self._run(x, topk_ids, prepared, topk_weights, tile, gated)
+
+    def _run(self, x: torch.Tensor, topk_ids: torch.Tensor, prepared: TritonMoEWeights,
+             topk_weights: torch.Tensor | None, tile: MoETile | None, gated: bool) -> torch.Tensor:
+        """:meth:`forward`, its options as positions."""
         t, topk = topk_ids.shape
-        _, k, n = prepared.layout.shape
         routes = t * topk
-        cols = n // 2 if gated else n
         weighted = topk_weights is not None
         if routes == 0:
-            shape = (t, cols) if weighted else (t, topk, cols)
-            return torch.zeros(shape, dtype=x.dtype, device=x.device)
-        bucket = self._bucket(prepared, routes, x.dtype, x.device, tile, gated=gated, weighted=weighted)
-        rows = x if x.dim() == 2 else x.reshape(-1, k)
-        if rows.stride(-1) != 1 or rows.stride(0) % 8:
+            n = prepared.n // 2 if gated else prepared.n
+            return torch.zeros((t, n) if weighted else (t, topk, n), dtype=x.dtype, device=x.device)
+        layout = prepared.layout
+        # Kept with the layout tensor (the custom op rebuilds the state object at every call).
+        # The tensor fixes the device (x is on it: check_routing), so the keys leave it out.
+        state = _launcher().launch_state(layout)
+        if tile is None:
+            points = state.get(_ROUTE_POINTS)
+            if points is None:
+                points = state[_ROUTE_POINTS] = _route_points(prepared, x.device)
+            key: tuple[object, ...] = (bisect.bisect_left(points[0], routes), gated, weighted, x.dtype)
+        else:
+            key = (tile, pow2_at_least(routes, 16), gated, weighted, x.dtype)
+        bucket = state.get(key)
+        if bucket is None or bucket.scales is not prepared.scales or bucket.zeros is not prepared.zeros:
+            if tile is None:
+                tile = pick_tile(routes, prepared.num_experts, prepared.k, prepared.group_size,
+                                 scale_dtype=prepared.scales.dtype, card=points[1], interpreted=interpreted())
+            bucket = state[key] = self._bucket(prepared, tile, routes, x.dtype, x.device, gated=gated,
+                                               weighted=weighted)
+        flat = x.dim() == 2
+        rows = x if flat else x.reshape(-1, layout.shape[1])
+        stride = rows.stride()
+        if stride[1] != 1 or stride[0] % 8:
             rows = rows.contiguous()
+            stride = rows.stride()
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
-        y = torch.empty(t, topk, cols, dtype=bucket.y_dtype, device=x.device)
+        y = torch.empty(t, topk, bucket.cols, dtype=bucket.y_dtype, device=bucket.device)
         # The kernels read the ids as given (int32 or int64) and the weights as float32,
         # each contiguous: no copy where they already are.
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-        rw = topk_weights.to(torch.float32, memory_format=torch.contiguous_format) if weighted else None
-        bucket(rows, ids, topk if x.dim() == 2 else 1, rw, y)
+        rw = topk_weights.to(torch.float32, memory_format=torch.contiguous_format) if topk_weights is not None else None
+        bucket(rows, stride[0], ids, routes, topk if flat else 1, rw, y)
         if weighted:
             return y.sum(dim=1).to(x.dtype)
-        return y if y.dtype == x.dtype else y.to(x.dtype)  # Tensor.to parses its arguments even when it is a no-op
+        return y.to(x.dtype) if bucket.rounds else y  # Tensor.to parses its arguments even when it is a no-op
 
-    def _bucket(self, prepared: TritonMoEWeights, routes: int, x_dtype: torch.dtype, device: torch.device,
-                tile: MoETile | None, *, gated: bool, weighted: bool) -> Any:
-        """The bucket of this call (:mod:`.triton_launch`), kept with the prepared weights."""
-        launcher = _launcher()
-        # Kept with the layout tensor (the custom op rebuilds the state object at every call).
-        state = launcher.launch_state(prepared.layout)
-        if tile is None:
-            runs = state.get(device)
-            if runs is None:
-                runs = state[device] = _tile_runs(prepared, device)
-            run: object = (bisect.bisect_left(runs[0], routes), routes > SMALL_MAX_ROUTES,
-                           routes > ONE_LAUNCH_MAX_ROUTES)
-        else:
-            run = tile
-        key = (run, pow2_at_least(routes, 16), gated, weighted, x_dtype, device)
-        bucket = state.get(key)
-        if bucket is None or not bucket.fits(prepared):
-            if tile is None:
-                tile = pick_tile(routes, prepared.num_experts, prepared.k, prepared.group_size,
-                                 scale_dtype=prepared.scales.dtype, card=state[device][1],
-                                 interpreted=interpreted())
-            card, sms = _facts(device)
-            bucket = state[key] = launcher.Bucket(prepared, tile, routes, device, sms=sms, wgmma=uses_wgmma(card),
-                                                  interpreted=interpreted(), gated=gated, weighted=weighted,
-                                                  x_dtype=x_dtype)
-        return bucket
+    def _bucket(self, prepared: TritonMoEWeights, tile: MoETile, routes: int, x_dtype: torch.dtype,
+                device: torch.device, *, gated: bool, weighted: bool) -> Any:
+        """A new bucket of ``tile`` for this call (:mod:`.triton_launch`)."""
+        card, sms = _facts(device)
+        return _launcher().Bucket(prepared, tile, routes, device, sms=sms, wgmma=uses_wgmma(card),
+                                  interpreted=interpreted(), gated=gated, weighted=weighted, x_dtype=x_dtype)
 
 
-def _tile_runs(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[float, ...], CardKey | None]:
-    """The route counts at which the shipped tile changes for this weight on ``device``
-    (:func:`.tiles.pick_tile`: routes per expert against the table's limits) and the card
-    the table was read for."""
+#: Where a weight's launch state keeps its route points (:func:`_route_points`), beside the
+#: buckets.
+_ROUTE_POINTS = "route points"
+
+
+def _route_points(prepared: TritonMoEWeights, device: torch.device) -> tuple[tuple[int, ...], CardKey | None]:
+    """The route counts at which a call's bucket changes for this weight on ``device``,
+    sorted, and the card the tile table was read for. A bucket fixes the tile, which
+    follows the routes per expert against the table's limits (:func:`.tiles.pick_tile`)
+    and whether the routes exceed ``SMALL_MAX_ROUTES`` or ``ONE_LAUNCH_MAX_ROUTES``; and
+    the kernels' compile-time route bounds, the power of two at or above the routes from 16
+    on. So two calls share a bucket when no point lies in ``[routes, routes')``: a call's
+    bucket is its route count's index among the points (one bisection)."""
     card, _ = _facts(device)
-    if interpreted():
-        return (), card
-    e = max(1, prepared.num_experts)
-    return tuple(limit * e for limit, _ in tile_table(card)), card
+    points = {SMALL_MAX_ROUTES, ONE_LAUNCH_MAX_ROUTES, *(1 << j for j in range(4, 63))}
+    if not interpreted():
+        e = max(1, prepared.num_experts)
+        points.update(limit * e for limit, _ in tile_table(card))
+    return tuple(sorted(points)), card
 
 
 @functools.cache

@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from ..custom_ops import traced
 from ..errors import InvalidArgumentError, KernelInputError
 from ..formats.svdquant import SVDQuantAct
 from ..formats.svdquant.numerics import dequantize_activation
+from ..ops.act_quant_lora import ActQuantLoraOutput
 from ..problem import Problem
 from ..tensors import describe
 from .quant_module import QuantModule
@@ -53,6 +55,14 @@ class SVDQuantActQuant(QuantModule):
 
     def problem(self) -> Problem:
         return Problem.of(self.format, self.dims, self.dtype or torch.bfloat16, op=self.op.name)
+
+    def forward(self, x: torch.Tensor) -> ActQuantLoraOutput:
+        # QuantModule.forward with this signature (no inputs and options to pack per call):
+        # the direct route, else every check.
+        kernel = self._direct
+        if kernel is not None and not traced(x):
+            return kernel(x, self.prepared)  # type: ignore[no-any-return]
+        return self._forward_checked((x,), {})  # type: ignore[no-any-return]
 
 
 class SVDQuantLinear(nn.Module):

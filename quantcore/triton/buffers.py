@@ -29,7 +29,7 @@ import torch
 
 from .cuda_driver import libcuda
 
-__all__ = ["KeptBuffers", "capture_id", "capturing", "grown", "kept_buffer", "retired", "stream_key"]
+__all__ = ["KeptBuffers", "capture_id", "capturing", "current_stream", "grown", "kept_buffer", "retired", "stream_key"]
 
 _CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
@@ -164,6 +164,16 @@ def stream_key(device: torch.device) -> tuple[str | int, int]:
         return str(device), 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     return index, torch._C._cuda_getCurrentRawStream(index)  # type: ignore[attr-defined]
+
+
+def current_stream(device: torch.device) -> Callable[[], int]:
+    """``device``'s current stream as :func:`stream_key` reads it (the raw handle; 0 off
+    CUDA), as a query bound to the device once: for a caller that asks at every call (a
+    CUDA device with its index, as a tensor's is: the index is read here, not per call)."""
+    if device.type != "cuda":
+        return lambda: 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return functools.partial(torch._C._cuda_getCurrentRawStream, index)  # type: ignore[attr-defined]
 
 
 class KeptBuffers:

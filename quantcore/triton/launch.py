@@ -30,7 +30,11 @@ the tensors (Triton specialises their dtype and alignment, and its launcher chec
 once), and the bound kernel keeps those tensors (as passed: the aliases below where the
 owner must not be kept) and their addresses; a later call whose fixed positions hold the
 very objects kept hands the launcher the addresses instead. A call with another object
-in a fixed position is launched with the arguments as given.
+in a fixed position is launched with the arguments as given. The positions named
+``own_pointers`` hold tensors the caller allocated itself on the launch's device (its
+outputs, its kept scratch): memory the driver query would find on the device every time, so
+a bound call hands the launcher their ``data_ptr()`` (read per call: a fresh output has a
+new address each time); the first call per specialisation passes them as tensors too.
 
 A kernel that takes host tensor descriptors pays more per call: Triton's launcher encodes
 each one (a ``CUtensorMap``) at every launch. The positions named ``fixed_descriptors``
@@ -110,25 +114,59 @@ class _Cuda:
 
 
 class _Bound:
-    """One compiled kernel, ready to launch."""
+    """One compiled kernel, ready to launch: ``launch(grid, stream, args)`` calls its
+    launcher without hooks (:func:`_launch_function`)."""
 
-    __slots__ = ("direct", "function", "kernel", "metadata", "pointers", "run")
+    __slots__ = ("fixed_addresses", "function", "kernel", "launch", "metadata", "run")
 
-    def __init__(self, kernel: Any, direct: DirectLaunch | None = None,
-                 pointers: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None) -> None:
+    def __init__(self, kernel: Any, args: tuple[Any, ...], tail: tuple[Any, ...], *, fixed: Sequence[int] = (),
+                 own: Sequence[int] = (), direct: DirectLaunch | None = None) -> None:
         self.kernel = kernel
         self.run = kernel.run  # the launcher (loads the binary on first access)
         self.function = kernel.function
         self.metadata = kernel.packed_metadata
-        #: The launch with the fixed descriptors encoded once (it holds them), if any.
-        self.direct = direct
-        #: The arguments with the fixed tensors as their addresses (it holds them), if any.
-        self.pointers = pointers
+        #: The fixed positions handed to the launcher as addresses (their tensors held).
+        self.fixed_addresses = tuple(sorted({i for i in fixed if args[i] is not None}))
+        self.launch = _launch_function(self, args, tail, self.fixed_addresses, own, direct)
 
 
-def _hooks_active() -> bool:
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+def _launch_function(bound: _Bound, args: tuple[Any, ...], tail: tuple[Any, ...], kept: Sequence[int],
+                     own: Sequence[int], direct: DirectLaunch | None) -> Callable[[Grid, int, tuple[Any, ...]], None]:
+    """``launch(grid, stream, args)``: ``bound``'s launcher called with no launch metadata
+    or hooks, every argument in its position and then the constexprs ``tail``; the tensors
+    this binding call passed at the ``kept`` positions as their addresses when ``args``
+    holds those very objects there (else all of them as they are: the launcher then checks
+    each), and the tensors at the ``own`` positions as their ``data_ptr()`` on every call;
+    through ``direct`` (the fixed descriptors encoded once) when there is one and it takes
+    the call. One generated function: no tuple of addresses, no joined argument list."""
+    scope: dict[str, Any] = {"run": bound.run, "function": bound.function, "metadata": bound.metadata,
+                             "direct": direct, "tail": tail}
+    for i in kept:
+        scope[f"t{i}"] = args[i]  # held: its address stays valid while this function lives
+        scope[f"p{i}"] = args[i].data_ptr()
+    for j, value in enumerate(tail):
+        scope[f"c{j}"] = value
+
+    def passed(fixed_as_addresses: bool) -> str:
+        return "".join(f"p{i}, " if fixed_as_addresses and i in kept else f"a{i}.data_ptr(), " if i in own else f"a{i}, "
+                       for i in range(len(args)))
+
+    head = "run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, "
+    consts = "".join(f"c{j}, " for j in range(len(tail)))
+
+    def call(fixed_as_addresses: bool, indent: str) -> str:
+        if direct is None:
+            return f"{indent}{head}{passed(fixed_as_addresses)}{consts})\n"
+        return (f"{indent}args = ({passed(fixed_as_addresses)})\n"
+                f"{indent}if not direct(grid, stream, args):\n"
+                f"{indent}    {head}*args, *tail)\n")
+
+    lines = ["def launch(grid, stream, args):\n", f"    ({''.join(f'a{i}, ' for i in range(len(args)))}) = args\n"]
+    if kept:
+        lines.append(f"    if {' and '.join(f'a{i} is t{i}' for i in kept)}:\n{call(True, ' ' * 8)}        return\n")
+    lines.append(call(False, " " * 4))
+    exec("".join(lines), scope)  # generated from argument positions, as Triton's own binder is
+    return scope["launch"]  # type: ignore[no-any-return]
 
 
 def _key_function(fn: JITFunction, varying: Sequence[int], backend: Any) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -147,30 +185,6 @@ def _key_function(fn: JITFunction, varying: Sequence[int], backend: Any) -> Call
     return scope["key"]  # type: ignore[no-any-return]
 
 
-def _pointer_function(args: tuple[Any, ...], fixed: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
-    """``addresses(args)``: ``args`` with the tensors this binding call passed at the
-    ``fixed`` positions replaced by their ``data_ptr()``, when ``args`` holds those very
-    objects there; else ``args`` as they are (the launcher then checks each tensor). None
-    when no fixed position holds a tensor (None is a null pointer to the launcher already)."""
-    kept = sorted({i for i in fixed if args[i] is not None})
-    if not kept:
-        return None
-    scope: dict[str, Any] = {}
-    for i in kept:
-        scope[f"t{i}"] = args[i]  # held: its address stays valid while this function lives
-        scope[f"p{i}"] = args[i].data_ptr()
-    unpack = ", ".join(f"a{i}" for i in range(len(args)))
-    same = " and ".join(f"a{i} is t{i}" for i in kept)
-    passed = ", ".join(f"p{i}" if i in kept else f"a{i}" for i in range(len(args)))
-    src = (f"def addresses(args):\n"
-           f"    {unpack}{',' if len(args) == 1 else ''} = args\n"
-           f"    if {same}:\n"
-           f"        return ({passed}{',' if len(args) == 1 else ''})\n"
-           f"    return args\n")
-    exec(src, scope)  # generated from argument positions, as Triton's own binder is
-    return scope["addresses"]  # type: ignore[no-any-return]
-
-
 class Launch:
     """``fn`` with ``constexprs`` and ``options`` (``num_warps``, ``num_stages``, …) fixed,
     launched on ``device`` with the runtime arguments in their order; only the positions in
@@ -179,6 +193,10 @@ class Launch:
     ``fixed_descriptors``: positions of tensor descriptors that are the same object at every
     call, encoded once per compiled kernel. ``fixed_pointers``: positions of tensors (or
     None) that are the same object at every call, handed to the launcher as addresses.
+    ``own_pointers``: positions of tensors the caller allocates itself on this launch's
+    device (its outputs and scratch: their dtype fixed, fresh or kept allocations aligned
+    alike), handed to the launcher as addresses read at every call, which spares its driver
+    query of each (module docstring).
 
     ``launch(grid, *args)`` with a 3-tuple grid. ``bound`` says how many compiled kernels
     it holds (one per specialisation of the varying positions); ``fallback`` why it takes
@@ -187,12 +205,12 @@ class Launch:
     call through Triton's launcher (empty when they are encoded once, or none are fixed)."""
 
     __slots__ = ("_bound", "_fn", "_index", "_key", "_kwargs", "_tail", "descriptor_fallback", "device", "fallback",
-                 "fixed_descriptors", "fixed_pointers", "n_args", "varying")
+                 "fixed_descriptors", "fixed_pointers", "n_args", "own_pointers", "varying")
 
     def __init__(
         self, fn: Any, *, constexprs: Mapping[str, Any], options: Mapping[str, Any] | None = None,
         varying: Sequence[int] = (), fixed_descriptors: Sequence[int] = (), fixed_pointers: Sequence[int] = (),
-        device: torch.device,
+        own_pointers: Sequence[int] = (), device: torch.device,
     ) -> None:
         names = list(fn.arg_names)
         consts = _constexpr_names(fn)
@@ -212,12 +230,18 @@ class Launch:
             raise TypeError(f"{fn.__name__}: fixed pointer positions {list(fixed_pointers)} must be among its "
                             f"{self.n_args} arguments, not varying {list(varying)} nor fixed descriptors "
                             f"{list(fixed_descriptors)}")
+        if any(not 0 <= i < self.n_args or i in varying or i in fixed_descriptors or i in fixed_pointers
+               for i in own_pointers):
+            raise TypeError(f"{fn.__name__}: own pointer positions {list(own_pointers)} must be among its "
+                            f"{self.n_args} arguments, not varying {list(varying)}, fixed descriptors "
+                            f"{list(fixed_descriptors)} nor fixed pointers {list(fixed_pointers)}")
         self._fn = fn
         self._kwargs = {**constexprs, **(options or {})}
         self._tail = tuple(constexprs[n] for n in consts)
         self.varying = tuple(varying)
         self.fixed_descriptors = tuple(fixed_descriptors)
         self.fixed_pointers = tuple(fixed_pointers)
+        self.own_pointers = tuple(own_pointers)
         self.descriptor_fallback = ""
         self.device = device
         self._index = device.index if device.index is not None else 0
@@ -243,30 +267,40 @@ class Launch:
         index = self._index
         if _Cuda.device() != index:  # type: ignore[misc]
             with _Cuda.guard(index):
-                self._launch(grid, args, index)
+                self._launch(grid, args, _Cuda.stream(index))  # type: ignore[misc]
             return
-        self._launch(grid, args, index)
+        self._launch(grid, args, _Cuda.stream(index))  # type: ignore[misc]
 
-    def _launch(self, grid: Grid, args: tuple[Any, ...], index: int) -> None:
+    def on(self, stream: int, grid: Grid, *args: Any) -> None:
+        """``self(grid, *args)`` on ``stream``: the current stream of this launch's device
+        (its raw handle), read by a caller that keys scratch of its own by it, so that a
+        call asks for it once. Under the plain path Triton reads it itself."""
+        if self.fallback:
+            self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+            return
+        index = self._index
+        if _Cuda.device() != index:  # type: ignore[misc]
+            with _Cuda.guard(index):
+                self._launch(grid, args, stream)
+            return
+        self._launch(grid, args, stream)
+
+    def _launch(self, grid: Grid, args: tuple[Any, ...], stream: int) -> None:
         key = self._key(args) if self._key is not None else None
         bound = self._bound.get(key)
         if bound is None:
-            self._first(grid, args, index)
+            self._first(grid, args, self._index)
             return
-        stream = _Cuda.stream(index)  # type: ignore[misc]
-        if _hooks_active():
+        # A profiler may register a hook at any time (a HookChain's list, or a plain
+        # function set in its place): looked up per call, inline (a launch's hot path).
+        runtime = knobs.runtime
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
             meta = bound.kernel.launch_metadata(grid, stream, *args, *self._tail)
-            bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, meta,
-                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args, *self._tail)
+            bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, meta, enter, leave,
+                      *args, *self._tail)
             return
-        pointers = bound.pointers
-        if pointers is not None:
-            args = pointers(args)
-        direct = bound.direct
-        if direct is not None and direct(grid, stream, args):
-            return
-        bound.run(grid[0], grid[1], grid[2], stream, bound.function, bound.metadata, None, None, None,
-                  *args, *self._tail)
+        bound.launch(grid, stream, args)
 
     def _first(self, grid: Grid, args: tuple[Any, ...], index: int) -> None:
         """Launch through ``kernel[grid]`` and keep the compiled kernel it ran."""
@@ -276,6 +310,10 @@ class Launch:
             if args[i] is not None and not isinstance(args[i], torch.Tensor):
                 raise TypeError(f"{self._fn.__name__}: fixed pointer position {i} ({self._fn.arg_names[i]}) "
                                 f"expects a tensor or None, got a {type(args[i]).__qualname__}")
+        for i in self.own_pointers:
+            if not isinstance(args[i], torch.Tensor):
+                raise TypeError(f"{self._fn.__name__}: own pointer position {i} ({self._fn.arg_names[i]}) "
+                                f"expects a tensor, got a {type(args[i]).__qualname__}")
         # Compiled and loaded first, so that a kernel with a static table of its own may be
         # allowed the shared memory it needs (static_shared.py) before it launches.
         kernel = self._fn.run(*args, grid=grid, warmup=True, **self._kwargs)
@@ -291,7 +329,8 @@ class Launch:
         if tuple(spec[i] for i in self.varying) != key:
             self.fallback = f"the specialisation of {self.varying} disagrees with Triton's binder: {key} vs {spec}"
             return
-        self._bound[key] = _Bound(kernel, self._direct(kernel, args), _pointer_function(args, self.fixed_pointers))
+        self._bound[key] = _Bound(kernel, args, self._tail, fixed=self.fixed_pointers, own=self.own_pointers,
+                                  direct=self._direct(kernel, args))
 
     def _direct(self, kernel: Any, args: tuple[Any, ...]) -> DirectLaunch | None:
         """The direct launch of ``kernel`` with this call's fixed descriptors encoded, or

@@ -188,3 +188,47 @@ def test_a_launch_on_another_device_type_passes_the_tensors() -> None:
         launch(GRID, x, w, s, b, y, 7)
     assert launch.fallback and len(fn.slow) == 2 and not fn.fast
     assert all(a is t for a, t in zip(fn.slow[1][2:], (x, w, s, b, y), strict=False))
+
+
+def _own_launch() -> tuple[Launch, FakeJIT]:
+    """y (position 4) the caller's own output."""
+    fn = FakeJIT(weights_kernel)
+    return Launch(fn, constexprs={"BLOCK": 64}, varying=VARYING, fixed_pointers=FIXED, own_pointers=(4,),
+                  device=torch.device("cuda", 0)), fn
+
+
+def test_an_own_output_is_passed_as_its_address_read_at_every_call() -> None:
+    launch, fn = _own_launch()
+    w, s, b = _weight()
+    x, y = _aligned(), _aligned()
+    launch(GRID, x, w, s, b, y, 7)
+    assert fn.slow[0][6] is y  # kernel[grid]: the tensor
+    for _ in range(3):
+        x, y = _aligned(), _aligned()  # a fresh output at every call
+        launch(GRID, x, w, s, b, y, 7)
+        assert _same(_passed(fn.fast[-1]), [x, w.data_ptr(), s.data_ptr(), b.data_ptr(), y.data_ptr(), 7])
+    other = s.clone()  # another object at a fixed position: those as given, the own output still an address
+    launch(GRID, x, w, other, b, y, 7)
+    assert _same(_passed(fn.fast[-1]), [x, w, other, b, y.data_ptr(), 7])
+
+
+def test_own_pointer_positions_are_checked_when_the_launch_is_made_and_bound() -> None:
+    fn = FakeJIT(weights_kernel)
+    for own in ((6,), (0,), (1,)):  # beyond the runtime arguments, varying, fixed
+        with pytest.raises(TypeError, match="own pointer positions"):
+            Launch(fn, constexprs={"BLOCK": 64}, varying=VARYING, fixed_pointers=FIXED, own_pointers=own,
+                   device=torch.device("cuda", 0))
+    launch, fn = _own_launch()
+    with pytest.raises(TypeError, match=r"own pointer position 4 \(y_ptr\) expects a tensor, got a NoneType"):
+        launch(GRID, _aligned(), *_weight(), None, 7)
+    assert launch.bound == 0 and not fn.slow and not fn.fast
+
+
+def test_a_launch_on_a_stream_its_caller_read_asks_for_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch, fn = _launch()
+    w, s, b = _weight()
+    x, y = _aligned(), _aligned()
+    launch(GRID, x, w, s, b, y, 7)
+    monkeypatch.setattr(launch_mod._Cuda, "stream", lambda index: pytest.fail("the stream was read again"))
+    launch.on(5, GRID, x, w, s, b, y, 7)
+    assert fn.fast[-1][4] == 5 and _same(_passed(fn.fast[-1]), [x, w.data_ptr(), s.data_ptr(), b.data_ptr(), y, 7])

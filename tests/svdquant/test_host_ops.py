@@ -142,6 +142,23 @@ def test_kept_scratch_is_looked_up_once_per_bucket_and_stream(recorded: list[Rec
     assert len({id(args[8]) for _, args in launched.calls}) == 1
 
 
+def test_a_call_reads_the_stream_once_for_its_kept_scratch_and_its_launch(recorded: list[Recorder],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_launch, "keeps_scratch", lambda device: True)
+    streams = iter([7, 7, 8, 7])
+    read: list[int] = []
+    # decided when a bucket is made, as keeps_scratch: the query of the bucket's device
+    monkeypatch.setattr(triton_launch, "current_stream", lambda device: lambda: read.append(next(streams)) or read[-1])
+    module = _module(pad_size=256)
+    x = torch.randn(3, N).bfloat16()
+    for _ in range(4):
+        module(x)
+    launched = recorded[-1]
+    assert read == [7, 7, 8, 7] and launched.streams == read  # one read a call, handed to the launch
+    (bucket,) = triton_launch.launch_state(module.prepared.lora_down).values()
+    assert sorted(bucket._scratch) == [7, 8]
+
+
 def test_an_outgrown_kept_buffer_stays_with_the_bucket_that_has_it(recorded: list[Recorder],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A larger bucket grows the kept partials: the outgrown buffer is retired (never freed),

@@ -10,6 +10,7 @@ and of a stand-in H100 (its shipped tile table).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 from unittest.mock import Mock
@@ -19,7 +20,12 @@ import torch
 
 from quantcore.backends.trtllm_moe import triton_kernel as kernel_mod
 from quantcore.backends.trtllm_moe import triton_launch
-from quantcore.backends.trtllm_moe.tiles import ONE_LAUNCH_MAX_ROUTES
+from quantcore.backends.trtllm_moe.tiles import (
+    ONE_LAUNCH_MAX_ROUTES,
+    MoETile,
+    pick_tile,
+    pow2_at_least,
+)
 from quantcore.backends.trtllm_moe.triton_kernel import TritonMoE, reads_ids
 from quantcore.errors import KernelInputError
 from quantcore.formats.trtllm_moe import TRTLLMMoE
@@ -65,6 +71,36 @@ def test_fixed_arguments_specialise_alike_on_every_call_of_a_bucket(
     before = len(recorded)
     kernel.forward(torch.randn(3, 128).bfloat16(), torch.zeros(3, 2, dtype=torch.int32), w)
     assert len(recorded) == before  # the bucket of (3 × 2 routes) was kept
+
+
+@pytest.mark.parametrize("planning", ["interpreter", "gpu"])
+def test_calls_share_a_bucket_only_where_the_tile_and_the_route_bound_agree(
+    monkeypatch: pytest.MonkeyPatch, planning: str,
+) -> None:
+    """A call's bucket is its route count's index among the weight's route points: every
+    route count of one index gets the same tile and the same compile-time route bound."""
+    interpreted = planning == "interpreter"
+    monkeypatch.setattr(kernel_mod, "interpreted", lambda: interpreted)
+    monkeypatch.setattr(kernel_mod, "_facts", lambda device: (None if interpreted else H100_SXM, 132))
+    _, w = _weights()
+    points, card = kernel_mod._route_points(w, torch.device("cpu"))
+    made: dict[int, tuple[MoETile, int]] = {}
+    for routes in range(1, 6000):
+        tile = pick_tile(routes, 8, 128, 64, scale_dtype=w.scales.dtype, card=card, interpreted=interpreted)
+        fixed = (tile, pow2_at_least(routes, 16))
+        assert made.setdefault(bisect.bisect_left(points, routes), fixed) == fixed, routes
+    assert len({t for t, _ in made.values()}) > (1 if interpreted else 2)  # the tile did change on the way
+
+
+def test_route_weights_vary_only_in_a_weighted_bucket(recorded: list[Recorder]) -> None:
+    kernel, w = _weights()
+    x, ids = torch.randn(2, 128).bfloat16(), torch.zeros(2, 2, dtype=torch.int32)
+    kernel.forward(x, ids, w)
+    kernel.forward(x, ids, w, topk_weights=torch.rand(2, 2))
+    plain, weighted = recorded
+    pos = triton_launch.GEMM_ROUTE_WEIGHTS
+    assert pos in plain.fixed_pointers and pos not in plain.varying and plain.calls[0][1][pos] is w.scales
+    assert pos in weighted.varying and pos not in weighted.fixed_pointers
 
 
 def test_another_prepared_state_is_bound_anew(recorded: list[Recorder]) -> None:

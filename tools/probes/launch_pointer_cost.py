@@ -67,7 +67,7 @@ def measure(calls: int, repeats: int) -> dict[str, float]:
     fixed = Launch(_sixteen, device=dev, varying=(14, 15), fixed_pointers=range(14), constexprs=dict(BLOCK=1024),
                    options=dict(num_warps=4))
     fixed((1, 1, 1), *bufs, 1024, 4096, 1, 1)  # binds
-    assert all(b.pointers is not None for b in fixed._bound.values()), "the fixed pointers were not bound"
+    assert all(b.fixed_addresses for b in fixed._bound.values()), "the fixed pointers were not bound"
     bound = next(iter(launch._bound.values()))
     stream = torch.cuda.current_stream().cuda_stream
     tail = (1024,)

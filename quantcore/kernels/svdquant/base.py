@@ -122,4 +122,5 @@ class SVDQuantKernel(ActQuantLoraKernel):
                 f"prepared: made for {prepared.fmt.slug}, but this {self.name} writes {self.fmt.slug}; "
                 f"prepare the layer with a kernel for {self.fmt.slug}"
             )
-        return check_activation(x, n=prepared.n, dtype=prepared.dtype, device=prepared.lora_down.device)
+        lora_down = prepared.lora_down
+        return check_activation(x, n=lora_down.shape[0], dtype=prepared.dtype, device=lora_down.device)

@@ -17,6 +17,7 @@ keyed by everything that changes the kernel: format, N, R, M bucket, dtype, smoo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import statistics
@@ -30,7 +31,6 @@ import torch
 from ...cost import Cost
 from ...errors import KernelInputError
 from ...formats.svdquant import SVDQuantAct
-from ...formats.svdquant.numerics import padded_rows
 from ...kernel import Requirements, Support
 from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
@@ -152,6 +152,8 @@ _tuned: dict[tuple[object, ...], Tile] = {}
 class TritonActQuantLora(SVDQuantKernel):
     """One Triton source for both formats; subclasses pick the format and devices."""
 
+    fmt: SVDQuantAct  # what prepare() and every call check the prepared state against
+
     max_rank: ClassVar[int | None] = MAX_RANK
     #: bf16 tl.dot on CUDA; the CPU runs it under Triton's interpreter.
     requires: ClassVar[Requirements] = Requirements(
@@ -181,33 +183,47 @@ class TritonActQuantLora(SVDQuantKernel):
         return base
 
     def __call__(self, x: torch.Tensor, prepared: SVDQuantWeights) -> ActQuantLoraOutput:
-        self.check_call(x, prepared)
-        return self.forward(x, prepared)
+        return self._run(x, prepared, self.check_call(x, prepared), None)
 
     def forward(self, x: torch.Tensor, prepared: SVDQuantWeights, *, tile: Tile | None = None) -> ActQuantLoraOutput:
         """The call without validation (inputs must pass :meth:`check_call`). Everything
         but the outputs and the launch is decided once per bucket (:mod:`.triton_launch`)."""
-        fmt = self.fmt
-        assert isinstance(fmt, SVDQuantAct)
-        m = x.shape[0]
+        return self._run(x, prepared, x.shape[0], tile)
+
+    @functools.cached_property
+    def _format_key(self) -> tuple[object, ...]:
+        """The format as part of a bucket's key: its type and fields, which hash in C (the
+        format's own hash is its dataclass's Python method, a call per lookup)."""
+        return (type(self.fmt), *dataclasses.astuple(self.fmt))
+
+    def _run(self, x: torch.Tensor, prepared: SVDQuantWeights, m: int, tile: Tile | None) -> ActQuantLoraOutput:
+        """:meth:`forward` of ``x``'s ``m`` rows."""
         if m == 0:
-            return ActQuantLoraOutput(*allocate_outputs(fmt, 0, x.shape[1], prepared.r, x.device))
-        if x.stride(1) != 1:
+            return ActQuantLoraOutput(*allocate_outputs(self.fmt, 0, x.shape[1], prepared.r, x.device))
+        stride = x.stride()
+        if stride[1] != 1:
             x = x.contiguous()
-        m_pad = padded_rows(m, fmt.pad_size)
-        launcher = _launcher()
+            stride = x.stride()
+        pad = self.fmt.pad_size
+        m_pad = -(-m // pad) * pad  # padded_rows(m, pad), without a Python call per launch
         # Kept with the LoRA tensor (the custom op rebuilds the state object at every call).
-        state = launcher.launch_state(prepared.lora_down)
-        key = (m_pad, x.dtype, x.device, tile, fmt)
+        # The tensor fixes the device (x is on it: check_call), so the key leaves it out.
+        state = _launcher().launch_state(prepared.lora_down)
+        key = (m_pad, x.dtype, tile, self._format_key)
         bucket = state.get(key)
         if bucket is None or bucket.rsmooth is not prepared.rsmooth:
-            chosen = tile if tile is not None else self._tile(x, prepared, m_pad)
-            check_tile(chosen, fmt, prepared.r)
-            compiled = x.device.type == "cuda" and not interpreted()
-            sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
-            bucket = state[key] = launcher.Bucket(fmt, prepared, chosen, m_pad, x.dtype, x.device, compiled=compiled,
-                                                  interpreted=interpreted(), sms=sms, gpu_math=gpu_math())
-        return bucket(x, m)  # type: ignore[no-any-return]
+            bucket = state[key] = self._bucket(x, prepared, m_pad, tile)
+        return bucket(x, stride[0], m)  # type: ignore[no-any-return]
+
+    def _bucket(self, x: torch.Tensor, prepared: SVDQuantWeights, m_pad: int, tile: Tile | None) -> Any:
+        """A new bucket for ``x``'s padded row count, dtype and device (:mod:`.triton_launch`)."""
+        fmt = self.fmt
+        chosen = tile if tile is not None else self._tile(x, prepared, m_pad)
+        check_tile(chosen, fmt, prepared.r)
+        compiled = x.device.type == "cuda" and not interpreted()
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if compiled else 1
+        return _launcher().Bucket(fmt, prepared, chosen, m_pad, x.dtype, x.device, compiled=compiled,
+                                  interpreted=interpreted(), sms=sms, gpu_math=gpu_math())
 
     def _tile(self, x: torch.Tensor, prepared: SVDQuantWeights, m_pad: int) -> Tile:
         fmt = self.fmt

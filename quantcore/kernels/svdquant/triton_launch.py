@@ -18,7 +18,7 @@ import torch
 
 from ...formats.svdquant import SVDQuantAct
 from ...ops.act_quant_lora import ActQuantLoraOutput
-from ...triton.buffers import KeptBuffers, capturing, stream_key
+from ...triton.buffers import KeptBuffers, capturing, current_stream, stream_key
 from ...triton.launch import Launch, launch_state
 from ...triton.unowned import unowned
 from .base import output_layout
@@ -36,6 +36,10 @@ VARYING = (0, 1, 9)
 #: launcher as addresses; and the LoRA output, which is the stand-in too at rank 0.
 FIXED = (2, 3)
 LORA_OUT = 6
+#: The outputs (q, its scales; the LoRA output where R > 0) and the scratch (partials,
+#: tickets, or the LoRA output in their place): the bucket's own allocations on its device,
+#: handed to the launcher as addresses.
+OWN = (4, 5, 7, 8)
 
 #: Per-row-tile tickets, zero between calls (the last program of a tile resets its own),
 #: and the LoRA partials of shared row tiles (each written before it is read, in the same
@@ -68,8 +72,10 @@ class Bucket:
         self.grid = (programs, 1, 1)
         self.shared = bool(r) and programs > 1  # row tiles split between programs: partials and tickets
         self.keeps = keeps_scratch(device)
+        #: The device's current stream (its raw handle): what the kept scratch is kept by.
+        self._stream = current_stream(device)
         #: Per stream, the kept partials and tickets this bucket's launches use there.
-        self._scratch: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.layout = output_layout(fmt, m_pad, n, r)
         self.part_numel = self.row_tiles * self.slots * tile.bm * r
         #: Stands in for the pointers a launch never reads (no smooth, no LoRA), in x's dtype.
@@ -82,7 +88,7 @@ class Bucket:
         extra = {"maxnreg": tile.maxnreg} if compiled and tile.maxnreg else {}
         self.launch = Launch(
             act_quant_lora_kernel, device=device, varying=VARYING,
-            fixed_pointers=FIXED if r else (*FIXED, LORA_OUT),
+            fixed_pointers=FIXED if r else (*FIXED, LORA_OUT), own_pointers=(*OWN, LORA_OUT) if r else OWN,
             constexprs=dict(N=n, R=r, FP4=fmt.fp4, HAS_SMOOTH=prepared.rsmooth is not None,
                             INTERPRETED=interpreted, GPU_MATH=gpu_math, PTX=compiled,
                             TREE=tile.tree, BM=tile.bm, BN=tile.bn, BR=rank_block(r), FLAT=tile.flat,
@@ -91,35 +97,48 @@ class Bucket:
             options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False, **extra),
         )
 
-    def __call__(self, x: torch.Tensor, m: int) -> ActQuantLoraOutput:
-        """The outputs for ``x``'s ``m`` rows (``x`` checked, its rows unit-strided)."""
+    def __call__(self, x: torch.Tensor, row_stride: int, m: int) -> ActQuantLoraOutput:
+        """The outputs for ``x``'s ``m`` rows (``x`` checked, its rows unit-strided and
+        ``row_stride`` apart)."""
         (q_shape, q_dtype), (s_shape, s_dtype), (l_shape, l_dtype) = self.layout
+        device = self.device
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
-        qout = torch.empty(*q_shape, dtype=q_dtype, device=self.device)
-        oscales = torch.empty(*s_shape, dtype=s_dtype, device=self.device)
-        lora = torch.empty(*l_shape, dtype=l_dtype, device=self.device)
+        qout = torch.empty(*q_shape, dtype=q_dtype, device=device)
+        oscales = torch.empty(*s_shape, dtype=s_dtype, device=device)
+        lora = torch.empty(*l_shape, dtype=l_dtype, device=device)
+        stream = None
         if not self.shared:
             part = tickets = lora  # never read: no row tile is shared
         elif self.keeps:
-            part, tickets = self._kept_scratch()
+            # The stream read once: it keys the kept scratch, and the launch is handed it.
+            stream = self._stream()
+            hit = self._scratch.get(stream)
+            part, tickets = hit if hit is not None else self._kept_scratch(stream)
         else:
-            part = torch.empty(self.part_numel, dtype=torch.float32, device=self.device)
-            tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=self.device)
-        self.launch(self.grid, x, x.stride(0), self.rs, self.w, qout, oscales,
-                    lora if self.r else self.unread, part, tickets, m, self.m_pad, self.slots)
-        return ActQuantLoraOutput(qout, oscales, lora)
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=device)
+            tickets = torch.zeros(self.row_tiles, dtype=torch.int32, device=device)
+        args = (x, row_stride, self.rs, self.w, qout, oscales, lora if self.r else self.unread, part, tickets, m,
+                self.m_pad, self.slots)
+        if stream is None:
+            self.launch(self.grid, *args)
+        else:
+            self.launch.on(stream, self.grid, *args)
+        # What the named tuple's own constructor does, without its Python frame.
+        return tuple.__new__(ActQuantLoraOutput, (qout, oscales, lora))
 
-    def _kept_scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The partials and tickets of the current stream: the kept buffers, remembered per
-        stream after the first call there. One that a larger bucket outgrows stays valid
-        for this one (an outgrown buffer is retired, never freed, and still holds what this
-        bucket needs); one made for a graph being captured is that graph's alone and not
-        remembered."""
-        stream = stream_key(self.device)
+    def _kept_scratch(self, stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The partials and tickets of ``stream`` (the current one when not given): the kept
+        buffers, remembered per stream after the first call there. One that a larger bucket
+        outgrows stays valid for this one (an outgrown buffer is retired, never freed, and
+        still holds what this bucket needs); one made for a graph being captured is that
+        graph's alone and not remembered."""
+        if stream is None:
+            stream = self._stream()
         hit = self._scratch.get(stream)
         if hit is not None:
             return hit
-        hit = (_PARTIALS.get(stream, self.part_numel, self.device), _TICKETS.get(stream, self.row_tiles, self.device))
+        key = stream_key(self.device)  # the current stream again, with the device: the kept buffers' key
+        hit = (_PARTIALS.get(key, self.part_numel, self.device), _TICKETS.get(key, self.row_tiles, self.device))
         if not capturing(self.device):
             self._scratch[stream] = hit
         return hit

@@ -22,10 +22,11 @@ def check_activation(x: object, *, n: int, dtype: torch.dtype, device: torch.dev
     returns M."""
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2 or x.shape[1] != n or x.dtype != dtype or x.device != device:
+    shape = x.shape
+    if len(shape) != 2 or shape[1] != n or x.dtype != dtype or x.device != device:
         name = str(dtype).removeprefix("torch.")
         raise KernelInputError(f"x: expected [M, {n}] {name} on {device}, got {describe(x)}")
-    return int(x.shape[0])
+    return int(shape[0])
 
 
 class ActQuantLoraKernel(Kernel):

@@ -68,7 +68,7 @@ def check_routing(
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     shapes = ((t, k), (t, topk, k))
-    if tuple(x.shape) not in shapes or x.dtype not in dtypes or x.device != device:
+    if x.shape not in shapes or x.dtype not in dtypes or x.device != device:  # a torch.Size is a tuple
         wanted = " or ".join(str(s) for s in shapes)
         names = "/".join(str(d).removeprefix("torch.") for d in dtypes)
         raise KernelInputError(f"x: expected {wanted} {names} on {device}, got {describe(x)}")
