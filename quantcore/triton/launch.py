@@ -274,7 +274,8 @@ class Launch:
     def on(self, stream: int, grid: Grid, *args: Any) -> None:
         """``self(grid, *args)`` on ``stream``: the current stream of this launch's device
         (its raw handle), read by a caller that keys scratch of its own by it, so that a
-        call asks for it once. Under the plain path Triton reads it itself."""
+        call asks for it once. Under the plain path Triton reads it itself. (The body is
+        ``__call__``'s, not shared through a helper: one Python frame less a launch.)"""
         if self.fallback:
             self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
             return
