@@ -98,6 +98,8 @@ class DescriptorJIT(FakeJIT):
 def cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_mod._Cuda, "device", lambda: 0)
     monkeypatch.setattr(launch_mod._Cuda, "stream", lambda index: STREAM + index)
+    # the fakes load no binary (a real launch earlier in a GPU session put the driver's opt-in here)
+    monkeypatch.setattr(launch_mod._Cuda, "shared_opt_in", lambda kernel: None)
 
 
 @pytest.fixture

@@ -41,6 +41,8 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in CUDA runtime: device 0 current, stream 77."""
     monkeypatch.setattr(launch_mod._Cuda, "device", lambda: 0)
     monkeypatch.setattr(launch_mod._Cuda, "stream", lambda index: 77 + index)
+    # the fakes load no binary (a real launch earlier in a GPU session put the driver's opt-in here)
+    monkeypatch.setattr(launch_mod._Cuda, "shared_opt_in", lambda kernel: None)
 
 
 def _aligned(n: int = 64, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -91,6 +91,8 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(launch_mod._Cuda, "device", lambda: state["device"])
     monkeypatch.setattr(launch_mod._Cuda, "stream", lambda index: 77 + index)
     monkeypatch.setattr(launch_mod._Cuda, "guard", guard)
+    # the fakes load no binary (a real launch earlier in a GPU session put the driver's opt-in here)
+    monkeypatch.setattr(launch_mod._Cuda, "shared_opt_in", lambda kernel: None)
     return state
 
 
