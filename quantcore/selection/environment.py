@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ENV_ALLOW_DENSE", "ENV_DISABLE", "ENV_FORCE", "ENV_PREFER", "Overrides", "environment_key"]
 
@@ -43,9 +44,26 @@ class Overrides:
         return cls(prefs, _names(ENV_DISABLE), _names(ENV_FORCE), allow_dense)
 
 
-def environment_key() -> tuple[str | None, ...]:
-    """The environment as a cached choice depends on it."""
-    return tuple(os.environ.get(v) for v in (ENV_DISABLE, ENV_FORCE, ENV_PREFER, ENV_ALLOW_DENSE))
+_KEY_VARS = (ENV_DISABLE, ENV_FORCE, ENV_PREFER, ENV_ALLOW_DENSE)
+#: The variables' names as the environment's raw mapping spells them, per encoder.
+_RAW_NAMES: dict[Any, tuple[Any, ...]] = {}
+
+
+def environment_key() -> tuple[object, ...]:
+    """The environment as a cached choice depends on it: the variables' raw values.
+
+    Read on every cached ``get_kernel``, so read cheaply: CPython's ``os.environ`` keeps the
+    raw mapping every write goes to (``_data``, names through ``encodekey``), and four plain
+    lookups there cost a tenth of four ``os.environ.get`` (each encodes the name and decodes
+    the value). Anything else standing in for ``os.environ`` is read the ordinary way."""
+    env = os.environ
+    data, encode = getattr(env, "_data", None), getattr(env, "encodekey", None)
+    if type(data) is not dict or encode is None:
+        return tuple(env.get(v) for v in _KEY_VARS)
+    names = _RAW_NAMES.get(encode)
+    if names is None:
+        names = _RAW_NAMES[encode] = tuple(encode(v) for v in _KEY_VARS)
+    return tuple(map(data.get, names))
 
 
 def _names(var: str) -> tuple[str, ...]:

@@ -81,6 +81,26 @@ def test_env_disable_force_prefer(registry: Registry, monkeypatch: pytest.Monkey
     assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "torch_fallback"
 
 
+def test_a_cached_choice_follows_the_environment_set_after_it(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "aten_cpu"  # cached now
+    monkeypatch.setenv(ENV_PREFER, "torch_fallback")
+    assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "torch_fallback"
+    monkeypatch.delenv(ENV_PREFER)
+    assert get_kernel("gptq", "cpu", problem=P, registry=registry).name == "aten_cpu"
+
+
+def test_the_environment_key_is_read_from_a_stand_in_for_os_environ_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.selection import environment as env_mod
+
+    for var in (ENV_DISABLE, ENV_FORCE, env_mod.ENV_ALLOW_DENSE):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(ENV_PREFER, "torch_fallback")
+    raw = env_mod.environment_key()  # os.environ's raw mapping
+    assert raw[2] is not None and [raw[0], raw[1], raw[3]] == [None, None, None]
+    monkeypatch.setattr(env_mod.os, "environ", {ENV_PREFER: "torch_fallback"})  # a plain mapping
+    assert env_mod.environment_key() == (None, None, "torch_fallback", None)
+
+
 def test_disable_by_plugin_name(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_DISABLE, "torch_fallback")
     assert statuses(explain("gptq", "cpu", registry=registry))["torch_fallback"][0] == "disabled"
