@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The test suite on a GPU within one call: each group of test paths in its own pytest
+# process, all groups at once, each under the same time limit, and every test's name and
+# outcome logged as it runs (-v), so a group stopped at its limit still says which tests
+# passed and which failed (pytest prints its failure summary only when it finishes).
+#
+#   bash tools/probes/tests_gpu.sh 330 tests/hardening "tests/core tests/nn" tests/turboquant
+#
+# $OUT/tests/<group>.log for each group (named after its first path); on stdout, per group,
+# its exit status, its outcome counts and every FAILED or ERROR line.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+limit=$1
+shift
+OUT="${OUT:-$PWD/gpu-tests}"
+mkdir -p "$OUT/tests"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+
+group() {
+  local name=$1
+  shift
+  # shellcheck disable=SC2068  # a group's paths are meant to split into words
+  timeout --signal=INT --kill-after=15 "$limit" python3 -m pytest -p no:xdist -p no:cacheprovider -v -rfE \
+    --tb=short $@ --qc-device cuda >"$OUT/tests/$name.log" 2>&1
+  echo "$name rc=$?" >>"$OUT/tests/status.txt"
+}
+
+: >"$OUT/tests/status.txt"
+for paths in "$@"; do
+  first=${paths%% *}
+  group "$(echo "${first#tests/}" | tr '/.' '--')" "$paths" &
+done
+wait
+
+for log in "$OUT"/tests/*.log; do
+  name=$(basename "$log" .log)
+  echo "== $(grep "^$name " "$OUT/tests/status.txt")"
+  for outcome in PASSED FAILED ERROR SKIPPED XFAIL XPASS; do
+    printf ' %s %s' "$outcome" "$(grep -c " $outcome" "$log")"
+  done
+  echo
+  grep -E "(FAILED|ERROR)( |$)" "$log" | grep "::" | sort -u | head -40
+done
