@@ -18,6 +18,7 @@ import torch
 from .cost import Cost
 from .formats.base import Format
 from .probe import Capabilities
+from .probe.packages import release
 from .problem import Problem
 
 __all__ = ["Kernel", "LinearKernel", "Requirements", "Support"]
@@ -50,6 +51,10 @@ class Requirements:
     max_capability: tuple[int, int] | None = None
     packages: tuple[str, ...] = ()
     aten_ops: tuple[str, ...] = ()
+    #: ``(package, oldest version)``: an installed version below it is refused here, with
+    #: the reason, where it would otherwise fail at the kernel's first call (a compiler
+    #: older than the language features the kernel is written in).
+    min_versions: tuple[tuple[str, str], ...] = ()
 
     def check(self, caps: Capabilities) -> str | None:
         """None when met, else the reason (the first unmet requirement)."""
@@ -71,10 +76,19 @@ class Requirements:
             status = caps.package(pkg)
             if not status.usable:
                 return f"package {pkg}: {status.reason or 'unusable'}"
+        for pkg, oldest in self.min_versions:
+            version = caps.package(pkg).version
+            if version is not None and _padded(release(version)) < _padded(release(oldest)):
+                return f"package {pkg}: {version} installed, needs {oldest} or newer"
         for op in self.aten_ops:
             if not caps.has_op(op):
                 return f"aten.{op} has no {caps.device_type} kernel in torch {caps.torch_version}"
         return None
+
+
+def _padded(numbers: tuple[int, ...]) -> tuple[int, ...]:
+    """Release numbers compared as three (``3.6`` is ``3.6.0``)."""
+    return (*numbers, 0, 0, 0)[:max(3, len(numbers))]
 
 
 def _cc(cc: tuple[int, int] | None) -> str:

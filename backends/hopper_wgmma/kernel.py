@@ -21,6 +21,7 @@ from quantcore.kernels.gptq_pairs.kernel import (
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.triton import TESTED_TRITON
 
 from .layout import GPTQToHopper, HopperWeights
 
@@ -36,7 +37,8 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
                                   "async wgmma, split-K")
     #: wgmma and TMA: sm_90a only (Gluon compiles it for that target; no interpreter).
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda"}), min_capability=(9, 0), max_capability=(9, 0), packages=("triton",)
+        device_types=frozenset({"cuda"}), min_capability=(9, 0), max_capability=(9, 0), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
     transform = GPTQToHopper
     prepared_type = HopperWeights

@@ -23,6 +23,7 @@ from quantcore.kernel import Requirements
 from quantcore.kernels.svdquant.triton_kernel import TritonActQuantLora
 from quantcore.probe import Capabilities
 from quantcore.registry import hookimpl
+from quantcore.triton import TESTED_TRITON
 
 __all__ = ["TritonAscendInt4"]
 
@@ -37,7 +38,8 @@ class TritonAscendInt4(TritonActQuantLora):
         "Triton (triton-ascend): INT4 quantize + LoRA-down from one read of x (NPU; also CUDA, interpreter)"
     )
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"npu", "cuda", "cpu"}), packages=("triton",)
+        device_types=frozenset({"npu", "cuda", "cpu"}), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
     cuda_bandwidth: ClassVar[float] = 0.43
 

@@ -23,6 +23,7 @@ from quantcore.kernels.gptq_pairs.layout import SLICE
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.schema import Depends
+from quantcore.triton import TESTED_TRITON
 
 from .layout import GPTQToTritonInt, TritonIntWeights, triton_int_schema
 
@@ -45,7 +46,8 @@ class TritonInt4GPTQ(PairedGPTQKernel):
     description: ClassVar[str] = "GPTQ 4/8-bit in Triton: tensor-core dequant-in-registers GEMM, split-K"
     #: bf16 tensor cores on CUDA; the CPU runs it under Triton's interpreter.
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
     transform = GPTQToTritonInt
     prepared_type = TritonIntWeights

@@ -41,6 +41,7 @@ from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
 from quantcore.problem import Problem
 from quantcore.schema import Fields
+from quantcore.triton import TESTED_TRITON
 
 from .prepared_shard import shard_prepared_moe
 from .preprocess import CutlassMixedGemmLayout, QuantType
@@ -122,7 +123,8 @@ class TritonMoE(TRTLLMMoEKernel):
     )
     #: bf16 tensor cores on CUDA; the CPU runs it under Triton's interpreter.
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
 
     @classmethod

@@ -21,6 +21,7 @@ from quantcore.kernels.turboquant.base import ACT_DTYPES, PassData, TurboQuantPr
 from quantcore.kernels.turboquant.cost import group_size, passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
+from quantcore.triton import TESTED_TRITON
 from quantcore.triton.checks import check_x
 
 from .configs import PathChoice
@@ -35,7 +36,8 @@ class TurboQuantTriton(FusedTurboQuantKernel):
         "TurboQuant in Triton: fused decode (M = 1) and tensor-core kernels, dequantize + cuBLAS for prefill"
     )
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda", "cpu"}), packages=("triton",)
+        device_types=frozenset({"cuda", "cpu"}), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
     split_halves: ClassVar[bool] = False
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 
-__all__ = ["installed_version"]
+__all__ = ["installed_version", "release"]
+
+_RELEASE = re.compile(r"\d+(?:\.\d+)*")
 
 
 def installed_version(module: str, distributions: tuple[str, ...]) -> tuple[bool, str | None]:
@@ -27,3 +30,11 @@ def installed_version(module: str, distributions: tuple[str, ...]) -> tuple[bool
         except importlib.metadata.PackageNotFoundError:
             continue
     return found, version
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers a version string starts with: ``3.6.0+git1a2b`` → ``(3, 6, 0)``,
+    ``3.2`` → ``(3, 2)``; a string that starts with none gives ``()``, below every release.
+    A pre-release counts as its release (``3.6.0rc1`` → ``(3, 6, 0)``)."""
+    match = _RELEASE.match(version.strip())
+    return tuple(int(part) for part in match.group().split(".")) if match else ()

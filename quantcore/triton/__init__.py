@@ -7,3 +7,11 @@ Nothing here imports triton at ``import quantcore``: :mod:`.buffers`, :mod:`.spl
 :mod:`.checks` need torch only, :mod:`.compile_report` imports triton inside its functions, and
 :mod:`.launch` (which imports it) is loaded by a backend's launch code on its first call.
 """
+
+__all__ = ["TESTED_TRITON"]
+
+#: The oldest Triton the Triton kernels here are written for and tested with (Gluon's API,
+#: ``tl.join``/``tl.gather``, the launch attributes of programmatic dependent launch): a
+#: kernel lists it in ``Requirements.min_versions``, so an older compiler is passed over by
+#: ``get_kernel`` with this reason instead of failing at the kernel's first call.
+TESTED_TRITON: tuple[str, str] = ("triton", "3.6")

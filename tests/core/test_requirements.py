@@ -29,3 +29,30 @@ def test_a_capability_floor_is_cudas_only() -> None:
     cpu = dataclasses.replace(probe("cpu"), packages=(TRITON,))
     assert cpu.compute_capability is None
     assert CUDA_AND_CPU.check(cpu) is None
+
+
+def _with_triton(version: str | None) -> Capabilities:
+    return dataclasses.replace(_cuda((9, 0)), packages=(PackageStatus("triton", version, True),))
+
+
+def test_a_version_floor_refuses_an_older_release_with_the_reason() -> None:
+    floor = dataclasses.replace(CUDA_AND_CPU, min_versions=(("triton", "3.6"),))
+    assert floor.check(_with_triton("3.5.1")) == "package triton: 3.5.1 installed, needs 3.6 or newer"
+    assert floor.check(_with_triton("3.2.0+git1a2b3c")) == "package triton: 3.2.0+git1a2b3c installed, needs 3.6 or newer"
+    for same_or_newer in ("3.6", "3.6.0", "3.6.0+cu130", "3.6.1", "3.10.0", "4.0"):
+        assert floor.check(_with_triton(same_or_newer)) is None, same_or_newer
+    # no version to compare (a source checkout without metadata): the presence check decides
+    assert floor.check(_with_triton(None)) is None
+
+
+def test_every_triton_kernel_passes_over_a_triton_older_than_the_one_it_is_tested_with() -> None:
+    from quantcore.registry import default_registry
+    from quantcore.triton import TESTED_TRITON
+
+    old = _with_triton("3.4.0")
+    triton_kernels = [e.cls for e in default_registry().load().kernels() if "triton" in e.cls.requires.packages]
+    assert {"hopper_wgmma", "triton_int4", "turboquant_triton", "trtllm_moe_triton", "triton_nvfp4"} <= {
+        k.name for k in triton_kernels}
+    for kernel in triton_kernels:
+        assert TESTED_TRITON in kernel.requires.min_versions, kernel.name
+        assert kernel.check_device(old) == f"package triton: 3.4.0 installed, needs {TESTED_TRITON[1]} or newer"

@@ -101,3 +101,18 @@ def test_torch_compile_traces_the_call_whole() -> None:
 
 def test_the_cpu_runs_torchs_ops_and_says_why() -> None:
     assert why_torch("cpu") == "the kernel runs on CUDA devices, not cpu"
+
+
+def test_a_triton_older_than_the_tested_one_keeps_torchs_ops_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.kernels.gated_activation import op
+    from quantcore.probe import Capabilities, PackageStatus
+
+    old = Capabilities(device="cuda:0", device_type="cuda", available=True, compute_capability=(9, 0),
+                       torch_version=torch.__version__, packages=(PackageStatus("triton", "3.4.0", True),))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(op, "probe", lambda device: old)
+    assert op._unusable(torch.device("cuda", 0)) == "package triton: 3.4.0 installed, needs 3.6 or newer"
+    current = Capabilities(device="cuda:0", device_type="cuda", available=True, compute_capability=(9, 0),
+                           torch_version=torch.__version__, packages=(PackageStatus("triton", "3.6.0", True),))
+    monkeypatch.setattr(op, "probe", lambda device: current)
+    assert op._unusable(torch.device("cuda", 0)) == ""

@@ -32,8 +32,10 @@ from collections.abc import Callable
 import torch
 
 from ...errors import InvalidArgumentError, KernelInputError
+from ...kernel import Requirements
 from ...probe import probe
 from ...tensors import describe, traced
+from ...triton import TESTED_TRITON
 
 __all__ = ["ACTIVATIONS", "KERNEL_ACTIVATIONS", "KERNEL_DTYPES", "check_gated", "gated_activation", "why_torch"]
 
@@ -141,8 +143,11 @@ def _runner(device: torch.device) -> Runner | None:
         return run
 
 
+#: What the kernel needs of a CUDA device (the Triton kernels' floor, quantcore/triton/__init__.py).
+_KERNEL_NEEDS = Requirements(device_types=frozenset({"cuda"}), packages=("triton",), min_versions=(TESTED_TRITON,))
+
+
 def _unusable(device: torch.device) -> str:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "Triton's interpreter is on (TRITON_INTERPRET=1): it runs kernels on the CPU, not on this device"
-    status = probe(device).package("triton")
-    return "" if status.usable else f"triton: {status.describe()}"
+    return _KERNEL_NEEDS.check(probe(device)) or ""

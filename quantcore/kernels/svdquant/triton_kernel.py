@@ -36,6 +36,7 @@ from ...ops.act_quant_lora import ActQuantLoraOutput
 from ...probe import Capabilities
 from ...probe.card_tables import card_of
 from ...problem import Problem
+from ...triton import TESTED_TRITON
 from .base import SVDQuantKernel, SVDQuantWeights, allocate_outputs
 from .configs import shipped_tile
 from .tile import DEFAULT_TREE, Tile, launch_geometry, rank_block
@@ -157,7 +158,8 @@ class TritonActQuantLora(SVDQuantKernel):
     max_rank: ClassVar[int | None] = MAX_RANK
     #: bf16 tl.dot on CUDA; the CPU runs it under Triton's interpreter.
     requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",)
+        device_types=frozenset({"cuda", "cpu"}), min_capability=(8, 0), packages=("triton",),
+        min_versions=(TESTED_TRITON,)
     )
 
     #: Share of the copy bandwidth on CUDA (benchmarks/results/nvidia-h100-80gb-hbm3/
