@@ -55,6 +55,10 @@ class Requirements:
     #: the reason, where it would otherwise fail at the kernel's first call (a compiler
     #: older than the language features the kernel is written in).
     min_versions: tuple[tuple[str, str], ...] = ()
+    #: ``(package, first release refused)``: for a kernel written against an API that the
+    #: package changes between releases (Triton's Gluon), the releases it is not known to
+    #: compile with.
+    below_versions: tuple[tuple[str, str], ...] = ()
 
     def check(self, caps: Capabilities) -> str | None:
         """None when met, else the reason (the first unmet requirement)."""
@@ -80,6 +84,10 @@ class Requirements:
             version = caps.package(pkg).version
             if version is not None and _padded(release(version)) < _padded(release(oldest)):
                 return f"package {pkg}: {version} installed, needs {oldest} or newer"
+        for pkg, refused in self.below_versions:
+            version = caps.package(pkg).version
+            if version is not None and _padded(release(version)) >= _padded(release(refused)):
+                return f"package {pkg}: {version} installed, needs a release below {refused}"
         for op in self.aten_ops:
             if not caps.has_op(op):
                 return f"aten.{op} has no {caps.device_type} kernel in torch {caps.torch_version}"

@@ -21,7 +21,7 @@ from quantcore.kernels.gptq_pairs.kernel import (
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
-from quantcore.triton import TESTED_TRITON
+from quantcore.triton import GLUON_BELOW, TESTED_TRITON
 
 from .layout import GPTQToHopper, HopperWeights
 
@@ -38,7 +38,7 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
     #: wgmma and TMA: sm_90a only (Gluon compiles it for that target; no interpreter).
     requires: ClassVar[Requirements] = Requirements(
         device_types=frozenset({"cuda"}), min_capability=(9, 0), max_capability=(9, 0), packages=("triton",),
-        min_versions=(TESTED_TRITON,)
+        min_versions=(TESTED_TRITON,), below_versions=(GLUON_BELOW,)
     )
     transform = GPTQToHopper
     prepared_type = HopperWeights

@@ -45,11 +45,14 @@ from typing import Any
 import torch
 import triton
 
+from quantcore.kernel import Requirements
 from quantcore.kernels.turboquant.base import PassData, TurboQuantPrepared, rotate_input
 from quantcore.kernels.turboquant.rotation import InputRotation
+from quantcore.probe import probe
 from quantcore.probe.card import CardKey
 from quantcore.probe.card_tables import card_of
 from quantcore.tensors import laid_out, version_of
+from quantcore.triton import GLUON_BELOW, TESTED_TRITON
 from quantcore.triton.buffers import capturing, stream_key
 from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.unowned import unowned
@@ -111,6 +114,20 @@ _paths: dict[torch.device, configs.PathChoice] = {}
 def _card(device: torch.device) -> CardKey | None:
     """What the tuned tables are keyed by (None on the CPU and under the interpreter)."""
     return card_of(device)
+
+
+#: What the ``mma.sync`` decode kernel (Gluon) needs of the installed Triton.
+_GLUON_NEEDS = Requirements(device_types=frozenset({"cuda"}), packages=("triton",), min_versions=(TESTED_TRITON,),
+                            below_versions=(GLUON_BELOW,))
+_gluon_compiles: dict[torch.device, bool] = {}
+
+
+def _gluon_ok(device: torch.device) -> bool:
+    """Whether this Triton compiles the Gluon decode kernel on ``device`` (decided once)."""
+    ok = _gluon_compiles.get(device)
+    if ok is None:
+        ok = _gluon_compiles[device] = _GLUON_NEEDS.check(probe(device)) is None
+    return ok
 
 
 def _path_choice(device: torch.device) -> configs.PathChoice:
@@ -661,7 +678,7 @@ def default_path(m: int, x_dtype: torch.dtype, k: int, n: int, passes: int, grou
     and rows (``configs.mma_decode_config``), never with a running partial."""
     if not has_partial:
         cfg = configs.mma_decode_config(_card(device), m, k, n, group_size, passes, x_dtype)
-        if cfg is not None:
+        if cfg is not None and _gluon_ok(device):
             return "mma_decode", cfg
     choice = _paths.get(device) or _path_choice(device)
     if m <= choice.gemv_max_m:

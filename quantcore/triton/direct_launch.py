@@ -17,6 +17,7 @@ Imports triton: load it only where a kernel runs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,6 +73,8 @@ def _wrapped(launcher: Any, driver: Any) -> tuple[dict[str, Any], str]:
         return {}, "the kernel takes global or profile scratch (Triton's launcher allocates it per call)"
     if getattr(driver, "_BASE_ARGS_FORMAT_LEN", None) != BASE_ARGS:
         return {}, f"the C launcher's leading arguments are not the {BASE_ARGS} this was written for"
+    if not _takes_two(getattr(driver, "make_tensordesc_arg", None)):
+        return {}, "driver.make_tensordesc_arg does not take (descriptor, metadata), as Triton 3.6's does"
     wrapper = getattr(launcher, "launch", None)
     code = getattr(wrapper, "__code__", None)
     if code is None or code is not _wrapper_code(driver):
@@ -80,6 +83,18 @@ def _wrapped(launcher: Any, driver: Any) -> tuple[dict[str, Any], str]:
     if any(name not in free for name in _FREE):
         return {}, f"wrap_handle_tensordesc's closure holds {sorted(free)}, not {list(_FREE)}"
     return free, ""
+
+
+def _takes_two(encode: object) -> bool:
+    """Whether ``encode`` is called as ``encode(descriptor, metadata)`` (Triton 3.8's takes a
+    third argument: its encoding would raise at the first call)."""
+    try:
+        params = inspect.signature(encode).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return len(required) <= 2 <= len(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def direct_launch(kernel: Any, args: Sequence[Any], tail: Sequence[Any],

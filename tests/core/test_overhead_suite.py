@@ -16,6 +16,7 @@ from quantcore.benchmarks.runner import run_cases
 from quantcore.benchmarks.suites._descriptors import DIFFER, per_call_twin
 from quantcore.benchmarks.suites._host_cost import host_times
 from quantcore.benchmarks.suites.overhead import SHAPES, host_cases, host_notes
+from tests.triton_release import needs_tested_release
 
 
 def test_the_host_time_of_a_call_is_the_time_to_issue_it() -> None:
@@ -71,6 +72,7 @@ class _FakeKernel:
         return y.nextafter(y + 1) if self.differ and p.encodings == 4 else y
 
 
+@needs_tested_release
 @pytest.mark.parametrize("differ", [False, True])
 def test_a_kernel_is_timed_beside_its_twin_with_descriptors_encoded_per_call(differ: bool) -> None:
     from quantcore.triton import launch

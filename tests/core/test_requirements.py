@@ -56,3 +56,24 @@ def test_every_triton_kernel_passes_over_a_triton_older_than_the_one_it_is_teste
     for kernel in triton_kernels:
         assert TESTED_TRITON in kernel.requires.min_versions, kernel.name
         assert kernel.check_device(old) == f"package triton: 3.4.0 installed, needs {TESTED_TRITON[1]} or newer"
+
+
+def test_a_version_ceiling_refuses_the_first_release_past_it() -> None:
+    ceiling = dataclasses.replace(CUDA_AND_CPU, below_versions=(("triton", "3.7"),))
+    assert ceiling.check(_with_triton("3.8.0")) == "package triton: 3.8.0 installed, needs a release below 3.7"
+    assert ceiling.check(_with_triton("3.7")) == "package triton: 3.7 installed, needs a release below 3.7"
+    assert ceiling.check(_with_triton("3.6.0")) is None and ceiling.check(_with_triton("3.6.9")) is None
+
+
+def test_the_gluon_kernel_is_passed_over_on_a_triton_whose_gluon_it_does_not_compile_with() -> None:
+    """Triton 3.8's Gluon has no ``gl.thread_barrier``: hopper_wgmma would fail at its first
+    call there, so it is refused with the reason, and triton_int4 (plain Triton) is not."""
+    from quantcore.registry import default_registry
+    from quantcore.triton import GLUON_BELOW
+
+    kernels = {e.cls.name: e.cls for e in default_registry().load().kernels() if e.cls.format == "gptq"}
+    newer = _with_triton("3.8.0")
+    assert kernels["hopper_wgmma"].check_device(newer) == (
+        f"package triton: 3.8.0 installed, needs a release below {GLUON_BELOW[1]}")
+    assert kernels["hopper_wgmma"].check_device(_with_triton("3.6.0")) is None
+    assert kernels["triton_int4"].check_device(newer) is None

@@ -28,6 +28,9 @@ from triton.runtime import _allocation
 from quantcore.triton import launch as launch_mod
 from quantcore.triton.launch import Launch
 from tests.core.test_triton_launch import FakeJIT
+from tests.triton_release import needs_tested_release
+
+pytestmark = needs_tested_release
 
 
 def desc_kernel(w_desc, x_desc, s_desc, y_ptr, M, BLOCK: tl.constexpr):  # pragma: no cover - never run
@@ -255,6 +258,41 @@ def test_a_launcher_of_another_shape_takes_tritons_launcher_and_says_why(encoded
         launch(GRID, w, _x(), s, y, 16)
     assert "not wrap_handle_tensordesc's closure" in launch.descriptor_fallback and launch.bound == 1
     assert encoded[id(w)] == 2 and len(raw.calls) == 2
+
+
+def test_an_encoder_that_takes_other_arguments_takes_tritons_launcher_and_says_why(
+        encoded: collections.Counter[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton 3.8's ``make_tensordesc_arg`` takes a third argument: encoding with two
+    would raise at the first call, so the launch keeps Triton's launcher."""
+    from quantcore.triton import direct_launch as direct_mod
+
+    def three(arg: Any, meta: Any, cache: Any) -> list[Any]:  # pragma: no cover - never called
+        raise AssertionError("an encoder of another signature is never called")
+
+    other = type(driver)("another_driver")
+    other.__dict__.update(vars(driver))
+    other.make_tensordesc_arg = three  # type: ignore[attr-defined]
+    monkeypatch.setattr(direct_mod, "_driver", lambda: other)
+    raw = RawLauncher()
+    launch, _ = _launch(cuda_launcher(raw, TMA_META))
+    w, s, y = _weight()
+    for _ in range(3):
+        launch(GRID, w, _x(), s, y, 16)
+    assert "make_tensordesc_arg does not take (descriptor, metadata)" in launch.descriptor_fallback
+    # as with every fallback: the calls after the binding one through Triton's wrapper, which encodes each time
+    assert launch.bound == 1 and len(raw.calls) == 2 and encoded[id(w)] == 2
+
+
+def test_the_encoder_check_reads_the_signature() -> None:
+    from quantcore.triton.direct_launch import _takes_two
+
+    def two(arg: Any, meta: Any) -> None: ...
+    def optional_third(arg: Any, meta: Any, cache: Any = None) -> None: ...
+    def three(arg: Any, meta: Any, cache: Any) -> None: ...
+    def spread(*args: Any) -> None: ...
+
+    assert _takes_two(two) and _takes_two(optional_third) and _takes_two(spread)
+    assert not _takes_two(three) and not _takes_two(None) and not _takes_two(lambda arg: None)
 
 
 def test_a_launcher_that_is_no_cuda_launcher_is_launched_as_before() -> None:

@@ -10,7 +10,11 @@ import re
 
 import pytest
 
+from tests.triton_release import needs_gluon_release
+
 from .test_sm90_compile import _bundled_tools, compiled_rows
+
+pytestmark = needs_gluon_release
 
 SCRIPT = """
 import json

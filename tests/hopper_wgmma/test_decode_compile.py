@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.triton_release import needs_gluon_release
+
 from .test_sm90_compile import _bundled_tools, compiled_rows
+
+pytestmark = needs_gluon_release
 
 SCRIPT = """
 import json

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.triton_release import needs_gluon_release
+
+pytestmark = needs_gluon_release
+
 
 def _bundled_tools() -> bool:
     import importlib.util

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.triton_release import needs_gluon_release
+
 from .test_sm90_compile import _bundled_tools
+
+pytestmark = needs_gluon_release
 
 SCRIPT = """
 import json, torch

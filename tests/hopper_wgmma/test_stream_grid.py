@@ -15,6 +15,7 @@ import torch
 from quantcore.backends.hopper_wgmma import launch
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.errors import InvalidArgumentError
+from tests.triton_release import needs_gluon_release
 
 from .test_sm90_compile import _bundled_tools, compiled_rows
 
@@ -89,6 +90,7 @@ for plan, kw in [(Plan(1, 8, 8, 1, in_flight=True, stream=2), {"n": 14336}),
 
 
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_gluon_release
 def test_balanced_plans_compile_for_sm90() -> None:
     rows = compiled_rows(SCRIPT)
     assert len(rows) == 3

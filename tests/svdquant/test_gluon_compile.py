@@ -9,6 +9,7 @@ import pytest
 
 from quantcore.triton.compile_report import tools_available
 from tests.hopper_wgmma.test_sm90_compile import compiled_rows
+from tests.triton_release import needs_gluon_release
 
 SCRIPT = """
 import json
@@ -19,6 +20,7 @@ for n, r, stages, split in ((3840, 32, 4, 4), (3840, 128, 4, 4), (10240, 32, 3, 
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_gluon_release
 def test_the_gluon_candidate_compiles_for_sm90() -> None:
     rows = compiled_rows(SCRIPT)
     assert len(rows) == 4

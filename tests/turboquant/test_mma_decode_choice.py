@@ -48,11 +48,28 @@ def test_fp16_takes_the_bf16_entry_and_nothing_else_stands_in() -> None:
 def test_the_call_takes_the_path_only_without_a_running_partial(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused, "_card", lambda device: H200)
     monkeypatch.setattr(fused, "_paths", {})  # the path thresholds this card's table gives, not kept after
+    monkeypatch.setattr(fused, "_gluon_ok", lambda device: True)  # a CUDA device whose Triton compiles Gluon
     device = torch.device("cpu")
     assert fused.default_path(5, torch.bfloat16, 14336, 4096, 2, 128, False, device) == ("mma_decode", EIGHT)
     assert fused.default_path(5, torch.bfloat16, 14336, 4096, 2, 128, True, device)[0] == "mma"
     assert fused.default_path(1, torch.bfloat16, 14336, 4096, 1, 128, False, device) == ("gemv", None)
     assert fused.default_path(9, torch.bfloat16, 14336, 4096, 2, 128, False, device)[0] == "mma"
+
+
+@pytest.mark.usefixtures("h200_table")
+@pytest.mark.parametrize(("version", "taken"), [("3.6.0", True), ("3.8.0", False)])
+def test_the_path_is_not_taken_where_triton_does_not_compile_its_gluon(
+        monkeypatch: pytest.MonkeyPatch, version: str, taken: bool) -> None:
+    from quantcore.probe import Capabilities, PackageStatus
+
+    caps = Capabilities(device="cuda:0", device_type="cuda", available=True, compute_capability=(9, 0),
+                        torch_version=torch.__version__, packages=(PackageStatus("triton", version, True),))
+    monkeypatch.setattr(fused, "probe", lambda device: caps)
+    monkeypatch.setattr(fused, "_gluon_compiles", {})
+    monkeypatch.setattr(fused, "_card", lambda device: H200)
+    monkeypatch.setattr(fused, "_paths", {})
+    path = fused.default_path(5, torch.bfloat16, 14336, 4096, 2, 128, False, torch.device("cpu"))
+    assert path == (("mma_decode", EIGHT) if taken else ("mma", None))
 
 
 def test_a_table_file_holds_mma_decode_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from quantcore.backends.turboquant_triton import decode_mma as dm
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.triton.compile_report import tools_available
+from tests.triton_release import needs_gluon_release
 
 from .cuda_layers import quantized_layer
 
@@ -96,6 +97,7 @@ for f, p, t, c in json.loads(sys.argv[1]):
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_gluon_release
 def test_shipped_variants_compile_without_spills() -> None:
     env = {a: v for a, v in os.environ.items() if a != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(SHIPPED)], capture_output=True, text=True,
@@ -158,6 +160,7 @@ for p, t, c, w, v, s in json.loads(sys.argv[1]):
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_gluon_release
 def test_options_compile_without_spills() -> None:
     env = {a: v for a, v in os.environ.items() if a != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _OPTIONS_SCRIPT, json.dumps(OPTIONS)], capture_output=True,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from quantcore.triton.compile_report import tools_available
+from tests.triton_release import needs_gluon_release
 from tools.probes import turboquant_mma_decode as probe
 
 
@@ -73,6 +74,7 @@ for kw in [dict(), dict(copies=32), dict(fp16=True), dict(groups=2), dict(steps=
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_gluon_release
 def test_kernel_compiles_for_sm90_without_spills() -> None:
     env = {a: v for a, v in os.environ.items() if a != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=900)

@@ -7,6 +7,7 @@ import pytest
 
 from quantcore.triton.compile_report import tools_available
 from tests.compile_report_rows import compile_report_rows
+from tests.triton_release import needs_tested_release
 
 
 def _geometry(r: dict) -> tuple:
@@ -15,6 +16,7 @@ def _geometry(r: dict) -> tuple:
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_tested_release
 def test_autotune_configs_compile_for_sm90_without_spills() -> None:
     rows = compile_report_rows("turboquant_triton")
     assert {r["kernel"] for r in rows} == {"gemv", "mma", "dequant", "fold"}
