@@ -90,6 +90,23 @@ def test_all_zero_block_has_the_smallest_scale_and_zero_codes() -> None:
     assert torch.isfinite(deq).all() and not deq.any()
 
 
+def test_the_quantizer_runs_where_torch_has_no_where_for_8_bit_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.6 (the oldest the package allows) has no ``torch.where`` for float8 on the
+    CPU: the quantizer keeps its scales in float32 until they are stored, bit for bit."""
+    want = NVFP4.quantize(torch.tensor([[0.0] * 16, [6.375, 5.0] + [1e-9] * 14], dtype=torch.bfloat16))
+    real = torch.where
+
+    def where(cond: torch.Tensor, a: object, b: object) -> torch.Tensor:
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (a, b)):
+            raise RuntimeError('"where_cpu" not implemented for \'Float8_e4m3fn\'')
+        return real(cond, a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "where", where)
+    got = NVFP4.quantize(torch.tensor([[0.0] * 16, [6.375, 5.0] + [1e-9] * 14], dtype=torch.bfloat16))
+    assert torch.equal(got["qout"], want["qout"])
+    assert torch.equal(got["oscales"].view(torch.uint8), want["oscales"].view(torch.uint8))
+
+
 def _torchao_block(values: list[float]) -> tuple[list[int], int]:
     out = NVFP4.quantize(torch.tensor([values], dtype=torch.float16), convention="torchao")
     return unpack_nibbles(out["qout"][0]).tolist(), int(out["oscales"].view(torch.uint8)[0, 0])

@@ -14,12 +14,14 @@ import pytest
 
 from quantcore.triton.compile_report import tools_available
 from tests.compile_report_rows import compile_report_rows
+from tests.triton_release import needs_tested_release
 
 #: T → (K-loop instructions, whole kernel's), measured with Triton 3.6's bundled ptxas.
 DECODE_BUDGET = {1: (285, 776), 16: (317, 912), 64: (534, 2968)}
 
 
 @pytest.mark.skipif(not tools_available(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+@needs_tested_release
 def test_decode_tiles_keep_their_k_loop_and_uniform_wgmma_descriptors() -> None:
     rows = compile_report_rows("trtllm_moe_triton", timeout=900)
     decode = {r["T"]: r for r in rows if "in-kernel routes" in r["tile"]}

@@ -128,8 +128,9 @@ def quantize_activation(
             codes = e2m1_codes(v * fdiv(1.0, s8.float()).unsqueeze(-1))
         else:
             s8 = e4m3_round(fdiv(amax, 6.0).clamp(max=E4M3_MAX))
-            tiny = torch.tensor(E4M3_MIN_SUBNORMAL, device=x.device).to(torch.float8_e4m3fn)
-            s8 = torch.where(s8.float() == 0, tiny, s8)
+            # In float32, then back: every value is an e4m3 one, so the round trip is exact
+            # (older torch has no torch.where for the 8-bit floats).
+            s8 = torch.where(s8.float() == 0, E4M3_MIN_SUBNORMAL, s8.float()).to(torch.float8_e4m3fn)
             codes = e2m1_codes(v / s8.float().unsqueeze(-1))
         scale_bits = s8.view(torch.uint8).to(torch.int64)
         scale_bits = torch.where(bad, FP8_NAN_BITS, scale_bits)
