@@ -415,14 +415,28 @@ class QuantModule(nn.Module):
         self._rebuild()
 
     def _cannot_run(self, kernel_cls: type[Kernel], device: torch.device) -> str | None:
-        """Why ``kernel_cls`` cannot run this module's weight on ``device``, or None."""
-        if device.type == "meta" or device.type in kernel_cls.requires.device_types:
+        """Why ``kernel_cls`` cannot run this module's weight on ``device``, or None: another
+        device type, or what the device lacks that the kernel needs (a package, a release of
+        it; a state prepared where they were, loaded where they are not)."""
+        if device.type == "meta":
+            return None
+        if device.type not in kernel_cls.requires.device_types:
+            return (
+                f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
+                f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
+                f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
+                "after a move)"
+            )
+        try:
+            why = kernel_cls.check_device(probe(device))
+        except Exception as exc:  # a plugin's check that raises: its kernel cannot be trusted to run
+            why = f"its device check raised {type(exc).__name__}: {exc}"
+        if why is None:
             return None
         return (
-            f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its "
-            f"layout for {'/'.join(sorted(kernel_cls.requires.device_types))} and cannot run it on "
-            f"{device}; build the module on {device.type} (or with keep_source=True to prepare again "
-            "after a move)"
+            f"{type(self).__name__}: {kernel_cls.name} prepared this {self.format.slug} weight in its layout "
+            f"and cannot run it on {device}: {why}; build the module where it runs (or with keep_source=True "
+            "to prepare again)"
         )
 
     def extra_repr(self) -> str:

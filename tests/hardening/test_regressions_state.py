@@ -177,6 +177,28 @@ def test_a_state_of_a_kernel_that_cannot_run_here_blocks_the_module() -> None:
         target(torch.randn(1, 128, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
 
 
+def test_a_state_of_a_kernel_whose_package_is_too_old_here_blocks_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found under torch 2.6 with Triton 3.2: a state naming a Triton kernel, loaded where
+    that kernel is refused for the installed Triton, was launched and raised a raw
+    ImportError; the module is now blocked at the load with the kernel's reason."""
+    import dataclasses
+
+    from quantcore.nn import quant_module
+    from quantcore.probe import PackageStatus, probe
+
+    fmt = GPTQ(bits=4, group_size=64, sym=True)
+    t = fmt.quantize(torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 0.05)
+    state = QuantLinear(fmt, t, prefer="triton_int4").state_dict()
+    old = dataclasses.replace(probe("cpu"), packages=(PackageStatus("triton", "3.2.0", True),))
+    monkeypatch.setattr(quant_module, "probe", lambda device: old)
+    target = QuantLinear(fmt, t, prefer="aten_cpu")
+    target.load_state_dict(state)
+    assert target.kernel is not None and target.kernel.name == "triton_int4"
+    with pytest.raises(KernelInputError, match=r"triton_int4 prepared this .* and cannot run it on cpu: package "
+                                               r"triton: 3.2.0 installed, needs 3.6 or newer"):
+        target(torch.randn(2, 128, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("tamper", ["index moved", "names swapped"])
 def test_buffers_of_one_shape_cannot_stand_in_for_each_other(tamper: str) -> None:
     """Found by the nightly state fuzz: pass 2's ``scales`` pointed at pass 1's (same
