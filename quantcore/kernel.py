@@ -82,21 +82,16 @@ class Requirements:
                 return f"package {pkg}: {status.reason or 'unusable'}"
         for pkg, oldest in self.min_versions:
             version = caps.package(pkg).version
-            if version is not None and _padded(release(version)) < _padded(release(oldest)):
+            if version is not None and release(version) < release(oldest):
                 return f"package {pkg}: {version} installed, needs {oldest} or newer"
         for pkg, refused in self.below_versions:
             version = caps.package(pkg).version
-            if version is not None and _padded(release(version)) >= _padded(release(refused)):
+            if version is not None and release(version) >= release(refused):
                 return f"package {pkg}: {version} installed, needs a release below {refused}"
         for op in self.aten_ops:
             if not caps.has_op(op):
                 return f"aten.{op} has no {caps.device_type} kernel in torch {caps.torch_version}"
         return None
-
-
-def _padded(numbers: tuple[int, ...]) -> tuple[int, ...]:
-    """Release numbers compared as three (``3.6`` is ``3.6.0``)."""
-    return (*numbers, 0, 0, 0)[:max(3, len(numbers))]
 
 
 def _cc(cc: tuple[int, int] | None) -> str:

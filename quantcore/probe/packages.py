@@ -33,8 +33,10 @@ def installed_version(module: str, distributions: tuple[str, ...]) -> tuple[bool
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The release numbers a version string starts with: ``3.6.0+git1a2b`` → ``(3, 6, 0)``,
-    ``3.2`` → ``(3, 2)``; a string that starts with none gives ``()``, below every release.
-    A pre-release counts as its release (``3.6.0rc1`` → ``(3, 6, 0)``)."""
+    """The release numbers a version string starts with, at least three, for comparing:
+    ``3.6.0+git1a2b`` → ``(3, 6, 0)``, ``3.6`` → ``(3, 6, 0)``; a string that starts with
+    none gives ``(0, 0, 0)``, below every release. A pre-release counts as its release
+    (``3.6.0rc1`` → ``(3, 6, 0)``)."""
     match = _RELEASE.match(version.strip())
-    return tuple(int(part) for part in match.group().split(".")) if match else ()
+    numbers = tuple(int(part) for part in match.group().split(".")) if match else ()
+    return (*numbers, 0, 0, 0)[:max(3, len(numbers))]
