@@ -75,7 +75,7 @@ class CompressedToGPTQ(Transform[Tensors, dict[str, torch.Tensor]]):
         out = {
             "weight_packed": pack_codes(self.target.unpack_weight(dst).T, bits, dim=1),
             "weight_scale": dst["scales"].T.contiguous(),
-            "weight_shape": torch.tensor([dims["N"], dims["K"]], dtype=torch.int64),
+            "weight_shape": torch.tensor([dims["N"], dims["K"]], dtype=torch.int64, device=dst["scales"].device),
         }
         if not self.fmt.sym:
             out["weight_zero_point"] = pack_codes(zeros.T, bits, dim=0)

@@ -358,3 +358,21 @@ def test_svdquant_triton_row_tiles_divide_pad_size(monkeypatch: pytest.MonkeyPat
     want = act_quant_lora_reference(fmt, x, layer["lora_down"])
     assert qout.shape == (32, 32) and torch.equal(qout.cpu(), want.qout)
     assert torch.equal(oscales.cpu().view(torch.uint8), want.oscales.view(torch.uint8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compressed_tensors_writers_keep_one_device() -> None:
+    """Found by the fuzz on a GPU: the compressed-tensors quantizer and the GPTQ →
+    compressed-tensors inverse wrote ``weight_shape`` on the CPU beside CUDA codes, and
+    the format's own validator refused the result (expected one device)."""
+    from quantcore.formats.compressed_tensors import CompressedTensors
+    from quantcore.transforms.compressed_gptq import CompressedToGPTQ
+
+    fmt = CompressedTensors(bits=2, group_size=64, sym=False)
+    weight = torch.randn(64, 128, generator=GEN().manual_seed(13)).to(torch.bfloat16).cuda()
+    written = fmt.quantize(weight)
+    assert {t.device.type for t in written.values()} == {"cuda"}
+    fmt.validate(written)
+    back = CompressedToGPTQ(fmt).invert(CompressedToGPTQ(fmt).apply(written))
+    assert {t.device.type for t in back.values()} == {"cuda"}
+    fmt.validate(back)

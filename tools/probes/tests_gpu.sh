@@ -14,7 +14,8 @@ limit=$1
 shift
 OUT="${OUT:-$PWD/gpu-tests}"
 mkdir -p "$OUT/tests"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+# the example plugin too: the test command installs it, and tests import it by name
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e examples/quantcore-example-plugin >/dev/null 2>&1
 
 group() {
   local name=$1

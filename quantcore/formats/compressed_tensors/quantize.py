@@ -54,7 +54,7 @@ def quantize_minmax(
     out = {
         "weight_packed": pack_codes(q + fmt.offset, fmt.bits, dim=1),
         "weight_scale": scale.to(torch.float16),
-        "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int64),
+        "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int64, device=weight.device),
     }
     if not fmt.sym:
         out["weight_zero_point"] = pack_codes(zero.to(torch.int32) + fmt.offset, fmt.bits, dim=0)
