@@ -5,8 +5,11 @@
 # passed and which failed (pytest prints its failure summary only when it finishes).
 #
 #   bash tools/probes/tests_gpu.sh 330 tests/hardening "tests/core tests/nn" tests/turboquant
+#   QUANTCORE_FUZZ_DEVICE=cuda bash tools/probes/tests_gpu.sh 250 \
+#       "tests/hardening/test_fuzz_kernels.py -k hopper_wgmma" "tests/hardening/test_fuzz_kernels.py -k aten_cuda"
 #
-# $OUT/tests/<group>.log for each group (named after its first path); on stdout, per group,
+# (a group is split into words: a -k expression must be one word)
+# $OUT/tests/<n>-<group>.log for each group (numbered, named after its first path); on stdout, per group,
 # its exit status, its outcome counts and every FAILED or ERROR line.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -27,9 +30,12 @@ group() {
 }
 
 : >"$OUT/tests/status.txt"
+index=0
 for paths in "$@"; do
+  index=$((index + 1))
   first=${paths%% *}
-  group "$(echo "${first#tests/}" | tr '/.' '--')" "$paths" &
+  # numbered: two groups may share a first path (the same file, another -k)
+  group "$index-$(echo "${first#tests/}" | tr '/.' '--')" "$paths" &
 done
 wait
 
@@ -41,4 +47,5 @@ for log in "$OUT"/tests/*.log; do
   done
   echo
   grep -E "(FAILED|ERROR)( |$)" "$log" | grep "::" | sort -u | head -40
+  grep -h "^cases run:" "$log"  # the fuzz's tally, where a group ran it
 done
