@@ -152,6 +152,17 @@ def _rotated_fp32(x2d: torch.Tensor, rotation: torch.Tensor, d: int, gpc: int, w
     return out
 
 
+def rotation_fits(card: CardKey | None, d: int, x_dtype: torch.dtype, rotation_dtype: torch.dtype,
+                  lookup: str) -> bool:
+    """Whether a decode program on ``card`` can hold the shared rotation it applies to x
+    (always under the interpreter, where ``card`` is None: no shared memory to run out of).
+    On a GPU the dot runs in float32 where x or Π is float32, or they differ."""
+    if card is None:
+        return True
+    dot_fp32 = x_dtype == torch.float32 or x_dtype != rotation_dtype
+    return configs.gemv_rotation_bytes(d, dot_fp32, lookup) <= card.smem_kib * 1024
+
+
 def _words(indices: torch.Tensor) -> torch.Tensor:
     """[N, K/2] uint8 → [N, K/8] int32 (no copy: prepared indices are contiguous and aligned)."""
     return laid_out(indices).view(torch.int32)
@@ -231,6 +242,10 @@ class _Gemv(_Bucket):
         rows_cta = triton.cdiv(triton.cdiv(n, chunks), cfg.br) * cfg.br
         self.chunks = triton.cdiv(n, rows_cta)
         shared = passes[0].rotation.shape[0] == 1
+        lookup = _lookup(cfg.lookup, codebook, device)
+        # A program holds Π in shared memory to rotate x: where it would not fit the card
+        # (d = 256 in float32, d = 512), x is rotated by a GEMM before the launch.
+        shared = shared and rotation_fits(_card(device), d, x_dtype, passes[0].rotation.dtype, lookup)
         #: ``prerotate``: a shared rotation applied once per split in float32 by its own
         #: launch, the decode kernel then reading x rotated.
         self.prerotate = shared and cfg.prerotate
@@ -255,7 +270,7 @@ class _Gemv(_Bucket):
                 HAS_BIAS=bias is not None, INTERPRET=interpreting(),
                 # x and Π of different dtypes (a float32 layer called in bf16) meet in float32.
                 DOT_FP32=_dot_fp32(x_dot) or x_dot != passes[0].rotation.dtype,
-                LOOKUP=configs.LOOKUPS.index(_lookup(cfg.lookup, codebook, device)), PDL=pdl,
+                LOOKUP=configs.LOOKUPS.index(lookup), PDL=pdl,
             ),
         )
 

@@ -26,6 +26,8 @@ from ..tensors import check_activation
 
 __all__ = ["PackedLinear", "expect_prepared", "int4pack_cost", "int4pack_supports", "packed_schema"]
 
+#: The alignment, in bytes, the ops' vector loads need of the activation.
+VECTOR_ALIGN = 16
 #: Dtypes a checkpoint's bias is kept in.
 BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -48,7 +50,10 @@ class PackedLinear:
         hit = self.by_dtype.get(dtype)
         if hit is None:
             bias = self.bias.to(dtype) if self.bias is not None else None
-            hit = self.by_dtype[dtype] = (getattr(self, self.META).to(dtype).contiguous(), bias)
+            meta = getattr(self, self.META).to(dtype).contiguous()
+            if meta.data_ptr() % VECTOR_ALIGN:  # a loaded state's view at an odd offset
+                meta = meta.clone()
+            hit = self.by_dtype[dtype] = (meta, bias)
         return hit
 
     def ready_for(self, dtype: torch.dtype | None, act_dtypes: tuple[torch.dtype, ...]) -> PackedLinear:
@@ -71,6 +76,10 @@ class PackedLinear:
         if x2.shape[0] == 0:  # never launch on no rows: tinygemm's CUDA launch rejects a zero grid
             return x.new_empty(*x.shape[:-1], self.out_features)
         x2 = x2.index_select(1, self.ret_idx) if self.ret_idx is not None else x2.contiguous()
+        if x2.data_ptr() % VECTOR_ALIGN:
+            # A view at an odd storage offset: tinygemm's CUDA kernel loads x in 16-byte
+            # vectors and faulted on it (misaligned address, which poisons the context).
+            x2 = x2.clone()
         y = mm(x2, meta)
         if bias is not None:
             y.add_(bias)

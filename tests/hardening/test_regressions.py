@@ -376,3 +376,44 @@ def test_compressed_tensors_writers_keep_one_device() -> None:
     back = CompressedToGPTQ(fmt).invert(CompressedToGPTQ(fmt).apply(written))
     assert {t.device.type for t in back.values()} == {"cuda"}
     fmt.validate(back)
+
+
+def test_int4pack_kernels_get_an_aligned_activation() -> None:
+    """Found by the kernel fuzz on a GPU: an activation that is a view at an odd storage
+    offset (contiguous, 6 bytes off) reached tinygemm's CUDA kernel as it was, whose
+    16-byte loads faulted with a misaligned address. The shared int4pack call path now
+    hands every op an aligned copy; the answer is the same."""
+    from quantcore.backends.aten_cpu.kernel import AtenCpuGPTQ
+
+    fmt = GPTQ(group_size=32, sym=False)
+    t = gptq_weights(fmt)
+    kernel = AtenCpuGPTQ(fmt, "cpu")
+    prepared = kernel.prepare(t, dtype=torch.bfloat16)
+    x = torch.randn(3, 128, generator=GEN().manual_seed(14)).to(torch.bfloat16)
+    buf = torch.zeros(x.numel() + 3, dtype=x.dtype)
+    shifted = buf[3:].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16
+    seen: list[int] = []
+    y = prepared.run(shifted, lambda x2, meta: (seen.append(x2.data_ptr()), kernel(x2, prepared))[1],
+                     (torch.bfloat16,))
+    assert seen and seen[0] % 16 == 0
+    assert torch.equal(y, kernel(x, prepared))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tinygemm_takes_an_activation_at_an_odd_offset() -> None:
+    """The same activation at an odd storage offset on the GPU: aten_cuda answers as for
+    the aligned one (it faulted with a misaligned address before)."""
+    from quantcore.backends.aten_cuda.kernel import AtenCudaGPTQ
+
+    fmt = GPTQ(group_size=128, sym=False)
+    gen = GEN().manual_seed(15)
+    t = fmt.quantize(torch.randn(256, 128, generator=gen), generator=gen)
+    kernel = AtenCudaGPTQ(fmt, "cuda")
+    prepared = kernel.prepare({k: v.cuda() for k, v in t.items()})
+    x = torch.randn(1, 128, generator=gen).to(torch.bfloat16).cuda()
+    shifted = torch.zeros(x.numel() + 3, dtype=x.dtype, device="cuda")[3:].view(x.shape)
+    shifted.copy_(x)
+    assert torch.equal(kernel(shifted, prepared), kernel(x, prepared))
+    torch.cuda.synchronize()

@@ -60,3 +60,25 @@ def test_cuda_offload_survives_a_module_move() -> None:
     x = torch.randn(3, 256, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         assert offloaded(x).dtype == torch.float16
+
+
+@cuda
+@pytest.mark.parametrize("group_size", [256, 512])
+def test_cuda_decode_of_wide_groups_rotates_outside(group_size: int) -> None:
+    """A layer prepared without a dtype keeps its float32 rotation: at d = 256 the decode
+    kernel's in-program rotation needed 278,528 B of shared memory and raised
+    OutOfResources at the first call (the kernel fuzz, on an H200). It now rotates x by a
+    GEMM before the launch where Π would not fit, and answers as the golden does."""
+    from quantcore.backends.turboquant_triton import TurboQuantTriton
+    from quantcore.conformance.tolerance import compare, tolerance_for
+    from quantcore.ops.linear import linear_reference
+
+    fmt = TurboQuant(group_size=group_size)
+    gen = torch.Generator().manual_seed(group_size)
+    t = fmt.quantize(torch.randn(96, 2 * group_size, generator=gen) * 0.05, generator=gen)
+    kernel = TurboQuantTriton(fmt, "cuda")
+    prepared = kernel.prepare({k: v.cuda() for k, v in t.items()})
+    x = torch.randn(1, 2 * group_size, generator=gen).to(torch.bfloat16)
+    y = kernel(x.cuda(), prepared)
+    result = compare(y.cpu(), linear_reference(x, fmt.dequantize(t), None), tolerance_for(torch.bfloat16))
+    assert result.ok, result.problem

@@ -343,3 +343,45 @@ def test_shipped_tables_serve_every_sm90_card() -> None:
     assert configs.table(a100) == {}
     assert configs.gemv_config(a100, 4096, 14336, 128, 1, torch.bfloat16) == configs.gemv_config(
         None, 4096, 14336, 128, 1, torch.bfloat16)
+
+
+def test_decode_rotation_fits_the_cards_shared_memory() -> None:
+    """A decode program holds Π [d, d] in shared memory to rotate x: a float32 rotation (a
+    layer prepared without a dtype) of d = 256 needs 278,528 B, more than any GPU's 227 KB,
+    and raised OutOfResources at the first call on the GPU (found by the kernel fuzz)."""
+    from quantcore.backends.turboquant_triton.configs import gemv_rotation_bytes
+    from quantcore.backends.turboquant_triton.fused import rotation_fits
+    from quantcore.probe.card import CardKey
+
+    assert gemv_rotation_bytes(256, True, "single") == 278_528  # what the H200 refused
+    assert gemv_rotation_bytes(128, False, "single") == 36_864  # compiled for sm_90
+    h200, bf16, fp32 = CardKey("sm_90", 132, 227, 4), torch.bfloat16, torch.float32
+    assert rotation_fits(h200, 128, bf16, fp32, "single") and rotation_fits(h200, 256, bf16, bf16, "pairs")
+    assert not rotation_fits(h200, 256, bf16, fp32, "single") and not rotation_fits(h200, 512, bf16, bf16, "single")
+    assert not rotation_fits(CardKey("sm_86", 84, 99, 1), 256, bf16, bf16, "single")  # 136 KB over 99
+    assert rotation_fits(None, 512, fp32, fp32, "pairs")  # the interpreter
+
+
+@pytest.mark.parametrize("group_size", [128, 256, 512])
+def test_decode_kernel_rotates_outside_where_its_rotation_would_not_fit(
+        monkeypatch: pytest.MonkeyPatch, group_size: int) -> None:
+    """Over the card's limit x is rotated by a GEMM before the launch: the same answer."""
+    from quantcore.backends.turboquant_triton import TurboQuantTriton, fused
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+    from quantcore.probe.card import CardKey
+
+    monkeypatch.setattr(fused, "_card", lambda device: CardKey("sm_90", 132, 227, 4))
+    fmt = TurboQuant(group_size=group_size)
+    k, n = 2 * group_size, 40
+    gen = torch.Generator().manual_seed(group_size)
+    t = fmt.quantize(torch.randn(n, k, generator=gen) * 0.05, generator=gen)
+    prep = TurboQuantTriton(fmt, "cpu").prepare(t)
+    assert prep.passes[0].rotation.dtype == torch.float32
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    y = fused.fused_linear(x, prep.passes, prep.codebook, group_size=group_size, partial=None, bias=None,
+                           out_dtype=torch.bfloat16, path="gemv",
+                           config=GemvConfig(gpc=2, ctas=4, br=8, warps=4, unroll=1))
+    bucket = next(b for b in fused.launch_state(prep.codebook).values() if isinstance(b, fused._Gemv))
+    assert bucket.shared is (group_size == 128)
+    result = compare(y, linear_reference(x, fmt.dequantize(t), None), tolerance_for(torch.bfloat16))
+    assert result.ok, result.problem
