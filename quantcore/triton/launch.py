@@ -61,6 +61,7 @@ Imports triton: import this module where a kernel runs, not at ``import quantcor
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +69,7 @@ from typing import Any
 
 import torch
 from triton import knobs
+from triton.runtime.errors import OutOfResources
 from triton.runtime.jit import JITFunction
 
 from .direct_launch import DirectLaunch, direct_launch
@@ -76,6 +78,8 @@ from .static_shared import opt_in
 __all__ = ["Launch", "launch_state"]
 
 Grid = tuple[int, int, int]
+
+log = logging.getLogger(__name__)
 
 #: False binds every launch with Triton's own descriptor handling (encoded per call): the
 #: switch the host-cost measurement uses to time both ways.
@@ -315,13 +319,18 @@ class Launch:
             if not isinstance(args[i], torch.Tensor):
                 raise TypeError(f"{self._fn.__name__}: own pointer position {i} ({self._fn.arg_names[i]}) "
                                 f"expects a tensor, got a {type(args[i]).__qualname__}")
-        # Compiled and loaded first, so that a kernel with a static table of its own may be
-        # allowed the shared memory it needs (static_shared.py) before it launches.
-        kernel = self._fn.run(*args, grid=grid, warmup=True, **self._kwargs)
-        if hasattr(kernel, "result"):  # compiled asynchronously
-            kernel = kernel.result()
-        _Cuda.shared_opt_in(kernel)
-        self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+        while True:
+            try:
+                kernel = self._compile_and_run(grid, args)
+                break
+            except OutOfResources as exc:
+                # A tile planned for a card with more shared memory than this one (a table's
+                # or the rule's): the same arithmetic with a shallower software pipeline.
+                stages = self._kwargs.get("num_stages")
+                if not isinstance(stages, int) or stages <= 1:
+                    raise
+                log.info("%s: %s; compiling with num_stages=%d", self._fn.__name__, exc, stages - 1)
+                self._kwargs["num_stages"] = stages - 1
         caches = self._fn.device_caches[index]
         if self._key is None:
             self._key = _key_function(self._fn, self.varying, caches[3])
@@ -332,6 +341,17 @@ class Launch:
             return
         self._bound[key] = _Bound(kernel, args, self._tail, fixed=self.fixed_pointers, own=self.own_pointers,
                                   direct=self._direct(kernel, args))
+
+    def _compile_and_run(self, grid: Grid, args: tuple[Any, ...]) -> Any:
+        """The compiled kernel, after its first launch through ``kernel[grid]``."""
+        # Compiled and loaded first, so that a kernel with a static table of its own may be
+        # allowed the shared memory it needs (static_shared.py) before it launches.
+        kernel = self._fn.run(*args, grid=grid, warmup=True, **self._kwargs)
+        if hasattr(kernel, "result"):  # compiled asynchronously
+            kernel = kernel.result()
+        _Cuda.shared_opt_in(kernel)
+        self._fn.run(*args, grid=grid, warmup=False, **self._kwargs)
+        return kernel
 
     def _direct(self, kernel: Any, args: tuple[Any, ...]) -> DirectLaunch | None:
         """The direct launch of ``kernel`` with this call's fixed descriptors encoded, or

@@ -282,3 +282,37 @@ def test_the_compiled_kernel_is_allowed_its_shared_memory_before_its_first_launc
     launch((1, 1, 1), x, y, 7, 64)  # bound: no second opt-in
     kernel = fn.slow[0][0]
     assert order == [("compiled", kernel), ("opt in", kernel), ("launched", kernel)]
+
+
+@pytest.mark.parametrize("given, fits", [(4, 2), (1, 0)])
+def test_a_tile_over_the_cards_shared_memory_compiles_with_fewer_stages(
+    cuda: dict[str, Any], monkeypatch: pytest.MonkeyPatch, given: int, fits: int,
+) -> None:
+    """A table's tile planned for a card with more shared memory (a 227 KB Hopper tile on a
+    99 KB card): Triton raises OutOfResources when it loads the binary. The launch compiles
+    it again one stage shallower until it fits (the same arithmetic); a single-stage kernel
+    that does not fit still raises."""
+    from triton.runtime.errors import OutOfResources
+
+    fn = FakeJIT(scale_kernel)
+    stages_tried: list[int] = []
+    real_run = fn.run
+
+    def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> FakeCompiled:
+        if warmup:
+            stages_tried.append(kwargs["num_stages"])
+            if kwargs["num_stages"] > fits:  # the loader's check: over the card's limit
+                raise OutOfResources(48_000 * kwargs["num_stages"], 101_376, "shared memory")
+        return real_run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(fn, "run", run)
+    launch = Launch(fn, constexprs={"SCALE": 1.0, "BLOCK": 64}, options={"num_stages": given, "num_warps": 4},
+                    varying=(0, 2), device=torch.device("cuda", 0))
+    x, y = _aligned(), _aligned()
+    if not fits:
+        with pytest.raises(OutOfResources):
+            launch((1, 1, 1), x, y, 5, 64)
+        return
+    launch((1, 1, 1), x, y, 5, 64)
+    launch((1, 1, 1), x, y, 7, 64)  # bound at the stages that fit: no compile again
+    assert stages_tried == [4, 3, 2] and launch.bound == 1 and len(fn.slow) == 1 and len(fn.fast) == 1
