@@ -39,6 +39,7 @@ __all__ = [
     "EAGER_ONCE_MAX_MACS",
     "GEMV_VARIANTS",
     "MMA_DECODE_ROWS",
+    "ROTATION_MAX_GROUP",
     "GemvConfig",
     "MmaConfig",
     "MmaDecodeConfig",
@@ -402,17 +403,23 @@ def mma_rule(m: int, in_kernel: bool) -> MmaConfig:
 
 
 def mma_config(card: CardKey | None, m: int, k: int, n: int, d: int, passes: int, dtype: object, *,
-               rotation_per_group: bool = False, fp32_operands: bool = False) -> MmaConfig:
+               rotation_per_group: bool = False, fp32_operands: bool = False, wide_group: bool = False) -> MmaConfig:
     """The table's entry, else the rule's tile for where the rotation runs by default."""
     hit = mma_entry(card, m, k, n, d, passes, dtype)
     if hit is not None:
         return hit
-    inside = rotate_in_kernel(MmaConfig(), rotation_per_group=rotation_per_group, fp32_operands=fp32_operands)
+    inside = rotate_in_kernel(MmaConfig(), rotation_per_group=rotation_per_group, fp32_operands=fp32_operands,
+                              wide_group=wide_group)
     rule = mma_rule(m, inside)
     # The register operand beat the shared-memory one on an H100 at every shape and M timed
     # (README.md, "The register operand"), the rule's tiles at M = 32 and 64 included;
     # elsewhere it is not yet measured, so it stays off.
     return replace(rule, register_operand=True) if card is not None and card.arch == "sm_90" else rule
+
+
+#: The widest group whose rotation the tensor-core kernel applies inside its launch (the
+#: group size every measurement of the in-kernel and once rotations used).
+ROTATION_MAX_GROUP = 128
 
 
 #: An eager call's largest tensor-core work (M·N·K multiply-adds, M at the top of its bucket)
@@ -428,7 +435,7 @@ EAGER_ONCE_MAX_MACS = 1 << 32
 
 
 def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False,
-                 eager_macs: int | None = None) -> str:
+                 wide_group: bool = False, eager_macs: int | None = None) -> str:
     """Where the tensor-core kernel gets x rotated (``mma.py``): ``outside`` (one GEMM
     before the launch), ``kernel`` (each program rotates its own x columns) or ``once``
     (the launch's first programs rotate x once into a workspace that the others read).
@@ -437,7 +444,11 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
     values per group, 4d/block_n times the group's index bytes (8× at d = 128 and 64-row
     tiles, at every M), and keep one per pipeline stage in shared memory — and with
     float32 operands on a GPU, where Π alone takes 64 KB of shared memory at d = 128 and
-    two passes on 64-row tiles need more than an SM's 227 KB. A shared 16-bit rotation
+    two passes on 64-row tiles need more than an SM's 227 KB; and for groups wider than
+    :data:`ROTATION_MAX_GROUP` (``wide_group``), whose Π (128 KB at d = 256 in 16 bits) leaves
+    too little beside the tiles: compiled for sm_90, 64 × 64 tiles at d = 256 take 147,456 B
+    with x rotated outside, 163,840 B (spilling) with the rotation once and 311,296 B with it
+    in every program, more than any GPU has. A shared 16-bit rotation
     goes where ``QUANTCORE_TURBOQUANT_MMA_ROTATION`` says, else ``once`` when the config's
     ``rotate_once`` is True, ``kernel`` when its ``rotate_in_kernel`` is True. Not in the
     kernel by default: on the H100 the in-kernel rotation takes an eager call from 2.1× to
@@ -451,7 +462,7 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
     graph, or where the host's cost does not matter). A config that leaves the place open
     (``rotate_in_kernel`` None, not ``rotate_once``) then takes ``once`` up to
     :data:`EAGER_ONCE_MAX_MACS`: one launch instead of a GEMM and a launch."""
-    if rotation_per_group or fp32_operands:
+    if rotation_per_group or fp32_operands or wide_group:
         return "outside"
     forced = os.environ.get(ROTATION_ENV)
     if forced:
@@ -465,10 +476,12 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
     return "kernel" if cfg.rotate_in_kernel is True else "outside"
 
 
-def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False) -> bool:
+def rotate_in_kernel(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False,
+                     wide_group: bool = False) -> bool:
     """Whether each program of the tensor-core kernel rotates its own x columns
     (:func:`mma_rotation` is ``kernel``); the tile rule follows it."""
-    return mma_rotation(cfg, rotation_per_group=rotation_per_group, fp32_operands=fp32_operands) == "kernel"
+    return mma_rotation(cfg, rotation_per_group=rotation_per_group, fp32_operands=fp32_operands,
+                        wide_group=wide_group) == "kernel"
 
 
 def path_for(card: CardKey | None) -> PathChoice:

@@ -307,7 +307,8 @@ class _Mma(_Bucket):
         p1, p2 = self.p1, self.p2
         own = p2 is not p1 and p2.rotation is not p1.rotation
         where = dict(rotation_per_group=p1.rotation.shape[0] != 1,
-                     fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting())
+                     fp32_operands=p1.rotation.dtype == torch.float32 and not interpreting(),
+                     wide_group=d > configs.ROTATION_MAX_GROUP)
         self.cfg = cfg or configs.mma_config(_card(device), m, k, n, d, len(passes), x_dtype, **where)
         self.tiles_n = triton.cdiv(n, self.cfg.block_n)
         #: ``outside``, ``kernel`` or ``once`` (configs.mma_rotation; an eager bucket's work

@@ -42,6 +42,8 @@ def test_the_rule() -> None:
     # Where one rotation cannot go inside, an eager call keeps it outside too.
     assert mma_rotation(open_cfg, eager_macs=1, rotation_per_group=True) == "outside"
     assert mma_rotation(open_cfg, eager_macs=1, fp32_operands=True) == "outside"
+    assert mma_rotation(open_cfg, eager_macs=1, wide_group=True) == "outside"  # Π of d = 256: 128 KB
+    assert mma_rotation(MmaConfig(rotate_in_kernel=True), eager_macs=1, wide_group=True) == "outside"
     # A config that names the place keeps it.
     assert mma_rotation(MmaConfig(rotate_in_kernel=False), eager_macs=1) == "outside"
     assert mma_rotation(MmaConfig(rotate_in_kernel=True), eager_macs=1) == "kernel"
@@ -128,3 +130,30 @@ def test_the_eager_plan_computes_the_recorded_plans_bits(monkeypatch: pytest.Mon
     result = compare(outs[True].to(torch.bfloat16), ref, tolerance_for(torch.bfloat16))
     assert result.ok, result.problem
     assert outs[True].shape == (16, N)
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.parametrize("group_size", [128, 256])
+def test_wide_groups_keep_the_rotation_outside_an_eager_launch(monkeypatch: pytest.MonkeyPatch,
+                                                               group_size: int) -> None:
+    """An eager call of small work rotates x once inside its launch, unless its groups are
+    wider than 128 columns (Π of d = 256 is 128 KB of shared memory: the tile beside it
+    does not fit a GPU); the answer is the golden's either way."""
+    from quantcore.backends.turboquant_triton import TurboQuantTriton, fused
+    from quantcore.formats.turboquant import TurboQuant
+
+    monkeypatch.setattr(fused, "_eager", lambda device: True)
+    fmt = TurboQuant(group_size=group_size)
+    gen = torch.Generator().manual_seed(group_size + 1)
+    t = fmt.quantize(torch.randn(48, 2 * group_size, generator=gen) * 0.05, generator=gen)
+    prep = TurboQuantTriton(fmt, "cpu").prepare(t)
+    passes = tuple(dataclasses.replace(p, rotation=p.rotation.to(torch.bfloat16)) for p in prep.passes)  # a GPU's
+    x = torch.randn(16, 2 * group_size, generator=gen).to(torch.bfloat16)
+    y = fused.fused_linear(x, passes, prep.codebook, group_size=group_size, partial=None, bias=None,
+                           out_dtype=torch.bfloat16, path="mma")
+    from quantcore.triton.launch import launch_state
+
+    eager = [b for b in launch_state(prep.codebook).values() if isinstance(b, fused._Mma) and b.rotation != "outside"]
+    assert bool(eager) is (group_size == 128)
+    result = compare(y, linear_reference(x, fmt.dequantize(t), None), tolerance_for(torch.bfloat16))
+    assert result.ok, result.problem
