@@ -63,12 +63,16 @@ def test_cuda_offload_survives_a_module_move() -> None:
 
 
 @cuda
+@pytest.mark.parametrize("prepare_dtype", [None, torch.bfloat16], ids=["float32-rotation", "bf16-rotation"])
+@pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("group_size", [256, 512])
-def test_cuda_decode_of_wide_groups_rotates_outside(group_size: int) -> None:
+def test_cuda_wide_groups_rotate_outside(group_size: int, m: int, prepare_dtype: torch.dtype | None) -> None:
     """A layer prepared without a dtype keeps its float32 rotation: at d = 256 the decode
     kernel's in-program rotation needed 278,528 B of shared memory and raised
-    OutOfResources at the first call (the kernel fuzz, on an H200). It now rotates x by a
-    GEMM before the launch where Π would not fit, and answers as the golden does."""
+    OutOfResources at the first call (the kernel fuzz, on an H200). Where Π would not fit
+    beside a program's tiles, x is now rotated by a GEMM before the launch (the decode
+    kernel at M = 1, the tensor-core kernel's eager call at M = 16), and the answer is the
+    golden's."""
     from quantcore.backends.turboquant_triton import TurboQuantTriton
     from quantcore.conformance.tolerance import compare, tolerance_for
     from quantcore.ops.linear import linear_reference
@@ -77,8 +81,8 @@ def test_cuda_decode_of_wide_groups_rotates_outside(group_size: int) -> None:
     gen = torch.Generator().manual_seed(group_size)
     t = fmt.quantize(torch.randn(96, 2 * group_size, generator=gen) * 0.05, generator=gen)
     kernel = TurboQuantTriton(fmt, "cuda")
-    prepared = kernel.prepare({k: v.cuda() for k, v in t.items()})
-    x = torch.randn(1, 2 * group_size, generator=gen).to(torch.bfloat16)
+    prepared = kernel.prepare({k: v.cuda() for k, v in t.items()}, dtype=prepare_dtype)
+    x = torch.randn(m, 2 * group_size, generator=gen).to(torch.bfloat16)
     y = kernel(x.cuda(), prepared)
     result = compare(y.cpu(), linear_reference(x, fmt.dequantize(t), None), tolerance_for(torch.bfloat16))
     assert result.ok, result.problem
