@@ -32,6 +32,14 @@ VECTOR_ALIGN = 16
 BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """Whether ``t`` starts off a :data:`VECTOR_ALIGN` boundary. Not asked while
+    ``torch.compile`` traces the call (an address has no value there): a graph compiled for
+    an aligned GPU input copies one that arrives misaligned before it runs (Inductor's
+    ``get_input_idxs_to_check``)."""
+    return not torch.compiler.is_compiling() and t.data_ptr() % VECTOR_ALIGN != 0
+
+
 @dataclass(kw_only=True)
 class PackedLinear:
     weight: torch.Tensor
@@ -51,7 +59,7 @@ class PackedLinear:
         if hit is None:
             bias = self.bias.to(dtype) if self.bias is not None else None
             meta = getattr(self, self.META).to(dtype).contiguous()
-            if meta.data_ptr() % VECTOR_ALIGN:  # a loaded state's view at an odd offset
+            if _misaligned(meta):  # a loaded state's view at an odd offset
                 meta = meta.clone()
             hit = self.by_dtype[dtype] = (meta, bias)
         return hit
@@ -76,7 +84,7 @@ class PackedLinear:
         if x2.shape[0] == 0:  # never launch on no rows: tinygemm's CUDA launch rejects a zero grid
             return x.new_empty(*x.shape[:-1], self.out_features)
         x2 = x2.index_select(1, self.ret_idx) if self.ret_idx is not None else x2.contiguous()
-        if x2.data_ptr() % VECTOR_ALIGN:
+        if _misaligned(x2):
             # A view at an odd storage offset: tinygemm's CUDA kernel loads x in 16-byte
             # vectors and faulted on it (misaligned address, which poisons the context).
             x2 = x2.clone()
