@@ -110,6 +110,11 @@ def test_unreadable_tables_never_hang_or_raise(kind: str, where: str, env: str, 
     plant(target, kind)
     measured._tables.clear()
     selection_state(registry())._forget_choices()  # each example reads the tables afresh
+    # A folder of its own as the current one: another process in the checkout (parallel
+    # test groups) cannot add to it, so anything new there was written by this call.
+    workdir = root / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
     before = set(Path.cwd().iterdir())
 
     def act() -> Any:

@@ -85,6 +85,12 @@ def _equal(a: Any, b: Any) -> bool:
     return torch.equal(a, b)
 
 
+def _device_of(tensors: Any) -> torch.device | None:
+    """Where a transform's result lies: its first tensor's device (None if it holds none)."""
+    values = tensors.values() if isinstance(tensors, Mapping) else ()
+    return next((t.device for t in values if isinstance(t, torch.Tensor)), None)
+
+
 class Judge:
     def __init__(self, ft: FormatTransform, t: Transform[Any, Any], fmt: Format, src: Mapping[str, Any],
                  data: st.DataObject, act_dtype: torch.dtype) -> None:
@@ -101,12 +107,14 @@ class Judge:
         except QuantCoreError as exc:
             return f"its output is refused downstream: {type(exc).__name__}: {exc}"
 
-    def read(self) -> dict[str, torch.Tensor] | str:
-        read, why = meaning(self.fmt, self.src, torch.device(DEVICE))
+    def read(self, device: torch.device | None = None) -> dict[str, torch.Tensor] | str:
+        """The source as its format reads it, on ``device`` (the fuzz device unless given:
+        a transform's result is compared where it lies, which need not be the fuzz device)."""
+        read, why = meaning(self.fmt, self.src, device or torch.device(DEVICE))
         return read if read is not None else f"accepted tensors the format refuses ({why})"
 
     def by_target(self, out: Any) -> str | None:
-        read = self.read()
+        read = self.read(_device_of(out))
         if isinstance(read, str):
             return read
         target: Format = self.t.target  # type: ignore[attr-defined]
@@ -119,7 +127,7 @@ class Judge:
         for name, value in back.items():
             if name in self.src and not _equal(value, self.src[name]):
                 return f"the inverse gives a different {name} back"
-        read = self.read()
+        read = self.read(_device_of(back))
         if isinstance(back, Mapping) and set(back) >= {n for n in self.src if n not in back} and not isinstance(read, str):
             try:
                 rebuilt = self.fmt.dequantize(back)

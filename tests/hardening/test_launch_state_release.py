@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 
 def _states() -> dict[int, Any]:

@@ -40,6 +40,7 @@ from quantcore.selection import explain, get_kernel
 from quantcore.selection.state import selection_state
 
 from ..core.fakes import Plugin, dense_kernel
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 from .fuzz.seeds import seeds_for
 from .test_fuzz_matrix import evil_kernel
 from .test_fuzz_plugins import Contributes, FakeDist, FakeEntryPoint, impostor_format
@@ -177,6 +178,7 @@ def test_a_state_of_a_kernel_that_cannot_run_here_blocks_the_module() -> None:
         target(torch.randn(1, 128, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
 
 
+@pytest.mark.skipif(not INTERPRETER, reason=f"triton_int4 makes the state on the CPU: {NOT_INTERPRETED}")
 def test_a_state_of_a_kernel_whose_package_is_too_old_here_blocks_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found under torch 2.6 with Triton 3.2: a state naming a Triton kernel, loaded where
     that kernel is refused for the installed Triton, was launched and raised a raw

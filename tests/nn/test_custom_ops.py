@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.custom_ops import KernelOp, flatten, unflatten
 from quantcore.custom_ops.state import builder, resolve_class
 from quantcore.errors import PluginError, TensorFormatError
@@ -19,8 +18,7 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.ops.harness import get_harness
 from quantcore.probe import probe
 
-#: Triton kernels run here under the interpreter when triton was not imported before.
-INTERPRETED = enable_interpreter_for("cpu")
+from ..interpreting import INTERPRETER
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ def test_every_cpu_kernel_is_an_op_with_a_correct_fake(registry: Any) -> None:
     kernels = {name for _, name in pairs}
     # Every built-in backend that runs here, so a kernel cannot silently drop out.
     expected = {"aten_cpu", "awq_cpu", "torch_fallback", "turboquant_torch", "trtllm_moe_torch", "svdquant_torch"}
-    if INTERPRETED:
+    if INTERPRETER:
         expected |= {"turboquant_triton", "trtllm_moe_triton", "triton_nvfp4", "triton_ascend_int4"}
     assert expected <= kernels, expected - kernels
     done = 0

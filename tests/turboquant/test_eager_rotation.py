@@ -11,14 +11,12 @@ import dataclasses
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.ops.linear import linear_reference
 
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 from .test_triton_mma_rotate_once import _signed_permutation, _with_rotations
 from .test_triton_mma_rotation import D, K, N, _dequantized, _layer
-
-INTERPRETER = enable_interpreter_for("cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +102,7 @@ def test_off_the_gpu_nothing_changes() -> None:
     assert _eager(torch.device("cpu")) is False
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 @pytest.mark.parametrize("name", ["one-pass", "own-rotations"])
 def test_the_eager_plan_computes_the_recorded_plans_bits(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Under the interpreter, with rotations exact in any order (signed permutations): the
@@ -132,7 +130,7 @@ def test_the_eager_plan_computes_the_recorded_plans_bits(monkeypatch: pytest.Mon
     assert outs[True].shape == (16, N)
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 @pytest.mark.parametrize("group_size", [128, 256])
 def test_wide_groups_keep_the_rotation_outside_an_eager_launch(monkeypatch: pytest.MonkeyPatch,
                                                                group_size: int) -> None:

@@ -9,7 +9,6 @@ import torch
 from quantcore.backends.turboquant_cutile import TurboQuantCuTile
 from quantcore.backends.turboquant_torch import TurboQuantTorch
 from quantcore.backends.turboquant_triton import TurboQuantTriton
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import KernelInputError
 from quantcore.formats.turboquant import TurboQuant
@@ -19,7 +18,7 @@ from quantcore.probe import Capabilities, PackageStatus, probe
 from quantcore.problem import Problem
 from quantcore.selection import explain
 
-INTERPRETER = enable_interpreter_for("cpu")
+from ..interpreting import INTERPRETER
 
 
 @pytest.fixture(scope="module")

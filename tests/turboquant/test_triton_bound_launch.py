@@ -17,7 +17,6 @@ import torch
 
 from quantcore.backends.turboquant_triton import TurboQuantTriton
 from quantcore.backends.turboquant_triton import fused as fused_mod
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.errors import KernelInputError
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
@@ -25,7 +24,7 @@ from quantcore.ops.tolerance import compare, tolerance_for
 from quantcore.probe.card_tables import H100_SXM
 from tests.launch_recorder import Recorder, assert_fixed_arguments_specialise_alike, record_launches
 
-INTERPRETER = enable_interpreter_for("cpu")
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 
 
 @pytest.fixture
@@ -88,7 +87,7 @@ def test_other_passes_and_another_state_are_bound_anew(recorded: list[Recorder])
     assert len(recorded) == 3 and bound is not moved.codebook and bound.data_ptr() == moved.codebook.data_ptr()
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 def test_after_binding_every_call_is_still_checked() -> None:
     fmt = TurboQuant(group_size=64)
     kernel, prepared, t = _layer(fmt, 40, 128)
@@ -154,7 +153,7 @@ def test_the_routes_a_state_remembers_are_bounded(recorded: list[Recorder]) -> N
     assert 0 < len(routes) <= fused_mod.MAX_ROUTES
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+@pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 def test_a_rotation_changed_in_place_is_read_again() -> None:
     """The tensor-core path's rotation GEMM keeps the rotations side by side: a remembered
     route still sees a rotation changed in place (the bucket is made again)."""

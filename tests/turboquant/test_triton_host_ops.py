@@ -34,7 +34,6 @@ import torch
 from quantcore.backends.turboquant_triton import TurboQuantTriton
 from quantcore.backends.turboquant_triton import fused as fused_mod
 from quantcore.backends.turboquant_triton.configs import ROTATION_ENV, GemvConfig, PathChoice
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.nn.turboquant import TurboQuantLinear
@@ -42,8 +41,9 @@ from quantcore.ops.linear import linear_reference
 from tests.aten_ops import ops_of_call
 from tests.launch_recorder import Recorder, record_launches
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
+
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 K, N, D = 512, 64, 32  # 16 groups: the decode and tensor-core kernels split K
 FORMATS = [TurboQuant(group_size=D), TurboQuant(group_size=D, residual=True),

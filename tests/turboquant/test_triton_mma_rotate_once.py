@@ -20,15 +20,14 @@ from typing import Any
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 from .test_triton_mma_rotation import ROTATED_IN_KERNEL, D, K, N, _dequantized, _layer
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 #: (groups a program, block_m): one split; 3 splits of 3, 3 and 2 groups on 16-row tiles.
 PLANS = [(8, 16), (3, 16)]

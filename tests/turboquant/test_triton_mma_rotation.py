@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.errors import InvalidArgumentError
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 from tests.launch_recorder import record_launches
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
+
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 K, N, D = 256, 48, 32  # 8 groups
 #: Each layer's passes: (format, pass 2 takes pass 1's rotation tensor).

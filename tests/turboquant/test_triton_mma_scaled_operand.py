@@ -20,14 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.ops.linear import linear_reference
 
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
 from .register_operand_cases import LAYERS, PLANS, ROUTES, D, K, N, exact_layer, layer
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

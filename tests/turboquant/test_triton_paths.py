@@ -14,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from quantcore.conformance.interpreter import enable_interpreter_for
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.ops.linear import linear_reference
 
-INTERPRETER = enable_interpreter_for("cpu")
-pytestmark = pytest.mark.skipif(not INTERPRETER, reason="triton imported before the interpreter could be enabled")
+from ..interpreting import INTERPRETER, NOT_INTERPRETED
+
+pytestmark = pytest.mark.skipif(not INTERPRETER, reason=NOT_INTERPRETED)
 
 
 def _layer(fmt: TurboQuant, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], object]:
