@@ -270,7 +270,7 @@ class _Gemv(_Bucket):
                 HAS_BIAS=bias is not None, INTERPRET=interpreting(),
                 # x and Π of different dtypes (a float32 layer called in bf16) meet in float32.
                 DOT_FP32=_dot_fp32(x_dot) or x_dot != passes[0].rotation.dtype,
-                LOOKUP=configs.LOOKUPS.index(lookup), PDL=pdl,
+                LOOKUP=configs.LOOKUPS.index(lookup), PDL=pdl, HALVES=cfg.halves and gpc * d // 8 % 8 == 0,
             ),
         )
 

@@ -11,7 +11,8 @@ groups ``[s·GPC, (s+1)·GPC)`` of every pass:
    and splits it into the eight nibble planes (``lookup.rotated_planes``), held in
    registers for the rest of the program;
 2. it walks its rows ``BR`` at a time: loads the index words (16-byte vectors, the next
-   step's words in flight while this step computes), looks the 8 nibbles of each word
+   step's words in flight while this step computes; with ``HALVES`` each thread's two
+   vectors come from the two halves of the row's words, :func:`_word_columns`), looks the 8 nibbles of each word
    up in the shared-memory codebook, multiplies with the plane of x, sums per
    (row, group), applies the group's scale once per (row, group) and sums the groups;
 3. with SPLIT > 1 it stores its row partials in a float32 workspace; the program that
@@ -103,6 +104,44 @@ def _planes(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.c
 
 
 @triton.jit
+def _word_columns(cols, CW: tl.constexpr, HALVES: tl.constexpr):
+    """The word each column of a [BR, CW] word tile reads: its own, or with ``HALVES``
+    column ``c = 8t + 4h + q`` reads word ``h·CW/2 + 4t + q``.
+
+    Where a tile holds 8 words a thread, the compiler may lay them out as 8 consecutive
+    columns of one row (at 16 rows × 128 words: the layout of the x tile of the same
+    shape): a thread then loads two 16-byte vectors 16 bytes apart, so each warp-wide load
+    uses half of every 32-byte sector and each sector is requested twice. With ``HALVES``
+    the first vector of every thread lies in the row's first half and the second in its
+    second half: each warp-wide load reads whole sectors. Columns ``4v … 4v+3`` stay one
+    vector of four consecutive words (one group), so the products are summed as before
+    within a vector; the vectors are summed in another order."""
+    if HALVES:
+        return (cols // 4) % 2 * (CW // 2) + cols // 8 * 4 + cols % 4
+    return cols
+
+
+@triton.jit
+def _plane_columns(p, CW: tl.constexpr, HALVES: tl.constexpr):
+    """A plane of x ([CW], word order) in the tile's column order (:func:`_word_columns`)."""
+    if HALVES:
+        return tl.reshape(tl.permute(tl.reshape(p, [2, CW // 8, 4]), (1, 0, 2)), [CW])
+    return p
+
+
+@triton.jit
+def _planes_in_columns(x_ptr, rot_ptr, g0, K: tl.constexpr, N_GROUPS: tl.constexpr, D: tl.constexpr,
+                       GPC: tl.constexpr, X_ROTATED: tl.constexpr, DOT_FP32: tl.constexpr, WAIT: tl.constexpr,
+                       HALVES: tl.constexpr):
+    """:func:`_planes` in the word tile's column order."""
+    CW: tl.constexpr = GPC * (D // 8)
+    p0, p1, p2, p3, p4, p5, p6, p7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32, WAIT)
+    return (_plane_columns(p0, CW, HALVES), _plane_columns(p1, CW, HALVES), _plane_columns(p2, CW, HALVES),
+            _plane_columns(p3, CW, HALVES), _plane_columns(p4, CW, HALVES), _plane_columns(p5, CW, HALVES),
+            _plane_columns(p6, CW, HALVES), _plane_columns(p7, CW, HALVES))
+
+
+@triton.jit
 def _load_words(idx_ptr, rows, rmask, cols, stride_idx, g0, WPG: tl.constexpr,
                 N_GROUPS: tl.constexpr, GPC: tl.constexpr):
     ptrs = idx_ptr + rows[:, None].to(tl.int64) * stride_idx + g0 * WPG + cols[None, :]
@@ -119,9 +158,9 @@ def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr,
               BR: tl.constexpr, CW: tl.constexpr, LOOKUP: tl.constexpr, INTERPRET: tl.constexpr):
     """Σ_groups scale · Σ_coords c[idx]·x_rot for the BR rows of a word tile: [BR].
 
-    The word tile is laid out 4 words (one 16-byte vector) per thread, 32 threads along
-    a row; the 4 words of a thread lie in one group, so the thread's partial takes its
-    group's scale before the sum across the row's threads (``s`` is [BR, CW/4]). ``LOOKUP``
+    Each 4 columns of the word tile are one 16-byte vector of words of one group, so a
+    vector's partial takes its group's scale before the sum across the row (``s`` is
+    [BR, CW/4], :func:`_load_scales`). ``LOOKUP``
     other than 0: both nibbles of a byte looked up at once (``pairs.py``)."""
     if LOOKUP != 0:
         v0, v1, v2, v3, v4, v5, v6, v7 = pair_values(w, cb_ptr, LOOKUP, INTERPRET)
@@ -141,13 +180,18 @@ def _row_sums(w, x0, x1, x2, x3, x4, x5, x6, x7, s, cb_ptr,
 
 @triton.jit
 def _load_scales(scale_ptr, rows, N, g0, N_GROUPS: tl.constexpr, CW: tl.constexpr, WPG: tl.constexpr,
-                 INTERPRET: tl.constexpr):
-    """The scale of each 4-word vector's group: [BR, CW/4]. On the GPU a plain load
+                 INTERPRET: tl.constexpr, HALVES: tl.constexpr):
+    """The scale of each 4-word vector's group: [BR, CW/4] (vector ``v`` of the tile
+    holds words ``4v …`` of the row, or with ``HALVES`` words ``4·((v % 2)·CW/8 + v // 2) …``:
+    :func:`_word_columns`). On the GPU a plain load
     would get a layout of its own (its addresses repeat along the row) and cost a
     shared-memory layout conversion per step; the PTX load takes the layout of its use.
     Addresses are clamped into the tensor instead of masked: rows past N are never
     stored, and groups past K multiply activations that are zero."""
-    vg = g0 + tl.arange(0, CW // 4) // (WPG // 4)
+    vec = tl.arange(0, CW // 4)
+    if HALVES:
+        vec = vec % 2 * (CW // 8) + vec // 2
+    vg = g0 + vec // (WPG // 4)
     if INTERPRET:
         mask = (rows < N)[:, None] & (vg < N_GROUPS)[None, :]
         return tl.load(scale_ptr + rows[:, None].to(tl.int64) * N_GROUPS + vg[None, :], mask=mask, other=0.0)
@@ -188,6 +232,7 @@ def gemv_kernel(
     ROWS_CTA: tl.constexpr, BR: tl.constexpr, TAIL: tl.constexpr, UNROLL: tl.constexpr, TWO_PASSES: tl.constexpr,
     X_ROTATED: tl.constexpr, HAS_PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_FP32: tl.constexpr, LOOKUP: tl.constexpr, PDL: tl.constexpr, INTERPRET: tl.constexpr,
+    HALVES: tl.constexpr,
 ):
     if PDL:  # the next kernel's programs may start as this one's finish (programmatic dependent launch)
         gdc_launch_dependents()
@@ -199,7 +244,7 @@ def gemv_kernel(
     CW: tl.constexpr = GPC * WPG
     STEPS: tl.constexpr = ROWS_CTA // BR
     row0 = chunk * ROWS_CTA
-    cols = tl.arange(0, CW)
+    cols = _word_columns(tl.arange(0, CW), CW, HALVES)
     br = tl.arange(0, BR)
 
     # Three steps of index words and scales in flight before the rotation's latency; the
@@ -209,18 +254,18 @@ def gemv_kernel(
     w1 = _load_words(idx_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx, g0, WPG, N_GROUPS, GPC)
     w2 = _load_words(idx_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx, g0, WPG,
                      N_GROUPS, GPC)
-    s = _load_scales(scale_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-    s1 = _load_scales(scale_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-    s2 = _load_scales(scale_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+    s = _load_scales(scale_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
+    s1 = _load_scales(scale_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
+    s2 = _load_scales(scale_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
     if TWO_PASSES:
         v = _load_words(idx2_ptr, rows, rows < N, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
         v1 = _load_words(idx2_ptr, rows + BR, (rows + BR < N) & (STEPS > 1), cols, stride_idx2, g0, WPG,
                          N_GROUPS, GPC)
         v2 = _load_words(idx2_ptr, rows + 2 * BR, (rows + 2 * BR < N) & (STEPS > 2), cols, stride_idx2, g0, WPG,
                          N_GROUPS, GPC)
-        u = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-        u1 = _load_scales(scale2_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
-        u2 = _load_scales(scale2_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        u = _load_scales(scale2_ptr, rows, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
+        u1 = _load_scales(scale2_ptr, rows + BR, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
+        u2 = _load_scales(scale2_ptr, rows + 2 * BR, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
     if LOOKUP != 0:
         pair_table(cb_ptr, LOOKUP, INTERPRET)
     else:
@@ -228,10 +273,11 @@ def gemv_kernel(
     # With PDL everything above reads only the layer's own tensors and may overlap the kernel
     # before; x, the partial, the split-K workspace, its tickets and the output are touched
     # only after the wait in the first _planes.
-    a0, a1, a2, a3, a4, a5, a6, a7 = _planes(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32, PDL)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _planes_in_columns(x_ptr, rot_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED,
+                                                        DOT_FP32, PDL, HALVES)
     if TWO_PASSES:
-        b0, b1, b2, b3, b4, b5, b6, b7 = _planes(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED, DOT_FP32,
-                                                 False)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _planes_in_columns(x2_ptr, rot2_ptr, g0, K, N_GROUPS, D, GPC, X_ROTATED,
+                                                            DOT_FP32, False, HALVES)
     tl.debug_barrier()  # the codebook table is filled
 
     # Unrolled by the prefetch depth, so the tiles in flight rotate by renaming, not moves.
@@ -240,11 +286,11 @@ def gemv_kernel(
         nxt = rows + 3 * BR
         nmask = (nxt < N) & (step + 3 < STEPS)
         w3 = _load_words(idx_ptr, nxt, nmask, cols, stride_idx, g0, WPG, N_GROUPS, GPC)
-        s3 = _load_scales(scale_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+        s3 = _load_scales(scale_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
         res = _row_sums(w, a0, a1, a2, a3, a4, a5, a6, a7, s, cb_ptr, BR, CW, LOOKUP, INTERPRET)
         if TWO_PASSES:
             v3 = _load_words(idx2_ptr, nxt, nmask, cols, stride_idx2, g0, WPG, N_GROUPS, GPC)
-            u3 = _load_scales(scale2_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET)
+            u3 = _load_scales(scale2_ptr, nxt, N, g0, N_GROUPS, CW, WPG, INTERPRET, HALVES)
             res += _row_sums(v, b0, b1, b2, b3, b4, b5, b6, b7, u, cb_ptr, BR, CW, LOOKUP, INTERPRET)
             v, v1, v2 = v1, v2, v3
             u, u1, u2 = u1, u2, u3

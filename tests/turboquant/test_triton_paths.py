@@ -79,6 +79,31 @@ def test_decode_kernel_with_paired_lookups(residual: bool, lookup: str) -> None:
            GemvConfig(gpc=4, ctas=9, br=8, warps=4, unroll=1, lookup=lookup), with_partial=True, calls=2)
 
 
+@pytest.mark.parametrize(("group", "k", "gpc", "br", "residual"), [
+    (128, 1024, 8, 16, False),  # the 4096 x 14336 plan's tile: 16 rows x 128 words
+    (64, 640, 4, 8, True),      # 10 groups, 4 a program: the last split's second half masked
+    (64, 1280, 8, 4, False),
+], ids=["16x128", "ragged-residual", "8-groups"])
+def test_decode_kernel_reading_whole_sectors_computes_the_same(group: int, k: int, gpc: int, br: int,
+                                                               residual: bool) -> None:
+    """``halves`` (gemv._word_columns): each thread's two vectors of index words from the two
+    halves of a row. The same products, each vector with its own group's scale; only the
+    vectors are summed in another order. Against the golden, and within float32 rounding
+    of the plain walk (a vector given another group's scale or plane would be far off)."""
+    from quantcore.backends.turboquant_triton.configs import GemvConfig
+    from quantcore.backends.turboquant_triton.fused import fused_linear
+
+    fmt = TurboQuant(group_size=group, residual=residual)
+    t, prep = _layer(fmt, 40, k, seed=k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + 1)).to(torch.bfloat16)
+    plain, halves = (GemvConfig(gpc=gpc, ctas=9, br=br, warps=4, unroll=1, halves=flag) for flag in (False, True))
+    ys = [fused_linear(x, prep.passes, prep.codebook, group_size=group, partial=None, bias=prep.bias,
+                       out_dtype=torch.float32, path="gemv", config=cfg) for cfg in (plain, halves)]
+    assert torch.allclose(ys[1], ys[0], rtol=1e-5, atol=1e-6), (ys[1] - ys[0]).abs().max()
+    ref = linear_reference(x, fmt.dequantize(t), t["bias"])
+    assert compare(ys[1].to(torch.bfloat16), ref, tolerance_for(torch.bfloat16)).ok
+
+
 def test_paired_lookups_need_four_warps_and_a_known_name() -> None:
     from quantcore.backends.turboquant_triton.configs import GemvConfig
 

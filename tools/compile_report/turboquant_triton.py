@@ -153,11 +153,12 @@ def report(*, sass_dir: Path | None = None, everything: bool = False) -> list[di
             const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=32 // cfg.gpc, SPLIT_P2=32 // cfg.gpc,
                          ROWS_CTA=14 * cfg.br, BR=cfg.br, TAIL=128, UNROLL=cfg.unroll,
                          TWO_PASSES=two, X_ROTATED=cfg.prerotate, HAS_PARTIAL=True, HAS_BIAS=True, DOT_FP32=False,
-                         LOOKUP=configs.LOOKUPS.index(cfg.lookup), PDL=cfg.pdl, INTERPRET=False)
+                         LOOKUP=configs.LOOKUPS.index(cfg.lookup), PDL=cfg.pdl, INTERPRET=False,
+                         HALVES=cfg.halves)
             runtime = {**_GEMV_PTRS, "N": "i32", "stride_idx": "i32", "stride_idx2": "i32"}
             if cfg.prerotate:  # the float32 rows gemv.rotate_kernel writes
                 runtime |= {"x_ptr": "*fp32", "x2_ptr": "*fp32"}
-            name = f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{cfg.maxnreg}-r{int(cfg.prerotate)}-{cfg.lookup}-{int(two)}"
+            name = f"gemv-{cfg.gpc}-{cfg.br}-{cfg.warps}-{cfg.maxnreg}-r{int(cfg.prerotate)}-{cfg.lookup}-{int(two)}{'-halves' * cfg.halves}"
             dump = sass_dir / f"{name}.sass" if sass_dir else None
             res = _compile(gemv.gemv_kernel, runtime, const, cfg.warps, 1, dump, cfg.maxnreg)
             loop = _longest_loop(res.pop("sass"))

@@ -54,6 +54,10 @@ _GEOMETRIES = {1: [G(8, 396, 8, 8, 3), G(8, 264, 16, 8, 1), G(16, 264, 8, 8, 1),
                2: [G(8, 264, 8, 8, 1), G(8, 396, 8, 8, 1), G(16, 264, 8, 8, 1)]}
 GEMV_PAIRS = {p: [dataclasses.replace(g, lookup=lk) for g in gs for lk in ("pairs", "half_pairs")]
               for p, gs in _GEOMETRIES.items()}
+#: ``--halves``, one pass: the two-pass plans' 8-row tile (where whole sectors paid) with and
+#: without them, a wider grid, and paired lookups.
+GEMV_HALVES = [G(8, 264, 8, 8, 1, halves=True), G(8, 264, 8, 8, 1), G(8, 396, 8, 8, 1, halves=True),
+               G(8, 264, 8, 8, 1, lookup="pairs", halves=True), G(8, 264, 8, 8, 1, lookup="pairs", pdl=True, halves=True)]
 #: ``--mma-only``: tiles for the weight operand in the matrix unit's register layout (76
 #: registers and 28 KB at 64×16 on sm_90, six programs an SM instead of four: more
 #: programs and stages fit), timed beside the card's shipped plan at each M bucket.
@@ -122,6 +126,9 @@ def main() -> int:
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--gemv-only", action="store_true",
                     help="only the decode kernel: the pairs candidates beside the shipped plan, 1 and 2 passes")
+    ap.add_argument("--halves", action="store_true",
+                    help="only the decode kernel: the shipped plan beside its twin that reads whole sectors "
+                         "(GemvConfig.halves), 1 and 2 passes, --rounds rounds")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     card = card_key(0)
@@ -153,6 +160,17 @@ def main() -> int:
         print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
 
+    if args.halves:
+        for k, n in SHAPES:
+            for passes in (1, 2):
+                shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
+                cands = [shipped, dataclasses.replace(shipped, halves=not shipped.halves)]
+                cands += GEMV_HALVES if passes == 1 else []
+                unique = list(dict.fromkeys(cands))
+                record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in unique], args.rounds))
+        with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+            json.dump({"device": device, "rows": log}, f, indent=1)
+        return 0
     if args.gemv_only:
         for k, n in SHAPES:
             for passes in (1, 2):
