@@ -9,8 +9,9 @@
 #       "tests/hardening/test_fuzz_kernels.py -k hopper_wgmma" "tests/hardening/test_fuzz_kernels.py -k aten_cuda"
 #
 # (a group is split into words: a -k expression must be one word)
-# $OUT/tests/<n>-<group>.log for each group (numbered, named after its first path); on stdout, per group,
-# its exit status, its outcome counts and every FAILED or ERROR line.
+# $OUT/tests/<n>-<group>.log for each group (numbered, named after its first path), also packed into
+# $OUT/tests.tar.gz (one file, however many groups: a device call may bring back only a few files);
+# on stdout, per group, its exit status, its outcome counts and every FAILED or ERROR line.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 limit=$1
@@ -49,3 +50,4 @@ for log in "$OUT"/tests/*.log; do
   grep -E "(FAILED|ERROR)( |$)" "$log" | grep "::" | sort -u | head -40
   grep -h "^cases run:" "$log"  # the fuzz's tally, where a group ran it
 done
+tar -czf "$OUT/tests.tar.gz" -C "$OUT" tests
