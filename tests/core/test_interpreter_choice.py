@@ -25,7 +25,6 @@ def test_the_interpreter_is_on_for_cpu_cells_only_when_asked_or_without_a_gpu(
     assert interpreter_wanted(device, named, cuda) is wanted
 
 
-
 def _sets_the_interpreter(tree: ast.AST) -> bool:
     """A call of ``enable_interpreter_for`` or an assignment to ``os.environ["TRITON_INTERPRET"]``
     (in code: a script a test hands to a subprocess is a string)."""
