@@ -1,7 +1,7 @@
-"""The hopper_wgmma sweep's Triton candidates, checked without a GPU: timed at M ≤ 16
-only, and shipped by ``--table`` only where at least ``MARGIN`` faster than the plan
-the call took and never when the check found one wrong; the table written parses back
-into Triton plans."""
+"""The hopper_wgmma sweep's candidates, checked without a GPU: Triton plans timed at
+M ≤ 16 only, K split for fewer programs from M = 32; a candidate shipped by ``--table``
+only where at least ``MARGIN`` faster than the plan the call took and never when the
+check found one wrong; the table written parses back into Triton plans."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import dataclasses
 from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan
 from quantcore.backends.hopper_wgmma.tuned import parse_table
 from tools.probes.hopper_wgmma_sweep import (
+    FOCUS,
     MARGIN,
     best_table,
     candidates,
+    few_program_plans,
     triton_candidates,
     unsafe_kinds,
 )
@@ -65,3 +67,28 @@ def test_a_shipped_decode_plan_is_timed_as_it_is_and_kept_within_the_margin() ->
     rows = [base | {"plan": dataclasses.asdict(decode), "us": 40.7, "default": True},
             base | {"plan": dataclasses.asdict(SHIPPED), "us": 40.7 * (1 - MARGIN) + 0.05, "default": False}]
     assert parse_table(best_table(rows, INFO))[1][(4, 8192, 28672, 1)] == decode
+
+
+def test_few_program_plans_fill_half_or_all_of_the_sms_from_m_32() -> None:
+    assert few_program_plans(16, 4096, 1024, 4, 132) == []
+    plans = few_program_plans(128, 4096, 1024, 4, 132)
+    # 16 column tiles: 128-row tiles split 4 and 8, 64-row ones (two row tiles) 2 and 4
+    assert [(p.bm, p.split) for p in plans] == [(128, 4), (128, 8), (64, 2), (64, 4)]
+    assert all(p.in_flight and p.stages == 4 and p.wg == 1 for p in plans)
+    for m, k, n in ((32, 4096, 4096), (512, 14336, 4096), (64, 4096, 1024)):
+        for p in few_program_plans(m, k, n, 4, 132):
+            programs = -(-n // 64) * -(-m // p.bm) * p.split
+            assert programs <= 132 or p.split == 1
+            assert 2 * p.split <= k // 128
+
+
+def test_the_splits_focus_times_the_plan_taken_and_the_few_program_plans_only() -> None:
+    taken = Plan(1, 64, 6, 8, in_flight=True)
+    FOCUS[:] = ["splits"]
+    try:
+        plans = candidates(128, 4096, 1024, 4, 132, taken)
+        assert plans[0] == taken
+        assert set(plans[1:]) == set(few_program_plans(128, 4096, 1024, 4, 132))
+        assert candidates(128, 4096, 1024, 4, 132, SMALL)[0] == SMALL  # a Triton plan taken stays timed
+    finally:
+        FOCUS[:] = []

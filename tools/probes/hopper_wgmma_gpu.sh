@@ -72,7 +72,7 @@ for step in "$@"; do
              python3 -m tools.probes.hopper_wgmma_ncu "$m" "$k" "$n" > "$out/ncu-M$m-K$k-N$n.txt" 2>&1
            grep -E "Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Registers Per|Block Limit|Issue Slots|Busy|Stall" \
              "$out/ncu-M$m-K$k-N$n.txt" | head -40 ;;
-    table) python3 -m tools.probes.hopper_wgmma_sweep --table "$out"/device.json "$out"/time-*.json "$out"/check.json \
+    table) python3 -m tools.probes.hopper_wgmma_sweep --table "$out"/device.json "$out"/time-*.json $(ls "$out"/check.json 2> /dev/null) \
              --out backends/hopper_wgmma 2>&1 | tee "$out/table.log" | tail -30
            cp backends/hopper_wgmma/tuned-*.json "$out"/ ;;
     *) echo "unknown step $step" ;;

@@ -48,6 +48,7 @@ from quantcore.backends.hopper_wgmma.plans import AnyPlan, DecodePlan, Plan, Tri
 from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gptq_pairs.plans import pow2_at_least
 from quantcore.ops.linear import linear_reference
 from quantcore.ops.tolerance import judge_output
 from quantcore.probe.card import CardKey, card_key
@@ -186,6 +187,25 @@ def _focused(plan: AnyPlan | None) -> bool:
                                        or ("regs" in FOCUS and plan.maxnreg == REG_CAP and not plan.late_scale))
 
 
+def few_program_plans(m: int, k: int, n: int, bits: int, sms: int) -> list[Plan]:
+    """From M = 32: K split only so far that the programs are half or all of the SMs, on a
+    ring of four. Each split adds a partial sum through global memory, and where the tiles
+    are few that sum, not the idle SMs, is what a call waits for (H200, 4096×1024 at
+    M = 128: split 4 over 64-row tiles took 9.5 µs, split 8 13.5)."""
+    if m <= 16:
+        return []
+    blocks = k // (512 // bits)
+    tiles_n = -(-n // 64)
+    out: list[Plan] = []
+    for bm in dict.fromkeys((pow2_at_least(m, 32, 128), *((64,) if m >= 64 else ()))):
+        tiles = tiles_n * -(-m // bm)
+        for per_sm in (0.5, 1):
+            plan = Plan(1, bm, 4, max(1, min(blocks // 2, round(per_sm * sms / tiles))), in_flight=True)
+            if plan not in out:
+                out.append(plan)
+    return out
+
+
 def _check_units(shard: tuple[int, int]) -> list[tuple[int, AnyPlan | None]]:
     """(case, plan) pairs of this shard: plans dealt round-robin, so every shard gets a
     share of the expensive ones."""
@@ -297,6 +317,7 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         if plan not in out:
             out.append(plan)
 
+    taken = shipped
     if isinstance(shipped, TritonPlan | DecodePlan):  # timed as it is: no wgmma variants of it
         put(shipped)
         shipped = None
@@ -336,6 +357,8 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         # bits (a stage holds half the K of 4 bits: a ring of 4) with a producer warp, the
         # faster tile on the large shapes from M = 512 (H200, 4096×14336: 104 against 150 µs).
         add(2, 256, 3 if bits == 4 else 4, [1, 2])
+    for plan in few_program_plans(m, k, n, bits, sms):
+        put(plan)
     for plan in [p for p in out if isinstance(p, Plan) and p.in_flight]:
         put(ws_twin(plan))
     if bits == 4:
@@ -348,7 +371,11 @@ def candidates(m: int, k: int, n: int, bits: int, sms: int, shipped: AnyPlan | N
         for plan in capped_twins(m, k, n, bits):
             put(plan)
     if FOCUS:
-        base = [] if shipped is None else [shipped, in_flight_twin(shipped)]
+        base: list[AnyPlan] = [] if taken is None else [taken]
+        if isinstance(taken, Plan):
+            base.append(in_flight_twin(taken))
+        if "splits" in FOCUS:
+            base += few_program_plans(m, k, n, bits, sms)
         return [p for p in out if p in base or _focused(p)]
     return out
 
@@ -597,7 +624,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--peers", default="cublas,triton_int4,aten_cuda")
-    ap.add_argument("--focus", choices=("late", "regs"), action="append", default=[],
+    ap.add_argument("--focus", choices=("late", "regs", "splits"), action="append", default=[],
                     help="check and time one kind of plan only (with the plan a call takes)")
     args = ap.parse_args(argv)
     FOCUS[:] = args.focus
