@@ -189,7 +189,12 @@ class BoundKernel:
 
     def _dims(self) -> dict[str, int]:
         if self._weight_dims is None:
-            self._weight_dims = self.fmt.validate(self._source)
+            source = self._source
+            if len({t.device for t in source.values()}) > 1:
+                # Stored tensors on several devices bind (every prepare moves them to its
+                # kernel's device); the format reads them on one: the kernel's, for once.
+                source = {name: t.to(self.device) for name, t in source.items()}
+            self._weight_dims = self.fmt.validate(source)
         return self._weight_dims
 
     def __repr__(self) -> str:

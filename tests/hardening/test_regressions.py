@@ -421,3 +421,20 @@ def test_tinygemm_takes_an_activation_at_an_odd_offset() -> None:
     shifted.copy_(x)
     assert torch.equal(kernel(shifted, prepared), kernel(x, prepared))
     torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device beside the CPU")
+def test_bind_takes_stored_tensors_on_two_devices() -> None:
+    """A weight whose stored tensors lay on the CPU and the GPU bound (each kernel's
+    prepare moves them), then refused every call: the first call's output check read the
+    caller's tensors with the format's one-device rule."""
+    from quantcore.binding import bind
+
+    fmt = AWQ(group_size=128)
+    gen = GEN().manual_seed(11)
+    stored = fmt.quantize(torch.randn(256, 128, generator=gen), generator=gen)
+    mixed = dict(stored, qweight=stored["qweight"].cuda())
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    y = bind(fmt, "cuda", mixed, dtype=torch.bfloat16)(x.cuda())
+    ref = x.double() @ fmt.dequantize(stored).T.double()
+    assert y.shape == ref.shape and (y.double().cpu() - ref).norm() / ref.norm() < 1e-2
