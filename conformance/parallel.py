@@ -10,8 +10,9 @@ Each worker sets itself up for many small calls (:mod:`.worker`: one BLAS thread
 tensors in huge pages) and drops a group's cached weights once the group has run. Workers are forked after the cells are collected (the registry, the cases and every
 plugin are loaded once, in the parent) and before anything has run: nothing in the
 parent has started a thread pool a child could inherit half-locked. Where fork is not
-available, or on an accelerator (whose runtime must not be forked), cells run here,
-one after the other.
+available, on an accelerator, or where this process has already initialised CUDA (a
+driver's state must not be forked; the forked workers of a test process that had run
+kernels on an H200 hung), cells run here, one after the other.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def _forkable(device: str) -> bool:
+    """Whether cells on ``device`` may run in forked workers."""
+    if device != "cpu" or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
 def _group_cost(cells: Sequence[Cell], indices: list[int]) -> float:
     """A rough cost, for ordering only: weight size, cells, and the Triton interpreter."""
     first = cells[indices[0]].case.problem
@@ -67,8 +76,10 @@ def run_cells(
     """Every cell's result, in the order of ``cells``; ``done`` is called as each one
     finishes (in finishing order)."""
     results: list[CellResult | None] = [None] * len(cells)
-    forkable = "fork" in multiprocessing.get_all_start_methods()
-    if jobs <= 1 or len(cells) < 2 or device != "cpu" or not forkable:
+    if jobs > 1 and device == "cpu" and not _forkable(device):
+        print("quantcore conformance: this process cannot fork its workers safely (CUDA is initialised here, "
+              "or fork is not available); running the cells in this process", file=sys.stderr)
+    if jobs <= 1 or len(cells) < 2 or not _forkable(device):
         for i, cell in enumerate(cells):
             results[i] = run_cell(cell, device)
             if done is not None:

@@ -161,3 +161,21 @@ def test_a_dead_worker_loses_no_cell(registry: Registry, monkeypatch: pytest.Mon
     results = parallel.run_cells(cells, jobs=2)
     assert [r.cell_id for r in results] == [c.id for c in cells]
     assert [r.status for r in results] == [run_cell(c).status for c in cells]
+
+
+def test_a_process_with_cuda_initialised_runs_its_cells_itself(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A forked child of a process that initialised CUDA inherits the driver's state: the
+    workers of a GPU test process hung. There the cells run in the process itself."""
+    from quantcore.conformance import parallel
+
+    def no_pool(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("forked workers in a process with CUDA initialised")
+
+    cells = [c for c in collect_cells(formats=[SMALL], registry=registry) if "K128" in c.id][:6]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", no_pool)
+    results = parallel.run_cells(cells, jobs=2)
+    assert [(r.cell_id, r.status) for r in results] == [(c.id, run_cell(c).status) for c in cells]
+    assert "cannot fork its workers safely" in capsys.readouterr().err
