@@ -438,3 +438,30 @@ def test_bind_takes_stored_tensors_on_two_devices() -> None:
     y = bind(fmt, "cuda", mixed, dtype=torch.bfloat16)(x.cuda())
     ref = x.double() @ fmt.dequantize(stored).T.double()
     assert y.shape == ref.shape and (y.double().cpu() - ref).norm() / ref.norm() < 1e-2
+
+
+@triton.jit
+def _bf16_to_float32(src, dst, n: tl.constexpr):  # type: ignore[no-untyped-def]
+    offs = tl.arange(0, n)
+    tl.store(dst + offs, tl.load(src + offs).to(tl.float32))
+
+
+def test_a_subnormal_bf16_reads_as_zero_only_under_the_interpreter() -> None:
+    """Found by the nightly kernel fuzz: trtllm_moe_triton answered zero for subnormal
+    bf16 activations under the interpreter (relative error 1 against the golden), because
+    the interpreter's software bf16 → float32 conversion gives zero there; a compiled
+    kernel converts exactly. The fuzz computes an interpreted call's golden output on what
+    the interpreter reads (``interpreters_view``). When a Triton release converts them
+    exactly, this fails and that view can go."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs Triton's interpreter or a CUDA device")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    device = "cpu" if interpreted else "cuda"
+    tiny = torch.finfo(torch.bfloat16).smallest_normal
+    src = torch.tensor([tiny / 4, -tiny / 2, tiny, 1.5], dtype=torch.bfloat16, device=device)
+    out = torch.empty(4, device=device)
+    _bf16_to_float32[(1,)](src, out, 4)
+    want = src.float().cpu()
+    if interpreted:
+        want[:2] = 0.0
+    assert torch.equal(out.cpu(), want), out
