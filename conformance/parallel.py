@@ -76,10 +76,11 @@ def run_cells(
     """Every cell's result, in the order of ``cells``; ``done`` is called as each one
     finishes (in finishing order)."""
     results: list[CellResult | None] = [None] * len(cells)
-    if jobs > 1 and device == "cpu" and not _forkable(device):
+    forkable = _forkable(device)
+    if jobs > 1 and len(cells) > 1 and device == "cpu" and not forkable:
         print("quantcore conformance: this process cannot fork its workers safely (CUDA is initialised here, "
               "or fork is not available); running the cells in this process", file=sys.stderr)
-    if jobs <= 1 or len(cells) < 2 or not _forkable(device):
+    if jobs <= 1 or len(cells) < 2 or not forkable:
         for i, cell in enumerate(cells):
             results[i] = run_cell(cell, device)
             if done is not None:
