@@ -57,7 +57,9 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # reaches ~45 % of the bf16 matmul rate on the large shapes to M = 64; at M = 128
         # 0.80–0.84 / 0.60 / 0.40–0.42 / 0.13 of it at 4096×14336 / 14336×4096 / 4096² /
         # 4096×1024 on both cards (weight_fill); from M = 512 0.75, half at N = 1024
-        # (column_fill); above M = 1024 triton_int4's dequantize + cuBLAS is faster. 8-bit
+        # (column_fill); at M = 2048 0.85–1.05 on every 4-bit shape, ahead of triton_int4's
+        # dequantize + cuBLAS where the dense weight is large (its write costs 10 %); at M = 8192
+        # 0.80–0.93, where triton_int4's dequantize + cuBLAS is faster. 8-bit
         # codes dequantize through fp32 in bf16 (README.md): 0.65 of the 4-bit rate, 0.8 at
         # M = 128 where the H100's table runs the producer-warp plans (gptq8_linear.json).
         m = problem["M"]
@@ -69,8 +71,12 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
             compute = 0.45
         elif m <= 256:
             compute = 0.75 * weight_fill(k, n)
+        elif m <= 1024:
+            compute = 0.75 * column_fill(n)
+        elif m <= 2048:
+            compute = 0.9 * column_fill(n)
         else:
-            compute = (0.75 if m <= 1024 else 0.65) * column_fill(n)
+            compute = 0.65 * column_fill(n)
         if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16:
             compute *= 0.8 if 64 < m <= 256 else 0.65
         launches = 2 if m <= 2 and code_bits(problem) == 4 else 1

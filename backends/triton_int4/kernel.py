@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantcore.cost import Cost, linear_cost
+from quantcore.cost import Cost, device_rates, linear_cost
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernel import Requirements, Support
 from quantcore.kernels.gptq_pairs.kernel import (
@@ -36,6 +36,27 @@ INTERPRETER_MAX_WEIGHTS = 1 << 21
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+#: Above this M a call dequantizes the weight into a scratch and multiplies with cuBLAS
+#: (``configs.py``).
+DEQUANT_FROM_M = 1024
+#: cuBLAS's share of the matmul rate at M ≥ 2048 on these shapes (0.96–1.06 in the suites).
+CUBLAS_SHARE = 0.98
+
+
+def _dequant_then_cublas_share(caps: Capabilities, problem: Problem) -> float:
+    """The dequantize + cuBLAS path as one share of the matmul rate: cuBLAS's multiply after
+    the dequantization's bytes (the codes read, the dense weight written). Fit to the suites
+    at M = 2048 and 8192 (``benchmarks/results/nvidia-h200/gptq_linear.json``, the H100's
+    too): 4096×14336 at M = 2048 0.87–0.90 of the matmul rate (cuBLAS 0.97–0.98), from
+    M = 8192 0.95–1.09. A dense weight that fits the last-level cache (4096×4096: 0.95–1.00
+    at M = 2048) is faster than this says: cuBLAS reads back what the scratch left there."""
+    rates = device_rates(caps)
+    k, n = problem["K"], problem["N"]
+    dequant_bytes = weight_bytes(problem) + k * n * problem.act_dtype.itemsize
+    gemm_s = 2 * problem["M"] * k * n / (rates.matmul_flops_per_s * CUBLAS_SHARE)
+    return CUBLAS_SHARE / (1 + dequant_bytes / (rates.copy_bytes_per_s * 0.85) / gemm_s)
 
 
 class TritonInt4GPTQ(PairedGPTQKernel):
@@ -67,17 +88,19 @@ class TritonInt4GPTQ(PairedGPTQKernel):
         # both cards: 1.7–2.3 TB/s at 4 bits, and at 8 bits 1.8–2.3 TB/s on the large shapes
         # (4096×14336, 14336×4096 at M ≤ 16), the H200's faster memory unused.
         # The multiply reaches ~30 % of the bf16 matmul rate to M = 256 and 35–48 % at
-        # M = 512 with its fused tiles (a quarter of that at N = 1024), ~85 % above
-        # (dequantize + cuBLAS), and from M = 8192, where the dequantization is a small part
-        # of the multiply, as fast as cuBLAS on the dense weight (96–110 % in both suites). On a CPU this is Triton's interpreter: thousands of times
-        # slower than torch.
+        # M = 512 with its fused tiles (a quarter of that at N = 1024); above M = 1024 it
+        # dequantizes into a scratch and calls cuBLAS (``_dequant_then_cublas_share``). On a
+        # CPU this is Triton's interpreter: thousands of times slower than torch.
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type == "cpu":
             return linear_cost(problem, weight, bandwidth=2e-4, compute=2e-4, note="Triton interpreter")
-        compute = 0.3 if m <= 256 else 0.45 if m <= 1024 else 0.85 if m <= 4096 else 1.0
-        if 64 < m <= 1024:  # its own fused tiles; above, cuBLAS tiles the dequantized weight
-            compute *= min(1.0, problem["N"] / 4096)
+        if m > DEQUANT_FROM_M:
+            compute = _dequant_then_cublas_share(caps, problem)
+        else:
+            compute = 0.3 if m <= 256 else 0.45
+            if m > 64:  # its own fused tiles: a quarter of the rate at N = 1024
+                compute *= min(1.0, problem["N"] / 4096)
         return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=2,
                            stream_bytes_per_s=1.8e12 if code_bits(problem) == 4 else 2.3e12,
                            note="fit to benchmarks/results/nvidia-h100-80gb-hbm3 and nvidia-h200")

@@ -58,7 +58,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
     """Compare a kernel's output with the float64 golden output."""
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(False, float("nan"), float("nan"), tol, f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    # Both on the CPU in float64: a golden may be computed beside the kernel, on its device.
     o = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
     if not torch.isfinite(o).all():
         bad = int((~torch.isfinite(o)).sum())
         return Comparison(False, float("nan"), float("nan"), tol, f"{bad} non-finite output element(s)")

@@ -100,6 +100,19 @@ def test_tolerance_rejects_nan_and_shape() -> None:
     assert "shape" in compare(ref[:, :4], ref, tol).problem
 
 
+def test_tolerance_reads_a_golden_made_on_the_kernels_device(qc_device: str) -> None:
+    """A harness may compute the float64 golden beside the kernel, on its device; the
+    judgement is the same as with both on the CPU (on a CPU run the devices agree)."""
+    ref = torch.randn(64, 4096, dtype=torch.float64)
+    out = ref.to(torch.bfloat16)
+    out[:, 17] *= -1
+    tol = tolerance_for(torch.bfloat16)
+    on_cpu = compare(out, ref, tol)
+    for o, r in ((out.to(qc_device), ref.to(qc_device)), (out, ref.to(qc_device)), (out.to(qc_device), ref)):
+        verdict = compare(o, r, tol)
+        assert not verdict.ok and (verdict.rel_err, verdict.max_err) == (on_cpu.rel_err, on_cpu.max_err)
+
+
 def test_tolerance_accepts_plain_rounding() -> None:
     ref = torch.randn(64, 4096, dtype=torch.float64)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
