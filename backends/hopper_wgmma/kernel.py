@@ -61,7 +61,9 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # dequantize + cuBLAS where the dense weight is large (its write costs 10 %); at M = 8192
         # 0.80–0.93, where triton_int4's dequantize + cuBLAS is faster. 8-bit
         # codes dequantize through fp32 in bf16 (README.md): 0.65 of the 4-bit rate, 0.8 at
-        # M = 128 where the H100's table runs the producer-warp plans (gptq8_linear.json).
+        # M = 128 where the H100's table runs the producer-warp plans (gptq8_linear.json),
+        # and the 4-bit rate at M = 2048, where the producer-warp plans reach 0.85–0.97 on
+        # the large shapes on both cards.
         m = problem["M"]
         weight = weight_bytes(problem)
         if caps.device_type != "cuda":
@@ -77,7 +79,7 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
             compute = 0.9 * column_fill(n)
         else:
             compute = 0.65 * column_fill(n)
-        if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16:
+        if code_bits(problem) == 8 and problem.act_dtype == torch.bfloat16 and not 1024 < m <= 2048:
             compute *= 0.8 if 64 < m <= 256 else 0.65
         launches = 2 if m <= 2 and code_bits(problem) == 4 else 1
         return linear_cost(problem, weight, bandwidth=0.8, compute=compute, launches=launches,
