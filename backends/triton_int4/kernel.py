@@ -41,7 +41,7 @@ def _interpreting() -> bool:
 #: Above this M a call dequantizes the weight into a scratch and multiplies with cuBLAS
 #: (``configs.py``).
 DEQUANT_FROM_M = 1024
-#: cuBLAS's share of the matmul rate at M ≥ 2048 on these shapes (0.96–1.06 in the suites).
+#: cuBLAS's share of the matmul rate at M ≥ 2048 on these shapes (0.94–1.06 in the suites).
 CUBLAS_SHARE = 0.98
 
 
@@ -49,7 +49,7 @@ def _dequant_then_cublas_share(caps: Capabilities, problem: Problem) -> float:
     """The dequantize + cuBLAS path as one share of the matmul rate: cuBLAS's multiply after
     the dequantization's bytes (the codes read, the dense weight written). Fit to the suites
     at M = 2048 and 8192 (``benchmarks/results/nvidia-h200/gptq_linear.json``, the H100's
-    too): 4096×14336 at M = 2048 0.87–0.90 of the matmul rate (cuBLAS 0.97–0.98), from
+    too): 4096×14336 and 14336×4096 at M = 2048 0.87–0.91 of the matmul rate (cuBLAS 0.97–1.05), from
     M = 8192 0.95–1.09. A dense weight that fits the last-level cache (4096×4096: 0.95–1.00
     at M = 2048) is faster than this says: cuBLAS reads back what the scratch left there."""
     rates = device_rates(caps)

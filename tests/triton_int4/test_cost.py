@@ -26,9 +26,9 @@ def test_the_dense_weight_write_weighs_less_as_m_grows() -> None:
     assert shares == sorted(shares) and shares[-1] < 0.98
 
 
-@pytest.mark.parametrize(("k", "n", "low", "high"), [(4096, 14336, 0.86, 0.90), (14336, 4096, 0.86, 0.90)])
+@pytest.mark.parametrize(("k", "n", "low", "high"), [(4096, 14336, 0.86, 0.91), (14336, 4096, 0.86, 0.91)])
 def test_the_share_at_m_2048_is_the_measured_one(k: int, n: int, low: float, high: float) -> None:
-    # gptq_linear on the H200 and the H100: 0.87–0.90 of the matmul rate on the large shapes.
+    # gptq_linear and awq_linear on the H200 and the H100: 0.87–0.91 of the matmul rate there.
     assert low <= _share(2048, k, n) <= high
 
 
