@@ -62,7 +62,7 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         # 0.80–0.93, where triton_int4's dequantize + cuBLAS is faster. 8-bit
         # codes dequantize through fp32 in bf16 (README.md): 0.65 of the 4-bit rate, 0.8 at
         # M = 128 where the H100's table runs the producer-warp plans (gptq8_linear.json),
-        # and the 4-bit rate at M = 2048, where the producer-warp plans reach 0.85–0.97 on
+        # and the 4-bit rate at M = 2048, where the producer-warp plans reach 0.87–0.97 on
         # the large shapes on both cards.
         m = problem["M"]
         weight = weight_bytes(problem)
