@@ -39,6 +39,7 @@ __all__ = [
     "EAGER_ONCE_MAX_MACS",
     "GEMV_VARIANTS",
     "MMA_DECODE_ROWS",
+    "ROTATION_MAX_BLOCK_M",
     "ROTATION_MAX_GROUP",
     "GemvConfig",
     "MmaConfig",
@@ -442,6 +443,13 @@ ROTATION_MAX_GROUP = 128
 EAGER_ONCE_MAX_MACS = 1 << 32
 
 
+#: The widest tile (rows of x) that rotates x inside its launch (``kernel`` or ``once``).
+#: Compiled for sm_90, the 64 × 128 register-operand tile holds 237 registers with x rotated
+#: outside and spills 144 bytes (``kernel``) or 552 (``once``) with the rotation's float32
+#: result beside its output tile (``python -m tools.compile_report turboquant_triton``).
+ROTATION_MAX_BLOCK_M = 64
+
+
 def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_operands: bool = False,
                  wide_group: bool = False, eager_macs: int | None = None) -> str:
     """Where the tensor-core kernel gets x rotated (``mma.py``): ``outside`` (one GEMM
@@ -469,8 +477,9 @@ def mma_rotation(cfg: MmaConfig, *, rotation_per_group: bool = False, fp32_opera
     ``eager_macs``: the work of an eager call (None for a call being recorded into a CUDA
     graph, or where the host's cost does not matter). A config that leaves the place open
     (``rotate_in_kernel`` None, not ``rotate_once``) then takes ``once`` up to
-    :data:`EAGER_ONCE_MAX_MACS`: one launch instead of a GEMM and a launch."""
-    if rotation_per_group or fp32_operands or wide_group:
+    :data:`EAGER_ONCE_MAX_MACS`: one launch instead of a GEMM and a launch. A tile of more
+    than :data:`ROTATION_MAX_BLOCK_M` rows of x always takes x rotated outside."""
+    if rotation_per_group or fp32_operands or wide_group or cfg.block_m > ROTATION_MAX_BLOCK_M:
         return "outside"
     forced = os.environ.get(ROTATION_ENV)
     if forced:

@@ -42,6 +42,11 @@ def test_the_rule() -> None:
     assert mma_rotation(open_cfg, eager_macs=1, fp32_operands=True) == "outside"
     assert mma_rotation(open_cfg, eager_macs=1, wide_group=True) == "outside"  # Π of d = 256: 128 KB
     assert mma_rotation(MmaConfig(rotate_in_kernel=True), eager_macs=1, wide_group=True) == "outside"
+    # A tile wider than 64 rows of x spills with the rotation beside it (configs.ROTATION_MAX_BLOCK_M).
+    for wide in (MmaConfig(block_m=128), MmaConfig(block_m=128, rotate_in_kernel=True),
+                 MmaConfig(block_m=128, rotate_once=True)):
+        assert mma_rotation(wide, eager_macs=1) == "outside", wide
+    assert mma_rotation(MmaConfig(block_m=64, rotate_once=True)) == "once"
     # A config that names the place keeps it.
     assert mma_rotation(MmaConfig(rotate_in_kernel=False), eager_macs=1) == "outside"
     assert mma_rotation(MmaConfig(rotate_in_kernel=True), eager_macs=1) == "kernel"

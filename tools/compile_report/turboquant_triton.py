@@ -84,7 +84,7 @@ def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[st
     loop reads the rotated x as the outside variant's does. ``loop_per_weight``: the
     group loop's instructions (``total``) and some of its opcodes per weight a thread
     multiplies in one pass of it."""
-    from quantcore.backends.turboquant_triton import mma
+    from quantcore.backends.turboquant_triton import configs, mma
 
     rows, base_loads = [], {}
     # Two warpgroups on one 64-row tile would both look every row up (twice the lookups):
@@ -92,7 +92,9 @@ def _mma_rows(cfg: Any, everything: bool, sass_dir: Path | None) -> list[dict[st
     operands = ((False, False), (True, False), (True, True)) if cfg.block_n >= 16 * cfg.warps else ((False, False),)
     for register, scaled in operands:
         for two in (False, True) if everything else (False,):
-            for where in ("outside", "kernel", "once"):
+            # a tile wider than that never rotates x in its launch (configs.mma_rotation)
+            wide = cfg.block_m > configs.ROTATION_MAX_BLOCK_M
+            for where in ("outside",) if wide else ("outside", "kernel", "once"):
                 rotate = where == "kernel"
                 const = dict(N_GROUPS=32, D=128, GPC=cfg.gpc, SPLIT=2, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                              TWO_PASSES=two, X_COPIES=2 if two else 1, ROTATE=rotate, ROTATE_ONCE=where == "once",

@@ -69,6 +69,17 @@ MMA_REGISTER = {
     64: [Mm(64, 64, 4, 4, 3, 264, **_R), Mm(64, 32, 4, 4, 3, 528, **_R), Mm(64, 64, 4, 4, 2, 396, **_R)],
     128: [Mm(64, 64, 4, 4, 3, 264, **_R), Mm(64, 64, 4, 4, 4, 264, **_R), Mm(64, 32, 4, 4, 3, 528, **_R)],
 }
+#: ``--mma-wide``: tiles as wide as the batch (each index word looked up once per call,
+#: not once per 64-row slice of x) and longer group runs a program, beside the shipped
+#: plan and dequantize + cuBLAS.
+MMA_WIDE = {
+    64: [Mm(64, 64, 8, 4, 3, 264, **_R), Mm(64, 64, 4, 4, 4, 396, **_R), Mm(64, 64, 2, 4, 3, 528, **_R),
+         Mm(128, 64, 8, 8, 3, 264, **_R)],
+    128: [Mm(64, 128, 4, 4, 3, 264, **_R), Mm(64, 128, 4, 4, 2, 264, **_R), Mm(64, 128, 8, 4, 3, 264, **_R),
+          Mm(64, 128, 2, 4, 3, 396, **_R), Mm(64, 64, 8, 4, 3, 264, **_R),
+          # two warpgroups, 16 rows a warp: no spill on any rotation route at sm_90
+          Mm(128, 128, 4, 8, 3, 264, **_R), Mm(128, 128, 4, 8, 2, 264, **_R), Mm(128, 128, 8, 8, 2, 264, **_R)],
+}
 
 
 def _time(k: int, n: int, m: int, passes: int, candidates: list[tuple[str, Any]], rounds: int,
@@ -123,6 +134,9 @@ def main() -> int:
     ap.add_argument("--mma-only", action="store_true",
                     help="only the tensor-core kernel: the register-operand tiles beside the shipped plan, one "
                          "pass, at --ms; entries for these buckets only (to merge into the shipped table)")
+    ap.add_argument("--mma-wide", action="store_true",
+                    help="only the tensor-core kernel at M = 64 and 128: batch-wide tiles and longer group runs "
+                         "beside the shipped plan and dequantize + cuBLAS, one pass")
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--gemv-only", action="store_true",
                     help="only the decode kernel: the pairs candidates beside the shipped plan, 1 and 2 passes")
@@ -183,6 +197,15 @@ def main() -> int:
                                                     twins=True))
         with open(args.out.replace(".json", "") + "-log.json", "w") as f:
             json.dump({"device": device, "rows": log, "pairs_checks": _checks}, f, indent=1)
+        return 0
+    if args.mma_wide:
+        for k, n in SHAPES:
+            for m, wide in MMA_WIDE.items():
+                shipped = configs.mma_config(card, m, k, n, 128, 1, DTYPE)
+                cands = [("mma", shipped)] + [("mma", c) for c in wide if c != shipped] + [("dequant", None)]
+                record("mma", k, n, 1, _time(k, n, m, 1, cands, args.rounds), m)
+        with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+            json.dump({"device": device, "rows": log}, f, indent=1)
         return 0
     if args.mma_only:
         for k, n in SHAPES:
