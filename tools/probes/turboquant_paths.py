@@ -7,7 +7,7 @@ dequantize + cuBLAS, each checked against the float64 golden output and then tim
 CUDA-graph replays over weight sets that together exceed L2; cuBLAS bf16 on the same
 shape in the same rounds. Rows go to ``--json``; a table is printed last.
 
-    python -m tools.probes.turboquant_paths --part decode|mid16|mid128|prefill|fold|fold_mid|all [--json PATH]
+    python -m tools.probes.turboquant_paths --part decode|mid16|mid128|prefill|fold|fold_mid|fold_small|all [--json PATH]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ GEMV_VARIANTS = [G(8, 396, 8, 8, 3), G(8, 264, 8, 8, 3), G(8, 528, 8, 8, 3), G(4
 GEMV_VARIANTS_RES = [G(8, 264, 8, 8, 1), G(8, 132, 8, 8, 1), G(8, 396, 8, 8, 1)]
 MMA_VARIANTS = {
     16: [Mm(64, 16, 4, 4, 3, 264), Mm(64, 16, 8, 4, 4, 264), Mm(128, 16, 4, 8, 3, 264), Mm(64, 16, 4, 4, 3, 528)],
+    32: [], 64: [],  # (fold_small: the table's plan, as the wrapper's choice, is the one timed)
     128: [Mm(128, 32, 4, 4, 3, 264), Mm(128, 64, 4, 8, 3, 264), Mm(64, 64, 4, 4, 3, 264)],
     2048: [Mm(128, 64, 4, 8, 3, 132)],
 }
@@ -94,7 +95,7 @@ def probe(k: int, n: int, m: int, residual: bool, rounds: int, device: str = "cu
         for cfg in MMA_VARIANTS.get(m, MMA_VARIANTS[16] if m <= 16 else MMA_VARIANTS[128]) if m <= 2048 else ():
             name = f"mma {cfg.block_n}x{cfg.block_m} g{cfg.gpc} c{cfg.ctas} w{cfg.warps} s{cfg.stages}"
             variants[name] = (call("mma", cfg), sets, nbytes, "mma", cfg)
-        if m >= 64:
+        if m >= 32:
             variants["dequant+cuBLAS"] = (call("dequant", None), sets, nbytes, "dequant", None)
             variants["fold+cuBLAS"] = (call("fold", None), sets, nbytes, "fold", None)
     variants["default (wrapper's choice)"] = (
@@ -144,6 +145,8 @@ PARTS = {
     # the two prefill paths (dequantize every pass, or fold the rotations in) from the crossover on
     "fold": [(k, n, m, res) for m in (256, 2048, 8192) for k, n in SHAPES for res in (False, True)],
     "fold_mid": [(k, n, m, res) for m in (512, 1024) for k, n in SHAPES for res in (False, True)],
+    # two passes below the tensor-core kernel's limit: is one GEMM of depth K already cheaper?
+    "fold_small": [(k, n, m, True) for m in (32, 64, 128) for k, n in SHAPES],
 }
 
 
