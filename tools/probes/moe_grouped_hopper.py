@@ -1,0 +1,196 @@
+"""An MoE's routed GEMM on ``hopper_wgmma``'s kernel in one grouped launch
+(``moe_grouped_kernel.py``), beside what runs it today (an sm_90 GPU, one call).
+
+E = 8 experts, top-2, 4096 × 28672 (the ``trtllm_moe`` suite's shape), GPTQ 8-bit g128
+symmetric codes (this format's codes and group scales in another word order), bf16. Per T:
+
+* checked: the grouped launch against each expert's plain ``hopper_wgmma`` launch over its
+  own rows with the same plan (bit for bit: the same tiles, the same walk) and against the
+  float golden of the dequantized weights;
+* timed (CUDA-graph replays, one process): the grouped launch on sorted rows (the peer's
+  terms: the sort not timed), the whole routed op (sort, gather, launch, rows back in route
+  order), one plain launch per expert on the sorted rows, ``trtllm_moe_triton`` on the same
+  routing, and bf16 cuBLAS per expert (``benchmarks/suites/trtllm_moe.py``'s peer).
+
+    python -m tools.probes.moe_grouped_hopper [--ts 512,4096] [--plans "2,128,4,1,in_flight,ws;…"] --json PATH
+
+``--plans`` as ``hopper_plan_times``; the table's plan for the rows an expert gets is always
+timed (split 1). ``--compile`` compiles the plans for sm_90a here instead (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
+from quantcore.backends.hopper_wgmma.launch import linear, plan_of, prepare_x
+from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
+from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.benchmarks.memory import with_fresh_codes
+from quantcore.formats.gptq import GPTQ
+from quantcore.registry import default_registry
+
+from .hopper_plan_times import parse_plan
+from .moe_grouped_kernel import GroupedExperts, expert_slots, grouped_kernel
+
+E, TOPK, K, N = 8, 2, 4096, 28672
+FMT = GPTQ(bits=8, group_size=128, sym=True)
+
+
+def compile_grouped(plan: Plan, *, k: int = 512, n: int = 256) -> dict[str, Any]:
+    """The grouped kernel of ``plan`` compiled for sm_90a here: registers, spill stack,
+    shared memory, HGMMAs, and the writes to a register an in-flight HGMMA reads."""
+    from triton.runtime.jit import mangle_type
+
+    from quantcore.triton.compile_report import compile_sm90
+
+    from .hopper_wgmma_hazards import operand_hazards
+
+    gen = torch.Generator().manual_seed(0)
+    experts = [GPTQToHopper(FMT).apply(FMT.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen))
+               for _ in range(2)]
+    grouped = GroupedExperts(experts, plan)
+    x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
+    _, slots = expert_slots(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm)
+    _, args = grouped.args(x, slots, torch.zeros(64, n, dtype=torch.bfloat16))
+    names = [a for a in grouped_kernel.arg_names if a not in grouped.const]
+    signature = {name: mangle_type(a) for name, a in zip(names, args, strict=True)}
+    compiled = compile_sm90(grouped_kernel, signature, dict(grouped.const), divisible=[],
+                            options={"num_warps": plan.num_warps}, gluon=True)
+    return {"plan": dataclasses.asdict(plan), "registers": compiled.registers, "spill_stack": compiled.spill_stack,
+            "shared": compiled.shared, "hgmma": compiled.sass.count("HGMMA."),
+            "hazards": len(operand_hazards(compiled.sass))}
+
+
+def _experts(dev: torch.device, gen: torch.Generator) -> tuple[list[dict[str, torch.Tensor]], list[Any]]:
+    """E experts' stored GPTQ tensors (fresh codes, the same scales) and their prepared states."""
+    kernel = HopperWgmmaGPTQ(FMT, dev)
+    stored = with_fresh_codes(FMT.quantize(torch.randn(N, K, generator=gen) * 0.02, generator=gen), E, gen)
+    stored = [{a: t.to(dev) for a, t in one.items()} for one in stored]
+    return stored, [kernel.prepare(one) for one in stored]
+
+
+def _segments(ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=E).tolist()
+    out, start = [], 0
+    for e, c in enumerate(counts):
+        if c:
+            out.append((e, start, start + c))
+        start += c
+    return out
+
+
+def _check(grouped: GroupedExperts, x_sorted: torch.Tensor, slots: torch.Tensor, segments: list[tuple[int, int, int]],
+           prepared: list[Any], stored: list[dict[str, torch.Tensor]], plan: Plan) -> dict[str, Any]:
+    y = grouped(x_sorted, slots)
+    same, worst = True, 0.0
+    for e, a, b in segments:
+        mine = y[a:b]
+        plain = linear(x_sorted[a:b], prepared[e], dataclasses.replace(plan, split=1))
+        same &= bool(torch.equal(mine, plain))
+        golden = x_sorted[a:b].double() @ FMT.dequantize(stored[e]).to(x_sorted.device).double().T
+        worst = max(worst, float((mine.double() - golden).norm() / golden.norm()))
+    return {"bit_identical_to_plain_launches": same, "rel_error_vs_golden": worst}
+
+
+def run(ts: list[int], plans: list[str]) -> dict[str, Any]:
+    from benchmarks.suites.trtllm_moe import FMT as MOE_FMT
+
+    dev = torch.device("cuda")
+    stored, prepared = _experts(dev, torch.Generator().manual_seed(0))
+    dgen = torch.Generator(device=dev).manual_seed(0)
+    moe = default_registry().kernel(MOE_FMT.name, "moe", "trtllm_moe_triton").cls(MOE_FMT, dev)
+    moe_w = moe.prepare({"qweight": torch.randint(-128, 128, (E, K, N), dtype=torch.int8, device=dev, generator=dgen),
+                         "scales": (torch.rand(E, K // 128, N, device=dev, generator=dgen) * 2e-4 + 1e-4)
+                         .to(torch.bfloat16)}, dtype=torch.bfloat16)
+    dense = [torch.randn(E, N, K, device=dev, generator=dgen).to(torch.bfloat16) * 0.02]
+    base = GroupedExperts(prepared, Plan(1, 128, 4, 1, in_flight=True))  # the experts stacked once
+    rows: list[dict[str, Any]] = []
+    for t in ts:
+        rows += _one_t(t, plans, base, stored, prepared, lambda x, ids: moe.forward(x, ids, moe_w), dense, dgen)
+    return {"device": torch.cuda.get_device_name(), "E": E, "topk": TOPK, "K": K, "N": N, "format": "GPTQ 8-bit g128 sym",
+            "rows": rows}
+
+
+def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str, torch.Tensor]], prepared: list[Any],
+           moe: Any, dense: list[torch.Tensor], dgen: torch.Generator) -> list[dict[str, Any]]:
+    from benchmarks.suites.trtllm_moe import _per_expert_peer, _routing
+    from quantcore.timing import time_interleaved
+
+    dev = dense[0].device
+    ids = _routing(t, E, TOPK, dev, dgen)
+    x = torch.randn(t, K, device=dev, generator=dgen).to(torch.bfloat16)
+    segments = _segments(ids)
+    table = plan_of(t * TOPK // E, prepared[0], dev)
+    candidates = [dataclasses.replace(table, split=1, in_flight=True)] if isinstance(table, Plan) else []
+    candidates += [parse_plan(p) for p in plans]
+    rows: list[dict[str, Any]] = []
+    names: list[str] = []
+    calls: list[Any] = []
+    for plan in dict.fromkeys(candidates):
+        grouped = base.with_plan(plan)
+        order, slots = expert_slots(ids, E, plan.bm)
+        x_sorted = x.index_select(0, order // TOPK)
+        try:
+            check = _check(grouped, x_sorted, slots, segments, prepared, stored, plan)
+        except Exception as exc:  # a plan that fails is a row, not the end of the probe
+            rows.append({"T": t, "variant": f"grouped {plan}", "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  T{t} {plan}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+            continue
+        rows.append({"T": t, "variant": f"grouped {plan}", **check})
+        print(f"  T{t} {plan}: {check}", file=sys.stderr, flush=True)
+        names += [f"grouped, sorted rows: {plan}", f"grouped, whole routed op: {plan}",
+                  f"hopper_wgmma per expert: {plan}"]
+        calls += [lambda i, g=grouped, xs=x_sorted, s=slots: g(xs, s), _whole(grouped, x, ids, plan.bm),
+                  _per_expert(x_sorted, segments, prepared, dataclasses.replace(plan, split=1))]
+    names += ["trtllm_moe_triton", "bf16 per-expert cuBLAS"]
+    calls += [lambda i: moe(x, ids), _per_expert_peer([x], ids, dense)]
+    times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=[1] * len(calls))
+    for name, tm in zip(names, times, strict=True):
+        rows.append({"T": t, "variant": name, "us": tm.median_s * 1e6, "spread": tm.spread})
+        print(f"  T{t} {name}: {tm.median_s * 1e6:.1f} us", file=sys.stderr, flush=True)
+    return rows
+
+
+def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, bm: int) -> Any:
+    """The routed op: sort, gather, the grouped launch, the rows back in route order."""
+    def run(i: int) -> torch.Tensor:
+        order, slots = expert_slots(ids, E, bm)
+        ys = grouped(x.index_select(0, order // TOPK), slots)
+        return torch.empty_like(ys).index_copy_(0, order, ys)
+    return run
+
+
+def _per_expert(x_sorted: torch.Tensor, segments: list[tuple[int, int, int]], prepared: list[Any], plan: Plan) -> Any:
+    """One plain launch per expert over its sorted rows (the row counts known on the host)."""
+    return lambda i: [linear(x_sorted[a:b], prepared[e], plan) for e, a, b in segments]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ts", default="512,4096")
+    ap.add_argument("--plans", default="")
+    ap.add_argument("--json")
+    ap.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    plans = [p for p in args.plans.split(";") if p]
+    if args.compile:
+        out: Any = [compile_grouped(parse_plan(p)) for p in plans]
+    else:
+        out = run([int(v) for v in args.ts.split(",")], plans)
+    text = json.dumps(out, indent=1)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text[-4000:])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
