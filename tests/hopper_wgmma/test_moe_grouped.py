@@ -13,16 +13,16 @@ from tests.triton_release import needs_gluon_release
 from .test_sm90_compile import _bundled_tools, compiled_rows
 
 
-@pytest.mark.parametrize("experts,bm", [(8, 128), (8, 64), (3, 16)])
+@pytest.mark.parametrize("experts,bm,n_tiles", [(8, 128, 3), (8, 64, 1), (3, 16, 5)])
 @pytest.mark.parametrize("routes", [1, 7, 130, 1024])
-def test_expert_slots_cover_every_route_once(experts: int, bm: int, routes: int) -> None:
+def test_expert_slots_cover_every_route_once(experts: int, bm: int, n_tiles: int, routes: int) -> None:
     from tools.probes.moe_grouped_kernel import expert_slots, slot_bound
 
     gen = torch.Generator().manual_seed(routes + bm)
     # Skewed routing (one busy expert, idle ones) as well as even.
     ids = torch.randint(0, experts, (routes,), generator=gen)
     ids[: routes // 2] = experts - 1
-    order, slots = expert_slots(ids, experts, bm)
+    order, slots, programs = expert_slots(ids, experts, bm, n_tiles)
     assert slots.dtype == torch.int32 and slots.shape == (slot_bound(routes, experts, bm), 3)
     assert torch.equal(order, torch.sort(ids, stable=True).indices)
     sorted_ids = ids[order]
@@ -36,6 +36,15 @@ def test_expert_slots_cover_every_route_once(experts: int, bm: int, routes: int)
     assert bool((covered == 1).all())
     assert len(used) == sum(-(-int((ids == e).sum()) // bm) for e in range(experts))
     assert all(s == [0, 0, 0] for s in slots.tolist()[len(used):]), "the empty slots come last"
+    # Every (row tile, column tile) once, in the order of one launch per expert: expert,
+    # then column tile, then row tile; the rest on the last slot, which is empty.
+    assert programs.dtype == torch.int32 and programs.shape == (n_tiles * slots.shape[0], 2)
+    work = [tuple(p) for p in programs.tolist()[: n_tiles * len(used)]]
+    keyed = sorted(work, key=lambda p: (used[p[0]][0], p[1], p[0]))
+    assert work == keyed and len(set(work)) == len(work)
+    assert {p[0] for p in work} == set(range(len(used))) and {p[1] for p in work} <= set(range(n_tiles))
+    assert all(p == [slots.shape[0] - 1, 0] for p in programs.tolist()[n_tiles * len(used):])
+    assert slots[-1].tolist() == [0, 0, 0]
 
 
 @needs_gluon_release

@@ -58,8 +58,8 @@ def compile_grouped(plan: Plan, *, k: int = 512, n: int = 256) -> dict[str, Any]
                for _ in range(2)]
     grouped = GroupedExperts(experts, plan)
     x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
-    _, slots = expert_slots(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm)
-    _, args = grouped.args(x, slots, torch.zeros(64, n, dtype=torch.bfloat16))
+    _, slots, programs = expert_slots(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
+    _, args = grouped.args(x, slots, programs, torch.zeros(64, n, dtype=torch.bfloat16))
     names = [a for a in grouped_kernel.arg_names if a not in grouped.const]
     signature = {name: mangle_type(a) for name, a in zip(names, args, strict=True)}
     compiled = compile_sm90(grouped_kernel, signature, dict(grouped.const), divisible=[],
@@ -87,9 +87,9 @@ def _segments(ids: torch.Tensor) -> list[tuple[int, int, int]]:
     return out
 
 
-def _check(grouped: GroupedExperts, x_sorted: torch.Tensor, slots: torch.Tensor, segments: list[tuple[int, int, int]],
+def _check(grouped: GroupedExperts, x_sorted: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], segments: list[tuple[int, int, int]],
            prepared: list[Any], stored: list[dict[str, torch.Tensor]], plan: Plan) -> dict[str, Any]:
-    y = grouped(x_sorted, slots)
+    y = grouped(x_sorted, *tables)
     same, worst = True, 0.0
     for e, a, b in segments:
         mine = y[a:b]
@@ -136,10 +136,10 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
     calls: list[Any] = []
     for plan in dict.fromkeys(candidates):
         grouped = base.with_plan(plan)
-        order, slots = expert_slots(ids, E, plan.bm)
+        order, *tables = expert_slots(ids, E, plan.bm, grouped.n_tiles)
         x_sorted = x.index_select(0, order // TOPK)
         try:
-            check = _check(grouped, x_sorted, slots, segments, prepared, stored, plan)
+            check = _check(grouped, x_sorted, (tables[0], tables[1]), segments, prepared, stored, plan)
         except Exception as exc:  # a plan that fails is a row, not the end of the probe
             rows.append({"T": t, "variant": f"grouped {plan}", "error": f"{type(exc).__name__}: {exc}"})
             print(f"  T{t} {plan}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
@@ -148,7 +148,7 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
         print(f"  T{t} {plan}: {check}", file=sys.stderr, flush=True)
         names += [f"grouped, sorted rows: {plan}", f"grouped, whole routed op: {plan}",
                   f"hopper_wgmma per expert: {plan}"]
-        calls += [lambda i, g=grouped, xs=x_sorted, s=slots: g(xs, s), _whole(grouped, x, ids, plan.bm),
+        calls += [lambda i, g=grouped, xs=x_sorted, t=tables: g(xs, *t), _whole(grouped, x, ids, plan.bm),
                   _per_expert(x_sorted, segments, prepared, dataclasses.replace(plan, split=1))]
     names += ["trtllm_moe_triton", "bf16 per-expert cuBLAS"]
     calls += [lambda i: moe(x, ids), _per_expert_peer([x], ids, dense)]
@@ -162,8 +162,8 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
 def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, bm: int) -> Any:
     """The routed op: sort, gather, the grouped launch, the rows back in route order."""
     def run(i: int) -> torch.Tensor:
-        order, slots = expert_slots(ids, E, bm)
-        ys = grouped(x.index_select(0, order // TOPK), slots)
+        order, slots, programs = expert_slots(ids, E, bm, grouped.n_tiles)
+        ys = grouped(x.index_select(0, order // TOPK), slots, programs)
         return torch.empty_like(ys).index_copy_(0, order, ys)
     return run
 

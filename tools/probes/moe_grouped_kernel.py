@@ -3,9 +3,9 @@ shipped): one launch multiplies every expert's routed rows by that expert's weig
 
 The routes are sorted by expert (:func:`expert_slots`, on the device: nothing waits for
 the GPU, so a call records into a CUDA graph); each row tile of ``BM`` routes lies inside
-one expert. Program ``pid`` takes N-tile ``pid // slots`` of slot ``pid % slots``, a slot
-being ``(expert, first route, end of the expert's routes)``; a slot past the last tile is
-empty and its programs return at once. The experts' prepared words are stacked along the
+one expert. Program ``pid`` reads its slot — ``(expert, first route, end of the expert's
+routes)`` — and its N-tile from a table in the order one launch per expert would run them;
+a program past the last tile finds an empty slot and returns at once. The experts' prepared words are stacked along the
 tiles and their scale rows along N, so the kernel's own TMA loads (``kernels._issue``) read
 expert e's block at tile ``e · tiles + n-tile`` and scale column ``e · Np + n0``; the
 sorted activations are x's descriptor as the plain kernel has it (a tile's rows past its
@@ -54,17 +54,22 @@ __all__ = ["GroupedExperts", "expert_slots", "grouped_kernel", "slot_bound", "st
 
 
 def slot_bound(routes: int, experts: int, bm: int) -> int:
-    """The most row tiles ``routes`` routes over ``experts`` experts can need: each
-    expert's last tile may be partial."""
-    return routes // bm + experts
+    """The most row tiles ``routes`` routes over ``experts`` experts can need (each
+    expert's last tile may be partial), and one empty slot after them."""
+    return routes // bm + experts + 1
 
 
-def expert_slots(expert_ids: torch.Tensor, experts: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(order, slots)`` for the routes' expert ids ``[R]`` (each in ``[0, experts)``): ``order`` sorts the routes by
-    expert (stably: a route keeps its rank among its expert's), and ``slots``
-    ``[slot_bound, 3]`` int32 holds each row tile's ``(expert, first sorted route, end of
-    its expert's routes)``, the empty slots after the last tile ``(0, 0, 0)``. Torch ops on
-    the ids' device, no value read back."""
+def expert_slots(expert_ids: torch.Tensor, experts: int, bm: int,
+                 n_tiles: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(order, slots, programs)`` for the routes' expert ids ``[R]`` (each in ``[0,
+    experts)``) and ``n_tiles`` column tiles. ``order`` sorts the routes by expert (stably:
+    a route keeps its rank among its expert's); ``slots`` ``[slot_bound, 3]`` int32 holds
+    each row tile's ``(expert, first sorted route, end of its expert's routes)``, the
+    empty slots after the last tile ``(0, 0, 0)``; ``programs`` ``[n_tiles · slot_bound,
+    2]`` int32 the ``(slot, column tile)`` of each program, expert by expert, then column
+    tile by column tile, then row tile by row tile (the order of one launch per expert: the
+    programs at work together share an expert's weight tile and its rows), the programs
+    past the last on an empty slot. Torch ops on the ids' device, no value read back."""
     ids = expert_ids.reshape(-1).long()
     order = torch.argsort(ids, stable=True)
     # (bincount would read the largest id back to size its output: a wait, and no graph)
@@ -72,27 +77,38 @@ def expert_slots(expert_ids: torch.Tensor, experts: int, bm: int) -> tuple[torch
     starts = torch.cumsum(counts, 0) - counts
     tiles = (counts + bm - 1) // bm
     tile_end = torch.cumsum(tiles, 0)
-    slot = torch.arange(slot_bound(ids.numel(), experts, bm), device=ids.device)
+    bound = slot_bound(ids.numel(), experts, bm)
+    slot = torch.arange(bound, device=ids.device)
     expert = torch.searchsorted(tile_end, slot, right=True)
     used = expert < experts
     e = expert.clamp(max=experts - 1)
     first = starts[e] + (slot - (tile_end[e] - tiles[e])) * bm
     end = starts[e] + counts[e]
     slots = torch.stack([e, first, end], 1) * used.unsqueeze(1)
-    return order, slots.to(torch.int32).contiguous()
+    prog = torch.arange(n_tiles * bound, device=ids.device)
+    prog_end = torch.cumsum(tiles * n_tiles, 0)
+    pe = torch.searchsorted(prog_end, prog, right=True)
+    busy = pe < experts
+    pe = pe.clamp(max=experts - 1)
+    local = prog - (prog_end[pe] - tiles[pe] * n_tiles)
+    width = tiles[pe].clamp(min=1)
+    p_slot = torch.where(busy, tile_end[pe] - tiles[pe] + local % width, bound - 1)
+    programs = torch.stack([p_slot, (local // width) * busy], 1)
+    return order, slots.to(torch.int32).contiguous(), programs.to(torch.int32).contiguous()
 
 
 @gluon.jit
 def grouped_kernel(
-    w_desc, x_desc, s_desc, z_desc, y_ptr, slots_ptr,
-    N, stride_ym, blocks, sub_group, slots, tiles_per_expert, n_pad,
+    w_desc, x_desc, s_desc, z_desc, y_ptr, slots_ptr, programs_ptr,
+    N, stride_ym, blocks, sub_group, tiles_per_expert, n_pad,
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, HAS_ZEROS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr = False,
 ):
     """``y[r] = x[r]·Ŵ_eᵀ`` for every sorted route r of every slot's expert e. ``w_desc``:
     the experts' words stacked ``[E·tiles, blocks·8, 256]``; ``s_desc``/``z_desc``: their
     scale and zero-point rows side by side ``[subs, E·Np]``; ``x_desc``: the sorted
-    activations as ``[K/32, R, 32]``; ``slots_ptr``: :func:`expert_slots`' table."""
+    activations as ``[K/32, R, 32]``; ``slots_ptr``, ``programs_ptr``: :func:`expert_slots`'
+    tables."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -103,8 +119,8 @@ def grouped_kernel(
     words_layout: gl.constexpr = _words_layout(WG)
 
     pid = gl.program_id(0)
-    pid_n = pid // slots
-    slot = pid % slots
+    slot = gl.load(programs_ptr + 2 * pid)
+    pid_n = gl.load(programs_ptr + 2 * pid + 1)
     expert = gl.load(slots_ptr + 3 * slot)
     m0 = gl.load(slots_ptr + 3 * slot + 1)
     m_end = gl.load(slots_ptr + 3 * slot + 2)
@@ -217,18 +233,23 @@ class GroupedExperts:
         out.const["WS"] = plan.ws
         return out
 
-    def args(self, x_sorted: torch.Tensor, slots: torch.Tensor, y: torch.Tensor) -> tuple[tuple[int], list[Any]]:
-        """``(grid, positional arguments)`` of the launch over ``slots``."""
+    @property
+    def n_tiles(self) -> int:
+        """Column tiles of one expert (the programs of a row tile)."""
+        return triton.cdiv(self.n, TILE_N * self.plan.wg)
+
+    def args(self, x_sorted: torch.Tensor, slots: torch.Tensor, programs: torch.Tensor,
+             y: torch.Tensor) -> tuple[tuple[int], list[Any]]:
+        """``(grid, positional arguments)`` of the launch over :func:`expert_slots`' tables."""
         n, blocks, sub_group = self.tail
         w_desc, s_desc, z_desc = weight_descriptors(self.w, self.plan.wg)
-        grid = (triton.cdiv(n, TILE_N * self.plan.wg) * slots.shape[0],)
-        return grid, [w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y, slots,
-                      n, y.stride(0), blocks, sub_group, slots.shape[0], self.tiles, self.n_pad]
+        return (programs.shape[0],), [w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y,
+                                      slots, programs, n, y.stride(0), blocks, sub_group, self.tiles, self.n_pad]
 
-    def __call__(self, x_sorted: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x_sorted: torch.Tensor, slots: torch.Tensor, programs: torch.Tensor) -> torch.Tensor:
         """``y_sorted [R, N]``: each sorted route's row times its slot's expert."""
         x = prepare_x(x_sorted)
         y = torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device)
-        grid, args = self.args(x, slots, y)
+        grid, args = self.args(x, slots, programs, y)
         grouped_kernel[grid](*args, **self.const, num_warps=self.plan.num_warps)
         return y
