@@ -5,6 +5,8 @@ bits against the plain launches is ``python -m tools.probes.moe_grouped_hopper``
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -13,38 +15,53 @@ from tests.triton_release import needs_gluon_release
 from .test_sm90_compile import _bundled_tools, compiled_rows
 
 
+def _work(tables: Any, bm: int, n_tiles: int, sorted_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """``(expert, first, end, column tile)`` of every program with work, after checking the
+    tables' shape, order and empty entries."""
+    slots, programs = tables.slots.tolist(), tables.programs.tolist()
+    assert tables.programs.shape == (n_tiles * len(slots), 2) and tables.slots.dtype == torch.int32
+    used = [s for s in slots if s[1] < s[2]]
+    assert all(s == [0, 0, 0] for s in slots[len(used):]) and slots[-1] == [0, 0, 0], "the empty slots come last"
+    for e, first, end in used:
+        assert first < end, (e, first, end)
+        assert bool((sorted_ids[first:min(first + bm, end)] == e).all()), (e, first, end)
+    busy = [tuple(p) for p in programs[: n_tiles * len(used)]]
+    # expert by expert, then column tile, then row tile: the order of one launch per expert
+    assert busy == sorted(busy, key=lambda p: (used[p[0]][0], p[1], p[0])) and len(set(busy)) == len(busy)
+    assert {p[0] for p in busy} == set(range(len(used))) and {p[1] for p in busy} <= set(range(n_tiles))
+    assert all(p == [len(slots) - 1, 0] for p in programs[n_tiles * len(used):])
+    return [(*used[s], n) for s, n in busy]
+
+
+@pytest.mark.parametrize("split_tail", [False, True])
 @pytest.mark.parametrize("experts,bm,n_tiles", [(8, 128, 3), (8, 64, 1), (3, 16, 5)])
 @pytest.mark.parametrize("routes", [1, 7, 130, 1024])
-def test_expert_slots_cover_every_route_once(experts: int, bm: int, n_tiles: int, routes: int) -> None:
-    from tools.probes.moe_grouped_kernel import expert_slots, slot_bound
+def test_every_route_meets_every_column_tile_once(experts: int, bm: int, n_tiles: int, routes: int,
+                                                  split_tail: bool) -> None:
+    from tools.probes.moe_grouped_schedule import schedule, slot_bound
 
     gen = torch.Generator().manual_seed(routes + bm)
-    # Skewed routing (one busy expert, idle ones) as well as even.
     ids = torch.randint(0, experts, (routes,), generator=gen)
-    ids[: routes // 2] = experts - 1
-    order, slots, programs = expert_slots(ids, experts, bm, n_tiles)
-    assert slots.dtype == torch.int32 and slots.shape == (slot_bound(routes, experts, bm), 3)
-    assert torch.equal(order, torch.sort(ids, stable=True).indices)
-    sorted_ids = ids[order]
-    covered = torch.zeros(routes, dtype=torch.int64)
-    used = [s for s in slots.tolist() if s[1] < s[2]]
-    for e, first, end in used:
-        rows = slice(first, min(first + bm, end))
-        assert bool((sorted_ids[rows] == e).all()), (e, first, end)
-        assert end == int((sorted_ids <= e).sum()), "a slot's end is its expert's last route"
-        covered[rows] += 1
+    ids[: routes // 2] = experts - 1  # one busy expert and idle ones, as well as even routing
+    sched = schedule(ids, experts, bm, n_tiles, split_tail=split_tail)
+    assert torch.equal(sched.order, torch.sort(ids, stable=True).indices)
+    assert sched.main.slots.shape[0] == slot_bound(routes, experts, bm)
+    sorted_ids = ids[sched.order]
+    covered = torch.zeros(routes, n_tiles, dtype=torch.int64)
+    parts = [(sched.main, bm)] + ([(sched.tail, bm // 2)] if split_tail else [])
+    assert (sched.tail is None) is not split_tail
+    for tables, width in parts:
+        for _, first, end, n in _work(tables, width, n_tiles, sorted_ids):
+            covered[first:min(first + width, end), n] += 1
     assert bool((covered == 1).all())
-    assert len(used) == sum(-(-int((ids == e).sum()) // bm) for e in range(experts))
-    assert all(s == [0, 0, 0] for s in slots.tolist()[len(used):]), "the empty slots come last"
-    # Every (row tile, column tile) once, in the order of one launch per expert: expert,
-    # then column tile, then row tile; the rest on the last slot, which is empty.
-    assert programs.dtype == torch.int32 and programs.shape == (n_tiles * slots.shape[0], 2)
-    work = [tuple(p) for p in programs.tolist()[: n_tiles * len(used)]]
-    keyed = sorted(work, key=lambda p: (used[p[0]][0], p[1], p[0]))
-    assert work == keyed and len(set(work)) == len(work)
-    assert {p[0] for p in work} == set(range(len(used))) and {p[1] for p in work} <= set(range(n_tiles))
-    assert all(p == [slots.shape[0] - 1, 0] for p in programs.tolist()[n_tiles * len(used):])
-    assert slots[-1].tolist() == [0, 0, 0]
+    counts = torch.bincount(ids, minlength=experts).tolist()
+    main_tiles = len([s for s in sched.main.slots.tolist() if s[1] < s[2]])
+    if split_tail:  # an expert's last tile of at most bm / 2 routes runs in the half-width launch
+        tails = [0 < c % bm <= bm // 2 for c in counts]
+        assert main_tiles == sum(c // bm + (c % bm > bm // 2) for c in counts)
+        assert len([s for s in sched.tail.slots.tolist() if s[1] < s[2]]) == sum(tails)
+    else:
+        assert main_tiles == sum(-(-c // bm) for c in counts)
 
 
 @needs_gluon_release
@@ -54,11 +71,11 @@ def test_grouped_kernel_compiles_for_sm90() -> None:
 import json
 from tools.probes.moe_grouped_hopper import compile_grouped
 from tools.probes.hopper_plan_times import parse_plan
-for p in ("1,128,4,1,in_flight", "2,128,4,1,in_flight,ws"):
-    print(json.dumps(compile_grouped(parse_plan(p))))
+for p, scatter in (("1,128,4,1,in_flight", False), ("2,128,4,1,in_flight,ws", True), ("2,64,4,1,in_flight,ws", True)):
+    print(json.dumps(compile_grouped(parse_plan(p), scatter=scatter)))
 """
     rows = compiled_rows(script)
-    assert len(rows) == 2
+    assert len(rows) == 3
     for r in rows:
         assert r["spill_stack"] == 0 and r["shared"] <= 227 * 1024, r
         assert r["hazards"] == 0, r

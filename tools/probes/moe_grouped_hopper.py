@@ -4,13 +4,16 @@
 E = 8 experts, top-2, 4096 × 28672 (the ``trtllm_moe`` suite's shape), GPTQ 8-bit g128
 symmetric codes (this format's codes and group scales in another word order), bf16. Per T:
 
-* checked: the grouped launch against each expert's plain ``hopper_wgmma`` launch over its
-  own rows with the same plan (bit for bit: the same tiles, the same walk) and against the
-  float golden of the dequantized weights;
+* checked, with each expert's last tile at the plan's width and, split off, at half of it
+  (a second launch): the grouped launch, each row stored at its route's place, against
+  each expert's plain ``hopper_wgmma`` launch over its own rows with the same plan (bit for
+  bit where the tiles are the same) and against the float64 golden of the dequantized
+  weights;
 * timed (CUDA-graph replays, one process): the grouped launch on sorted rows (the peer's
-  terms: the sort not timed), the whole routed op (sort, gather, launch, rows back in route
-  order), one plain launch per expert on the sorted rows, ``trtllm_moe_triton`` on the same
-  routing, and bf16 cuBLAS per expert (``benchmarks/suites/trtllm_moe.py``'s peer).
+  terms: the sort not timed) and the whole routed op (the schedule, the gathered rows, the
+  launches storing each row at its route's place), both tail choices; one plain launch per
+  expert on the sorted rows, ``trtllm_moe_triton`` on the same routing, and bf16 cuBLAS per
+  expert (``benchmarks/suites/trtllm_moe.py``'s peer).
 
     python -m tools.probes.moe_grouped_hopper [--ts 512,4096] [--plans "2,128,4,1,in_flight,ws;…"] --json PATH
 
@@ -38,13 +41,14 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.registry import default_registry
 
 from .hopper_plan_times import parse_plan
-from .moe_grouped_kernel import GroupedExperts, expert_slots, grouped_kernel
+from .moe_grouped_kernel import GroupedExperts, grouped_kernel
+from .moe_grouped_schedule import Schedule, schedule
 
 E, TOPK, K, N = 8, 2, 4096, 28672
 FMT = GPTQ(bits=8, group_size=128, sym=True)
 
 
-def compile_grouped(plan: Plan, *, k: int = 512, n: int = 256) -> dict[str, Any]:
+def compile_grouped(plan: Plan, *, scatter: bool = False, k: int = 512, n: int = 256) -> dict[str, Any]:
     """The grouped kernel of ``plan`` compiled for sm_90a here: registers, spill stack,
     shared memory, HGMMAs, and the writes to a register an in-flight HGMMA reads."""
     from triton.runtime.jit import mangle_type
@@ -58,14 +62,15 @@ def compile_grouped(plan: Plan, *, k: int = 512, n: int = 256) -> dict[str, Any]
                for _ in range(2)]
     grouped = GroupedExperts(experts, plan)
     x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
-    _, slots, programs = expert_slots(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
-    _, args = grouped.args(x, slots, programs, torch.zeros(64, n, dtype=torch.bfloat16))
-    names = [a for a in grouped_kernel.arg_names if a not in grouped.const]
+    sched = schedule(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
+    _, args = grouped.args(x, sched.main, sched.order, torch.zeros(64, n, dtype=torch.bfloat16))
+    const = {**grouped.const, "SCATTER": scatter}
+    names = [a for a in grouped_kernel.arg_names if a not in const]
     signature = {name: mangle_type(a) for name, a in zip(names, args, strict=True)}
-    compiled = compile_sm90(grouped_kernel, signature, dict(grouped.const), divisible=[],
-                            options={"num_warps": plan.num_warps}, gluon=True)
-    return {"plan": dataclasses.asdict(plan), "registers": compiled.registers, "spill_stack": compiled.spill_stack,
-            "shared": compiled.shared, "hgmma": compiled.sass.count("HGMMA."),
+    compiled = compile_sm90(grouped_kernel, signature, const, divisible=[], options={"num_warps": plan.num_warps},
+                            gluon=True)
+    return {"plan": dataclasses.asdict(plan), "scatter": scatter, "registers": compiled.registers,
+            "spill_stack": compiled.spill_stack, "shared": compiled.shared, "hgmma": compiled.sass.count("HGMMA."),
             "hazards": len(operand_hazards(compiled.sass))}
 
 
@@ -87,15 +92,18 @@ def _segments(ids: torch.Tensor) -> list[tuple[int, int, int]]:
     return out
 
 
-def _check(grouped: GroupedExperts, x_sorted: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], segments: list[tuple[int, int, int]],
-           prepared: list[Any], stored: list[dict[str, torch.Tensor]], plan: Plan) -> dict[str, Any]:
-    y = grouped(x_sorted, *tables)
+def _check(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: list[tuple[int, int, int]],
+           prepared: list[Any], stored: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """The grouped launch (rows in route order) against one plain launch of the same plan
+    per expert, bit for bit, and against the float64 golden of each expert."""
+    x_sorted = x.index_select(0, sched.order // TOPK)
+    y = grouped(x_sorted, sched, route_order=True)[sched.order]
     same, worst = True, 0.0
     for e, a, b in segments:
         mine = y[a:b]
-        plain = linear(x_sorted[a:b], prepared[e], dataclasses.replace(plan, split=1))
+        plain = linear(x_sorted[a:b], prepared[e], dataclasses.replace(grouped.plan, split=1))
         same &= bool(torch.equal(mine, plain))
-        golden = x_sorted[a:b].double() @ FMT.dequantize(stored[e]).to(x_sorted.device).double().T
+        golden = x_sorted[a:b].double() @ FMT.dequantize(stored[e]).to(x.device).double().T
         worst = max(worst, float((mine.double() - golden).norm() / golden.norm()))
     return {"bit_identical_to_plain_launches": same, "rel_error_vs_golden": worst}
 
@@ -112,9 +120,10 @@ def run(ts: list[int], plans: list[str]) -> dict[str, Any]:
                          .to(torch.bfloat16)}, dtype=torch.bfloat16)
     dense = [torch.randn(E, N, K, device=dev, generator=dgen).to(torch.bfloat16) * 0.02]
     base = GroupedExperts(prepared, Plan(1, 128, 4, 1, in_flight=True))  # the experts stacked once
+    forward = getattr(moe, "forward", moe)  # the call without validating the ids (the suite's)
     rows: list[dict[str, Any]] = []
     for t in ts:
-        rows += _one_t(t, plans, base, stored, prepared, lambda x, ids: moe.forward(x, ids, moe_w), dense, dgen)
+        rows += _one_t(t, plans, base, stored, prepared, lambda x, ids: forward(x, ids, moe_w), dense, dgen)
     return {"device": torch.cuda.get_device_name(), "E": E, "topk": TOPK, "K": K, "N": N, "format": "GPTQ 8-bit g128 sym",
             "rows": rows}
 
@@ -136,20 +145,24 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
     calls: list[Any] = []
     for plan in dict.fromkeys(candidates):
         grouped = base.with_plan(plan)
-        order, *tables = expert_slots(ids, E, plan.bm, grouped.n_tiles)
-        x_sorted = x.index_select(0, order // TOPK)
-        try:
-            check = _check(grouped, x_sorted, (tables[0], tables[1]), segments, prepared, stored, plan)
-        except Exception as exc:  # a plan that fails is a row, not the end of the probe
-            rows.append({"T": t, "variant": f"grouped {plan}", "error": f"{type(exc).__name__}: {exc}"})
-            print(f"  T{t} {plan}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
-            continue
-        rows.append({"T": t, "variant": f"grouped {plan}", **check})
-        print(f"  T{t} {plan}: {check}", file=sys.stderr, flush=True)
-        names += [f"grouped, sorted rows: {plan}", f"grouped, whole routed op: {plan}",
-                  f"hopper_wgmma per expert: {plan}"]
-        calls += [lambda i, g=grouped, xs=x_sorted, t=tables: g(xs, *t), _whole(grouped, x, ids, plan.bm),
-                  _per_expert(x_sorted, segments, prepared, dataclasses.replace(plan, split=1))]
+        for tail in (False, True):
+            sched = schedule(ids, E, plan.bm, grouped.n_tiles, split_tail=tail)
+            name = f"{plan}{', split tail' if tail else ''}"
+            try:
+                check = _check(grouped, x, sched, segments, prepared, stored)
+            except Exception as exc:  # a plan that fails is a row, not the end of the probe
+                rows.append({"T": t, "variant": f"grouped {name}", "error": f"{type(exc).__name__}: {exc}"})
+                print(f"  T{t} {name}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                continue
+            rows.append({"T": t, "variant": f"grouped {name}", **check})
+            print(f"  T{t} {name}: {check}", file=sys.stderr, flush=True)
+            x_sorted = x.index_select(0, sched.order // TOPK)
+            names += [f"grouped, sorted rows: {name}", f"grouped, whole routed op: {name}"]
+            calls += [lambda i, g=grouped, xs=x_sorted, s=sched: g(xs, s), _whole(grouped, x, ids, tail)]
+        names.append(f"hopper_wgmma per expert: {plan}")
+        sched = schedule(ids, E, plan.bm, grouped.n_tiles)
+        calls.append(_per_expert(x.index_select(0, sched.order // TOPK), segments, prepared,
+                                 dataclasses.replace(plan, split=1)))
     names += ["trtllm_moe_triton", "bf16 per-expert cuBLAS"]
     calls += [lambda i: moe(x, ids), _per_expert_peer([x], ids, dense)]
     times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=[1] * len(calls))
@@ -159,12 +172,12 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
     return rows
 
 
-def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, bm: int) -> Any:
-    """The routed op: sort, gather, the grouped launch, the rows back in route order."""
+def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, split_tail: bool) -> Any:
+    """The routed op: the schedule, the gathered rows, the launches storing each row at its
+    route's place."""
     def run(i: int) -> torch.Tensor:
-        order, slots, programs = expert_slots(ids, E, bm, grouped.n_tiles)
-        ys = grouped(x.index_select(0, order // TOPK), slots, programs)
-        return torch.empty_like(ys).index_copy_(0, order, ys)
+        sched = schedule(ids, E, grouped.plan.bm, grouped.n_tiles, split_tail=split_tail)
+        return grouped(x.index_select(0, sched.order // TOPK), sched, route_order=True)
     return run
 
 
@@ -182,7 +195,7 @@ def main() -> int:
     args = ap.parse_args()
     plans = [p for p in args.plans.split(";") if p]
     if args.compile:
-        out: Any = [compile_grouped(parse_plan(p)) for p in plans]
+        out: Any = [compile_grouped(parse_plan(p), scatter=scatter) for p in plans for scatter in (False, True)]
     else:
         out = run([int(v) for v in args.ts.split(",")], plans)
     text = json.dumps(out, indent=1)

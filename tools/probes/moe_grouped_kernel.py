@@ -1,9 +1,9 @@
 """A grouped launch of ``hopper_wgmma``'s kernel over the experts of an MoE (a probe, not
 shipped): one launch multiplies every expert's routed rows by that expert's weight.
 
-The routes are sorted by expert (:func:`expert_slots`, on the device: nothing waits for
-the GPU, so a call records into a CUDA graph); each row tile of ``BM`` routes lies inside
-one expert. Program ``pid`` reads its slot — ``(expert, first route, end of the expert's
+The routes are sorted by expert (``moe_grouped_schedule.py``, on the device: nothing waits
+for the GPU, so a call records into a CUDA graph); each row tile of ``BM`` routes lies
+inside one expert. Program ``pid`` reads its slot — ``(expert, first route, end of the expert's
 routes)`` — and its N-tile from a table in the order one launch per expert would run them;
 a program past the last tile finds an empty slot and returns at once. The experts' prepared words are stacked along the
 tiles and their scale rows along N, so the kernel's own TMA loads (``kernels._issue``) read
@@ -48,67 +48,27 @@ from quantcore.backends.hopper_wgmma.launch import (
 from quantcore.backends.hopper_wgmma.layout import TILE_N, HopperWeights
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.errors import InvalidArgumentError
-from quantcore.triton.gluon_split_k import tile_store
+from quantcore.triton.gluon_split_k import store_layout, tile_store
 
-__all__ = ["GroupedExperts", "expert_slots", "grouped_kernel", "slot_bound", "stacked"]
+from .moe_grouped_schedule import Schedule, Tables
 
-
-def slot_bound(routes: int, experts: int, bm: int) -> int:
-    """The most row tiles ``routes`` routes over ``experts`` experts can need (each
-    expert's last tile may be partial), and one empty slot after them."""
-    return routes // bm + experts + 1
-
-
-def expert_slots(expert_ids: torch.Tensor, experts: int, bm: int,
-                 n_tiles: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(order, slots, programs)`` for the routes' expert ids ``[R]`` (each in ``[0,
-    experts)``) and ``n_tiles`` column tiles. ``order`` sorts the routes by expert (stably:
-    a route keeps its rank among its expert's); ``slots`` ``[slot_bound, 3]`` int32 holds
-    each row tile's ``(expert, first sorted route, end of its expert's routes)``, the
-    empty slots after the last tile ``(0, 0, 0)``; ``programs`` ``[n_tiles · slot_bound,
-    2]`` int32 the ``(slot, column tile)`` of each program, expert by expert, then column
-    tile by column tile, then row tile by row tile (the order of one launch per expert: the
-    programs at work together share an expert's weight tile and its rows), the programs
-    past the last on an empty slot. Torch ops on the ids' device, no value read back."""
-    ids = expert_ids.reshape(-1).long()
-    order = torch.argsort(ids, stable=True)
-    # (bincount would read the largest id back to size its output: a wait, and no graph)
-    counts = torch.zeros(experts, dtype=torch.long, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
-    starts = torch.cumsum(counts, 0) - counts
-    tiles = (counts + bm - 1) // bm
-    tile_end = torch.cumsum(tiles, 0)
-    bound = slot_bound(ids.numel(), experts, bm)
-    slot = torch.arange(bound, device=ids.device)
-    expert = torch.searchsorted(tile_end, slot, right=True)
-    used = expert < experts
-    e = expert.clamp(max=experts - 1)
-    first = starts[e] + (slot - (tile_end[e] - tiles[e])) * bm
-    end = starts[e] + counts[e]
-    slots = torch.stack([e, first, end], 1) * used.unsqueeze(1)
-    prog = torch.arange(n_tiles * bound, device=ids.device)
-    prog_end = torch.cumsum(tiles * n_tiles, 0)
-    pe = torch.searchsorted(prog_end, prog, right=True)
-    busy = pe < experts
-    pe = pe.clamp(max=experts - 1)
-    local = prog - (prog_end[pe] - tiles[pe] * n_tiles)
-    width = tiles[pe].clamp(min=1)
-    p_slot = torch.where(busy, tile_end[pe] - tiles[pe] + local % width, bound - 1)
-    programs = torch.stack([p_slot, (local // width) * busy], 1)
-    return order, slots.to(torch.int32).contiguous(), programs.to(torch.int32).contiguous()
+__all__ = ["GroupedExperts", "grouped_kernel", "stacked"]
 
 
 @gluon.jit
 def grouped_kernel(
-    w_desc, x_desc, s_desc, z_desc, y_ptr, slots_ptr, programs_ptr,
+    w_desc, x_desc, s_desc, z_desc, y_ptr, slots_ptr, programs_ptr, rows_ptr,
     N, stride_ym, blocks, sub_group, tiles_per_expert, n_pad,
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, HAS_ZEROS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr = False,
+    SCATTER: gl.constexpr = False,
 ):
     """``y[r] = x[r]·Ŵ_eᵀ`` for every sorted route r of every slot's expert e. ``w_desc``:
     the experts' words stacked ``[E·tiles, blocks·8, 256]``; ``s_desc``/``z_desc``: their
     scale and zero-point rows side by side ``[subs, E·Np]``; ``x_desc``: the sorted
-    activations as ``[K/32, R, 32]``; ``slots_ptr``, ``programs_ptr``: :func:`expert_slots`'
-    tables."""
+    activations as ``[K/32, R, 32]``; ``slots_ptr``, ``programs_ptr``: the schedule's
+    tables (``moe_grouped_schedule.Tables``). ``SCATTER``: sorted route r's row is stored at
+    row ``rows_ptr[r]`` of y (the route order: the schedule's ``order``), else at row r."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -184,10 +144,21 @@ def grouped_kernel(
         mbarrier.invalidate(bar.index(st))
         if WS:
             mbarrier.invalidate(empty.index(st))
-    # Rows up to the expert's end only; no split, no bias (the scales stand in for the
-    # workspace, counter and bias pointers that a whole tile never reads).
-    tile_store(acc, pid, 0, n0, m0, y_ptr, y_ptr, y_ptr, slots_ptr, m_end, N, stride_ym, 1, False, False, BN, BM,
-               NUM_WARPS)
+    if SCATTER:
+        out_layout: gl.constexpr = store_layout(BN, BM, NUM_WARPS)
+        out = gl.convert_layout(acc, out_layout)
+        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+        live = offs_m < m_end
+        dst = gl.load(rows_ptr + offs_m, mask=live, other=0).to(gl.int64)
+        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(live, 0)
+        gl.store(y_ptr + gl.expand_dims(dst * stride_ym, 0) + gl.expand_dims(offs_n, 1),
+                 out.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Rows up to the tile's end only; no split, no bias (y stands in for the workspace,
+        # counter and bias pointers that a whole tile never reads).
+        tile_store(acc, pid, 0, n0, m0, y_ptr, y_ptr, y_ptr, slots_ptr, m_end, N, stride_ym, 1, False, False, BN,
+                   BM, NUM_WARPS)
 
 
 def stacked(experts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -199,10 +170,17 @@ def stacked(experts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return words, scales, zeros
 
 
+def _constexprs_of(w: HopperWeights, plan: Plan) -> dict[str, Any]:
+    const = _constexprs(w, plan, Walk(w.blocks, 1, 1, True))
+    return {**{k: const[k] for k in ("BITS", "ROWS", "SLICES_PER_ROW", "HAS_ZEROS", "WG", "BM", "STAGES")},
+            "WS": plan.ws}
+
+
 class GroupedExperts:
     """The grouped launch of ``plan`` over experts that ``hopper_wgmma`` prepared (inputs in
     order, no bias: an MoE's expert weights), in the plan's in-flight walk (or its
-    warp-specialised one) over the whole of K."""
+    warp-specialised one) over the whole of K; a schedule's tail tiles in a second launch
+    of the same plan at half its width."""
 
     def __init__(self, experts: list[HopperWeights], plan: Plan) -> None:
         w0 = experts[0]
@@ -218,38 +196,49 @@ class GroupedExperts:
         self.plan, self.bits, self.n = plan, w0.bits, w0.out_features
         self.tail = (w0.out_features, w0.blocks, w0.sub_group)
         self.tiles, self.n_pad = w0.tiles, w0.scales.shape[1]
-        const = _constexprs(w0, plan, Walk(w0.blocks, 1, 1, True))
-        self.const = {k: const[k] for k in ("BITS", "ROWS", "SLICES_PER_ROW", "HAS_ZEROS", "WG", "BM", "STAGES")}
-        self.const["WS"] = plan.ws
+        self.const = _constexprs_of(w0, plan)
+        self._half: GroupedExperts | None = None
 
     def with_plan(self, plan: Plan) -> GroupedExperts:
         """The same stacked experts launched with ``plan``."""
-        twin = dataclasses.replace(self.w, runtime={})
         out = object.__new__(GroupedExperts)
         out.__dict__.update(self.__dict__)
-        out.w, out.plan = twin, plan
-        const = _constexprs(twin, plan, Walk(twin.blocks, 1, 1, True))
-        out.const = {k: const[k] for k in ("BITS", "ROWS", "SLICES_PER_ROW", "HAS_ZEROS", "WG", "BM", "STAGES")}
-        out.const["WS"] = plan.ws
+        out.w, out.plan = dataclasses.replace(self.w, runtime={}), plan
+        out.const = _constexprs_of(out.w, plan)
+        out._half = None
         return out
+
+    @property
+    def half(self) -> GroupedExperts:
+        """The same launch at half the plan's width (a schedule's tail tiles)."""
+        if self._half is None:
+            self._half = self.with_plan(dataclasses.replace(self.plan, bm=self.plan.bm // 2))
+        return self._half
 
     @property
     def n_tiles(self) -> int:
         """Column tiles of one expert (the programs of a row tile)."""
         return triton.cdiv(self.n, TILE_N * self.plan.wg)
 
-    def args(self, x_sorted: torch.Tensor, slots: torch.Tensor, programs: torch.Tensor,
+    def args(self, x_sorted: torch.Tensor, tables: Tables, rows: torch.Tensor,
              y: torch.Tensor) -> tuple[tuple[int], list[Any]]:
-        """``(grid, positional arguments)`` of the launch over :func:`expert_slots`' tables."""
+        """``(grid, positional arguments)`` of the launch over ``tables``."""
         n, blocks, sub_group = self.tail
         w_desc, s_desc, z_desc = weight_descriptors(self.w, self.plan.wg)
-        return (programs.shape[0],), [w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y,
-                                      slots, programs, n, y.stride(0), blocks, sub_group, self.tiles, self.n_pad]
+        return (tables.programs.shape[0],), [
+            w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y, tables.slots,
+            tables.programs, rows, n, y.stride(0), blocks, sub_group, self.tiles, self.n_pad]
 
-    def __call__(self, x_sorted: torch.Tensor, slots: torch.Tensor, programs: torch.Tensor) -> torch.Tensor:
-        """``y_sorted [R, N]``: each sorted route's row times its slot's expert."""
+    def __call__(self, x_sorted: torch.Tensor, sched: Schedule, *, route_order: bool = False) -> torch.Tensor:
+        """``y [R, N]``: each sorted route's row times its expert, at the route's own row
+        (``route_order``) or at its sorted row."""
         x = prepare_x(x_sorted)
         y = torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device)
-        grid, args = self.args(x, slots, programs, y)
-        grouped_kernel[grid](*args, **self.const, num_warps=self.plan.num_warps)
+        self._launch(x, sched.main, sched.order, y, route_order)
+        if sched.tail is not None:
+            self.half._launch(x, sched.tail, sched.order, y, route_order)
         return y
+
+    def _launch(self, x: torch.Tensor, tables: Tables, order: torch.Tensor, y: torch.Tensor, scatter: bool) -> None:
+        grid, args = self.args(x, tables, order, y)
+        grouped_kernel[grid](*args, **self.const, SCATTER=scatter, num_warps=self.plan.num_warps)
