@@ -340,6 +340,76 @@ def _stream_store(acc, tile, u, seg_end, pairs, units, pid, b_ptr, y_ptr, ws_ptr
 
 
 @gluon.jit
+def _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+          sub_group, STAGES: gl.constexpr, BK: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
+          HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr, PART: gl.constexpr = ALL):
+    """The ring's first fill: the loads (``PART`` of them) of the first ``STAGES`` blocks
+    of the ``n_iter`` from ``blk0``."""
+    for p in gl.static_range(STAGES):
+        if p < n_iter:
+            _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p, tile_n, m0, n0,
+                   sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, PART)
+
+
+@gluon.jit
+def _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0,
+               n0, sub_group, STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
+               SLICES_PER_ROW: gl.constexpr, BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr,
+               Z_PAD: gl.constexpr, WG: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, act: gl.constexpr,
+               mma_layout: gl.constexpr, a_layout: gl.constexpr, words_layout: gl.constexpr):
+    """The in-flight walk of ``n_iter`` blocks from ``blk0`` (the ring filled before it):
+    two blocks per trip (the module's docstring says why; the launcher gives every program
+    an even block count), each block's groups left in flight while the next is dequantized,
+    every group retired on return."""
+    for j in range(0, n_iter, 2):
+        for u in gl.static_range(2):
+            acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+            acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
+            # The previous block's groups are done: once every warp is here, its stage
+            # (weights and the x tiles those groups read) goes back to TMA.
+            gl.thread_barrier()
+            done = j + u - 1
+            if done >= 0 and done + STAGES < n_iter:
+                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
+                       blk0 + done + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _ring(w_desc, x_desc, s_desc, z_desc, STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
+          HAS_ZEROS: gl.constexpr, BM: gl.constexpr, WS: gl.constexpr):
+    """The ring of ``STAGES`` shared-memory stages that TMA fills — per stage a block's words,
+    its slices of x, its ``ROWS`` scale (and zero-point) rows — and each stage's "full"
+    barrier, and with ``WS`` its "empty" one: ``(w, x, s, z, full, empty)`` (without zero
+    points ``z`` is ``s``; without ``WS`` ``empty`` is ``full``)."""
+    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+    # One [BM, 32] tile per slice (the TMA box [PAIRS, BM, 32] is PAIRS of them).
+    x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES * PAIRS, BM, 32], _tile_layout(x_desc.layout))
+    # TMA writes shared memory at 128-byte aligned addresses: small boxes get padded slots.
+    S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
+    Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+    if HAS_ZEROS:
+        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
+                                           z_desc.layout)
+    else:
+        z_smem = s_smem
+    bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(bar.index(st), count=1)
+    if WS:
+        # Per stage, "empty": the consumers are done with its block. Gluon's arrive is one
+        # thread's, after a barrier over the consumer warps (the compiler's), so one arrival.
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for st in gl.static_range(STAGES):
+            mbarrier.init(empty.index(st), count=1)
+    else:
+        empty = bar
+    return w_smem, x_smem, s_smem, z_smem, bar, empty
+
+
+@gluon.jit
 def wgmma_kernel(
     w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, stride_ym, blocks, steps, split_k, sub_group,
@@ -383,29 +453,10 @@ def wgmma_kernel(
     # serialize the wgmma pipeline (C7515).
     gl.assume(n_iter > 0)
 
-    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-    # One [BM, 32] tile per slice (the TMA box [PAIRS, BM, 32] is PAIRS of them).
-    x_smem = gl.allocate_shared_memory(act, [STAGES * PAIRS, BM, 32], _tile_layout(x_desc.layout))
-    # TMA writes shared memory at 128-byte aligned addresses: small boxes get padded slots.
     S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
     Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
-    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-    if HAS_ZEROS:
-        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-                                           z_desc.layout)
-    else:
-        z_smem = s_smem
-    bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for st in gl.static_range(STAGES):
-        mbarrier.init(bar.index(st), count=1)
-    if WS:
-        # Per stage, "empty": the consumers are done with its block. Gluon's arrive is one
-        # thread's, after a barrier over the consumer warps (the compiler's), so one arrival.
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for st in gl.static_range(STAGES):
-            mbarrier.init(empty.index(st), count=1)
-    else:
-        empty = bar
+    w_smem, x_smem, s_smem, z_smem, bar, empty = _ring(w_desc, x_desc, s_desc, z_desc, STAGES, PAIRS, ROWS,
+                                                       HAS_ZEROS, BM, WS)
     if LATE:
         # Ones, the A operand of the wgmma that sums x, from shared memory: from registers
         # ptxas rebuilds the constant for every wgmma (four moves each, the registers held).
@@ -418,22 +469,16 @@ def wgmma_kernel(
     if PDL == 2:
         # The weight's first stages are read before the prior grids finish (only what they
         # cannot have written: docs/pdl.md); x and every write wait for them.
-        for p in gl.static_range(STAGES):
-            if p < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
-                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
         wait_for_prior_grids()
-        for p in gl.static_range(STAGES):
-            if p < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
-                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
     elif not WS and not STREAM:  # with WS the producer partition fills the ring
         if PDL == 1:
             wait_for_prior_grids()
-        for p in gl.static_range(STAGES):
-            if p < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, blk0 + p,
-                       tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
     if STREAM:
@@ -508,22 +553,9 @@ def wgmma_kernel(
                            blk0 + j + u + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD,
                            Z_PAD)
     elif IN_FLIGHT:
-        # Two blocks per trip (the module's docstring says why); the launcher gives every
-        # program an even block count.
-        for j in range(0, n_iter, 2):
-            for u in gl.static_range(2):
-                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
-                acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
-                # The previous block's groups are done: once every warp is here, its stage
-                # (weights and the x tiles those groups read) goes back to TMA.
-                gl.thread_barrier()
-                done = j + u - 1
-                if done >= 0 and done + STAGES < n_iter:
-                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
-                           blk0 + done + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD,
-                           Z_PAD)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0,
+                         tile_n, m0, n0, sub_group, STAGES, PAIRS, ROWS, SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD,
+                         Z_PAD, WG, BN, BK, act, mma_layout, a_layout, words_layout)
     else:
         for j in range(0, n_iter, PER_WAIT):
             for u in gl.static_range(PER_WAIT):

@@ -25,15 +25,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    warpgroup_mma_wait,
 )
 
 from quantcore.backends.hopper_wgmma.kernels import (
-    _block,
-    _issue,
+    _fill,
+    _in_flight,
     _mma_layout,
+    _ring,
     _slots,
-    _tile_layout,
     _words_layout,
     _ws_consume,
     _ws_produce,
@@ -92,25 +91,10 @@ def grouped_kernel(
     n_iter = blocks
     gl.assume(n_iter > 0)
 
-    w_smem = gl.allocate_shared_memory(gl.int16, [STAGES] + w_desc.block_type.shape, w_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-    x_smem = gl.allocate_shared_memory(act, [STAGES * PAIRS, BM, 32], _tile_layout(x_desc.layout))
     S_PAD: gl.constexpr = _slots(s_desc.block_type.nbytes)
     Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
-    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES * ROWS * S_PAD] + s_desc.block_type.shape, s_desc.layout)  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-    if HAS_ZEROS:
-        z_smem = gl.allocate_shared_memory(z_desc.dtype, [STAGES * ROWS * Z_PAD] + z_desc.block_type.shape,  # noqa: RUF005 - Gluon parses list concatenation, not unpacking
-                                           z_desc.layout)
-    else:
-        z_smem = s_smem
-    bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for st in gl.static_range(STAGES):
-        mbarrier.init(bar.index(st), count=1)
-    if WS:
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for st in gl.static_range(STAGES):
-            mbarrier.init(empty.index(st), count=1)
-    else:
-        empty = bar
+    w_smem, x_smem, s_smem, z_smem, bar, empty = _ring(w_desc, x_desc, s_desc, z_desc, STAGES, PAIRS, ROWS,
+                                                       HAS_ZEROS, BM, WS)
     fence_async_shared()
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
@@ -123,23 +107,11 @@ def grouped_kernel(
                             0, tile_n, m0, s_col, sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD))],
             [1], [24])[0]
     else:
-        for p in gl.static_range(STAGES):
-            if p < n_iter:
-                _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, p, p,
-                       tile_n, m0, s_col, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
-        # The plain kernel's in-flight walk: two blocks a trip, the previous block's groups
-        # retired after each, its stage then handed back to TMA (kernels.py says why).
-        for j in range(0, n_iter, 2):
-            for u in gl.static_range(2):
-                acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
-                acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
-                gl.thread_barrier()
-                done = j + u - 1
-                if done >= 0 and done + STAGES < n_iter:
-                    _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
-                           done + STAGES, tile_n, m0, s_col, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, 0, tile_n, m0, s_col,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+        acc = _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, 0,
+                         tile_n, m0, s_col, sub_group, STAGES, PAIRS, ROWS, SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD,
+                         Z_PAD, WG, BN, BK, act, mma_layout, a_layout, words_layout)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bar.index(st))
         if WS:
