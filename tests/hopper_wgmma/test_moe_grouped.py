@@ -64,6 +64,18 @@ def test_every_route_meets_every_column_tile_once(experts: int, bm: int, n_tiles
         assert main_tiles == sum(-(-c // bm) for c in counts)
 
 
+@pytest.mark.parametrize("n", [64, 256, 28672])
+def test_gated_columns_pair_each_output_with_its_gate(n: int) -> None:
+    """The gated epilogue splits each pair of consecutive weight rows into an output's
+    linear and gate values: in the gated order those are columns j and n/2 + j of the
+    weight as stored (linear half first, as the reference SwiGLU reads it)."""
+    from tools.probes.moe_grouped_kernel import gated_columns
+
+    h = torch.randn(3, n, dtype=torch.float64)
+    lin, gate = h[:, gated_columns(n)].reshape(3, n // 2, 2).unbind(-1)
+    assert torch.equal(lin, h[:, : n // 2]) and torch.equal(gate, h[:, n // 2:])
+
+
 @needs_gluon_release
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_grouped_kernel_compiles_for_sm90() -> None:
@@ -71,11 +83,12 @@ def test_grouped_kernel_compiles_for_sm90() -> None:
 import json
 from tools.probes.moe_grouped_hopper import compile_grouped
 from tools.probes.hopper_plan_times import parse_plan
-for p, scatter in (("1,128,4,1,in_flight", False), ("2,128,4,1,in_flight,ws", True), ("2,64,4,1,in_flight,ws", True)):
-    print(json.dumps(compile_grouped(parse_plan(p), scatter=scatter)))
+for p, scatter, gated in (("1,128,4,1,in_flight", False, False), ("2,128,4,1,in_flight,ws", True, False),
+                          ("2,64,4,1,in_flight,ws", True, True), ("2,256,3,1,in_flight,ws", True, True)):
+    print(json.dumps(compile_grouped(parse_plan(p), scatter=scatter, gated=gated)))
 """
     rows = compiled_rows(script)
-    assert len(rows) == 3
+    assert len(rows) == 4
     for r in rows:
         assert r["spill_stack"] == 0 and r["shared"] <= 227 * 1024, r
         assert r["hazards"] == 0, r

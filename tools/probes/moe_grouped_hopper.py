@@ -13,7 +13,10 @@ symmetric codes (this format's codes and group scales in another word order), bf
   terms: the sort not timed) and the whole routed op (the schedule, the gathered rows, the
   launches storing each row at its route's place), both tail choices; one plain launch per
   expert on the sorted rows, ``trtllm_moe_triton`` on the same routing, and bf16 cuBLAS per
-  expert (``benchmarks/suites/trtllm_moe.py``'s peer).
+  expert (``benchmarks/suites/trtllm_moe.py``'s peer);
+* the FFN's first GEMM with its SwiGLU in the epilogue (the experts' columns put in
+  ``gated_columns``' order), at the table's plan with split tails: checked against the
+  float64 SwiGLU of each expert's product, timed beside ``trtllm_moe_triton``'s own.
 
     python -m tools.probes.moe_grouped_hopper [--ts 512,4096] [--plans "2,128,4,1,in_flight,ws;…"] --json PATH
 
@@ -41,14 +44,15 @@ from quantcore.formats.gptq import GPTQ
 from quantcore.registry import default_registry
 
 from .hopper_plan_times import parse_plan
-from .moe_grouped_kernel import GroupedExperts, grouped_kernel
+from .moe_grouped_kernel import GroupedExperts, gated_columns, grouped_kernel
 from .moe_grouped_schedule import Schedule, schedule
 
 E, TOPK, K, N = 8, 2, 4096, 28672
 FMT = GPTQ(bits=8, group_size=128, sym=True)
 
 
-def compile_grouped(plan: Plan, *, scatter: bool = False, k: int = 512, n: int = 256) -> dict[str, Any]:
+def compile_grouped(plan: Plan, *, scatter: bool = False, gated: bool = False, k: int = 512,
+                    n: int = 256) -> dict[str, Any]:
     """The grouped kernel of ``plan`` compiled for sm_90a here: registers, spill stack,
     shared memory, HGMMAs, and the writes to a register an in-flight HGMMA reads."""
     from triton.runtime.jit import mangle_type
@@ -64,12 +68,12 @@ def compile_grouped(plan: Plan, *, scatter: bool = False, k: int = 512, n: int =
     x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
     sched = schedule(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
     _, args = grouped.args(x, sched.main, sched.order, torch.zeros(64, n, dtype=torch.bfloat16))
-    const = {**grouped.const, "SCATTER": scatter}
+    const = {**grouped.const, "SCATTER": scatter, "GATED": gated}
     names = [a for a in grouped_kernel.arg_names if a not in const]
     signature = {name: mangle_type(a) for name, a in zip(names, args, strict=True)}
     compiled = compile_sm90(grouped_kernel, signature, const, divisible=[], options={"num_warps": plan.num_warps},
                             gluon=True)
-    return {"plan": dataclasses.asdict(plan), "scatter": scatter, "registers": compiled.registers,
+    return {"plan": dataclasses.asdict(plan), "scatter": scatter, "gated": gated, "registers": compiled.registers,
             "spill_stack": compiled.spill_stack, "shared": compiled.shared, "hgmma": compiled.sass.count("HGMMA."),
             "hazards": len(operand_hazards(compiled.sass))}
 
@@ -108,63 +112,99 @@ def _check(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: 
     return {"bit_identical_to_plain_launches": same, "rel_error_vs_golden": worst}
 
 
+@dataclasses.dataclass
+class _Setup:
+    """What every T of a run shares: the experts (plain, and with their columns in the gated
+    epilogue's order), their grouped launches, and the kernels and weights beside them."""
+
+    stored: list[dict[str, torch.Tensor]]
+    prepared: list[Any]
+    grouped: GroupedExperts
+    gated_stored: list[dict[str, torch.Tensor]]
+    gated: GroupedExperts
+    moe: Any  # (x, ids) -> the routed GEMM of trtllm_moe_triton
+    moe_gated: Any  # (x, ids) -> its GEMM and SwiGLU
+    dense: list[torch.Tensor]
+    gen: torch.Generator
+
+
 def run(ts: list[int], plans: list[str]) -> dict[str, Any]:
     from benchmarks.suites.trtllm_moe import FMT as MOE_FMT
 
     dev = torch.device("cuda")
     stored, prepared = _experts(dev, torch.Generator().manual_seed(0))
-    dgen = torch.Generator(device=dev).manual_seed(0)
-    moe = default_registry().kernel(MOE_FMT.name, "moe", "trtllm_moe_triton").cls(MOE_FMT, dev)
-    moe_w = moe.prepare({"qweight": torch.randint(-128, 128, (E, K, N), dtype=torch.int8, device=dev, generator=dgen),
-                         "scales": (torch.rand(E, K // 128, N, device=dev, generator=dgen) * 2e-4 + 1e-4)
+    order = gated_columns(N).to(dev)
+    gated_stored = [{**one, "qweight": one["qweight"][:, order], "scales": one["scales"][:, order]} for one in stored]
+    kernel = HopperWgmmaGPTQ(FMT, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    moe: Any = default_registry().kernel(MOE_FMT.name, "moe", "trtllm_moe_triton").cls(MOE_FMT, dev)
+    moe_w = moe.prepare({"qweight": torch.randint(-128, 128, (E, K, N), dtype=torch.int8, device=dev, generator=gen),
+                         "scales": (torch.rand(E, K // 128, N, device=dev, generator=gen) * 2e-4 + 1e-4)
                          .to(torch.bfloat16)}, dtype=torch.bfloat16)
-    dense = [torch.randn(E, N, K, device=dev, generator=dgen).to(torch.bfloat16) * 0.02]
-    base = GroupedExperts(prepared, Plan(1, 128, 4, 1, in_flight=True))  # the experts stacked once
-    forward = getattr(moe, "forward", moe)  # the call without validating the ids (the suite's)
+    forward = moe.forward  # the call without validating the ids (the suite's)
+    plan = Plan(1, 128, 4, 1, in_flight=True)  # each launch takes its own: the experts are stacked once
+    setup = _Setup(stored, prepared, GroupedExperts(prepared, plan), gated_stored,
+                   GroupedExperts([kernel.prepare(one) for one in gated_stored], plan),
+                   lambda x, ids: forward(x, ids, moe_w), lambda x, ids: forward(x, ids, moe_w, gated=True),
+                   [torch.randn(E, N, K, device=dev, generator=gen).to(torch.bfloat16) * 0.02], gen)
     rows: list[dict[str, Any]] = []
     for t in ts:
-        rows += _one_t(t, plans, base, stored, prepared, lambda x, ids: forward(x, ids, moe_w), dense, dgen)
+        rows += _one_t(t, plans, setup)
     return {"device": torch.cuda.get_device_name(), "E": E, "topk": TOPK, "K": K, "N": N, "format": "GPTQ 8-bit g128 sym",
             "rows": rows}
 
 
-def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str, torch.Tensor]], prepared: list[Any],
-           moe: Any, dense: list[torch.Tensor], dgen: torch.Generator) -> list[dict[str, Any]]:
+def _one_t(t: int, plans: list[str], setup: _Setup) -> list[dict[str, Any]]:
     from benchmarks.suites.trtllm_moe import _per_expert_peer, _routing
     from quantcore.timing import time_interleaved
 
-    dev = dense[0].device
-    ids = _routing(t, E, TOPK, dev, dgen)
-    x = torch.randn(t, K, device=dev, generator=dgen).to(torch.bfloat16)
+    dev = setup.dense[0].device
+    ids = _routing(t, E, TOPK, dev, setup.gen)
+    x = torch.randn(t, K, device=dev, generator=setup.gen).to(torch.bfloat16)
     segments = _segments(ids)
-    table = plan_of(t * TOPK // E, prepared[0], dev)
+    table = plan_of(t * TOPK // E, setup.prepared[0], dev)
     candidates = [dataclasses.replace(table, split=1, in_flight=True)] if isinstance(table, Plan) else []
     candidates += [parse_plan(p) for p in plans]
     rows: list[dict[str, Any]] = []
     names: list[str] = []
     calls: list[Any] = []
+
+    def checked(name: str, check: Any) -> bool:
+        try:
+            result = check()
+        except Exception as exc:  # a plan that fails is a row, not the end of the probe
+            rows.append({"T": t, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  T{t} {name}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+            return False
+        rows.append({"T": t, "variant": name, **result})
+        print(f"  T{t} {name}: {result}", file=sys.stderr, flush=True)
+        return True
+
     for plan in dict.fromkeys(candidates):
-        grouped = base.with_plan(plan)
+        grouped = setup.grouped.with_plan(plan)
         for tail in (False, True):
             sched = schedule(ids, E, plan.bm, grouped.n_tiles, split_tail=tail)
             name = f"{plan}{', split tail' if tail else ''}"
-            try:
-                check = _check(grouped, x, sched, segments, prepared, stored)
-            except Exception as exc:  # a plan that fails is a row, not the end of the probe
-                rows.append({"T": t, "variant": f"grouped {name}", "error": f"{type(exc).__name__}: {exc}"})
-                print(f"  T{t} {name}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+            if not checked(f"grouped {name}", lambda g=grouped, s=sched: _check(g, x, s, segments, setup.prepared,
+                                                                                 setup.stored)):
                 continue
-            rows.append({"T": t, "variant": f"grouped {name}", **check})
-            print(f"  T{t} {name}: {check}", file=sys.stderr, flush=True)
             x_sorted = x.index_select(0, sched.order // TOPK)
             names += [f"grouped, sorted rows: {name}", f"grouped, whole routed op: {name}"]
             calls += [lambda i, g=grouped, xs=x_sorted, s=sched: g(xs, s), _whole(grouped, x, ids, tail)]
         names.append(f"hopper_wgmma per expert: {plan}")
         sched = schedule(ids, E, plan.bm, grouped.n_tiles)
-        calls.append(_per_expert(x.index_select(0, sched.order // TOPK), segments, prepared,
+        calls.append(_per_expert(x.index_select(0, sched.order // TOPK), segments, setup.prepared,
                                  dataclasses.replace(plan, split=1)))
-    names += ["trtllm_moe_triton", "bf16 per-expert cuBLAS"]
-    calls += [lambda i: moe(x, ids), _per_expert_peer([x], ids, dense)]
+    if candidates:  # the FFN's first GEMM with its SwiGLU in the epilogue, the table's plan
+        gated = setup.gated.with_plan(candidates[0])
+        sched = schedule(ids, E, gated.plan.bm, gated.n_tiles, split_tail=True)
+        if checked(f"grouped gated {gated.plan}, split tail",
+                   lambda: _check_gated(gated, x, sched, segments, setup.gated_stored)):
+            names.append(f"grouped gated, whole routed op: {gated.plan}, split tail")
+            calls.append(_whole(gated, x, ids, True, gated=True))
+    names += ["trtllm_moe_triton", "trtllm_moe_triton gated", "bf16 per-expert cuBLAS"]
+    calls += [lambda i: setup.moe(x, ids), lambda i: setup.moe_gated(x, ids),
+              _per_expert_peer([x], ids, setup.dense)]
     times = time_interleaved(calls, "cuda", rounds=5, graph=True, sets=[1] * len(calls))
     for name, tm in zip(names, times, strict=True):
         rows.append({"T": t, "variant": name, "us": tm.median_s * 1e6, "spread": tm.spread})
@@ -172,12 +212,30 @@ def _one_t(t: int, plans: list[str], base: GroupedExperts, stored: list[dict[str
     return rows
 
 
-def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, split_tail: bool) -> Any:
+def _check_gated(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: list[tuple[int, int, int]],
+                 gated_stored: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """The gated launch against the float64 SwiGLU of each expert's product, its columns
+    put back in the weight's own order (linear half first, gate half second)."""
+    from quantcore.ops.moe.reference import swiglu
+
+    x_sorted = x.index_select(0, sched.order // TOPK)
+    y = grouped(x_sorted, sched, route_order=True, gated=True)[sched.order]
+    back = torch.argsort(gated_columns(N)).to(x.device)
+    worst = 0.0
+    for e, a, b in segments:
+        w = FMT.dequantize(gated_stored[e]).to(x.device).double()[back]
+        golden = swiglu(x_sorted[a:b].double() @ w.T)
+        worst = max(worst, float((y[a:b].double() - golden).norm() / golden.norm()))
+    return {"rel_error_vs_golden": worst}
+
+
+def _whole(grouped: GroupedExperts, x: torch.Tensor, ids: torch.Tensor, split_tail: bool, *,
+           gated: bool = False) -> Any:
     """The routed op: the schedule, the gathered rows, the launches storing each row at its
     route's place."""
     def run(i: int) -> torch.Tensor:
         sched = schedule(ids, E, grouped.plan.bm, grouped.n_tiles, split_tail=split_tail)
-        return grouped(x.index_select(0, sched.order // TOPK), sched, route_order=True)
+        return grouped(x.index_select(0, sched.order // TOPK), sched, route_order=True, gated=gated)
     return run
 
 
@@ -195,7 +253,8 @@ def main() -> int:
     args = ap.parse_args()
     plans = [p for p in args.plans.split(";") if p]
     if args.compile:
-        out: Any = [compile_grouped(parse_plan(p), scatter=scatter) for p in plans for scatter in (False, True)]
+        out: Any = [compile_grouped(parse_plan(p), scatter=scatter, gated=gated) for p in plans
+                    for scatter, gated in ((False, False), (True, False), (True, True))]
     else:
         out = run([int(v) for v in args.ts.split(",")], plans)
     text = json.dumps(out, indent=1)

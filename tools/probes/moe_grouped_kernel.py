@@ -47,11 +47,11 @@ from quantcore.backends.hopper_wgmma.launch import (
 from quantcore.backends.hopper_wgmma.layout import TILE_N, HopperWeights
 from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.errors import InvalidArgumentError
-from quantcore.triton.gluon_split_k import store_layout, tile_store
+from quantcore.triton.gluon_split_k import store_layout
 
 from .moe_grouped_schedule import Schedule, Tables
 
-__all__ = ["GroupedExperts", "grouped_kernel", "stacked"]
+__all__ = ["GroupedExperts", "gated_columns", "grouped_kernel", "stacked"]
 
 
 @gluon.jit
@@ -60,14 +60,16 @@ def grouped_kernel(
     N, stride_ym, blocks, sub_group, tiles_per_expert, n_pad,
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, HAS_ZEROS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr = False,
-    SCATTER: gl.constexpr = False,
+    SCATTER: gl.constexpr = False, GATED: gl.constexpr = False,
 ):
     """``y[r] = x[r]·Ŵ_eᵀ`` for every sorted route r of every slot's expert e. ``w_desc``:
     the experts' words stacked ``[E·tiles, blocks·8, 256]``; ``s_desc``/``z_desc``: their
     scale and zero-point rows side by side ``[subs, E·Np]``; ``x_desc``: the sorted
     activations as ``[K/32, R, 32]``; ``slots_ptr``, ``programs_ptr``: the schedule's
     tables (``moe_grouped_schedule.Tables``). ``SCATTER``: sorted route r's row is stored at
-    row ``rows_ptr[r]`` of y (the route order: the schedule's ``order``), else at row r."""
+    row ``rows_ptr[r]`` of y (the route order: the schedule's ``order``), else at row r.
+    ``GATED``: the weight's columns in :func:`gated_columns`' order, and y ``[R, N/2]`` the
+    SwiGLU of each pair in float32, rounded once."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -116,21 +118,43 @@ def grouped_kernel(
         mbarrier.invalidate(bar.index(st))
         if WS:
             mbarrier.invalidate(empty.index(st))
-    if SCATTER:
-        out_layout: gl.constexpr = store_layout(BN, BM, NUM_WARPS)
-        out = gl.convert_layout(acc, out_layout)
-        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
-        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
-        live = offs_m < m_end
-        dst = gl.load(rows_ptr + offs_m, mask=live, other=0).to(gl.int64)
-        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(live, 0)
-        gl.store(y_ptr + gl.expand_dims(dst * stride_ym, 0) + gl.expand_dims(offs_n, 1),
-                 out.to(y_ptr.dtype.element_ty), mask=mask)
+    if GATED:
+        # Rows 2j and 2j + 1 of the weight are output j's linear and gate columns
+        # (gated_columns): each thread of the store layout holds 8 consecutive rows, so
+        # the pairs split in registers.
+        h = gl.convert_layout(acc, store_layout(BN, BM, NUM_WARPS))
+        lin, gate = gl.split(gl.permute(gl.reshape(h, [BN // 2, 2, BM]), [0, 2, 1]))
+        out = gl.convert_layout(lin * (gate / (1.0 + gl.exp(-gate))), store_layout(BN // 2, BM, NUM_WARPS))
+        _store(out, n0 // 2, m0, m_end, y_ptr, rows_ptr, N // 2, stride_ym, SCATTER, BN // 2, BM, NUM_WARPS)
     else:
-        # Rows up to the tile's end only; no split, no bias (y stands in for the workspace,
-        # counter and bias pointers that a whole tile never reads).
-        tile_store(acc, pid, 0, n0, m0, y_ptr, y_ptr, y_ptr, slots_ptr, m_end, N, stride_ym, 1, False, False, BN,
-                   BM, NUM_WARPS)
+        out = gl.convert_layout(acc, store_layout(BN, BM, NUM_WARPS))
+        _store(out, n0, m0, m_end, y_ptr, rows_ptr, N, stride_ym, SCATTER, BN, BM, NUM_WARPS)
+
+
+@gluon.jit
+def _store(out, n0, m0, m_end, y_ptr, rows_ptr, N, stride_ym, SCATTER: gl.constexpr, BN: gl.constexpr,
+           BM: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Columns ``n0…`` of the tile's routes ``m0…m_end`` (``out`` ``[BN, BM]`` in the store
+    layout) into y: sorted route r at row ``rows_ptr[r]`` (``SCATTER``) or at row r."""
+    out_layout: gl.constexpr = store_layout(BN, BM, NUM_WARPS)
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+    live = offs_m < m_end
+    if SCATTER:
+        rows = gl.load(rows_ptr + offs_m, mask=live, other=0).to(gl.int64)
+    else:
+        rows = offs_m.to(gl.int64)
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(live, 0)
+    gl.store(y_ptr + gl.expand_dims(rows * stride_ym, 0) + gl.expand_dims(offs_n, 1), out.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def gated_columns(n: int) -> torch.Tensor:
+    """The column order of a gated weight ``[K, 2·I]`` (linear half first, gate half second,
+    as ``quantcore.ops.moe.reference.swiglu``) that the ``GATED`` epilogue reads: linear
+    column j at 2j, gate column j at 2j + 1."""
+    inter = n // 2
+    return torch.stack([torch.arange(inter), torch.arange(inter) + inter], 1).reshape(-1)
 
 
 def stacked(experts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -201,16 +225,19 @@ class GroupedExperts:
             w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y, tables.slots,
             tables.programs, rows, n, y.stride(0), blocks, sub_group, self.tiles, self.n_pad]
 
-    def __call__(self, x_sorted: torch.Tensor, sched: Schedule, *, route_order: bool = False) -> torch.Tensor:
+    def __call__(self, x_sorted: torch.Tensor, sched: Schedule, *, route_order: bool = False,
+                 gated: bool = False) -> torch.Tensor:
         """``y [R, N]``: each sorted route's row times its expert, at the route's own row
-        (``route_order``) or at its sorted row."""
+        (``route_order``) or at its sorted row; ``gated`` (experts prepared with their
+        columns in :func:`gated_columns`' order): ``[R, N/2]``, the SwiGLU of each row."""
         x = prepare_x(x_sorted)
-        y = torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device)
-        self._launch(x, sched.main, sched.order, y, route_order)
+        y = torch.empty(x.shape[0], self.n // 2 if gated else self.n, dtype=x.dtype, device=x.device)
+        self._launch(x, sched.main, sched.order, y, route_order, gated)
         if sched.tail is not None:
-            self.half._launch(x, sched.tail, sched.order, y, route_order)
+            self.half._launch(x, sched.tail, sched.order, y, route_order, gated)
         return y
 
-    def _launch(self, x: torch.Tensor, tables: Tables, order: torch.Tensor, y: torch.Tensor, scatter: bool) -> None:
+    def _launch(self, x: torch.Tensor, tables: Tables, order: torch.Tensor, y: torch.Tensor, scatter: bool,
+                gated: bool) -> None:
         grid, args = self.args(x, tables, order, y)
-        grouped_kernel[grid](*args, **self.const, SCATTER=scatter, num_warps=self.plan.num_warps)
+        grouped_kernel[grid](*args, **self.const, SCATTER=scatter, GATED=gated, num_warps=self.plan.num_warps)
