@@ -68,7 +68,9 @@ __all__ = [
     "GPTQToHopper",
     "HopperWeights",
     "fragment_order",
+    "hopper_to_rows",
     "row_order",
+    "rows_to_hopper",
     "sub_group_size",
 ]
 
@@ -134,66 +136,73 @@ class GPTQToHopper(Transform[Mapping[str, torch.Tensor], HopperWeights]):
         self.fmt = fmt
 
     def apply(self, src: Mapping[str, torch.Tensor]) -> HopperWeights:
-        fmt = self.fmt
-        if fmt.bits not in SUPPORTED_BITS:
-            raise UnsupportedProblemError(f"bits: hopper_wgmma takes {SUPPORTED_BITS}-bit codes, got {fmt.bits}")
-        rows = GPTQToRows(fmt).apply(src)
-        k, n = rows.in_features, rows.out_features
-        kp, bk = padded_k(k, fmt.bits), block_k(fmt.bits)
-        sg = sub_group_size(rows.sorted_groups, kp)
-        if not (sg % bk == 0 or (bk % sg == 0 and sg % SLICE == 0)):
-            raise UnsupportedProblemError(
-                f"g_idx: hopper_wgmma reads scales per run of sorted inputs that divides its {bk}-input "
-                f"block or is a multiple of it; this checkpoint's group boundaries have gcd {sg}"
-            )
-        device = rows.sorted_groups.device
-        starts = torch.arange(0, kp, sg, device=device).clamp_max(k - 1)
-        group_map = rows.sorted_groups[starts].long()
-        groups = rows.scales.shape[0]
-        if torch.unique(group_map).numel() != groups:
-            raise UnsupportedProblemError(
-                f"g_idx: {groups} groups but only {torch.unique(group_map).numel()} hold inputs; "
-                "hopper_wgmma keeps scales per sub-group and would lose the empty groups' scales"
-            )
-        identity = group_map.numel() == groups and torch.equal(group_map, torch.arange(groups, device=device))
-        np_ = -(-n // TILE_N) * TILE_N
-        mid = 1 << (fmt.bits - 1)
-        zeros = None
-        if not bool((rows.zeros == mid).all()):
-            zeros = _pad_cols(rows.zeros.to(torch.uint8)[group_map], np_).contiguous()
-        words = torch.zeros(np_, kp * fmt.bits // 32, dtype=torch.int32, device=device)
-        words[:n] = interleave_codes(rows.codes, fmt.bits)
-        return HopperWeights(
-            qweight=fragment_order(words),
-            scales=_pad_cols(rows.scales[group_map], np_).contiguous(),
-            zeros=zeros,
-            group_map=None if identity else group_map.to(torch.int32).contiguous(),
-            num_groups=groups,
-            sub_group=sg,
-            bits=fmt.bits,
-            in_features=k,
-            out_features=n,
-            ret_idx=rows.ret_idx,
-            bias=None if rows.bias is None else rows.bias.contiguous(),
-        )
+        if self.fmt.bits not in SUPPORTED_BITS:
+            raise UnsupportedProblemError(f"bits: hopper_wgmma takes {SUPPORTED_BITS}-bit codes, got {self.fmt.bits}")
+        return rows_to_hopper(GPTQToRows(self.fmt).apply(src), self.fmt.bits)
 
     def invert(self, dst: HopperWeights) -> dict[str, torch.Tensor]:
-        k, n = dst.in_features, dst.out_features
-        device = dst.qweight.device
-        subs = dst.scales.shape[0]
-        group_map = (torch.arange(subs, device=device) if dst.group_map is None else dst.group_map.long())
-        # The first sub-group of each group holds its row (apply checked that every group has one).
-        first = torch.full((dst.num_groups,), subs, dtype=torch.long, device=device)
-        first.scatter_reduce_(0, group_map, torch.arange(subs, device=device), reduce="amin")
-        sorted_groups = group_map[(torch.arange(k, device=device) // dst.sub_group).clamp_max(subs - 1)]
-        zeros = (torch.full((dst.num_groups, n), 1 << (dst.bits - 1), dtype=torch.int32, device=device)
-                 if dst.zeros is None else dst.zeros[first, :n].to(torch.int32))
-        rows = GPTQRows(
-            codes=deinterleave_codes(row_order(dst.qweight)[:n], dst.bits, k),
-            zeros=zeros,
-            scales=dst.scales[first, :n].contiguous(),
-            sorted_groups=sorted_groups,
-            ret_idx=dst.ret_idx,
-            bias=dst.bias,
+        return GPTQToRows(self.fmt).invert(hopper_to_rows(dst))
+
+
+def rows_to_hopper(rows: GPTQRows, bits: int) -> HopperWeights:
+    """The prepared layout of a linear's codes, zero points and scales (``GPTQRows``)."""
+    k, n = rows.in_features, rows.out_features
+    kp, bk = padded_k(k, bits), block_k(bits)
+    sg = sub_group_size(rows.sorted_groups, kp)
+    if not (sg % bk == 0 or (bk % sg == 0 and sg % SLICE == 0)):
+        raise UnsupportedProblemError(
+            f"g_idx: hopper_wgmma reads scales per run of sorted inputs that divides its {bk}-input "
+            f"block or is a multiple of it; this checkpoint's group boundaries have gcd {sg}"
         )
-        return GPTQToRows(self.fmt).invert(rows)
+    device = rows.sorted_groups.device
+    starts = torch.arange(0, kp, sg, device=device).clamp_max(k - 1)
+    group_map = rows.sorted_groups[starts].long()
+    groups = rows.scales.shape[0]
+    if torch.unique(group_map).numel() != groups:
+        raise UnsupportedProblemError(
+            f"g_idx: {groups} groups but only {torch.unique(group_map).numel()} hold inputs; "
+            "hopper_wgmma keeps scales per sub-group and would lose the empty groups' scales"
+        )
+    identity = group_map.numel() == groups and torch.equal(group_map, torch.arange(groups, device=device))
+    np_ = -(-n // TILE_N) * TILE_N
+    mid = 1 << (bits - 1)
+    zeros = None
+    if not bool((rows.zeros == mid).all()):
+        zeros = _pad_cols(rows.zeros.to(torch.uint8)[group_map], np_).contiguous()
+    words = torch.zeros(np_, kp * bits // 32, dtype=torch.int32, device=device)
+    words[:n] = interleave_codes(rows.codes, bits)
+    return HopperWeights(
+        qweight=fragment_order(words),
+        scales=_pad_cols(rows.scales[group_map], np_).contiguous(),
+        zeros=zeros,
+        group_map=None if identity else group_map.to(torch.int32).contiguous(),
+        num_groups=groups,
+        sub_group=sg,
+        bits=bits,
+        in_features=k,
+        out_features=n,
+        ret_idx=rows.ret_idx,
+        bias=None if rows.bias is None else rows.bias.contiguous(),
+    )
+
+
+def hopper_to_rows(dst: HopperWeights) -> GPTQRows:
+    """The codes, zero points and scales that :func:`rows_to_hopper` laid out."""
+    k, n = dst.in_features, dst.out_features
+    device = dst.qweight.device
+    subs = dst.scales.shape[0]
+    group_map = (torch.arange(subs, device=device) if dst.group_map is None else dst.group_map.long())
+    # The first sub-group of each group holds its row (rows_to_hopper checked that every group has one).
+    first = torch.full((dst.num_groups,), subs, dtype=torch.long, device=device)
+    first.scatter_reduce_(0, group_map, torch.arange(subs, device=device), reduce="amin")
+    sorted_groups = group_map[(torch.arange(k, device=device) // dst.sub_group).clamp_max(subs - 1)]
+    zeros = (torch.full((dst.num_groups, n), 1 << (dst.bits - 1), dtype=torch.int32, device=device)
+             if dst.zeros is None else dst.zeros[first, :n].to(torch.int32))
+    return GPTQRows(
+        codes=deinterleave_codes(row_order(dst.qweight)[:n], dst.bits, k),
+        zeros=zeros,
+        scales=dst.scales[first, :n].contiguous(),
+        sorted_groups=sorted_groups,
+        ret_idx=dst.ret_idx,
+        bias=dst.bias,
+    )

@@ -1,8 +1,9 @@
 """An MoE's routed GEMM on ``hopper_wgmma``'s kernel in one grouped launch
 (``moe_grouped_kernel.py``), beside what runs it today (an sm_90 GPU, one call).
 
-E = 8 experts, top-2, 4096 × 28672 (the ``trtllm_moe`` suite's shape), GPTQ 8-bit g128
-symmetric codes (this format's codes and group scales in another word order), bf16. Per T:
+E = 8 experts, top-2, 4096 × 28672, ``trtllm_moe`` INT8 g128 symmetric weights with bf16
+scales (the ``trtllm_moe`` suite's), bf16; the same weights prepared for each kernel
+(``backends/hopper_wgmma/moe_layout.py`` for the grouped launch). Per T:
 
 * checked, with each expert's last tile at the plan's width and, split off, at half of it
   (a second launch): the grouped launch, each row stored at its route's place, against
@@ -35,12 +36,10 @@ from typing import Any
 
 import torch
 
-from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear, plan_of, prepare_x
-from quantcore.backends.hopper_wgmma.layout import GPTQToHopper
+from quantcore.backends.hopper_wgmma.moe_layout import TRTLLMMoEToHopper
 from quantcore.backends.hopper_wgmma.plans import Plan
-from quantcore.benchmarks.memory import with_fresh_codes
-from quantcore.formats.gptq import GPTQ
+from quantcore.formats.trtllm_moe import TRTLLMMoE
 from quantcore.registry import default_registry
 
 from .hopper_plan_times import parse_plan
@@ -48,7 +47,7 @@ from .moe_grouped_kernel import GroupedExperts, gated_columns, grouped_kernel
 from .moe_grouped_schedule import Schedule, schedule
 
 E, TOPK, K, N = 8, 2, 4096, 28672
-FMT = GPTQ(bits=8, group_size=128, sym=True)
+FMT = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
 
 
 def compile_grouped(plan: Plan, *, scatter: bool = False, gated: bool = False, k: int = 512,
@@ -62,8 +61,7 @@ def compile_grouped(plan: Plan, *, scatter: bool = False, gated: bool = False, k
     from .hopper_wgmma_hazards import operand_hazards
 
     gen = torch.Generator().manual_seed(0)
-    experts = [GPTQToHopper(FMT).apply(FMT.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen))
-               for _ in range(2)]
+    experts = TRTLLMMoEToHopper(FMT).apply(_weights(2, k, n, gen))
     grouped = GroupedExperts(experts, plan)
     x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
     sched = schedule(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
@@ -78,12 +76,11 @@ def compile_grouped(plan: Plan, *, scatter: bool = False, gated: bool = False, k
             "hazards": len(operand_hazards(compiled.sass))}
 
 
-def _experts(dev: torch.device, gen: torch.Generator) -> tuple[list[dict[str, torch.Tensor]], list[Any]]:
-    """E experts' stored GPTQ tensors (fresh codes, the same scales) and their prepared states."""
-    kernel = HopperWgmmaGPTQ(FMT, dev)
-    stored = with_fresh_codes(FMT.quantize(torch.randn(N, K, generator=gen) * 0.02, generator=gen), E, gen)
-    stored = [{a: t.to(dev) for a, t in one.items()} for one in stored]
-    return stored, [kernel.prepare(one) for one in stored]
+def _weights(e: int, k: int, n: int, gen: torch.Generator, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Random codes and scales of the format (the suite's draw)."""
+    return {"qweight": torch.randint(-128, 128, (e, k, n), dtype=torch.int8, generator=gen, device=device),
+            "scales": (torch.rand(e, FMT.num_groups(k), n, generator=gen, device=device) * 2e-4 + 1e-4)
+            .to(FMT.scale_dtype)}
 
 
 def _segments(ids: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -97,7 +94,7 @@ def _segments(ids: torch.Tensor) -> list[tuple[int, int, int]]:
 
 
 def _check(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: list[tuple[int, int, int]],
-           prepared: list[Any], stored: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+           prepared: list[Any], dense: torch.Tensor) -> dict[str, Any]:
     """The grouped launch (rows in route order) against one plain launch of the same plan
     per expert, bit for bit, and against the float64 golden of each expert."""
     x_sorted = x.index_select(0, sched.order // TOPK)
@@ -107,50 +104,47 @@ def _check(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: 
         mine = y[a:b]
         plain = linear(x_sorted[a:b], prepared[e], dataclasses.replace(grouped.plan, split=1))
         same &= bool(torch.equal(mine, plain))
-        golden = x_sorted[a:b].double() @ FMT.dequantize(stored[e]).to(x.device).double().T
+        golden = x_sorted[a:b].double() @ dense[e]
         worst = max(worst, float((mine.double() - golden).norm() / golden.norm()))
     return {"bit_identical_to_plain_launches": same, "rel_error_vs_golden": worst}
 
 
 @dataclasses.dataclass
 class _Setup:
-    """What every T of a run shares: the experts (plain, and with their columns in the gated
-    epilogue's order), their grouped launches, and the kernels and weights beside them."""
+    """What every T of a run shares: the experts prepared for the grouped launch (plain, and
+    with their columns in the gated epilogue's order), the same weights for the kernel
+    beside it and for cuBLAS, and their float64 dequantization."""
 
-    stored: list[dict[str, torch.Tensor]]
     prepared: list[Any]
     grouped: GroupedExperts
-    gated_stored: list[dict[str, torch.Tensor]]
     gated: GroupedExperts
     moe: Any  # (x, ids) -> the routed GEMM of trtllm_moe_triton
     moe_gated: Any  # (x, ids) -> its GEMM and SwiGLU
-    dense: list[torch.Tensor]
+    golden_w: torch.Tensor  # [E, K, N] float64
+    dense: list[torch.Tensor]  # [E, N, K] bf16, for cuBLAS
     gen: torch.Generator
 
 
 def run(ts: list[int], plans: list[str]) -> dict[str, Any]:
-    from benchmarks.suites.trtllm_moe import FMT as MOE_FMT
-
     dev = torch.device("cuda")
-    stored, prepared = _experts(dev, torch.Generator().manual_seed(0))
-    order = gated_columns(N).to(dev)
-    gated_stored = [{**one, "qweight": one["qweight"][:, order], "scales": one["scales"][:, order]} for one in stored]
-    kernel = HopperWgmmaGPTQ(FMT, dev)
     gen = torch.Generator(device=dev).manual_seed(0)
-    moe: Any = default_registry().kernel(MOE_FMT.name, "moe", "trtllm_moe_triton").cls(MOE_FMT, dev)
-    moe_w = moe.prepare({"qweight": torch.randint(-128, 128, (E, K, N), dtype=torch.int8, device=dev, generator=gen),
-                         "scales": (torch.rand(E, K // 128, N, device=dev, generator=gen) * 2e-4 + 1e-4)
-                         .to(torch.bfloat16)}, dtype=torch.bfloat16)
+    src = _weights(E, K, N, gen, "cuda")
+    order = gated_columns(N).to(dev)
+    prepared = TRTLLMMoEToHopper(FMT).apply(src)
+    gated = TRTLLMMoEToHopper(FMT).apply({name: t[:, :, order] for name, t in src.items()})
+    moe: Any = default_registry().kernel(FMT.name, "moe", "trtllm_moe_triton").cls(FMT, dev)
+    moe_w = moe.prepare(src, dtype=torch.bfloat16)
     forward = moe.forward  # the call without validating the ids (the suite's)
+    golden_w = FMT.dequantize(src)
     plan = Plan(1, 128, 4, 1, in_flight=True)  # each launch takes its own: the experts are stacked once
-    setup = _Setup(stored, prepared, GroupedExperts(prepared, plan), gated_stored,
-                   GroupedExperts([kernel.prepare(one) for one in gated_stored], plan),
+    setup = _Setup(prepared, GroupedExperts(prepared, plan), GroupedExperts(gated, plan),
                    lambda x, ids: forward(x, ids, moe_w), lambda x, ids: forward(x, ids, moe_w, gated=True),
-                   [torch.randn(E, N, K, device=dev, generator=gen).to(torch.bfloat16) * 0.02], gen)
+                   golden_w, [golden_w.transpose(1, 2).to(torch.bfloat16).contiguous()], gen)
+    del gated
     rows: list[dict[str, Any]] = []
     for t in ts:
         rows += _one_t(t, plans, setup)
-    return {"device": torch.cuda.get_device_name(), "E": E, "topk": TOPK, "K": K, "N": N, "format": "GPTQ 8-bit g128 sym",
+    return {"device": torch.cuda.get_device_name(), "E": E, "topk": TOPK, "K": K, "N": N, "format": FMT.slug,
             "rows": rows}
 
 
@@ -186,7 +180,7 @@ def _one_t(t: int, plans: list[str], setup: _Setup) -> list[dict[str, Any]]:
             sched = schedule(ids, E, plan.bm, grouped.n_tiles, split_tail=tail)
             name = f"{plan}{', split tail' if tail else ''}"
             if not checked(f"grouped {name}", lambda g=grouped, s=sched: _check(g, x, s, segments, setup.prepared,
-                                                                                 setup.stored)):
+                                                                                 setup.golden_w)):
                 continue
             x_sorted = x.index_select(0, sched.order // TOPK)
             names += [f"grouped, sorted rows: {name}", f"grouped, whole routed op: {name}"]
@@ -199,7 +193,7 @@ def _one_t(t: int, plans: list[str], setup: _Setup) -> list[dict[str, Any]]:
         gated = setup.gated.with_plan(candidates[0])
         sched = schedule(ids, E, gated.plan.bm, gated.n_tiles, split_tail=True)
         if checked(f"grouped gated {gated.plan}, split tail",
-                   lambda: _check_gated(gated, x, sched, segments, setup.gated_stored)):
+                   lambda: _check_gated(gated, x, sched, segments, setup.golden_w)):
             names.append(f"grouped gated, whole routed op: {gated.plan}, split tail")
             calls.append(_whole(gated, x, ids, True, gated=True))
     names += ["trtllm_moe_triton", "trtllm_moe_triton gated", "bf16 per-expert cuBLAS"]
@@ -213,18 +207,15 @@ def _one_t(t: int, plans: list[str], setup: _Setup) -> list[dict[str, Any]]:
 
 
 def _check_gated(grouped: GroupedExperts, x: torch.Tensor, sched: Schedule, segments: list[tuple[int, int, int]],
-                 gated_stored: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
-    """The gated launch against the float64 SwiGLU of each expert's product, its columns
-    put back in the weight's own order (linear half first, gate half second)."""
+                 golden_w: torch.Tensor) -> dict[str, Any]:
+    """The gated launch against the float64 SwiGLU of each expert's product."""
     from quantcore.ops.moe.reference import swiglu
 
     x_sorted = x.index_select(0, sched.order // TOPK)
     y = grouped(x_sorted, sched, route_order=True, gated=True)[sched.order]
-    back = torch.argsort(gated_columns(N)).to(x.device)
     worst = 0.0
     for e, a, b in segments:
-        w = FMT.dequantize(gated_stored[e]).to(x.device).double()[back]
-        golden = swiglu(x_sorted[a:b].double() @ w.T)
+        golden = swiglu(x_sorted[a:b].double() @ golden_w[e])
         worst = max(worst, float((y[a:b].double() - golden).norm() / golden.norm()))
     return {"rel_error_vs_golden": worst}
 
