@@ -76,6 +76,25 @@ def test_gated_columns_pair_each_output_with_its_gate(n: int) -> None:
     assert torch.equal(lin, h[:, : n // 2]) and torch.equal(gate, h[:, n // 2:])
 
 
+def test_experts_of_different_shapes_are_refused() -> None:
+    from quantcore.backends.hopper_wgmma.moe_layout import TRTLLMMoEToHopper
+    from quantcore.backends.hopper_wgmma.plans import Plan
+    from quantcore.errors import InvalidArgumentError
+    from quantcore.formats.trtllm_moe import TRTLLMMoE
+    from tools.probes.moe_grouped_kernel import GroupedExperts
+
+    fmt = TRTLLMMoE(group_size=128, sym=True, scale_dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+
+    def experts(n: int) -> list:
+        return TRTLLMMoEToHopper(fmt).apply({
+            "qweight": torch.randint(-128, 128, (1, 256, n), dtype=torch.int8, generator=gen),
+            "scales": torch.rand(1, 2, n, generator=gen).to(torch.bfloat16) + 0.01})
+
+    with pytest.raises(InvalidArgumentError, match=r"experts \[1\] differ"):
+        GroupedExperts(experts(128) + experts(192), Plan(1, 64, 4, 1, in_flight=True))
+
+
 @needs_gluon_release
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_grouped_kernel_compiles_for_sm90() -> None:
