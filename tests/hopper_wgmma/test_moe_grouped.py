@@ -92,7 +92,7 @@ def test_experts_of_different_shapes_are_refused() -> None:
             "scales": torch.rand(1, 2, n, generator=gen).to(torch.bfloat16) + 0.01})
 
     with pytest.raises(InvalidArgumentError, match=r"experts \[1\] differ"):
-        GroupedExperts(experts(128) + experts(192), Plan(1, 64, 4, 1, in_flight=True))
+        GroupedExperts.stack(experts(128) + experts(192), Plan(1, 64, 4, 1, in_flight=True))
 
 
 @needs_gluon_release

@@ -52,7 +52,7 @@ def test_every_expert_gets_its_plain_launchs_rows(plan: str, split_tail: bool, r
 
     fmt, src, x, ids = _case(7)
     experts = TRTLLMMoEToHopper(fmt).apply(src)
-    grouped = GroupedExperts(experts, parse_plan(plan))
+    grouped = GroupedExperts.stack(experts, parse_plan(plan))
     sched = schedule(ids, E, grouped.plan.bm, grouped.n_tiles, split_tail=split_tail)
     x_sorted = x.index_select(0, sched.order // TOPK)
     y = grouped(x_sorted, sched, route_order=route_order)
@@ -75,7 +75,7 @@ def test_the_gated_epilogue_is_the_swiglu_of_the_product() -> None:
     fmt, src, x, ids = _case(11)
     order = gated_columns(N).to("cuda")
     experts = TRTLLMMoEToHopper(fmt).apply({name: t[:, :, order] for name, t in src.items()})
-    grouped = GroupedExperts(experts, parse_plan("2,128,4,1,in_flight,ws"))
+    grouped = GroupedExperts.stack(experts, parse_plan("2,128,4,1,in_flight,ws"))
     sched = schedule(ids, E, grouped.plan.bm, grouped.n_tiles, split_tail=True)
     x_sorted = x.index_select(0, sched.order // TOPK)
     y = grouped(x_sorted, sched, route_order=True, gated=True)[sched.order]

@@ -62,7 +62,7 @@ def compile_grouped(plan: Plan, *, scatter: bool = False, gated: bool = False, k
 
     gen = torch.Generator().manual_seed(0)
     experts = TRTLLMMoEToHopper(FMT).apply(_weights(2, k, n, gen))
-    grouped = GroupedExperts(experts, plan)
+    grouped = GroupedExperts.stack(experts, plan)
     x = prepare_x(torch.zeros(64, k, dtype=torch.bfloat16))
     sched = schedule(torch.randint(0, 2, (64,), generator=gen), 2, plan.bm, grouped.n_tiles)
     _, args = grouped.args(x, sched.main, sched.order, torch.zeros(64, n, dtype=torch.bfloat16))
@@ -137,7 +137,7 @@ def run(ts: list[int], plans: list[str]) -> dict[str, Any]:
     forward = moe.forward  # the call without validating the ids (the suite's)
     golden_w = FMT.dequantize(src)
     plan = Plan(1, 128, 4, 1, in_flight=True)  # each launch takes its own: the experts are stacked once
-    setup = _Setup(prepared, GroupedExperts(prepared, plan), GroupedExperts(gated, plan),
+    setup = _Setup(prepared, GroupedExperts.stack(prepared, plan), GroupedExperts.stack(gated, plan),
                    lambda x, ids: forward(x, ids, moe_w), lambda x, ids: forward(x, ids, moe_w, gated=True),
                    golden_w, [golden_w.transpose(1, 2).to(torch.bfloat16).contiguous()], gen)
     del gated

@@ -173,12 +173,21 @@ def _constexprs_of(w: HopperWeights, plan: Plan) -> dict[str, Any]:
 
 
 class GroupedExperts:
-    """The grouped launch of ``plan`` over experts that ``hopper_wgmma`` prepared (inputs in
-    order, no bias: an MoE's expert weights), in the plan's in-flight walk (or its
-    warp-specialised one) over the whole of K; a schedule's tail tiles in a second launch
-    of the same plan at half its width."""
+    """The grouped launch of ``plan`` over experts stacked by :meth:`stack`, in the plan's
+    in-flight walk (or its warp-specialised one) over the whole of K; a schedule's tail
+    tiles in a second launch of the same plan at half its width."""
 
-    def __init__(self, experts: list[HopperWeights], plan: Plan) -> None:
+    def __init__(self, w: HopperWeights, tiles: int, n_pad: int, plan: Plan) -> None:
+        #: The stacked experts as one prepared state (words ``[E·tiles, …]``, scales
+        #: ``[subs, E·n_pad]``); its ``runtime`` keeps this plan's descriptors.
+        self.w, self.tiles, self.n_pad, self.plan = w, tiles, n_pad, plan
+        self.const = _constexprs_of(w, plan)
+        self._half: GroupedExperts | None = None
+
+    @classmethod
+    def stack(cls, experts: list[HopperWeights], plan: Plan) -> GroupedExperts:
+        """Experts that ``hopper_wgmma`` prepared (inputs in order, no bias: an MoE's expert
+        weights), of one shape and group, stacked once."""
         w0 = experts[0]
         odd = [i for i, w in enumerate(experts) if w.group_map is not None or w.ret_idx is not None
                or w.bias is not None or (w.in_features, w.out_features, w.sub_group) !=
@@ -188,21 +197,12 @@ class GroupedExperts:
                 f"grouped experts: every expert of one shape and group, inputs in order, no bias, an even count of "
                 f"K blocks; experts {odd} differ, {w0.blocks} blocks")
         words, scales, zeros = stacked(experts)
-        self.w = dataclasses.replace(w0, qweight=words, scales=scales, zeros=zeros, runtime={})
-        self.plan, self.bits, self.n = plan, w0.bits, w0.out_features
-        self.tail = (w0.out_features, w0.blocks, w0.sub_group)
-        self.tiles, self.n_pad = w0.tiles, w0.scales.shape[1]
-        self.const = _constexprs_of(w0, plan)
-        self._half: GroupedExperts | None = None
+        return cls(dataclasses.replace(w0, qweight=words, scales=scales, zeros=zeros, runtime={}), w0.tiles,
+                   w0.scales.shape[1], plan)
 
     def with_plan(self, plan: Plan) -> GroupedExperts:
         """The same stacked experts launched with ``plan``."""
-        out = object.__new__(GroupedExperts)
-        out.__dict__.update(self.__dict__)
-        out.w, out.plan = dataclasses.replace(self.w, runtime={}), plan
-        out.const = _constexprs_of(out.w, plan)
-        out._half = None
-        return out
+        return GroupedExperts(dataclasses.replace(self.w, runtime={}), self.tiles, self.n_pad, plan)
 
     @property
     def half(self) -> GroupedExperts:
@@ -214,24 +214,27 @@ class GroupedExperts:
     @property
     def n_tiles(self) -> int:
         """Column tiles of one expert (the programs of a row tile)."""
-        return triton.cdiv(self.n, TILE_N * self.plan.wg)
+        return triton.cdiv(self.w.out_features, TILE_N * self.plan.wg)
 
     def args(self, x_sorted: torch.Tensor, tables: Tables, rows: torch.Tensor,
              y: torch.Tensor) -> tuple[tuple[int], list[Any]]:
         """``(grid, positional arguments)`` of the launch over ``tables``."""
-        n, blocks, sub_group = self.tail
-        w_desc, s_desc, z_desc = weight_descriptors(self.w, self.plan.wg)
+        w = self.w
+        w_desc, s_desc, z_desc = weight_descriptors(w, self.plan.wg)
         return (tables.programs.shape[0],), [
-            w_desc, x_descriptor(x_sorted, self.bits, self.plan.bm), s_desc, z_desc, y, tables.slots,
-            tables.programs, rows, n, y.stride(0), blocks, sub_group, self.tiles, self.n_pad]
+            w_desc, x_descriptor(x_sorted, w.bits, self.plan.bm), s_desc, z_desc, y, tables.slots,
+            tables.programs, rows, w.out_features, y.stride(0), w.blocks, w.sub_group, self.tiles, self.n_pad]
 
     def __call__(self, x_sorted: torch.Tensor, sched: Schedule, *, route_order: bool = False,
                  gated: bool = False) -> torch.Tensor:
         """``y [R, N]``: each sorted route's row times its expert, at the route's own row
         (``route_order``) or at its sorted row; ``gated`` (experts prepared with their
         columns in :func:`gated_columns`' order): ``[R, N/2]``, the SwiGLU of each row."""
+        n = self.w.out_features
+        if gated and n % 2:
+            raise InvalidArgumentError(f"gated: N={n} columns must pair linear with gate (an even count)")
         x = prepare_x(x_sorted)
-        y = torch.empty(x.shape[0], self.n // 2 if gated else self.n, dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape[0], n // 2 if gated else n, dtype=x.dtype, device=x.device)
         self._launch(x, sched.main, sched.order, y, route_order, gated)
         if sched.tail is not None:
             self.half._launch(x, sched.tail, sched.order, y, route_order, gated)
