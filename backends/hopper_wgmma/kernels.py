@@ -53,6 +53,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from quantcore.kernels.gptq_pairs.ptx import offset_pair_asm_text, pair_asm_text
 from quantcore.triton.gluon_split_k import let_dependents_launch, tile_store, wait_for_prior_grids
 
+from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
+
 __all__ = ["wgmma_kernel"]
 
 
@@ -70,6 +72,10 @@ _PAIR_ASM = gl.constexpr(tuple(
 
 #: The unscaled 4-bit pairs ``(B + q₀, B + q₁)`` of a late-scale plan, at ``fp16·4 + i``.
 _OFFSET_ASM = gl.constexpr(tuple(offset_pair_asm_text(fp16, 4 * i) for fp16 in (False, True) for i in range(4)))
+
+#: The codebook pairs ``(c[q₀]·s, c[q₁]·s)`` of a ``LOOKUP`` program, at ``fp16·4 + i``.
+_LOOKUP_ASM = gl.constexpr(tuple(lookup_pair_asm_text(fp16, 4 * i) for fp16 in (False, True) for i in range(4)))
+_FILL_ASM = gl.constexpr(CODEBOOK_FILL_ASM)
 
 
 @gluon.constexpr_function
@@ -97,12 +103,18 @@ def _slots(nbytes):
 
 @gluon.jit
 def _operand(w16, s_row, z_row, SL: gl.constexpr, BITS: gl.constexpr,
-             HAS_ZEROS: gl.constexpr, act: gl.constexpr, a_layout: gl.constexpr, BN: gl.constexpr):
-    """Slice ``SL`` of the block: ``(q − z)·s`` as wgmma's A operand [BN, 32]."""
+             HAS_ZEROS: gl.constexpr, act: gl.constexpr, a_layout: gl.constexpr, BN: gl.constexpr,
+             LOOKUP: gl.constexpr = False):
+    """Slice ``SL`` of the block: ``(q − z)·s`` as wgmma's A operand [BN, 32]; with
+    ``LOOKUP`` (4-bit codes, float32 scales) ``c[q]·s`` from the codebook table."""
     WIDE: gl.constexpr = BITS == 8 and act == gl.bfloat16
     # [BN, 1] in the operand's own layout: each thread reads the rows it holds, and the
     # broadcast to [BN, 32] below moves nothing.
     s = s_row.permute((1, 0)).load(a_layout).to(gl.float32)
+    if LOOKUP:
+        sin = gl.broadcast(s, w16)[0]
+        return gl.inline_asm_elementwise(_LOOKUP_ASM[(act == gl.float16) * 4 + SL], "=r,r,r,r", [w16, sin],
+                                         dtype=act.value, is_pure=True, pack=2)
     if HAS_ZEROS:
         z = z_row.permute((1, 0)).load(a_layout).to(gl.float32)
     else:
@@ -177,7 +189,7 @@ def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
            STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
            BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
            WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
-           a_layout: gl.constexpr, words_layout: gl.constexpr):
+           a_layout: gl.constexpr, words_layout: gl.constexpr, LOOKUP: gl.constexpr = False):
     """The ``i``-th block of this program: wait for its stage, read its words, and per
     slice dequantize and issue an asynchronous wgmma (not waited for here)."""
     stage = i % STAGES
@@ -185,7 +197,7 @@ def _block(acc, i, w_smem, x_smem, s_smem, z_smem, bar,
     for sl in gl.static_range(PAIRS):
         row = stage * ROWS + sl // SLICES_PER_ROW
         a = _operand(w16, s_smem.index(row * S_PAD), z_smem.index(row * Z_PAD), sl, BITS, HAS_ZEROS, act,
-                     a_layout, BN)
+                     a_layout, BN, LOOKUP)
         acc = warpgroup_mma(a, x_smem.index(stage * PAIRS + sl).permute((1, 0)), acc, is_async=True)
     return acc
 
@@ -270,7 +282,7 @@ def _ws_consume(acc, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter,
                 STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr,
                 BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr, Z_PAD: gl.constexpr,
                 WG: gl.constexpr, BN: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr,
-                a_layout: gl.constexpr, words_layout: gl.constexpr):
+                a_layout: gl.constexpr, words_layout: gl.constexpr, LOOKUP: gl.constexpr = False):
     """The consumer warpgroups of a warp-specialised program: the in-flight walk (two blocks
     per trip, the previous block's groups retired after each), handing each retired
     block's stage back on its ``empty`` barrier instead of refilling it."""
@@ -278,7 +290,7 @@ def _ws_consume(acc, w_smem, x_smem, s_smem, z_smem, full, empty, n_iter,
     for j in range(0, n_iter, 2):
         for u in gl.static_range(2):
             acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, full, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout, LOOKUP)
             acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
             done = j + u - 1
             mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=(done >= 0) & (done + STAGES < n_iter))
@@ -356,7 +368,8 @@ def _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_sm
                n0, sub_group, STAGES: gl.constexpr, PAIRS: gl.constexpr, ROWS: gl.constexpr,
                SLICES_PER_ROW: gl.constexpr, BITS: gl.constexpr, HAS_ZEROS: gl.constexpr, S_PAD: gl.constexpr,
                Z_PAD: gl.constexpr, WG: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, act: gl.constexpr,
-               mma_layout: gl.constexpr, a_layout: gl.constexpr, words_layout: gl.constexpr):
+               mma_layout: gl.constexpr, a_layout: gl.constexpr, words_layout: gl.constexpr,
+               LOOKUP: gl.constexpr = False):
     """The in-flight walk of ``n_iter`` blocks from ``blk0`` (the ring filled before it):
     two blocks per trip (the module's docstring says why; the launcher gives every program
     an even block count), each block's groups left in flight while the next is dequantized,
@@ -364,7 +377,7 @@ def _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_sm
     for j in range(0, n_iter, 2):
         for u in gl.static_range(2):
             acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+                         BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout, LOOKUP)
             acc = warpgroup_mma_wait(num_outstanding=PAIRS, deps=(acc,))
             # The previous block's groups are done: once every warp is here, its stage
             # (weights and the x tiles those groups read) goes back to TMA.
@@ -374,6 +387,16 @@ def _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_sm
                 _issue(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, done % STAGES,
                        blk0 + done + STAGES, tile_n, m0, n0, sub_group, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _fill_codebook(cb_ptr, NUM_WARPS: gl.constexpr):
+    """The codebook's 16 float32 centroids into the static table the lookups read
+    (``codebook.py``), visible to every thread on return."""
+    lanes = gl.arange(0, 32 * NUM_WARPS, layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0]))
+    gl.inline_asm_elementwise(_FILL_ASM, "=r,l", [cb_ptr + lanes % 16], dtype=gl.int32, is_pure=False,
+                              pack=1)
+    gl.thread_barrier()
 
 
 @gluon.jit
@@ -417,7 +440,7 @@ def wgmma_kernel(
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
     IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
-    STREAM: gl.constexpr = False,
+    STREAM: gl.constexpr = False, LOOKUP: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -428,7 +451,10 @@ def wgmma_kernel(
     program. ``WS`` (with ``IN_FLIGHT``, ``PDL`` 0): a producer warp issues the loads.
     ``LATE`` (with ``IN_FLIGHT``; 4-bit, ``ROWS`` 1): scale late (``plans.Plan``).
     ``STREAM`` (with ``IN_FLIGHT``, without ``WS``, ``LATE``, ``PDL``; a 1-D grid): a
-    balanced grid (``plans.Plan.stream``); ``split_k`` is then its workspace's slots."""
+    balanced grid (``plans.Plan.stream``); ``split_k`` is then its workspace's slots.
+    ``LOOKUP`` (4-bit codes, float32 scales, without ``HAS_ZEROS``, ``HAS_BIAS``, ``LATE``,
+    ``STREAM``): the weight is ``c[q]·s`` of a codebook (``codebook.py``) whose 16 float32
+    centroids ``b_ptr`` points to, in place of a bias (the caller adds a codebook layer's)."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -457,6 +483,8 @@ def wgmma_kernel(
     Z_PAD: gl.constexpr = _slots(z_desc.block_type.nbytes)
     w_smem, x_smem, s_smem, z_smem, bar, empty = _ring(w_desc, x_desc, s_desc, z_desc, STAGES, PAIRS, ROWS,
                                                        HAS_ZEROS, BM, WS)
+    if LOOKUP:
+        _fill_codebook(b_ptr, NUM_WARPS)
     if LATE:
         # Ones, the A operand of the wgmma that sums x, from shared memory: from registers
         # ptxas rebuilds the constant for every wgmma (four moves each, the registers held).
@@ -533,7 +561,7 @@ def wgmma_kernel(
         acc = gl.warp_specialize(
             [(_ws_consume, (acc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter, STAGES, PAIRS, ROWS,
                             SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout,
-                            words_layout)),
+                            words_layout, LOOKUP)),
              (_ws_produce, (w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, empty, n_iter,
                             blk0, tile_n, m0, n0, sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD))],
             [1], [24])[0]
@@ -555,12 +583,12 @@ def wgmma_kernel(
     elif IN_FLIGHT:
         acc = _in_flight(acc, w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0,
                          tile_n, m0, n0, sub_group, STAGES, PAIRS, ROWS, SLICES_PER_ROW, BITS, HAS_ZEROS, S_PAD,
-                         Z_PAD, WG, BN, BK, act, mma_layout, a_layout, words_layout)
+                         Z_PAD, WG, BN, BK, act, mma_layout, a_layout, words_layout, LOOKUP)
     else:
         for j in range(0, n_iter, PER_WAIT):
             for u in gl.static_range(PER_WAIT):
                 acc = _block(acc, j + u, w_smem, x_smem, s_smem, z_smem, bar, STAGES, PAIRS, ROWS, SLICES_PER_ROW,
-                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout)
+                             BITS, HAS_ZEROS, S_PAD, Z_PAD, WG, BN, act, mma_layout, a_layout, words_layout, LOOKUP)
             # Every group is done before the stages go back; the second block of a pair is
             # dequantized while the first one's groups run.
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))

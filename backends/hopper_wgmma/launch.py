@@ -265,7 +265,7 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     const = dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws,
-                 STREAM=bool(plan.stream))
+                 STREAM=bool(plan.stream), LOOKUP=False)
     if plan.stream and (pdl or not walk.in_flight):
         raise InvalidArgumentError(f"hopper_wgmma: a balanced grid runs in flight without {PDL_ENV}; "
                                    f"got {PDL_ENV}={pdl}, in flight {walk.in_flight}")
