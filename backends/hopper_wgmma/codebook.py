@@ -8,10 +8,12 @@ lookups never conflict. It is declared 1 KB long and 1 KB aligned although it us
 bytes: static shared memory comes first in the block's window, and the kernel's TMA
 buffers after it must stay 1024-byte aligned (wgmma reads swizzled tiles by address bits).
 
-A pair is two lookups, two float32 multiplies by the row's group scale and one conversion
-that rounds each product once to the activation dtype: ``ŵ = rn(c · s)``, the operand
-contract of TurboQuant's scaled operand (``backends/turboquant_triton/configs.py``,
-``MmaConfig.scaled_operand``).
+In the wgmma kernel a pair is two lookups, two float32 multiplies by the row's group scale
+and one conversion that rounds each product once to the activation dtype: ``ŵ = rn(c·s)``,
+the operand contract of TurboQuant's scaled operand (``backends/turboquant_triton/configs.py``,
+``MmaConfig.scaled_operand``). The decode kernel, which scales each group's float32
+product when the group closes, takes ``rn(c)`` (no multiply), the contract of TurboQuant's
+register operand.
 """
 
 from __future__ import annotations
@@ -35,16 +37,17 @@ CODEBOOK_FILL_ASM = (
 )
 
 
-def lookup_pair_asm_text(fp16: bool, shift: int) -> str:
+def lookup_pair_asm_text(fp16: bool, shift: int, scaled: bool = True) -> str:
     """PTX for one 32-bit word of the int16 view (inputs k and k + 1 of one row, as
     ``kernels.py`` reads them): its 4-bit field at bit ``shift`` of each half, looked up,
-    times the scale (``$2``, ``$3``: the two halves' float32 scale, the same row's), packed
-    in the activation dtype with each product rounded once."""
+    when ``scaled`` times the scale (``$2``, ``$3``: the two halves' float32 scale, the same
+    row's), packed in the activation dtype with each value rounded once. Unscaled, the
+    kernel owes the scale to the group's float32 product (the decode kernel, ``decode.py``)."""
     lo = "shl.b32 a, $1, 2;" if shift == 0 else f"shr.u32 a, $1, {shift - 2};"
     cvt = "cvt.rn.f16x2.f32" if fp16 else "cvt.rn.bf16x2.f32"
+    mul = " mul.rn.f32 lo, lo, $2; mul.rn.f32 hi, hi, $3;" if scaled else ""
     return ("{ .reg .b32 a, b, t; .reg .f32 lo, hi; "
             f"{lo} and.b32 a, a, 0x3C; shr.u32 b, $1, {shift + 14}; and.b32 b, b, 0x3C;"
             f" mov.u32 t, {CODEBOOK_SYMBOL}; add.u32 a, a, t; add.u32 b, b, t;"
-            " ld.shared.f32 lo, [a]; ld.shared.f32 hi, [b];"
-            " mul.rn.f32 lo, lo, $2; mul.rn.f32 hi, hi, $3;"
+            f" ld.shared.f32 lo, [a]; ld.shared.f32 hi, [b];{mul}"
             f" {cvt} $0, hi, lo; }}")

@@ -30,6 +30,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 from quantcore.triton.gluon_split_k import tile_store
 
+from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
+
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
 #: Activation rows one launch covers at most (the MMA's N, twice).
@@ -40,6 +42,12 @@ _EXACT_ASM = gl.constexpr(tuple(
     pair_asm_text(bits, fp16, bits * i, zero, scaled=False) if i < 16 // bits else ""
     for bits in (4, 8) for fp16 in (False, True) for zero in (False, True) for i in range(4)
 ))
+
+
+#: The unscaled codebook pairs ``(c[q₀], c[q₁])`` of a ``LOOKUP`` launch, at ``fp16·4 + slice``.
+_LOOKUP_ASM = gl.constexpr(tuple(lookup_pair_asm_text(fp16, 4 * i, scaled=False)
+                                 for fp16 in (False, True) for i in range(4)))
+_FILL_ASM = gl.constexpr(CODEBOOK_FILL_ASM)
 
 
 @gluon.constexpr_function
@@ -124,7 +132,7 @@ def _fetch(w_tile, w_offs, g_w, g_c, r_c, first, b, blocks, s_ptr, NP,
 def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
            KW: gl.constexpr, STEPS: gl.constexpr, BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr,
            HAS_ZEROS: gl.constexpr, act: gl.constexpr, mma_layout: gl.constexpr, a_layout: gl.constexpr,
-           b_layout: gl.constexpr, ROWS: gl.constexpr):
+           b_layout: gl.constexpr, ROWS: gl.constexpr, LOOKUP: gl.constexpr = False):
     """Step ``b`` from what :func:`_fetch` read: each K-group's block dequantized and
     multiplied by x from shared memory, each group's product scaled into ``acc`` when it
     closes. The MMA multiplies every K-group's rows by every K-group's x; only the
@@ -136,7 +144,11 @@ def _block(acc, words, s0, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a,
     blk_c = _group_blocks(g_c, first, b, blocks, STEPS)
     part = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
     for sl in gl.static_range(PAIRS):
-        a = _exact_operand(w16, z_ptr + ((blk_a * BK + sl * 32) // SG) * NP + r_a, sl, BITS, HAS_ZEROS, act)
+        if LOOKUP:
+            a = gl.inline_asm_elementwise(_LOOKUP_ASM[(act == gl.float16) * 4 + sl], "=r,r", [w16],
+                                          dtype=act.value, is_pure=True, pack=2)
+        else:
+            a = _exact_operand(w16, z_ptr + ((blk_a * BK + sl * 32) // SG) * NP + r_a, sl, BITS, HAS_ZEROS, act)
         xb = x_smem.index(b * PAIRS + sl).permute((1, 0)).load(b_layout)
         part = mma_v2(a, xb, part)
         if (sl + 1) % CLOSE == 0:
@@ -184,7 +196,7 @@ def decode_kernel(
     M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
-    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8,
+    READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8, LOOKUP: gl.constexpr = False,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -196,7 +208,9 @@ def decode_kernel(
     sums without dequantization or MMA, 2 without the sum over programs either, 3 nor the
     staging of x. ``DEPTH``: steps in flight a warp, 2 or 4 (register sets refilled in turn).
     ``ROWS``: activation rows a launch multiplies, 8 or 16 (one or two ``m16n8k16`` a slice;
-    16 with one K-group)."""
+    16 with one K-group). ``LOOKUP`` (4-bit codes, without ``HAS_ZEROS``): the operand is
+    ``c[q]`` of a codebook (``codebook.py``) whose 16 float32 centroids ``z_ptr`` points to,
+    each group's product scaled when it closes, as ever."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
     mma_layout: gl.constexpr = _mma_layout(KW)
@@ -230,6 +244,9 @@ def decode_kernel(
         w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, 3, blocks, s_ptr, NP, BITS, SG, STEPS)
     gl.static_assert(ROWS == 8 or (ROWS == 16 and KW == 1), "ROWS: 8, or 16 with one K-group")
     x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * ROWS, 32], _X_SHARED)
+    if LOOKUP:
+        lanes = gl.arange(0, 128 * KW, layout=gl.BlockedLayout([1], [32], [4 * KW], [0]))
+        gl.inline_asm_elementwise(_FILL_ASM, "=r,l", [z_ptr + lanes % 16], dtype=gl.int32, is_pure=False, pack=1)
     if READ_ONLY < 3:
         _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, ROWS)
         gl.thread_barrier()
@@ -256,20 +273,20 @@ def decode_kernel(
     else:
         for b in range(0, STEPS, DEPTH):
             acc = _block(acc, w_a, sa, b, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                         KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
+                         KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS, LOOKUP)
             w_a, sa = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             if b + 1 < STEPS:
                 acc = _block(acc, w_b, sb, b + 1, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                             KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
+                             KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS, LOOKUP)
             w_b, sb = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + DEPTH + 1, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
             if DEPTH == 4:
                 if b + 2 < STEPS:
                     acc = _block(acc, w_c, sc, b + 2, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS, LOOKUP)
                 w_c, sc = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 6, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
                 if b + 3 < STEPS:
                     acc = _block(acc, w_d, sd, b + 3, first, blocks, x_smem, s_ptr, z_ptr, NP, g_a, r_a, g_c, r_c,
-                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS)
+                                 KW, STEPS, BITS, SG, CLOSE, HAS_ZEROS, act, mma_layout, a_layout, b_layout, ROWS, LOOKUP)
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
     tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
@@ -293,7 +310,7 @@ def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128, depth: int = 2, rows: int = 8) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2, rows: int = 8, lookup: bool = False) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there, and the end's atomics (the split-K
@@ -307,13 +324,14 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     )
 
     act = "fp16" if fp16 else "bf16"
-    sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*fp16", "y_ptr": f"*{act}",
+    sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp32" if lookup else "*fp16",
+           "z_ptr": "*fp32" if lookup else "*u8", "b_ptr": "*fp16", "y_ptr": f"*{act}",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
            "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows)
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
@@ -325,6 +343,6 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     end = {op: whole_kernel.get(op, 0) for op in ("ATOMG", "RED")}
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "rows": rows, "end": end,
+            "depth": depth, "rows": rows, "lookup": lookup, "end": end,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

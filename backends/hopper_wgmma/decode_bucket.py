@@ -48,7 +48,7 @@ class DecodeBucket:
         self.split_k = SplitKBuffers(self.split, device, any_t)
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
                      HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
-                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm)
+                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=False)
         self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
                              fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
                              options=dict(num_warps=4))

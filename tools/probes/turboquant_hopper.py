@@ -5,7 +5,7 @@ today (an sm_90 GPU, one call).
 The layer's passes become one 4-bit code matrix of depth P·K in ``hopper_wgmma``'s layout
 (``tq_to_hopper``: each pass's codes and float32 scales ``norms/√d`` interleaved group by
 group, as ``turboquant_triton``'s dequantize path stacks them), and x is rotated before the
-launch by one GEMM a pass into the same interleaving (``rotated``). Per (K, N, M):
+launch into the same interleaving by the one GEMM ``turboquant_triton`` runs (``rotated``). Per (K, N, M):
 
 * checked: every plan against the float64 golden at the conformance tolerance of bf16;
   then with a dyadic codebook, power-of-two scales, a signed-permutation rotation and
@@ -13,8 +13,8 @@ launch by one GEMM a pass into the same interleaving (``rotated``). Per (K, N, M
   checks the inline PTX: the fields' shifts, the pairing, the scale per row. A failure
   prints ``FAIL``, is not timed, and makes the exit status 1;
 * timed (CUDA-graph replays, weight sets beyond L2, one process): the whole op per plan
-  (rotation + launch), the launch alone at the first plan, ``turboquant_triton``'s call and
-  cuBLAS bf16.
+  (rotation + launch; ``decode,SPLIT`` is the warp-level decode kernel, at most 16 rows),
+  the rotation alone, ``turboquant_triton``'s call and cuBLAS bf16.
 
     python -m tools.probes.turboquant_hopper [--ms 1,16,64,128] [--shapes 4096x14336,…] [--residual] \\
         [--plans "M:wg,bm,stages,split,flags;…"] --json PATH
@@ -33,13 +33,14 @@ import torch
 
 from quantcore.backends.hopper_wgmma.launch import fit_stages, kernel_args, prepare_x
 from quantcore.backends.hopper_wgmma.layout import HopperWeights, rows_to_hopper
-from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.suites.turboquant_linear import format_bytes
 from quantcore.conformance.tolerance import compare, tolerance_for
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.kernels.turboquant.base import TurboQuantPrepared, rotate_input
+from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.timing import time_interleaved
 from quantcore.transforms.gptq_rows import GPTQRows
 from quantcore.triton.split_k import SplitKBuffers
@@ -51,8 +52,9 @@ D = 128
 DTYPE = torch.bfloat16
 #: Plans timed at each M unless ``--plans`` names others (the 4-bit table's shapes of plan).
 PLANS = {
-    1: ["1,8,8,2,in_flight", "2,8,4,2,in_flight,ws", "1,8,8,4,in_flight"],
-    16: ["1,16,8,2,in_flight", "2,16,4,1,in_flight,ws", "1,16,4,4,in_flight"],
+    1: ["decode,4", "decode,8", "1,8,8,2,in_flight", "1,8,8,4,in_flight"],
+    8: ["decode,4", "decode,8", "1,8,8,4,in_flight"],
+    16: ["decode,4", "1,16,8,2,in_flight", "2,16,4,1,in_flight,ws", "1,16,4,4,in_flight"],
     64: ["1,64,5,2,in_flight", "2,64,4,1,in_flight,ws", "1,64,4,1,in_flight,ws"],
     128: ["1,128,4,2,in_flight", "2,128,4,1,in_flight,ws", "1,128,4,1,in_flight,ws"],
     256: ["2,128,4,1,in_flight,ws", "2,256,3,1,in_flight,ws"],
@@ -79,10 +81,16 @@ def tq_to_hopper(prep: TurboQuantPrepared) -> tuple[HopperWeights, torch.Tensor]
 
 
 def rotated(x: torch.Tensor, prep: TurboQuantPrepared) -> torch.Tensor:
-    """x rotated by every pass, interleaved as :func:`tq_to_hopper` lays the codes out."""
-    m = x.shape[0]
-    parts = [rotate_input(x, data.rotation).view(m, -1, D) for data in prep.passes]
-    return parts[0].reshape(m, -1) if len(parts) == 1 else torch.stack(parts, 2).reshape(m, -1)
+    """x rotated by every pass, interleaved as :func:`tq_to_hopper` lays the codes out: the
+    ``[M, G, P, d]`` that ``turboquant_triton``'s own rotation GEMM writes (one GEMM for
+    every pass; ``quantcore/kernels/turboquant/rotation.py``), kept with the layer."""
+    # Layers made by dataclasses.replace share one cache: keyed by the rotations themselves.
+    sources = tuple(data.rotation for data in prep.passes)
+    kept = prep.cache.get(("hopper lookup rotation", x.dtype))
+    if kept is None or any(a is not b for a, b in zip(kept[0], sources, strict=True)):
+        kept = prep.cache[("hopper lookup rotation", x.dtype)] = (
+            sources, InputRotation([r.to(x.dtype) for r in sources]))
+    return kept[1](x.contiguous()).view(x.shape[0], -1)
 
 
 def lookup_linear(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -99,6 +107,39 @@ def lookup_linear(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor,
     const["LOOKUP"] = True
     wgmma_kernel[grid](*args, **const)
     return y
+
+
+def lookup_decode(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, split: int) -> torch.Tensor:
+    """``hopper_wgmma``'s warp-level decode kernel with the ``LOOKUP`` operand over at most
+    16 rotated rows, K cut between ``split`` programs."""
+    from quantcore.backends.hopper_wgmma.decode import decode_grid, decode_kernel, whole_runs
+    from quantcore.backends.hopper_wgmma.small_m import close_slices
+
+    x = x_rot.contiguous()
+    m, k = x.shape
+    n = w.out_features
+    steps, split = decode_grid(w.blocks, split, 1)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    ws, counters = SplitKBuffers(split, x.device, w.scales)(m, n, w.tiles)
+    decode_kernel[(w.tiles, split)](
+        w.qweight.view(torch.int16), x, w.scales, codebook, w.scales, y, ws, counters,
+        m, n, k, k, n, w.scales.shape[1], w.blocks, split,
+        BITS=4, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=False, HAS_BIAS=False, SPLIT=split > 1,
+        EVEN_K=whole_runs(k, 4, w.blocks, steps, 1), KW=1, STEPS=steps, READ_ONLY=0, DEPTH=2,
+        ROWS=8 if m <= 8 else 16, LOOKUP=True, num_warps=4)
+    return y
+
+
+def run(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, plan: Plan | DecodePlan) -> torch.Tensor:
+    """The launch ``plan`` names."""
+    if isinstance(plan, DecodePlan):
+        return lookup_decode(x_rot, w, codebook, plan.split)
+    return lookup_linear(x_rot, w, codebook, plan)
+
+
+def plan_of_text(text: str) -> Plan | DecodePlan:
+    """``decode,SPLIT`` or ``hopper_plan_times``' ``wg,bm,stages,split,flags``."""
+    return DecodePlan(split=int(text.split(",")[1])) if text.startswith("decode") else parse_plan(text)
 
 
 def _fail(where: str, problem: str) -> None:
@@ -133,7 +174,7 @@ def golden_output(x: torch.Tensor, prep: TurboQuantPrepared) -> torch.Tensor:
     return out
 
 
-def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan], rounds: int) -> list[dict[str, Any]]:
+def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan | DecodePlan], rounds: int) -> list[dict[str, Any]]:
     dev = "cuda"
     fmt = TurboQuant(bits=4, group_size=D, residual=residual)
     sets = rotation_sets(format_bytes(fmt, m, k, n), dev)
@@ -151,11 +192,12 @@ def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan], round
     base = {"K": k, "N": n, "M": m, "passes": len(prepared[0].passes)}
     rows, keep = [], {}
     for plan in plans:
-        plan = fit_stages(plan, hopper[0][0], smem)
+        if isinstance(plan, Plan):
+            plan = fit_stages(plan, hopper[0][0], smem)
         name = f"hopper lookup {plan}"
         try:
-            y = lookup_linear(rotated(xs[0], prepared[0]), *hopper[0], plan)
-            exact_y = lookup_linear(rotated(exact_x, exact_prep), exact_w, exact_cb, plan)
+            y = run(rotated(xs[0], prepared[0]), *hopper[0], plan)
+            exact_y = run(rotated(exact_x, exact_prep), exact_w, exact_cb, plan)
             torch.cuda.synchronize()
         except Exception as exc:  # a plan that fails is a row, not the end of the probe
             rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -169,16 +211,11 @@ def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan], round
             rows.append({**base, "variant": name, "rel_error": err, "error": f"wrong result: {problem}"})
             _fail(f"K{k} N{n} M{m} {name}", problem)
             continue
-        keep[name] = (lambda i, pl=plan: lookup_linear(rotated(xs[i % sets], prepared[i % sets]), *hopper[i % sets],
-                                                       pl), sets,
+        keep[name] = (lambda i, pl=plan: run(rotated(xs[i % sets], prepared[i % sets]), *hopper[i % sets], pl), sets,
                       {**base, "variant": name, "plan": dataclasses.asdict(plan), "rel_error": err,
                        "rel_diff_to_turboquant_triton": _rel_error(y, shipped.double())})
-    if keep:
-        first = next(iter(keep.values()))[2]["plan"]
-        x_rot = [rotated(x, p) for x, p in zip(xs, prepared, strict=True)]
-        keep["hopper lookup, launch alone (x rotated before)"] = (
-            lambda i: lookup_linear(x_rot[i % sets], *hopper[i % sets], Plan(**first)), sets,
-            {**base, "variant": "hopper lookup, launch alone (x rotated before)", "plan": first})
+    keep["the rotation GEMM alone"] = (lambda i: rotated(xs[i % sets], prepared[i % sets]), sets,
+                                       {**base, "variant": "the rotation GEMM alone"})
     dense = [torch.randn(n, k, device=dev, dtype=DTYPE) for _ in range(rotation_sets(2 * k * n, dev))]
     keep["turboquant_triton"] = (lambda i: kernel(xs[i % sets], prepared[i % sets]), sets,
                                  {**base, "variant": "turboquant_triton", "rel_error": _rel_error(shipped, golden)})
@@ -226,7 +263,7 @@ def compile_report() -> list[dict[str, Any]]:
     """Every default plan's ``LOOKUP`` kernel compiled for sm_90a here, bf16 and fp16."""
     out = []
     for m, texts in PLANS.items():
-        for text in texts:
+        for text in (t for t in texts if not t.startswith("decode")):
             for dtype in (torch.bfloat16, torch.float16):
                 out.append(compile_lookup(text, m, dtype))
                 print(out[-1], flush=True)
@@ -249,10 +286,10 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
         return 0
-    plans = {m: [parse_plan(t) for t in texts] for m, texts in PLANS.items()}
+    plans = {m: [plan_of_text(t) for t in texts] for m, texts in PLANS.items()}
     for item in filter(None, args.plans.split(";")):
         m, text = item.split(":")
-        plans.setdefault(int(m), []).insert(0, parse_plan(text))
+        plans.setdefault(int(m), []).insert(0, plan_of_text(text))
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "rows": []}
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
