@@ -12,7 +12,7 @@ import torch
 
 from tests.triton_release import needs_gluon_release
 
-from .test_sm90_compile import _bundled_tools, compiled_rows
+from .test_sm90_compile import _bundled_tools, assert_clean_kernels, compiled_rows
 
 
 def _work(tables: Any, bm: int, n_tiles: int, sorted_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
@@ -106,9 +106,5 @@ for p, scatter, gated in (("1,128,4,1,in_flight", False, False), ("2,128,4,1,in_
                           ("2,64,4,1,in_flight,ws", True, True), ("2,256,3,1,in_flight,ws", True, True)):
     print(json.dumps(compile_grouped(parse_plan(p), scatter=scatter, gated=gated)))
 """
-    rows = compiled_rows(script)
-    assert len(rows) == 4
-    for r in rows:
-        assert r["spill_stack"] == 0 and r["shared"] <= 227 * 1024, r
-        assert r["hazards"] == 0, r
-        assert r["hgmma"] == 8, r  # 8-bit: two slices of two k16 steps, two blocks a trip
+    # 8-bit: two slices of two k16 steps, two blocks a trip
+    assert_clean_kernels(compiled_rows(script), 4, hgmma=8)

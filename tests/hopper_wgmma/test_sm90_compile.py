@@ -53,6 +53,16 @@ def compiled_rows(script: str) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def assert_clean_kernels(rows: list[dict], count: int, hgmma: int) -> None:
+    """``count`` compiled kernels, each without spills or operand hazards, within the
+    H100/H200 shared memory, with ``hgmma`` HGMMAs in its walk."""
+    assert len(rows) == count
+    for r in rows:
+        assert r["spill_stack"] == 0 and r["shared"] <= 227 * 1024, r
+        assert r["hazards"] == 0, r
+        assert r["hgmma"] == hgmma, r
+
+
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_plans_compile_for_sm90() -> None:
     rows = compiled_rows(SCRIPT)
