@@ -245,6 +245,8 @@ def decode_kernel(
     gl.static_assert(ROWS == 8 or (ROWS == 16 and KW == 1), "ROWS: 8, or 16 with one K-group")
     x_smem = gl.allocate_shared_memory(act, [STEPS * PAIRS, KW * ROWS, 32], _X_SHARED)
     if LOOKUP:
+        # The barrier after x's staging makes the table visible before the first lookup.
+        gl.static_assert(READ_ONLY == 0 and BITS == 4 and not HAS_ZEROS, "LOOKUP: 4-bit codes, the whole walk")
         lanes = gl.arange(0, 128 * KW, layout=gl.BlockedLayout([1], [32], [4 * KW], [0]))
         gl.inline_asm_elementwise(_FILL_ASM, "=r,l", [z_ptr + lanes % 16], dtype=gl.int32, is_pure=False, pack=1)
     if READ_ONLY < 3:
