@@ -139,3 +139,19 @@ for text, m, dtype in (("1,16,4,4,in_flight", 16, torch.bfloat16), ("2,128,4,1,i
     assert_clean_kernels(rows, 3, hgmma=16)  # 4-bit: four slices of two k16 steps, two blocks a trip
     # Two lookups a pair: each thread holds 8 pairs of a slice, 4 slices, 2 blocks a trip.
     assert all(r["lds"] >= 2 * 8 * 4 * 2 for r in rows), rows
+
+
+@needs_gluon_release
+@pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
+def test_the_decode_kernels_lookup_compiles_for_sm90() -> None:
+    script = """
+import json
+from quantcore.backends.hopper_wgmma.decode import compile_report
+for fp16 in (False, True):
+    print(json.dumps(compile_report(lookup=True, fp16=fp16)))
+"""
+    for r in compiled_rows(script):
+        assert r["spill_stack"] == 0, r
+        # A trip of two steps: 8 pairs a slice a thread, 4 slices, two lookups and one
+        # conversion a pair; no multiply (the scale goes on each group's product).
+        assert r["walk"]["LDS"] == 2 * 8 * 4 * 2 and r["walk"]["F2FP"] == 8 * 4 * 2, r
