@@ -5,7 +5,8 @@ today (an sm_90 GPU, one call).
 The layer's passes become one 4-bit code matrix of depth P·K in ``hopper_wgmma``'s layout
 (``tq_to_hopper``: each pass's codes and float32 scales ``norms/√d`` interleaved group by
 group, as ``turboquant_triton``'s dequantize path stacks them), and x is rotated before the
-launch into the same interleaving by the one GEMM ``turboquant_triton`` runs (``rotated``). Per (K, N, M):
+launch into the same interleaving by the one GEMM ``turboquant_triton`` runs (``rotated``).
+Per (K, N, M):
 
 * checked: every plan against the float64 golden at the conformance tolerance of bf16;
   then with a dyadic codebook, power-of-two scales, a signed-permutation rotation and
@@ -17,7 +18,7 @@ launch into the same interleaving by the one GEMM ``turboquant_triton`` runs (``
   the rotation alone, ``turboquant_triton``'s call and cuBLAS bf16.
 
     python -m tools.probes.turboquant_hopper [--ms 1,16,64,128] [--shapes 4096x14336,…] [--residual] \\
-        [--plans "M:wg,bm,stages,split,flags;…"] --json PATH
+        [--plans "M:wg,bm,stages,split,flags;M:decode,SPLIT;…"] --json PATH
     python -m tools.probes.turboquant_hopper --compile   # sm_90a here, no GPU: registers, spills, hazards
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from quantcore.backends.hopper_wgmma.launch import fit_stages, kernel_args, prepare_x
+from quantcore.backends.hopper_wgmma.launch import fit_stages, kernel_args, prepare_x, split_steps
 from quantcore.backends.hopper_wgmma.layout import HopperWeights, rows_to_hopper
 from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
@@ -50,7 +51,8 @@ from .turboquant_paths import _rel_error, _weights
 
 D = 128
 DTYPE = torch.bfloat16
-#: Plans timed at each M unless ``--plans`` names others (the 4-bit table's shapes of plan).
+#: Plans timed at each M (the 4-bit table's shapes of plan; ``decode,SPLIT``: the decode
+#: kernel); ``--plans`` adds others.
 PLANS = {
     1: ["decode,4", "decode,8", "1,8,8,2,in_flight", "1,8,8,4,in_flight"],
     8: ["decode,4", "decode,8", "1,8,8,4,in_flight"],
@@ -101,7 +103,7 @@ def lookup_linear(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor,
     m, n = x.shape[0], w.out_features
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = -(-n // (64 * plan.wg)) * -(-m // plan.bm)
-    ws, counters = SplitKBuffers(-(-w.blocks // -(-w.blocks // plan.split)), x.device, w.scales)(m, n, tiles)
+    ws, counters = SplitKBuffers(split_steps(w, plan).split, x.device, w.scales)(m, n, tiles)
     grid, args, const = kernel_args(x, w, plan, y, ws, counters)
     args[4] = codebook  # a LOOKUP program reads its centroids where a biased one reads its bias
     const["LOOKUP"] = True
@@ -275,7 +277,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1,16,64,128")
     ap.add_argument("--shapes", default="4096x14336,14336x4096,4096x4096")
     ap.add_argument("--residual", action="store_true")
-    ap.add_argument("--plans", default="", help="'M:wg,bm,stages,split,flags;…' replacing the defaults at those M")
+    ap.add_argument("--plans", default="", help="'M:wg,bm,stages,split,flags;…' or 'M:decode,SPLIT', tried first at M")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile", action="store_true")
