@@ -484,6 +484,8 @@ def wgmma_kernel(
     w_smem, x_smem, s_smem, z_smem, bar, empty = _ring(w_desc, x_desc, s_desc, z_desc, STAGES, PAIRS, ROWS,
                                                        HAS_ZEROS, BM, WS)
     if LOOKUP:
+        gl.static_assert(BITS == 4 and not HAS_ZEROS and not HAS_BIAS and not LATE and not STREAM,
+                         "LOOKUP: 4-bit codes, no zero points, bias, late scale or balanced grid")
         _fill_codebook(b_ptr, NUM_WARPS)
     if LATE:
         # Ones, the A operand of the wgmma that sums x, from shared memory: from registers
