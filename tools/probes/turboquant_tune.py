@@ -143,7 +143,13 @@ def main() -> int:
     ap.add_argument("--halves", action="store_true",
                     help="only the decode kernel: the shipped plan beside its twin that reads whole sectors "
                          "(GemvConfig.halves), 1 and 2 passes, --rounds rounds")
+    ap.add_argument("--gemv-plain", action="store_true",
+                    help="only the decode kernel's geometries at M = 1, one pass, beside the rule's plan: for "
+                         "shapes no table holds (--shapes)")
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES),
+                    help="weight shapes KxN,… (default: the turboquant_linear suite's)")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     device = torch.cuda.get_device_name()
     card = card_key(0)
     dtype = configs._dtype_name(DTYPE)
@@ -174,8 +180,16 @@ def main() -> int:
         print(f"  {kind} K{k} N{n} M{m} P{passes}: {best[0] * 1e6:.1f} µs {best[1]} ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
 
+    if args.gemv_plain:
+        for k, n in shapes:
+            rule = configs.gemv_config(card, k, n, 128, 1, DTYPE)
+            cands = list(dict.fromkeys([rule, *GEMV]))
+            record("gemv", k, n, 1, _time(k, n, 1, 1, [("gemv", c) for c in cands], args.rounds))
+        with open(args.out.replace(".json", "") + "-log.json", "w") as f:
+            json.dump({"device": device, "rows": log}, f, indent=1)
+        return 0
     if args.halves:
-        for k, n in SHAPES:
+        for k, n in shapes:
             for passes in (1, 2):
                 shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
                 cands = [shipped, dataclasses.replace(shipped, halves=not shipped.halves)]
@@ -186,7 +200,7 @@ def main() -> int:
             json.dump({"device": device, "rows": log}, f, indent=1)
         return 0
     if args.gemv_only:
-        for k, n in SHAPES:
+        for k, n in shapes:
             for passes in (1, 2):
                 shipped = configs.gemv_config(card, k, n, 128, passes, DTYPE)
                 cands = [dataclasses.replace(shipped, lookup=lk) for lk in ("single", "pairs", "half_pairs")]
@@ -199,7 +213,7 @@ def main() -> int:
             json.dump({"device": device, "rows": log, "pairs_checks": _checks}, f, indent=1)
         return 0
     if args.mma_wide:
-        for k, n in SHAPES:
+        for k, n in shapes:
             for m, wide in MMA_WIDE.items():
                 shipped = configs.mma_config(card, m, k, n, 128, 1, DTYPE)
                 cands = [("mma", shipped)] + [("mma", c) for c in wide if c != shipped] + [("dequant", None)]
@@ -208,7 +222,7 @@ def main() -> int:
             json.dump({"device": device, "rows": log}, f, indent=1)
         return 0
     if args.mma_only:
-        for k, n in SHAPES:
+        for k, n in shapes:
             for m in (int(v) for v in args.ms.split(",")):
                 shipped = configs.mma_config(card, m, k, n, 128, 1, DTYPE)
                 cands = [("mma", shipped)] + [("mma", c) for c in MMA_REGISTER[m] if c != shipped]
@@ -216,7 +230,7 @@ def main() -> int:
         with open(args.out.replace(".json", "") + "-log.json", "w") as f:
             json.dump({"device": device, "rows": log}, f, indent=1)
         return 0
-    for k, n in SHAPES:
+    for k, n in shapes:
         for passes, cands in ((1, GEMV), (2, GEMV_RES)):
             record("gemv", k, n, passes, _time(k, n, 1, passes, [("gemv", c) for c in cands], args.rounds))
         for m, cands in MMA.items():
