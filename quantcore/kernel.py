@@ -170,6 +170,12 @@ class Kernel(ABC):
         kernel with such a state declares its schema here."""
         return None
 
+    def stored_tensors(self, prepared: Any) -> dict[str, torch.Tensor] | None:
+        """The format's tensors that ``prepare`` made ``prepared`` from, for a layout that
+        loses nothing (the inverse of the kernel's transform); None, the default, where
+        the layout cannot give them back."""
+        return None
+
     if TYPE_CHECKING:
         # Each op kind's base declares the call with its own inputs (LinearKernel:
         # ``(x, prepared)``); code that holds a kernel of any op kind calls it with the

@@ -26,7 +26,7 @@ from quantcore.probe.card import CardKey
 
 from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
 
-__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "measured_here", "plan_for", "tile_rows"]
+__all__ = ["SMEM_RESERVE", "Shape", "default_plan", "has_table", "lookup_plan", "measured_here", "plan_for", "tile_rows"]
 
 #: Shared memory a CTA keeps for the epilogue's layout conversion and the barriers, beyond
 #: the ring (bytes).
@@ -52,6 +52,37 @@ def default_plan(shape: Shape, card: CardKey) -> Plan:
     tiles = -(-tiles_n // wg) * -(-m // bm)
     split = max(1, min(blocks // 2 or 1, round(per_sm * card.sms / tiles)))
     return Plan(wg, bm, stages, split)
+
+
+#: Output columns from which a codebook weight's plans take two warpgroups and no split.
+LOOKUP_WIDE_N = 8192
+#: Code-matrix depth (every pass) past which a narrow codebook weight's few rows take the
+#: wgmma kernel: at 14336×4096 with two passes (28672 deep) its 8-row tiles took 47.9 µs at
+#: one row against the decode kernel's 51.7 (H200).
+LOOKUP_DEEP_K = 16384
+
+
+def lookup_plan(shape: Shape) -> Plan | DecodePlan:
+    """The plan of a codebook weight (``layout.LookupWeights``; K the depth of every pass
+    laid side by side): the fastest of the plans timed on the H200 for TurboQuant layers
+    (4096×14336, 14336×4096, 4096×4096, 8192×28672, 8192×14336, one pass and two; README.md,
+    "TurboQuant on this backend's kernels"). Up to 8 rows the warp-level decode kernel, K split
+    4 on a wide, short weight and 8 elsewhere, but the wgmma kernel's 8-row tiles on a narrow
+    weight deeper than ``LOOKUP_DEEP_K``; then one warpgroup and 16-row tiles with K split;
+    from 17 rows, where N is wide, two warpgroups with a producer warp and no split, else one
+    warpgroup with K split."""
+    m, k, n = shape.m, shape.k, shape.n
+    wide = n >= LOOKUP_WIDE_N
+    if m <= 8:
+        if not wide and k > LOOKUP_DEEP_K:
+            return Plan(1, 8, 8, 4, in_flight=True)
+        return DecodePlan(split=4 if wide and k <= 4096 else 8)
+    if m <= 16:
+        return Plan(1, 16, 4, 4 if wide else 8, in_flight=True)
+    bm = pow2_at_least(m, 32, 128)
+    if wide:
+        return Plan(2, bm, 4, 1, in_flight=True, ws=True)
+    return Plan(1, bm, 4, 4 if bm <= 64 else 2, in_flight=True)
 
 
 def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], AnyPlan]]:

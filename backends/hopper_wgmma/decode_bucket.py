@@ -6,8 +6,6 @@ the split-K workspace; the grid is the weight's 64-row tiles times the split.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from quantcore.errors import KernelInputError
@@ -17,7 +15,7 @@ from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
 from .decode import decode_grid, decode_kernel, whole_runs
-from .layout import HopperWeights
+from .layout import HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
 from .plans import DecodePlan
 from .small_m import close_slices
 
@@ -40,7 +38,7 @@ class DecodeBucket:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
-        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
+        self.source = weight_source(w)
         k, n = w.in_features, w.out_features
         self.n, self.k, self.tiles = n, k, w.tiles
         steps, self.split = decode_grid(w.blocks, plan.split, 1)
@@ -48,18 +46,19 @@ class DecodeBucket:
         self.split_k = SplitKBuffers(self.split, device, any_t)
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
                      HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
-                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=False)
+                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=isinstance(w, LookupWeights))
         self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
                              fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
                              options=dict(num_warps=4))
         self.words = unowned(w.qweight.view(torch.int16))
-        self.mid = (w.scales, w.zeros if w.zeros is not None else any_t, w.bias if w.bias is not None else any_t)
+        # A codebook weight's table is read where zero points would be (it has none, nor a bias).
+        zeros = bias_operand(w) if isinstance(w, LookupWeights) else w.zeros if w.zeros is not None else any_t
+        self.mid = (w.scales, zeros, w.bias if w.bias is not None else any_t)
         # N, K, stride_xm (x is contiguous), stride_ym, scale rows' length, blocks, split
         self.tail = (n, k, k, n, w.scales.shape[1], w.blocks, self.split)
 
     def fits(self, w: HopperWeights) -> bool:
-        s = self.source
-        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+        return bound_to(self.source, w)
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
         """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` (at most the plan's ``bm``) rows of

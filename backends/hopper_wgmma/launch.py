@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -33,11 +32,11 @@ from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
-from .configs import SMEM_RESERVE, Shape, plan_for
+from .configs import SMEM_RESERVE, Shape, lookup_plan, plan_for
 from .decode_bucket import DecodeBucket
 from .first_use import first_use_plan
 from .kernels import wgmma_kernel
-from .layout import TILE_N, HopperWeights
+from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
 from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
 from .small_m import SmallMBucket
 
@@ -93,7 +92,8 @@ def fit_stages(plan: Plan, w: HopperWeights, smem_bytes: int) -> Plan:
 
 def plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan:
     card = _card(device)
-    plan = plan_for(Shape(m, w.in_features, w.out_features, w.bits), card)
+    shape = Shape(m, w.in_features, w.out_features, w.bits)
+    plan = lookup_plan(shape) if isinstance(w, LookupWeights) else plan_for(shape, card)
     return fit_stages(plan, w, card.smem_kib * 1024) if isinstance(plan, Plan) else plan
 
 
@@ -228,8 +228,7 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
     if plan.stream:
         programs, split = stream_grid(w, plan, m, _sms(x.device))
         grid = (programs, 1)
-    bias = w.bias if w.bias is not None else w.scales
-    args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias, y, ws, counters,
+    args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias_operand(w), y, ws, counters,
             m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
     const = dict(_constexprs(w, plan, walk), num_warps=plan.num_warps)
     if plan.maxnreg:
@@ -265,7 +264,7 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     const = dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws,
-                 STREAM=bool(plan.stream), LOOKUP=False)
+                 STREAM=bool(plan.stream), LOOKUP=isinstance(w, LookupWeights))
     if plan.stream and (pdl or not walk.in_flight):
         raise InvalidArgumentError(f"hopper_wgmma: a balanced grid runs in flight without {PDL_ENV}; "
                                    f"got {PDL_ENV}={pdl}, in flight {walk.in_flight}")
@@ -283,7 +282,7 @@ class _Bucket:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
-        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
+        self.source = weight_source(w)
         n = w.out_features
         self.n = n
         walk = split_steps(w, plan)
@@ -293,7 +292,7 @@ class _Bucket:
         w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
         self.w_desc = w_desc
         self.x_desc = XDescriptor(dtype, w.bits, plan.bm)
-        self.mid = (s_desc, z_desc, w.bias if w.bias is not None else w.scales)
+        self.mid = (s_desc, z_desc, bias_operand(w))
         self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
         constexprs = _constexprs(w, plan, walk)
         # The launch attribute lets the launch start before the previous kernel ends; the
@@ -307,8 +306,7 @@ class _Bucket:
                              device=device)
 
     def fits(self, w: HopperWeights) -> bool:
-        s = self.source
-        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+        return bound_to(self.source, w)
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
         """``y`` ``[..., N]`` for the ``m`` rows of a contiguous ``x`` ``[..., K]``."""
@@ -369,7 +367,7 @@ def _bind(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
 def _measured_on_first_use(m: int, w: HopperWeights, x2: torch.Tensor, plan: AnyPlan) -> AnyPlan:
     """``plan``, or on a card whose own table lacks the shape the fastest of a few timed
     on this weight (``first_use.py``; cached for later processes)."""
-    if x2.device.type != "cuda":
+    if x2.device.type != "cuda" or isinstance(w, LookupWeights):  # a codebook weight's plans are a rule
         return plan
     card = _card(x2.device)
     shape = Shape(m, w.in_features, w.out_features, w.bits)

@@ -43,8 +43,10 @@ block and N to 64 rows), scales as stored, zero points one byte per (sub-group, 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -67,11 +69,15 @@ __all__ = [
     "TILE_N",
     "GPTQToHopper",
     "HopperWeights",
+    "LookupWeights",
+    "bias_operand",
+    "bound_to",
     "fragment_order",
     "hopper_to_rows",
     "row_order",
     "rows_to_hopper",
     "sub_group_size",
+    "weight_source",
 ]
 
 #: Output rows of one warpgroup's tile (wgmma's M).
@@ -121,6 +127,41 @@ class HopperWeights(PairedWeights):
     @property
     def tiles(self) -> int:
         return self.qweight.shape[0]
+
+
+@dataclass(kw_only=True)
+class LookupWeights(HopperWeights):
+    """4-bit codes in this layout that index a codebook instead of counting from a zero
+    point: ``ŵ = codebook[q]·scale`` (the kernels' ``LOOKUP`` operand, ``codebook.py``).
+    ``codebook`` is float32 ``[16]``, the scales float32; no zero points and no bias (the
+    kernels read the codebook where they would read the bias)."""
+
+    codebook: torch.Tensor
+
+
+def bias_operand(w: HopperWeights) -> torch.Tensor:
+    """What a launch reads in the bias position: a codebook weight's codebook, else the
+    bias, else the scales (a tensor that is never read, for the pointer)."""
+    if isinstance(w, LookupWeights):
+        return w.codebook
+    return w.bias if w.bias is not None else w.scales
+
+
+#: The tensors a launch bound: the packed words by weak reference (they own the launch
+#: state the binding is kept in), the scales, the zero points and the bias operand.
+WeightSource = tuple[Any, torch.Tensor, torch.Tensor | None, torch.Tensor]
+
+
+def weight_source(w: HopperWeights) -> WeightSource:
+    """What a binding of ``w`` holds on to (:func:`bound_to` checks it)."""
+    return weakref.ref(w.qweight), w.scales, w.zeros, bias_operand(w)
+
+
+def bound_to(source: WeightSource, w: HopperWeights) -> bool:
+    """Whether ``w``'s tensors are the ones bound (a state whose fields were replaced is
+    bound again)."""
+    return source[0]() is w.qweight and source[1] is w.scales and source[2] is w.zeros \
+        and source[3] is bias_operand(w)
 
 
 def _pad_cols(t: torch.Tensor, cols: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ output, the split-K workspace and the grid.
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import triton
@@ -30,7 +29,7 @@ from quantcore.triton.launch import Launch
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
-from .layout import HopperWeights
+from .layout import HopperWeights, LookupWeights, bound_to, weight_source
 from .plans import TritonPlan
 
 __all__ = ["SmallMBucket", "close_slices"]
@@ -60,10 +59,12 @@ class SmallMBucket:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
-        self.source = (weakref.ref(w.qweight), w.scales, w.zeros, w.bias)
+        self.source = weight_source(w)
         k, n = w.in_features, w.out_features
         self.n = n
         any_t = w.scales
+        if isinstance(w, LookupWeights):
+            raise KernelInputError(f"plan: a codebook weight runs the wgmma and decode kernels only, got {plan}")
         interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         if plan.path == "mma" and interpreting and plan.operand != 0:
             # The interpreter's bf16 dot is wrong (docs/triton-interpreter.md): refuse, never a wrong result.
@@ -93,8 +94,7 @@ class SmallMBucket:
         self.tail = (n, k, k, n, w.scales.shape[0], 1)
 
     def fits(self, w: HopperWeights) -> bool:
-        s = self.source
-        return s[0]() is w.qweight and s[1] is w.scales and s[2] is w.zeros and s[3] is w.bias
+        return bound_to(self.source, w)
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
         """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` rows of ``x`` ``[..., K]`` of this

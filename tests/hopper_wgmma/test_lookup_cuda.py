@@ -53,13 +53,13 @@ def test_the_lookup_operand_gives_the_layers_product(layer: object, text: str, m
     plan = plan_of_text(text)
     prep = dataclasses.replace(layer, passes=tuple(dataclasses.replace(p, rotation=p.rotation.to(dtype))
                                                    for p in layer.passes))  # type: ignore[attr-defined]
-    w, codebook = tq_to_hopper(prep)
+    w = tq_to_hopper(prep)
     x = torch.randn(m, K, device="cuda").to(dtype)
-    y = run(rotated(x, prep), w, codebook, plan)
+    y = run(rotated(x, prep), w, plan)
     verdict = compare(y, golden_output(x, prep).cpu(), tolerance_for(dtype))
     assert verdict.ok, verdict.problem
 
     exact, _ = exact_layer(prep, K, m)
-    ex_w, ex_cb = tq_to_hopper(exact)
+    ex_w = tq_to_hopper(exact)
     ex_x = torch.randint(-8, 9, (m, K), device="cuda").to(dtype)
-    assert torch.equal(run(rotated(ex_x, exact), ex_w, ex_cb, plan), golden_output(ex_x, exact).to(dtype))
+    assert torch.equal(run(rotated(ex_x, exact), ex_w, plan), golden_output(ex_x, exact).to(dtype))

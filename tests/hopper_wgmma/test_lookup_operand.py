@@ -116,9 +116,9 @@ def test_the_laid_out_codes_are_the_layers_weight(residual: bool) -> None:
     gen = torch.Generator().manual_seed(3)
     prep = TurboQuantTriton(fmt, "cpu").prepare(fmt.quantize(torch.randn(192, 384, generator=gen) * 0.02,
                                                              generator=gen))
-    w, codebook = tq_to_hopper(prep)
+    w = tq_to_hopper(prep)
     rows = hopper_to_rows(w)
-    w_hat = codebook.double()[rows.codes.long()] * rows.scales.double().t().repeat_interleave(128, 1)
+    w_hat = w.codebook.double()[rows.codes.long()] * rows.scales.double().t().repeat_interleave(128, 1)
     x = torch.randn(5, 384, generator=gen)
     got = rotated(x, prep).double() @ w_hat.t()
     want = golden_output(x, prep)

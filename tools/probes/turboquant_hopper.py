@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from quantcore.backends.hopper_wgmma.launch import fit_stages, kernel_args, prepare_x, split_steps
-from quantcore.backends.hopper_wgmma.layout import HopperWeights, rows_to_hopper
+from quantcore.backends.hopper_wgmma.launch import fit_stages, kernel_args, linear, prepare_x
+from quantcore.backends.hopper_wgmma.layout import LookupWeights
 from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan
+from quantcore.backends.hopper_wgmma.turboquant_layout import passes_to_lookup
 from quantcore.backends.turboquant_triton.kernel import TurboQuantTriton
 from quantcore.benchmarks.memory import rotation_sets
 from quantcore.benchmarks.suites.turboquant_linear import format_bytes
@@ -43,8 +44,6 @@ from quantcore.formats.turboquant import TurboQuant
 from quantcore.kernels.turboquant.base import TurboQuantPrepared, rotate_input
 from quantcore.kernels.turboquant.rotation import InputRotation
 from quantcore.timing import time_interleaved
-from quantcore.transforms.gptq_rows import GPTQRows
-from quantcore.triton.split_k import SplitKBuffers
 
 from .hopper_plan_times import parse_plan
 from .turboquant_paths import _rel_error, _weights
@@ -66,20 +65,11 @@ PLANS = {
 FAILURES: list[str] = []
 
 
-def tq_to_hopper(prep: TurboQuantPrepared) -> tuple[HopperWeights, torch.Tensor]:
+def tq_to_hopper(prep: TurboQuantPrepared) -> LookupWeights:
     """The layer's passes as one 4-bit code matrix ``[N, P·K]`` in ``hopper_wgmma``'s layout
-    (group g of pass p at columns ``(g·P + p)·d``, its float32 scale row likewise) and the
-    16 float32 centroids."""
-    n, k, p = prep.out_features, prep.in_features, len(prep.passes)
-    groups = k // D
-    codes = torch.stack([torch.stack((data.indices & 15, data.indices >> 4), -1).reshape(n, groups, D)
-                         for data in prep.passes], 2).reshape(n, p * k).to(torch.int32)
-    scales = torch.stack([data.scales for data in prep.passes], 2).reshape(n, p * groups)
-    device = codes.device
-    rows = GPTQRows(codes=codes, zeros=torch.full((p * groups, n), 8, dtype=torch.int32, device=device),
-                    scales=scales.t().contiguous(), sorted_groups=torch.arange(p * k, device=device) // D,
-                    ret_idx=None)
-    return rows_to_hopper(rows, 4), prep.codebook.to(torch.float32).contiguous()
+    into the layer's 16 float32 centroids (``turboquant_layout.passes_to_lookup``: group g of
+    pass p at columns ``(g·P + p)·d``, its float32 scale row likewise)."""
+    return passes_to_lookup(prep.passes, prep.codebook.to(torch.float32).contiguous(), D)
 
 
 def rotated(x: torch.Tensor, prep: TurboQuantPrepared) -> torch.Tensor:
@@ -95,48 +85,11 @@ def rotated(x: torch.Tensor, prep: TurboQuantPrepared) -> torch.Tensor:
     return kept[1](x.contiguous()).view(x.shape[0], -1)
 
 
-def lookup_linear(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, plan: Plan) -> torch.Tensor:
-    """``hopper_wgmma``'s kernel with the ``LOOKUP`` operand over rotated rows."""
-    from quantcore.backends.hopper_wgmma.kernels import wgmma_kernel
-
-    x = prepare_x(x_rot)
-    m, n = x.shape[0], w.out_features
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = -(-n // (64 * plan.wg)) * -(-m // plan.bm)
-    ws, counters = SplitKBuffers(split_steps(w, plan).split, x.device, w.scales)(m, n, tiles)
-    grid, args, const = kernel_args(x, w, plan, y, ws, counters)
-    args[4] = codebook  # a LOOKUP program reads its centroids where a biased one reads its bias
-    const["LOOKUP"] = True
-    wgmma_kernel[grid](*args, **const)
-    return y
-
-
-def lookup_decode(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, split: int) -> torch.Tensor:
-    """``hopper_wgmma``'s warp-level decode kernel with the ``LOOKUP`` operand over at most
-    16 rotated rows, K cut between ``split`` programs."""
-    from quantcore.backends.hopper_wgmma.decode import decode_grid, decode_kernel, whole_runs
-    from quantcore.backends.hopper_wgmma.small_m import close_slices
-
-    x = x_rot.contiguous()
-    m, k = x.shape
-    n = w.out_features
-    steps, split = decode_grid(w.blocks, split, 1)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    ws, counters = SplitKBuffers(split, x.device, w.scales)(m, n, w.tiles)
-    decode_kernel[(w.tiles, split)](
-        w.qweight.view(torch.int16), x, w.scales, codebook, w.scales, y, ws, counters,
-        m, n, k, k, n, w.scales.shape[1], w.blocks, split,
-        BITS=4, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=False, HAS_BIAS=False, SPLIT=split > 1,
-        EVEN_K=whole_runs(k, 4, w.blocks, steps, 1), KW=1, STEPS=steps, READ_ONLY=0, DEPTH=2,
-        ROWS=8 if m <= 8 else 16, LOOKUP=True, num_warps=4)
-    return y
-
-
-def run(x_rot: torch.Tensor, w: HopperWeights, codebook: torch.Tensor, plan: Plan | DecodePlan) -> torch.Tensor:
-    """The launch ``plan`` names."""
-    if isinstance(plan, DecodePlan):
-        return lookup_decode(x_rot, w, codebook, plan.split)
-    return lookup_linear(x_rot, w, codebook, plan)
+def run(x_rot: torch.Tensor, w: LookupWeights, plan: Plan | DecodePlan) -> torch.Tensor:
+    """The launch ``plan`` names (a decode plan of 16 rows past 8), over rotated rows."""
+    if isinstance(plan, DecodePlan) and x_rot.shape[0] > plan.bm:
+        plan = dataclasses.replace(plan, bm=16)
+    return linear(x_rot, w, plan)
 
 
 def plan_of_text(text: str) -> Plan | DecodePlan:
@@ -188,18 +141,18 @@ def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan | Decod
     shipped = kernel(xs[0], prepared[0])
     smem = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin - 2048  # the static table
     exact_prep, exact_x = exact_layer(prepared[0], k, k + n + m)
-    exact_w, exact_cb = tq_to_hopper(exact_prep)
+    exact_w = tq_to_hopper(exact_prep)
     exact_x = exact_x[:m].to(dev, DTYPE) if m <= 3 else torch.randint(-8, 9, (m, k), device=dev).to(DTYPE)
     exact_want = golden_output(exact_x, exact_prep).to(DTYPE)
     base = {"K": k, "N": n, "M": m, "passes": len(prepared[0].passes)}
     rows, keep = [], {}
     for plan in plans:
         if isinstance(plan, Plan):
-            plan = fit_stages(plan, hopper[0][0], smem)
+            plan = fit_stages(plan, hopper[0], smem)
         name = f"hopper lookup {plan}"
         try:
-            y = run(rotated(xs[0], prepared[0]), *hopper[0], plan)
-            exact_y = run(rotated(exact_x, exact_prep), exact_w, exact_cb, plan)
+            y = run(rotated(xs[0], prepared[0]), hopper[0], plan)
+            exact_y = run(rotated(exact_x, exact_prep), exact_w, plan)
             torch.cuda.synchronize()
         except Exception as exc:  # a plan that fails is a row, not the end of the probe
             rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -213,7 +166,7 @@ def device_rows(k: int, n: int, m: int, residual: bool, plans: list[Plan | Decod
             rows.append({**base, "variant": name, "rel_error": err, "error": f"wrong result: {problem}"})
             _fail(f"K{k} N{n} M{m} {name}", problem)
             continue
-        keep[name] = (lambda i, pl=plan: run(rotated(xs[i % sets], prepared[i % sets]), *hopper[i % sets], pl), sets,
+        keep[name] = (lambda i, pl=plan: run(rotated(xs[i % sets], prepared[i % sets]), hopper[i % sets], pl), sets,
                       {**base, "variant": name, "plan": dataclasses.asdict(plan), "rel_error": err,
                        "rel_diff_to_turboquant_triton": _rel_error(y, shipped.double())})
     keep["the rotation GEMM alone"] = (lambda i: rotated(xs[i % sets], prepared[i % sets]), sets,
@@ -246,12 +199,10 @@ def compile_lookup(text: str, m: int, dtype: torch.dtype) -> dict[str, Any]:
     fmt = TurboQuant(bits=4, group_size=D)
     prep = TurboQuantTriton(fmt, "cpu").prepare(fmt.quantize(torch.randn(256, 512) * 0.02,
                                                              generator=torch.Generator().manual_seed(0)))
-    w, codebook = tq_to_hopper(prep)
+    w = tq_to_hopper(prep)
     x = prepare_x(torch.zeros(m, 512, dtype=dtype))
     y = torch.zeros(m, 256, dtype=dtype)
     _, args, const = kernel_args(x, w, parse_plan(text), y, torch.zeros(4), torch.zeros(4, dtype=torch.int32))
-    args[4] = codebook
-    const["LOOKUP"] = True
     options = {"num_warps": const.pop("num_warps")}
     names = [a for a in wgmma_kernel.arg_names if a not in const]
     signature = {name: mangle_type(a) for name, a in zip(names, args, strict=True)}

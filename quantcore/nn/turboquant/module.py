@@ -117,6 +117,9 @@ class TurboQuantLinear(QuantModule):
             return source
         prepared = self.prepared
         if not isinstance(prepared, TurboQuantPrepared):
+            stored = self.kernel.stored_tensors(prepared) if self.kernel is not None else None
+            if stored is not None:
+                return stored
             raise TensorFormatError(
                 f"{self.fmt.slug}: {getattr(self.kernel, 'name', None)} holds a dequantized weight; the format's "
                 "tensors are gone (build the module with keep_source=True to keep them)"
