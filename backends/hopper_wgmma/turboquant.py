@@ -16,13 +16,14 @@ from quantcore.dtypes import dtype_name
 from quantcore.errors import KernelInputError
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.kernel import LinearKernel, Requirements, Support
+from quantcore.kernels.turboquant.base import turboquant_support
 from quantcore.kernels.turboquant.cost import passes, rotation_flops, weight_bytes
 from quantcore.probe import Capabilities
 from quantcore.problem import Problem
 from quantcore.tensors import stored_on
-from quantcore.triton import GLUON_BELOW, TESTED_TRITON
 from quantcore.triton.checks import check_x
 
+from .kernel import HopperWgmmaGPTQ
 from .turboquant_layout import GROUP_SIZE, TurboQuantHopperWeights, TurboQuantToHopper
 
 __all__ = ["HopperWgmmaTurboQuant"]
@@ -37,26 +38,16 @@ class HopperWgmmaTurboQuant(LinearKernel):
     priority: ClassVar[int] = 90
     description: ClassVar[str] = ("TurboQuant on Hopper: every pass in one launch of the decode or wgmma kernel, "
                                   "the codebook in shared memory; batches of 2 to 128 rows")
-    requires: ClassVar[Requirements] = Requirements(
-        device_types=frozenset({"cuda"}), min_capability=(9, 0), max_capability=(9, 0), packages=("triton",),
-        min_versions=(TESTED_TRITON,), below_versions=(GLUON_BELOW,)
-    )
+    requires: ClassVar[Requirements] = HopperWgmmaGPTQ.requires  # the same Gluon kernels
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
-        fmt = problem.format
-        if not isinstance(fmt, TurboQuant):
-            return Support.no(f"format {fmt.slug} is not TurboQuant")
-        if problem.act_dtype not in ACT_DTYPES:
-            names = " and ".join(dtype_name(d) for d in ACT_DTYPES)
-            return Support.no(f"activation dtype {dtype_name(problem.act_dtype)}: {cls.name} takes {names}")
-        if fmt.group_size != GROUP_SIZE:
-            return Support.no(f"group_size={fmt.group_size}: {cls.name} lays TurboQuant out in groups of "
+        base = turboquant_support(problem, ACT_DTYPES)
+        group_size = getattr(problem.format, "group_size", GROUP_SIZE)
+        if base and group_size != GROUP_SIZE:
+            return Support.no(f"group_size={group_size}: {cls.name} lays TurboQuant out in groups of "
                               f"{GROUP_SIZE} (one group of one pass a block of codes)")
-        k = problem.get("K")
-        if k is not None and k % fmt.group_size:
-            return Support.no(f"K={k} is not a multiple of group_size={fmt.group_size}")
-        return Support.yes()
+        return base
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:

@@ -16,10 +16,10 @@ from quantcore.triton.launch import launch_state
 from .launch import linear
 from .turboquant_layout import TurboQuantHopperWeights
 
-__all__ = ["turboquant_linear"]
+__all__ = ["layer_rotation", "turboquant_linear"]
 
 
-def _rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:
+def layer_rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:
     """The layer's rotation in ``dtype`` as a bound launch, made on the first call and kept
     with the packed codes (the custom op rebuilds the state object at every call, not its
     tensors); made again when the rotations are other tensors or were changed in place."""
@@ -37,7 +37,7 @@ def turboquant_linear(x: torch.Tensor, w: TurboQuantHopperWeights) -> torch.Tens
     """``y = x · Ŵᵀ + b`` ``[..., N]`` for ``x`` ``[..., K]`` (at least one row, checked)."""
     k = w.layer_in_features
     m = x.numel() // k
-    x_rot = _rotation(w, x.dtype, x.device)(x.reshape(m, k).contiguous()).view(m, w.in_features)
+    x_rot = layer_rotation(w, x.dtype, x.device)(x.reshape(m, k).contiguous()).view(m, w.in_features)
     y = linear(x_rot, w)
     if w.post_bias is not None:
         y.add_(w.post_bias)  # in float32, rounded once more to the activation dtype

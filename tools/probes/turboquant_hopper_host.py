@@ -18,7 +18,7 @@ import torch
 
 from quantcore.backends.hopper_wgmma.launch import linear
 from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
-from quantcore.backends.hopper_wgmma.turboquant_launch import _rotation
+from quantcore.backends.hopper_wgmma.turboquant_launch import layer_rotation
 from quantcore.benchmarks.suites._host_cost import host_samples
 from quantcore.formats.turboquant import TurboQuant
 
@@ -37,7 +37,7 @@ def main() -> int:
     w = kernel.prepare(stored, dtype=dtype)
     x = torch.randn(args.m, k, device=dev).to(dtype)
     kernel(x, w)
-    rotation = _rotation(w, dtype, dev)
+    rotation = layer_rotation(w, dtype, dev)
     x_rot = rotation(x).view(args.m, w.in_features)
     dense = torch.nn.Linear(k, n, bias=False, device=dev, dtype=dtype)
     steps: dict[str, Any] = {

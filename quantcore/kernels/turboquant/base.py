@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ...dtypes import dtype_name
 from ...errors import KernelInputError
 from ...formats.turboquant.format import PASS_TENSORS, TurboQuant
 from ...kernel import LinearKernel, Support
@@ -42,6 +43,7 @@ __all__ = [
     "pad_codebook",
     "pass_tensors",
     "rotate_input",
+    "turboquant_support",
 ]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -98,6 +100,21 @@ def rotate_input(x2d: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return rotated.transpose(0, 1).reshape(m, k)
 
 
+def turboquant_support(problem: Problem, act_dtypes: Sequence[torch.dtype]) -> Support:
+    """Whether ``problem`` is a TurboQuant linear in one of ``act_dtypes`` whose K holds
+    whole groups: what every TurboQuant kernel asks first."""
+    fmt = problem.format
+    if not isinstance(fmt, TurboQuant):
+        return Support.no(f"format {fmt.slug} is not TurboQuant")
+    if problem.act_dtype not in act_dtypes:
+        names = ", ".join(dtype_name(d) for d in act_dtypes)
+        return Support.no(f"activation dtype {dtype_name(problem.act_dtype)}: expected {names}")
+    k = problem.get("K")
+    if k is not None and k % fmt.group_size:
+        return Support.no(f"K={k} is not a multiple of group_size={fmt.group_size}")
+    return Support.yes()
+
+
 class TurboQuantLinearKernel(LinearKernel):
     """Base of the TurboQuant linear kernels: validation, the two-pass composition and
     the per-pass preparation; subclasses implement :meth:`run_pass` and say, through
@@ -111,15 +128,7 @@ class TurboQuantLinearKernel(LinearKernel):
 
     @classmethod
     def supports(cls, problem: Problem) -> Support:
-        fmt = problem.format
-        if not isinstance(fmt, TurboQuant):
-            return Support.no(f"format {fmt.slug} is not TurboQuant")
-        if problem.act_dtype not in ACT_DTYPES:
-            return Support.no(f"activation dtype {problem.act_dtype}: expected bf16, fp16 or fp32")
-        k = problem.get("K")
-        if k is not None and k % fmt.group_size:
-            return Support.no(f"K={k} is not a multiple of group_size={fmt.group_size}")
-        return Support.yes()
+        return turboquant_support(problem, ACT_DTYPES)
 
     # --- preparation ----------------------------------------------------------------------
 
