@@ -24,7 +24,7 @@ from quantcore.tensors import stored_on
 from quantcore.triton.checks import check_x
 
 from .kernel import HopperWgmmaGPTQ
-from .turboquant_layout import GROUP_SIZE, TurboQuantHopperWeights, TurboQuantToHopper
+from .turboquant_layout import TurboQuantHopperWeights, TurboQuantToHopper, layout_refusal
 
 __all__ = ["HopperWgmmaTurboQuant"]
 
@@ -43,11 +43,8 @@ class HopperWgmmaTurboQuant(LinearKernel):
     @classmethod
     def supports(cls, problem: Problem) -> Support:
         base = turboquant_support(problem, ACT_DTYPES)
-        group_size = getattr(problem.format, "group_size", GROUP_SIZE)
-        if base and group_size != GROUP_SIZE:
-            return Support.no(f"group_size={group_size}: {cls.name} lays TurboQuant out in groups of "
-                              f"{GROUP_SIZE} (one group of one pass a block of codes)")
-        return base
+        refused = layout_refusal(problem.format) if base else None  # type: ignore[arg-type]
+        return Support.no(refused) if refused else base
 
     @classmethod
     def cost(cls, caps: Capabilities, problem: Problem) -> Cost:
@@ -82,13 +79,10 @@ class HopperWgmmaTurboQuant(LinearKernel):
         if dtype is not None and dtype not in ACT_DTYPES:
             names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
             raise KernelInputError(f"dtype: expected {names}, got {dtype}")
-        tensors = stored_on(tensors, self.device, where=f"{self.name} prepare")
-        fmt.validate(tensors)
-        return TurboQuantToHopper(fmt).apply(tensors)
+        return TurboQuantToHopper(fmt).apply(stored_on(tensors, self.device, where=f"{self.name} prepare"))
 
     def stored_tensors(self, prepared: TurboQuantHopperWeights) -> dict[str, torch.Tensor]:
-        """The format's tensors, bit for bit (the layout's inverse; the codebook and the
-        bias in float32, as prepared)."""
+        """The format's tensors, bit for bit and in their stored dtypes (the layout's inverse)."""
         return TurboQuantToHopper(self.fmt).invert(prepared)  # type: ignore[arg-type]
 
     def __call__(self, x: torch.Tensor, prepared: TurboQuantHopperWeights) -> torch.Tensor:

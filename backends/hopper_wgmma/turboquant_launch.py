@@ -40,5 +40,5 @@ def turboquant_linear(x: torch.Tensor, w: TurboQuantHopperWeights) -> torch.Tens
     x_rot = layer_rotation(w, x.dtype, x.device)(x.reshape(m, k).contiguous()).view(m, w.in_features)
     y = linear(x_rot, w)
     if w.post_bias is not None:
-        y.add_(w.post_bias)  # in float32, rounded once more to the activation dtype
+        y.add_(w.post_bias)  # summed in float32, rounded once more to the activation dtype
     return y.view(*x.shape[:-1], w.out_features)

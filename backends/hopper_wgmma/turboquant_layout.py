@@ -14,15 +14,18 @@ form's layout (``layout.py``).
 =============  ==============================  ===========================================
 qweight        int32 [N/64, blocks·1024]       the codes of every pass, as ``layout.py``
 scales         float32 [P·G, Np]               one row per (group, pass), ``norms/√d``
-codebook       float32 [16]                    the centroids, zero past ``2^bits``
+codebook       float32 [16]                    the centroids, zero past ``2^bits`` (and
+                                               the dtype they were stored in)
 rotations      P × float32 [R, d, d]           ``P_g = Π_gᵀ`` of each pass, as stored
-post_bias      float32 [N] | None              added after the launch (the kernels read
+post_bias      [N] | None, as stored           added after the launch (the kernels read
                                                the codebook where they would read a bias)
 =============  ==============================  ===========================================
 
 The rotations stay in float32 (the format's precision, so the inverse is exact); a call
 casts them to the activation dtype once per layer (``turboquant_launch.py``). Groups of 128
 only: the codes' block (128 inputs at 4 bits) is then one group of one pass, one scale row.
+float16 or bfloat16 norms only: ``norms/√d`` in float32 gives those back bit for bit, float32
+ones within a rounding.
 """
 
 from __future__ import annotations
@@ -43,12 +46,23 @@ from quantcore.transforms.turboquant_passes import PassData, TurboQuantPassTrans
 
 from .layout import HopperWeights, LookupWeights, hopper_to_rows, rows_to_hopper
 
-__all__ = ["GROUP_SIZE", "TurboQuantHopperWeights", "TurboQuantToHopper", "passes_to_lookup"]
+__all__ = ["GROUP_SIZE", "TurboQuantHopperWeights", "TurboQuantToHopper", "layout_refusal", "passes_to_lookup"]
 
 #: The one group size laid out (module docstring).
 GROUP_SIZE = 128
 #: The zero point of the codes' GPTQ row form: ``2^(4−1)``, which the layout drops.
 _MID = 8
+
+
+def layout_refusal(fmt: TurboQuant) -> str | None:
+    """Why ``fmt`` cannot be laid out losslessly here, or None."""
+    if fmt.group_size != GROUP_SIZE:
+        return (f"group_size={fmt.group_size}: hopper_wgmma lays TurboQuant out in groups of {GROUP_SIZE} "
+                "(one group of one pass a block of codes)")
+    if fmt.norm_dtype == torch.float32:
+        return ("norm_dtype=float32: hopper_wgmma keeps each scale norms/√d in float32, which gives float32 norms "
+                "back within a rounding only (float16 and bfloat16 norms come back exactly)")
+    return None
 
 
 def _fields(state: HopperWeights, cls: type[HopperWeights]) -> dict[str, Any]:
@@ -79,6 +93,7 @@ class TurboQuantHopperWeights(LookupWeights):
 
     rotations: tuple[torch.Tensor, ...]
     post_bias: torch.Tensor | None
+    codebook_dtype: torch.dtype
     group_size: int
     passes: int
 
@@ -97,16 +112,18 @@ class TurboQuantToHopper(Transform[Mapping[str, torch.Tensor], TurboQuantHopperW
 
     def apply(self, src: Mapping[str, torch.Tensor]) -> TurboQuantHopperWeights:
         fmt = self.fmt
-        if fmt.group_size != GROUP_SIZE:
-            raise UnsupportedProblemError(
-                f"group_size: hopper_wgmma lays TurboQuant out in groups of {GROUP_SIZE}, got {fmt.group_size}")
+        refused = layout_refusal(fmt)
+        if refused:
+            raise UnsupportedProblemError(refused)
+        fmt.validate(src)
         datas = [self.passes.apply(pass_tensors(src, prefix)) for prefix in fmt.passes]
         laid = passes_to_lookup(datas, pad_codebook(src["codebook"]), fmt.group_size)
         bias = src.get("bias")
         return TurboQuantHopperWeights(
             **_fields(laid, LookupWeights),
             rotations=tuple(data.rotation for data in datas),
-            post_bias=None if bias is None else bias.to(torch.float32).contiguous(),
+            post_bias=None if bias is None else bias.contiguous(),
+            codebook_dtype=src["codebook"].dtype,
             group_size=fmt.group_size,
             passes=len(datas),
         )
@@ -124,7 +141,7 @@ class TurboQuantToHopper(Transform[Mapping[str, torch.Tensor], TurboQuantHopperW
             data = PassData(indices=(pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8).contiguous(),
                             scales=scales[:, :, i].contiguous(), rotation=dst.rotations[i])
             out.update({prefix + name: t for name, t in self.passes.invert(data).items()})
-        out["codebook"] = dst.codebook[: fmt.levels].clone()
+        out["codebook"] = dst.codebook[: fmt.levels].to(dst.codebook_dtype)
         if dst.post_bias is not None:
             out["bias"] = dst.post_bias
         return out

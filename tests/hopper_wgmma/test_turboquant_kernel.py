@@ -17,7 +17,7 @@ from quantcore.backends.hopper_wgmma.layout import hopper_to_rows
 from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan
 from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
 from quantcore.backends.hopper_wgmma.turboquant_layout import TurboQuantHopperWeights
-from quantcore.errors import KernelInputError, UnsupportedProblemError
+from quantcore.errors import KernelInputError, TensorFormatError, UnsupportedProblemError
 from quantcore.formats.gptq import GPTQ
 from quantcore.formats.turboquant import TurboQuant
 from quantcore.probe import Capabilities, PackageStatus
@@ -31,11 +31,14 @@ H200 = Capabilities(
     aten_ops=frozenset(), fp8=True)
 
 
-def _stored(fmt: TurboQuant, n: int, k: int, seed: int, bias: bool = False) -> dict[str, torch.Tensor]:
+def _stored(fmt: TurboQuant, n: int, k: int, seed: int, bias: bool = False,
+            dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A quantized layer; its codebook and bias in ``dtype``."""
     gen = torch.Generator().manual_seed(seed)
     tensors = fmt.quantize(torch.randn(n, k, generator=gen) * 0.02, generator=gen)
+    tensors["codebook"] = tensors["codebook"].to(dtype)
     if bias:
-        tensors["bias"] = torch.randn(n, generator=gen)
+        tensors["bias"] = torch.randn(n, generator=gen).to(dtype)
     return tensors
 
 
@@ -46,6 +49,7 @@ def test_it_is_registered_for_turboquant(registry: Registry) -> None:
 
 @pytest.mark.parametrize(("fmt", "dtype", "says"), [
     (TurboQuant(group_size=64), torch.bfloat16, "group_size=64"),
+    (TurboQuant(norm_dtype=torch.float32), torch.bfloat16, "norm_dtype=float32"),
     (TurboQuant(), torch.float32, "activation dtype fp32"),
     (GPTQ(bits=4, group_size=128), torch.bfloat16, "is not TurboQuant"),
 ])
@@ -54,10 +58,19 @@ def test_it_refuses_what_it_does_not_lay_out(fmt: object, dtype: torch.dtype, sa
     assert not support and says in support.reason
 
 
+def test_prepare_names_what_is_wrong_with_the_tensors() -> None:
+    fmt = TurboQuant(residual=True)
+    stored = _stored(fmt, 64, 256, 0)
+    with pytest.raises(TensorFormatError, match="codebook"):
+        HopperWgmmaTurboQuant(fmt, "cpu").prepare({k: v for k, v in stored.items() if k != "codebook"})
+    with pytest.raises(TensorFormatError, match="bias"):
+        HopperWgmmaTurboQuant(fmt, "cpu").prepare({**stored, "bias": torch.zeros(3)})
+
+
 def test_prepare_refuses_other_layouts_and_dtypes() -> None:
-    fmt = TurboQuant(group_size=64)
-    with pytest.raises(UnsupportedProblemError, match="groups of 128"):
-        HopperWgmmaTurboQuant(fmt, "cpu").prepare(_stored(fmt, 64, 256, 0))
+    for fmt in (TurboQuant(group_size=64), TurboQuant(norm_dtype=torch.float32)):
+        with pytest.raises(UnsupportedProblemError, match=r"groups of 128|within a rounding"):
+            HopperWgmmaTurboQuant(fmt, "cpu").prepare(_stored(fmt, 64, 256, 0))
     fmt = TurboQuant()
     with pytest.raises(KernelInputError, match="dtype"):
         HopperWgmmaTurboQuant(fmt, "cpu").prepare(_stored(fmt, 64, 256, 0), dtype=torch.float32)
@@ -68,8 +81,9 @@ def test_prepare_refuses_other_layouts_and_dtypes() -> None:
     TurboQuant(bits=2), TurboQuant(bits=3, residual=True), TurboQuant(norm_dtype=torch.bfloat16),
 ], ids=lambda f: f.slug)
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_layout_round_trips_to_the_stored_tensors(fmt: TurboQuant, bias: bool) -> None:
-    stored = _stored(fmt, 200, 384, seed=len(fmt.slug), bias=bias)  # N off the 64-row tile, 3 blocks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_layout_round_trips_to_the_stored_tensors(fmt: TurboQuant, bias: bool, dtype: torch.dtype) -> None:
+    stored = _stored(fmt, 200, 384, seed=len(fmt.slug), bias=bias, dtype=dtype)  # N off the 64-row tile, 3 blocks
     kernel = HopperWgmmaTurboQuant(fmt, "cpu")
     prepared = kernel.prepare(stored)
     assert type(prepared) is TurboQuantHopperWeights and prepared.passes == len(fmt.passes)
@@ -77,8 +91,7 @@ def test_the_layout_round_trips_to_the_stored_tensors(fmt: TurboQuant, bias: boo
     back = kernel.stored_tensors(prepared)  # what a module saves (TurboQuantLinear.tensors)
     assert sorted(back) == sorted(stored)
     for name, t in stored.items():
-        assert back[name].dtype == (torch.float32 if name in ("codebook", "bias") else t.dtype), name
-        assert torch.equal(back[name], t.to(back[name].dtype)), name
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
 
 
 @pytest.mark.parametrize("fmt", [TurboQuant(residual=True), TurboQuant(rotation_per_group=True)], ids=lambda f: f.slug)
