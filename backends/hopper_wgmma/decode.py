@@ -197,6 +197,7 @@ def decode_kernel(
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
     READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8, LOOKUP: gl.constexpr = False,
+    GATED: gl.constexpr = False,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -210,7 +211,9 @@ def decode_kernel(
     ``ROWS``: activation rows a launch multiplies, 8 or 16 (one or two ``m16n8k16`` a slice;
     16 with one K-group). ``LOOKUP`` (4-bit codes, without ``HAS_ZEROS``): the operand is
     ``c[q]`` of a codebook (``codebook.py``) whose 16 float32 centroids ``z_ptr`` points to,
-    each group's product scaled when it closes, as ever."""
+    each group's product scaled when it closes, as ever. ``GATED`` (``READ_ONLY`` 0; N/2 a
+    multiple of 64): ``y`` is ``[M, N/2]``, ``silu(gate) · up`` of the N outputs (gate's then
+    up's), through the workspace (``quantcore/triton/gluon_split_k.py``)."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
     mma_layout: gl.constexpr = _mma_layout(KW)
@@ -292,7 +295,7 @@ def decode_kernel(
                 w_d, sd = _fetch(w_tile, w_offs, g_w, g_c, r_c, first, gl.minimum(b + 7, STEPS - 1), blocks, s_ptr, NP, BITS, SG, STEPS)
     out = acc if KW == 1 else _diagonal_sum(acc, KW, mma_layout)
     tile_store(out, tile, pid_k, n0, 0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
-                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, ROWS, 4 * KW)
+                SPLIT and READ_ONLY < 2, HAS_BIAS, 64, ROWS, 4 * KW, GATED)
 
 
 def decode_grid(blocks: int, split: int, groups: int) -> tuple[int, int]:
@@ -312,7 +315,8 @@ def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
 
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
-                   sub_group: int = 128, depth: int = 2, rows: int = 8, lookup: bool = False) -> dict[str, object]:
+                   sub_group: int = 128, depth: int = 2, rows: int = 8, lookup: bool = False,
+                   gated: bool = False) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there, and the end's atomics (the split-K
@@ -333,7 +337,7 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup)
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup, GATED=gated)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
@@ -345,6 +349,6 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     end = {op: whole_kernel.get(op, 0) for op in ("ATOMG", "RED")}
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "rows": rows, "lookup": lookup, "end": end,
+            "depth": depth, "rows": rows, "lookup": lookup, "gated": gated, "end": end,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

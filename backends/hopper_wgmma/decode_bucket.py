@@ -32,37 +32,44 @@ SPLIT_K_BUFFERS = (6, 7)
 
 
 class DecodeBucket:
-    """One decode plan of one weight for one activation dtype and device."""
+    """One decode plan of one weight for one activation dtype and device; ``gated``: its
+    tiles end with ``silu(gate) · up`` (``launch.gated_linear``)."""
 
-    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: DecodePlan) -> None:
+    #: The twin bucket of gated calls, made by ``launch.gated_linear`` on the first.
+    gated: DecodeBucket | bool | None = None
+
+    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: DecodePlan, *,
+                 gated: bool = False) -> None:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
         self.source = weight_source(w)
         k, n = w.in_features, w.out_features
         self.n, self.k, self.tiles = n, k, w.tiles
+        self.out = n // 2 if gated else n
         steps, self.split = decode_grid(w.blocks, plan.split, 1)
         any_t = w.scales
-        self.split_k = SplitKBuffers(self.split, device, any_t)
+        self.split_k = SplitKBuffers(self.split, device, any_t, always=gated)
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
                      HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
-                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=isinstance(w, LookupWeights))
+                     STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=isinstance(w, LookupWeights),
+                     GATED=gated)
         self.launch = Launch(decode_kernel, device=device, varying=VARYING, constexprs=const,
-                             fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
+                             fixed_pointers=FIXED + (SPLIT_K_BUFFERS if self.split <= 1 and not gated else ()),
                              options=dict(num_warps=4))
         self.words = unowned(w.qweight.view(torch.int16))
         # A codebook weight's table is read where zero points would be (it has none, nor a bias).
         zeros = bias_operand(w) if isinstance(w, LookupWeights) else w.zeros if w.zeros is not None else any_t
         self.mid = (w.scales, zeros, w.bias if w.bias is not None else any_t)
         # N, K, stride_xm (x is contiguous), stride_ym, scale rows' length, blocks, split
-        self.tail = (n, k, k, n, w.scales.shape[1], w.blocks, self.split)
+        self.tail = (n, k, k, self.out, w.scales.shape[1], w.blocks, self.split)
 
     def fits(self, w: HopperWeights) -> bool:
         return bound_to(self.source, w)
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
-        """``y = x · Ŵᵀ + b`` ``[..., N]`` for the ``m`` (at most the plan's ``bm``) rows of
-        ``x`` ``[..., K]`` of this bucket's dtype."""
+        """``y = x · Ŵᵀ + b`` ``[..., N]`` (gated: ``[..., N/2]``) for the ``m`` (at most the
+        plan's ``bm``) rows of ``x`` ``[..., K]`` of this bucket's dtype."""
         if x.dtype != self.dtype:
             raise KernelInputError(f"x: expected {self.dtype}, got {describe(x)}")
         if not 1 <= m <= self.plan.bm:
@@ -70,7 +77,7 @@ class DecodeBucket:
         x = x.contiguous()  # the launch passes K as the row stride
         n = self.n
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
-        y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
+        y = torch.empty(*x.shape[:-1], self.out, dtype=self.dtype, device=self.device)
         ws, counters = self.split_k(m, n, self.tiles)
         self.launch((self.tiles, self.split, 1), self.words, x, *self.mid, y, ws, counters, m, *self.tail)
         return y

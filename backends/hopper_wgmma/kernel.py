@@ -105,6 +105,21 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
 
         return linear
 
+    def gated(self, x: torch.Tensor, prepared: Any, activation: str) -> torch.Tensor | None:
+        """SiLU's gated end (``launch.gated_linear``) where the call's plan takes it."""
+        if activation != "silu":
+            return None
+        x = self.launch_input(x, prepared)
+        return _gated_launcher()(x, prepared) if x.numel() else None
+
 
 class HopperWgmmaAWQ(AWQViaGPTQLanes, HopperWgmmaGPTQ):
     description: ClassVar[str] = "AWQ 4-bit via GPTQ lanes and hopper_wgmma"
+
+
+@functools.cache
+def _gated_launcher() -> Callable[[torch.Tensor, Any], torch.Tensor | None]:
+    """``launch.gated_linear``, imported on the first call (it imports triton)."""
+    from .launch import gated_linear
+
+    return gated_linear

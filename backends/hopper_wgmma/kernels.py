@@ -440,7 +440,7 @@ def wgmma_kernel(
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
     IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
-    STREAM: gl.constexpr = False, LOOKUP: gl.constexpr = False,
+    STREAM: gl.constexpr = False, LOOKUP: gl.constexpr = False, GATED: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -454,7 +454,10 @@ def wgmma_kernel(
     balanced grid (``plans.Plan.stream``); ``split_k`` is then its workspace's slots.
     ``LOOKUP`` (4-bit codes, float32 scales, without ``HAS_ZEROS``, ``HAS_BIAS``, ``LATE``,
     ``STREAM``): the weight is ``c[q]·s`` of a codebook (``codebook.py``) whose 16 float32
-    centroids ``b_ptr`` points to, in place of a bias (the caller adds a codebook layer's)."""
+    centroids ``b_ptr`` points to, in place of a bias (the caller adds a codebook layer's).
+    ``GATED`` (without ``STREAM`` and ``LOOKUP``; N/2 a multiple of ``64·WG``): ``y`` is
+    ``[M, N/2]``, ``silu(gate) · up`` of the N outputs (gate's then up's), every tile's part
+    through the workspace (``quantcore/triton/gluon_split_k.py``)."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -487,6 +490,7 @@ def wgmma_kernel(
         gl.static_assert(BITS == 4 and not HAS_ZEROS and not HAS_BIAS and not LATE and not STREAM,
                          "LOOKUP: 4-bit codes, no zero points, bias, late scale or balanced grid")
         _fill_codebook(b_ptr, NUM_WARPS)
+    gl.static_assert(not GATED or (not STREAM and not LOOKUP), "GATED: without a balanced grid or a codebook")
     if LATE:
         # Ones, the A operand of the wgmma that sums x, from shared memory: from registers
         # ptxas rebuilds the constant for every wgmma (four moves each, the registers held).
@@ -608,4 +612,4 @@ def wgmma_kernel(
         let_dependents_launch()  # the next layer's launch may start its weight loads
     if not STREAM:  # a balanced grid stored each run of its tiles as it ended
         tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT,
-                    HAS_BIAS, BN, BM, NUM_WARPS)
+                    HAS_BIAS, BN, BM, NUM_WARPS, GATED)

@@ -40,7 +40,8 @@ from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to
 from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
 from .small_m import SmallMBucket
 
-__all__ = ["Walk", "kernel_args", "linear", "plan_of", "prepare_x", "split_steps"]
+__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "gated_linear", "gated_refusal", "kernel_args", "linear", "plan_of",
+           "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
 #: Triton specialises: M. x's descriptor changes its base only: what Triton specialises of
@@ -65,6 +66,14 @@ MAX_RUNS = 256
 #: ``prefetch`` (it also loads its weight's first stages before waiting).
 PDL_ENV = "QUANTCORE_HOPPER_PDL"
 PDL_MODES = {"off": 0, "wait": 1, "prefetch": 2}
+
+#: A gated call (``quantcore/triton/gluon_split_k.py``'s gated end) takes plans of tiles up to
+#: this many rows: above, a tile's gate and up sums held at once spill (a 128-row tile of
+#: two warpgroups compiles to 255 registers and a spill; 64 rows to 172, none).
+GATED_MAX_BM = 64
+#: A gated weight's I (N/2) is a multiple of the widest tile's rows, so that no tile holds
+#: outputs of both halves and gate's tile and up's pair by column.
+GATED_ROWS = 128
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
              torch.int16: gl.int16, torch.uint8: gl.uint8}
@@ -264,7 +273,7 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     const = dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws,
-                 STREAM=bool(plan.stream), LOOKUP=isinstance(w, LookupWeights))
+                 STREAM=bool(plan.stream), LOOKUP=isinstance(w, LookupWeights), GATED=False)
     if plan.stream and (pdl or not walk.in_flight):
         raise InvalidArgumentError(f"hopper_wgmma: a balanced grid runs in flight without {PDL_ENV}; "
                                    f"got {PDL_ENV}={pdl}, in flight {walk.in_flight}")
@@ -275,7 +284,12 @@ class _Bucket:
     """One plan of one weight for one activation dtype and device: everything a call of
     that plan launches that does not depend on the activation."""
 
-    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan) -> None:
+    #: The twin bucket of gated calls (:func:`gated_linear`), made on the first; False where
+    #: the plan cannot end gated.
+    gated: _Bucket | DecodeBucket | bool | None = None
+
+    def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan, *,
+                 gated: bool = False) -> None:
         if plan.stream:
             raise InvalidArgumentError(f"hopper_wgmma: a balanced grid is timed through linear(x, w, plan) only, "
                                        f"not bound from a table: {plan}")
@@ -284,17 +298,17 @@ class _Bucket:
         #: The packed tensor by weak reference: it owns the launch state this is kept in.
         self.source = weight_source(w)
         n = w.out_features
-        self.n = n
+        self.n, self.out = n, n // 2 if gated else n
         walk = split_steps(w, plan)
         self.split = walk.split
-        self.split_k = SplitKBuffers(walk.split, device, w.scales)
+        self.split_k = SplitKBuffers(walk.split, device, w.scales, always=gated)
         self.n_tiles = -(-n // (TILE_N * plan.wg))
         w_desc, s_desc, z_desc = weight_descriptors(w, plan.wg)
         self.w_desc = w_desc
         self.x_desc = XDescriptor(dtype, w.bits, plan.bm)
         self.mid = (s_desc, z_desc, bias_operand(w))
-        self.tail = (n, n, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y is contiguous), …
-        constexprs = _constexprs(w, plan, walk)
+        self.tail = (n, self.out, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y contiguous), …
+        constexprs = dict(_constexprs(w, plan, walk), GATED=gated)
         # The launch attribute lets the launch start before the previous kernel ends; the
         # kernel's PDL constexpr makes it wait where it must (without it, the wait is a no-op).
         pdl = {"launch_pdl": True} if constexprs["PDL"] else {}
@@ -302,17 +316,17 @@ class _Bucket:
         self.launch = Launch(wgmma_kernel, constexprs=constexprs,
                              options=dict(num_warps=plan.num_warps, **pdl, **regs),
                              varying=VARYING, fixed_descriptors=WEIGHT_DESCRIPTORS,
-                             fixed_pointers=WEIGHT_POINTERS + (SPLIT_K_BUFFERS if self.split <= 1 else ()),
+                             fixed_pointers=WEIGHT_POINTERS + (SPLIT_K_BUFFERS if self.split <= 1 and not gated else ()),
                              device=device)
 
     def fits(self, w: HopperWeights) -> bool:
         return bound_to(self.source, w)
 
     def __call__(self, x: torch.Tensor, w: HopperWeights, m: int) -> torch.Tensor:
-        """``y`` ``[..., N]`` for the ``m`` rows of a contiguous ``x`` ``[..., K]``."""
+        """``y`` ``[..., N]`` (gated: ``[..., N/2]``) for the ``m`` rows of a contiguous ``x`` ``[..., K]``."""
         n = self.n
         # The sizes as arguments, not one tuple: torch parses them faster (docs/triton-launch.md).
-        y = torch.empty(*x.shape[:-1], n, dtype=self.dtype, device=self.device)
+        y = torch.empty(*x.shape[:-1], self.out, dtype=self.dtype, device=self.device)
         x = prepare_x(x)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
         ws, counters = self.split_k(m, n, tiles)
@@ -401,6 +415,40 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     grid, args, const = kernel_args(x, w, plan, y.view(m, n), ws, counters)
     wgmma_kernel[grid](*args, **const)
     return y
+
+
+def gated_refusal(w: HopperWeights, plan: AnyPlan) -> str:
+    """Why a call of ``plan`` over ``w`` cannot end gated ("" where it can)."""
+    if isinstance(w, LookupWeights):
+        return "a codebook weight (its bias is added after the launch)"
+    if w.out_features % (2 * GATED_ROWS):
+        return f"N = {w.out_features} is not 2·I with I a multiple of {GATED_ROWS}"
+    if isinstance(plan, TritonPlan):
+        return "the plan runs the Triton kernels over the words"
+    if isinstance(plan, Plan) and (plan.stream or plan.bm > GATED_MAX_BM):
+        return f"the plan's tile of {plan.bm} rows (gated up to {GATED_MAX_BM}, no balanced grid)"
+    return ""
+
+
+def gated_linear(x: torch.Tensor, w: HopperWeights) -> torch.Tensor | None:
+    """``silu(h[..., :I]) · h[..., I:]`` ``[..., I]`` of ``h = x · Ŵᵀ + b`` in one launch:
+    the plan a plain call of this M takes, its tiles ending gated (``gluon_split_k.py``); or
+    None where that plan cannot (:func:`gated_refusal`). ``x`` as :func:`linear` takes it."""
+    m = x.numel() // w.in_features
+    bucket = _bucket(x, w, m)
+    twin = bucket.gated
+    if twin is None:
+        twin = bucket.gated = _gated_twin(bucket, w)
+    return twin(x, w, m) if twin else None  # type: ignore[operator]
+
+
+def _gated_twin(bucket: AnyBucket, w: HopperWeights) -> _Bucket | DecodeBucket | bool:
+    if gated_refusal(w, bucket.plan):
+        return False
+    if isinstance(bucket, DecodeBucket):
+        return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, gated=True)
+    assert isinstance(bucket, _Bucket)
+    return _Bucket(w, bucket.dtype, bucket.device, bucket.plan, gated=True)
 
 
 def _plan_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan | DecodePlan) -> SmallMBucket | DecodeBucket:

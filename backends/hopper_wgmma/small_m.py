@@ -55,6 +55,9 @@ def close_slices(w: HopperWeights) -> int:
 class SmallMBucket:
     """One Triton plan of one weight for one activation dtype and device."""
 
+    #: Its calls never end gated (``launch.gated_refusal``): set to False on the first ask.
+    gated: bool | None = None
+
     def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: TritonPlan) -> None:
         self.plan, self.dtype, self.device = plan, dtype, device
         #: The weight's tensors as bound: a state whose fields were replaced is bound again.

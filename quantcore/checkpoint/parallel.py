@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module
 
 from ..errors import FusionError, QuantCoreWarning, ShardError
 from ..formats.base import Format
 from ..formats.sharding import Shard, check_shards
-from ..kernels.gated_activation import ACTIVATIONS, gated_activation
+from ..kernels.gated_activation import ACTIVATIONS
+from ..nn.quant_module import runs_hooks
 from .allreduce import AllReducer
 from .module import QuantLinear
 
@@ -226,18 +226,6 @@ class RowParallelQuantLinear(nn.Module):
         return self.tp.all_reduce(self.local(x))
 
 
-def _hooked(*modules: nn.Module | None) -> bool:
-    """Whether calling one of ``modules`` would run a forward hook (its own or a global
-    one), the test ``nn.Module.__call__`` makes for its own fast path: only then does a
-    block call go through the wrappers rather than straight to their layers."""
-    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
-        return True
-    for m in modules:  # noqa: SIM110 (any() over a generator is one more Python frame a call)
-        if m is not None and (m._forward_hooks or m._forward_pre_hooks):
-            return True
-    return False
-
-
 class ParallelQuantMLP(nn.Module):
     """A transformer MLP block over a tensor-parallel group: ``down(act(gate(x)) · up(x))``
     (or ``down(act(up(x)))`` without ``gate``), ``gate`` and ``up`` column-parallel, ``down``
@@ -258,9 +246,10 @@ class ParallelQuantMLP(nn.Module):
     A call runs each layer's :class:`~quantcore.nn.linear.QuantLinear` (``local``) itself,
     not the parallel wrapper around it: the wrappers add nothing to a call but a module
     call of their own, and the block's host cost per call should be its launches. The
-    fused layer's output goes through :func:`~quantcore.kernels.gated_activation.gated_activation`
-    (``activation`` is a name of its table): one launch on CUDA for the activation and the
-    product. Where a forward hook is registered on a wrapper (or globally) the call goes
+    fused layer's output goes through :meth:`QuantLinear.gated <quantcore.nn.linear.QuantLinear.gated>`
+    (``activation`` is a name of :data:`~quantcore.kernels.gated_activation.ACTIVATIONS`):
+    the layer's launch ends with the activation and the product where its kernel does that
+    (``hopper_wgmma``, SiLU), else one launch more on CUDA for them. Where a forward hook is registered on a wrapper (or globally) the call goes
     through the wrappers, so the hook runs and sees their outputs, and the activation is
     torch's ops on the parts the wrappers return."""
 
@@ -333,9 +322,9 @@ class ParallelQuantMLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the intermediate activation."""
         gate_up = self.gate_up
-        if gate_up is not None and not _hooked(gate_up):  # gate's and up's shards are alike: halves
-            return gated_activation(gate_up.local(x), self.activation)
-        if gate_up is not None or _hooked(self.gate, self.up):  # through the wrappers: their hooks run
+        if gate_up is not None and not runs_hooks(gate_up):  # gate's and up's shards are alike: halves
+            return gate_up.local.gated(x, self.activation)
+        if gate_up is not None or runs_hooks(self.gate, self.up):  # through the wrappers: their hooks run
             cols = self.columns(x)
             return self._act(cols["gate"]) * cols["up"] if self.gated else self._act(cols["up"])
         assert self.up is not None

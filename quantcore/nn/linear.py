@@ -8,10 +8,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..custom_ops import traced
 from ..errors import InvalidArgumentError
 from ..formats.base import Format
+from ..kernels.gated_activation import gated_activation
 from ..problem import check_dims
-from .quant_module import QuantModule
+from .quant_module import QuantModule, runs_hooks
 
 __all__ = ["QuantLinear"]
 
@@ -62,3 +64,18 @@ class QuantLinear(QuantModule):
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], *, prefer: str | Sequence[str] | None = None) -> None:
         """Bind a checkpoint's tensors for this layer (validated against the format)."""
         self.bind_tensors(tensors, prefer=prefer)
+
+    def gated(self, x: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        """``act(h[..., :I]) · h[..., I:]`` of this layer's output ``h = self(x)``, for a layer
+        whose outputs are gate's then up's (a fused gate/up projection, as
+        ``ParallelQuantMLP`` and ``quantcore.nn.fuse`` build it): one launch where the kernel
+        ends its tiles with the activation (``Kernel.gated``), else the layer's call and
+        :func:`~quantcore.kernels.gated_activation.gated_activation`'s; the same bits either
+        way. A traced call, a forward hook or a call before the first (whose output the
+        module checks) takes the two."""
+        kernel = self._direct
+        if kernel is not None and not traced(x) and not runs_hooks(self):
+            y = kernel.gated(x, self.prepared, activation)
+            if y is not None:
+                return y
+        return gated_activation(self(x), activation)

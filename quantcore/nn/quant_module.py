@@ -43,6 +43,7 @@ from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 
 from ..binding import CALLERS_FAULT, call_failed, prepare_best
 from ..custom_ops import call_op, flatten, make_spec, resolve, traced, unflatten
@@ -62,10 +63,22 @@ from ..registry import default_registry
 from ..tensors import describe, laid_out
 from .incoming import EXTRA_STATE_VERSION, SOURCE, TAKEN_PREFIX, check_incoming, read_extra_state
 
-__all__ = ["SOURCE", "QuantModule"]
+__all__ = ["SOURCE", "QuantModule", "runs_hooks"]
 
 #: Held while a module replaces a kernel that failed in a call (threads calling one module).
 _replacing = threading.Lock()
+
+
+def runs_hooks(*modules: nn.Module | None) -> bool:
+    """Whether calling one of ``modules`` would run a forward hook (its own or a global
+    one), the test ``nn.Module.__call__`` makes for its own fast path: a caller that skips
+    a module's call for a fused path takes the call instead where one would run."""
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    for m in modules:  # noqa: SIM110 (any() over a generator is one more Python frame a call)
+        if m is not None and (m._forward_hooks or m._forward_pre_hooks):
+            return True
+    return False
 
 
 class QuantModule(nn.Module):

@@ -1,12 +1,22 @@
 """Pieces every Gluon kernel of quantcore's that splits K between programs shares: the end
 of a program (its tile stored, or its part put in a workspace slot and, by the tile's last
 program, summed in slot order, so the result is the same bits whoever finishes last) and
-the programmatic-dependent-launch handshakes (sm_90)."""
+the programmatic-dependent-launch handshakes (sm_90).
+
+A gated end (``GATED``, for a fused gate/up weight whose N outputs are gate's ``I`` then
+up's ``I``) stores ``silu(gate) · up`` ``[M, I]`` instead: every program puts its part in
+the workspace, and the last of the two tiles' programs (gate's tile at column ``c`` and
+up's at ``I + c``, K split or not) sums both in slot order, rounds each to the output dtype
+as the layer's own store would, and applies the activation with the rounding of
+``quantcore/kernels/gated_activation/op.py``: the same bits as the layer's call followed by
+``gated_activation``'s kernel, in one launch. ``I`` must be a multiple of the tile's rows
+(the caller checks)."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.extra import libdevice
 
 __all__ = ["let_dependents_launch", "tile_store", "wait_for_prior_grids"]
 
@@ -40,10 +50,11 @@ def let_dependents_launch():
 @gluon.jit
 def tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
                SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-               NUM_WARPS: gl.constexpr):
+               NUM_WARPS: gl.constexpr, GATED: gl.constexpr = False):
     """The end of a program of a split (or whole) tile: store it, or its part to workspace
     slot ``pid_k`` of ``split_k``, the last program of the tile (counter ``pid``) summing
-    the parts in slot order."""
+    the parts in slot order. ``GATED``: the module docstring's gated end (``y`` is
+    ``[M, N/2]``, ``stride_ym`` its row stride; ``pid`` unused)."""
     out_layout: gl.constexpr = store_layout(BN, BM, NUM_WARPS)
     acc = gl.convert_layout(acc, out_layout)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
@@ -52,7 +63,10 @@ def tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, str
     mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
     y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_n, 1)
     out_ty: gl.constexpr = y_ptr.dtype.element_ty
-    if not SPLIT:
+    if GATED:
+        _gated_store(acc, pid_k, n0, m0, offs_m, mask, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                     HAS_BIAS, BN, BM, out_layout)
+    elif not SPLIT:
         if HAS_BIAS:
             acc += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
         gl.store(y_ptr + y_offs, acc.to(out_ty), mask=mask)
@@ -70,3 +84,41 @@ def tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, str
                 total += gl.expand_dims(gl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 1)
             gl.store(y_ptr + y_offs, total.to(out_ty), mask=mask)
             gl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
+
+
+@gluon.jit
+def _gated_store(acc, pid_k, n0, m0, offs_m, mask, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
+                 HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, out_layout: gl.constexpr):
+    """The gated end (module docstring): this program's part to workspace slot ``pid_k``;
+    the last of the pair's ``2 · split_k`` programs stores ``silu(gate) · up``."""
+    inter = N // 2
+    m_rows = gl.expand_dims(offs_m.to(gl.int64) * N, 0)
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + m_rows + gl.expand_dims(n0 + rows, 1), acc, mask=mask)
+    gl.thread_barrier()  # every thread's partial is stored before the release below
+    c0 = n0 % inter  # the pair's first output column: gate's row, up's is inter further
+    pair = (m0 // BM) * (inter // BN) + c0 // BN
+    arrived = gl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel", scope="gpu")
+    if arrived == 2 * split_k - 1:
+        offs_c = c0 + rows
+        c_mask = gl.expand_dims(offs_c < inter, 1) & gl.expand_dims(offs_m < M, 0)
+        gate_offs = m_rows + gl.expand_dims(offs_c, 1)
+        gate = gl.zeros([BN, BM], gl.float32, out_layout)
+        up = gl.zeros([BN, BM], gl.float32, out_layout)
+        for s in range(split_k):
+            # .cg: from L2, where the other programs' partials are (L1 is not coherent).
+            slot = ws_ptr + s * M * N + gate_offs
+            gate += gl.load(slot, mask=c_mask, other=0.0, cache_modifier=".cg")
+            up += gl.load(slot + inter, mask=c_mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            gate += gl.expand_dims(gl.load(b_ptr + offs_c).to(gl.float32), 1)
+            up += gl.expand_dims(gl.load(b_ptr + inter + offs_c).to(gl.float32), 1)
+        out_ty: gl.constexpr = y_ptr.dtype.element_ty
+        # The layer's outputs as its own store rounds them, then the activation and the
+        # product in float32, each rounded (gated_activation's contract and operations).
+        g = gate.to(out_ty).to(gl.float32)
+        u = up.to(out_ty).to(gl.float32)
+        a = gl.div_rn(g, 1.0 + libdevice.exp(-g)).to(out_ty)
+        y_offs = gl.expand_dims(offs_m.to(gl.int64) * stride_ym, 0) + gl.expand_dims(offs_c, 1)
+        gl.store(y_ptr + y_offs, (a.to(gl.float32) * u).to(out_ty), mask=c_mask)
+        gl.atomic_xchg(cnt_ptr + pair, 0)  # ready for the next launch

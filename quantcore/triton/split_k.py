@@ -38,10 +38,11 @@ def keeps_buffers(device: torch.device) -> bool:
 
 class SplitKBuffers:
     """One bound launch's split-K buffers: ``split`` programs along K on ``device``;
-    ``unused`` stands in for both when K is not split."""
+    ``unused`` stands in for both when K is not split, unless ``always`` (a launch whose
+    tiles meet in the workspace whatever the split: ``gluon_split_k.py``'s gated end)."""
 
-    def __init__(self, split: int, device: torch.device, unused: torch.Tensor) -> None:
-        self.split, self.device, self.unused = split, device, unused
+    def __init__(self, split: int, device: torch.device, unused: torch.Tensor, *, always: bool = False) -> None:
+        self.split, self.device, self.unused, self.always = split, device, unused, always
         self.keeps = keeps_buffers(device)
         #: Per stream, the kept pair last handed out there (not while a graph was captured:
         #: those are that graph's).
@@ -50,9 +51,9 @@ class SplitKBuffers:
     def __call__(self, m: int, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(workspace, counters)`` for a launch of ``tiles`` output tiles of ``m × n``:
         at least ``split · m · n`` fp32 elements and ``tiles`` zeroed int32 counters."""
-        if self.split <= 1:
+        if self.split <= 1 and not self.always:
             return self.unused, self.unused
-        numel = self.split * m * n
+        numel = max(1, self.split) * m * n
         if not self.keeps:
             return (torch.empty(numel, dtype=torch.float32, device=self.device),
                     torch.zeros(tiles, dtype=torch.int32, device=self.device))

@@ -4,10 +4,10 @@ host microseconds on a GPU, where a rank's block should cost its launches: per p
 the linears on ``hopper_wgmma``'s prepared state and their launches recorded (no GPU), and
 the one-shot all-reduce through torch's own op (a no-op CPU kernel stands in for it):
 
-* gate/up: its QuantLinear's output and launch; the activation: one call of
-  ``gated_activation``, which on a CPU runs torch's ops — the split into gate and up
-  (views), SiLU and the product — and on CUDA its kernel, one output and one launch
-  (tests/gated_activation/test_launch.py counts that route); down: its output and launch;
+* gate/up: its QuantLinear's output and launch; gate/up and the activation: one call of
+  ``QuantLinear.gated``, which on ``hopper_wgmma`` is one launch of the same plan ending
+  gated: its output and (on a CPU; on CUDA they are kept per stream) the workspace and the
+  pair counters (``tests/hopper_wgmma/test_gated.py``); down: its output and launch;
 * the all-reduce: its output and the op — its path and view of the buffer bound per
   message shape, the op per group;
 * between them: nothing but the block's own three methods.
@@ -119,8 +119,8 @@ def test_a_block_call_asks_for_each_parts_ops_and_nothing_between(block: Paralle
     x = torch.randn(m, HIDDEN).bfloat16()
     ops = {name: ops_of_call(step) for name, step in _steps(block, x).items()}
     assert ops["gate/up"] == Counter({"empty": 1})
-    # gated_activation on a CPU: torch's ops (on CUDA, one output and one launch)
-    assert ops["hidden"] - ops["gate/up"] == Counter({"split_with_sizes": 1, "silu": 1, "mul": 1})
+    # the gated end: its output, the workspace and the pair counters (made per call on a CPU only)
+    assert ops["hidden"] == Counter({"empty": 2, "zeros": 1})
     assert ops["down"] == Counter({"empty": 1})
     assert ops["all-reduce"] == Counter({"empty_like": 1, "one_shot_all_reduce_copy_out": 1})
     assert ops["block"] == ops["hidden"] + ops["down"] + ops["all-reduce"]
@@ -132,10 +132,16 @@ def test_a_block_calls_its_parts_and_the_all_reduce_only_its_op(block: ParallelQ
     assert frames["all-reduce"] == Counter({
         "quantcore/checkpoint/parallel.py(all_reduce)": 1, "quantcore/checkpoint/allreduce.py(__call__)": 1,
         "quantcore/checkpoint/allreduce.py(_one_shot)": 1, "_ops.py(__call__)": 1})
-    act = frames["hidden"] - frames["gate/up"]
-    assert act == Counter({"quantcore/checkpoint/parallel.py(hidden)": 1, "module.py(__getattr__)": 2,
-                           "quantcore/checkpoint/parallel.py(_hooked)": 1,
-                           "quantcore/kernels/gated_activation/op.py(gated_activation)": 1})
+    # The gated call takes the plain call's launch path from the bucket on (no activation
+    # launch); what it adds and what it skips of the module's call:
+    hidden, gate_up = frames["hidden"], frames["gate/up"]
+    assert hidden - gate_up == Counter({
+        "quantcore/checkpoint/parallel.py(hidden)": 1, "module.py(__getattr__)": 2,
+        "quantcore/nn/quant_module.py(runs_hooks)": 2, "quantcore/nn/linear.py(gated)": 1,
+        "backends/hopper_wgmma/kernel.py(gated)": 1, "backends/hopper_wgmma/launch.py(gated_linear)": 1})
+    assert gate_up - hidden == Counter({
+        "module.py(_call_impl)": 1, "module.py(_wrapped_call_impl)": 1, "quantcore/nn/quant_module.py(forward)": 1,
+        "quantcore/kernels/gptq_pairs/kernel.py(__call__)": 1, "backends/hopper_wgmma/launch.py(linear)": 1})
     between = frames["block"] - frames["hidden"] - frames["down"] - frames["all-reduce"]
     ours = Counter({k: v for k, v in between.items() if k.startswith("quantcore/")})
     assert ours == Counter({"quantcore/checkpoint/parallel.py(forward)": 1,

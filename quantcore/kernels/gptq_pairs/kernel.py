@@ -106,18 +106,22 @@ class PairedGPTQKernel(LinearKernel):
     #: :meth:`launcher`'s answer, looked up by the first call.
     _linear: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
 
-    def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
+    def launch_input(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
+        """``x`` checked against ``prepared`` and as the launcher takes it: contiguous, permuted
+        by ``ret_idx``. Any rank: the launcher reads x's rows from its storage and makes y in
+        x's shape, so a model's ``[B, T, K]`` costs no view either way."""
         if type(prepared) is not self.prepared_type:
             raise KernelInputError(
                 f"prepared: expected the {self.prepared_type.__name__} that {self.name}.prepare returns, "
                 f"got {type(prepared).__name__}"
             )
         check_x(x, prepared.in_features, ACT_DTYPES, prepared.qweight.device)
+        return x.index_select(-1, prepared.ret_idx) if prepared.ret_idx is not None else x.contiguous()
+
+    def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
+        x = self.launch_input(x, prepared)
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], prepared.out_features)
-        # Any rank: the launcher reads x's rows from its storage and makes y in x's shape,
-        # so a model's [B, T, K] costs no view either way.
-        x = x.index_select(-1, prepared.ret_idx) if prepared.ret_idx is not None else x.contiguous()
         linear = self._linear
         if linear is None:
             linear = self._linear = self.launcher()

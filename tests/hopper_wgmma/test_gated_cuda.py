@@ -1,0 +1,130 @@
+"""hopper_wgmma's gated end on an sm_90 GPU: a fused gate/up layer's call that ends with
+``silu(gate) · up`` (``launch.gated_linear``) gives the same bits as the layer's call followed
+by ``gated_activation``, for every plan kind that takes it (the decode kernel, split or not;
+the wgmma kernel, split, in flight, with a producer warp), every format the layout holds, bf16
+and fp16, a bias, rows up to the tile and past it; twice in a row (the pair counters are left
+at zero); replayed from a CUDA graph; through ``QuantLinear.gated``. Plans that cannot take it
+answer None and the caller runs the two launches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan
+from quantcore.formats.awq import AWQ
+from quantcore.formats.gptq import GPTQ
+from quantcore.kernels.gated_activation import gated_activation
+from quantcore.ops.tolerance import judge_output
+
+from .layers import prepared_layer
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = pytest.mark.skipif(not SM90, reason="hopper_wgmma's kernels are compiled for sm_90 (an H100 or H200)")
+
+FORMATS = [
+    pytest.param(GPTQ(bits=4, group_size=128), id="gptq4-g128"),
+    pytest.param(GPTQ(bits=4, group_size=64, sym=False, desc_act=True), id="gptq4-g64-asym-act-order"),
+    pytest.param(GPTQ(bits=8, group_size=128, sym=False), id="gptq8-g128-asym"),
+    pytest.param(AWQ(bits=4, group_size=128), id="awq4-g128"),
+]
+
+#: (plan, row counts): each plan's tile, one row, a ragged count, a full tile and (wgmma) past it.
+PLANS = [
+    pytest.param(DecodePlan(1), (1, 5, 8), id="decode"),
+    pytest.param(DecodePlan(3), (1, 8), id="decode-split3"),
+    pytest.param(DecodePlan(2, bm=16), (3, 16), id="decode16-split2"),
+    pytest.param(Plan(1, 16, 4, 4), (1, 16, 40), id="wgmma-bm16-split4"),
+    pytest.param(Plan(2, 16, 6, 1, in_flight=True, ws=True), (7, 16, 33), id="wgmma-bm16-ws"),
+    pytest.param(Plan(1, 64, 4, 2), (64, 100), id="wgmma-bm64"),
+    pytest.param(Plan(2, 64, 4, 1, in_flight=True), (17, 64), id="wgmma-bm64-in-flight"),
+]
+
+K, INTER = 1024, 256
+
+
+def _layer(fmt: GPTQ | AWQ, seed: int, inter: int = INTER) -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
+    return prepared_layer(fmt, K, 2 * inter, seed, "cuda")
+
+
+def _golden(x: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    h = x.double() @ dense.T + bias.double()
+    gate, up = h.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("plan", "rows"), PLANS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_gated_end_gives_the_bits_of_the_two_launches(fmt: GPTQ | AWQ, plan: Any, rows: tuple[int, ...],
+                                                          dtype: torch.dtype,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.hopper_wgmma import launch
+    from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
+
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: plan)
+    prepared, tensors, dense = _layer(fmt, seed=len(rows) + 3 * plan.bm)
+    kernel = (HopperWgmmaAWQ if isinstance(fmt, AWQ) else HopperWgmmaGPTQ)(fmt, "cuda")
+    for m in rows:
+        x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(dtype)
+        xd = x.cuda()
+        two = gated_activation(kernel(xd, prepared), "silu")
+        one = kernel.gated(xd, prepared, "silu")
+        assert one is not None and one.shape == (m, INTER) and one.dtype == dtype
+        assert torch.equal(one, two), f"{plan} M{m}: {(one.float() - two.float()).abs().max().item()} off"
+        assert torch.equal(kernel.gated(xd, prepared, "silu"), two)  # its counters were left at zero
+        verdict = judge_output(one.cpu(), _golden(x, dense, tensors["bias"]), dtype)
+        assert verdict.ok, f"{plan} M{m}: {verdict.problem}"
+
+
+def test_a_captured_gated_call_replays_the_eager_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.hopper_wgmma import launch
+    from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
+
+    fmt = GPTQ(bits=4, group_size=128)
+    prepared, _, _ = _layer(fmt, seed=11)
+    kernel = HopperWgmmaGPTQ(fmt, "cuda")
+    for plan in (DecodePlan(1), Plan(1, 16, 4, 4)):
+        monkeypatch.setattr(launch, "plan_of", lambda m, w, device, plan=plan: plan)
+        xd = torch.randn(4, K, device="cuda").to(torch.bfloat16)
+        kernel.gated(xd, prepared, "silu")  # compiled outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = kernel.gated(xd, prepared, "silu")
+        xd.copy_(torch.randn(4, K, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        assert torch.equal(captured, gated_activation(kernel(xd, prepared), "silu")), plan
+
+
+def test_what_cannot_end_gated_answers_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.hopper_wgmma import launch
+    from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
+
+    fmt = GPTQ(bits=4, group_size=128)
+    kernel = HopperWgmmaGPTQ(fmt, "cuda")
+    prepared, _, _ = _layer(fmt, seed=2)
+    xd = torch.randn(2, K, device="cuda").to(torch.bfloat16)
+    assert kernel.gated(xd, prepared, "gelu") is None
+    for plan in (Plan(2, 128, 4, 1, in_flight=True), TritonPlan()):
+        monkeypatch.setattr(launch, "plan_of", lambda m, w, device, plan=plan: plan)
+        prepared, _, _ = _layer(fmt, seed=3)
+        assert kernel.gated(xd, prepared, "silu") is None, plan
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: DecodePlan(1))
+    odd, _, _ = _layer(fmt, seed=4, inter=192)  # I not a multiple of 128: a tile would hold both halves
+    assert kernel.gated(xd, odd, "silu") is None
+
+
+def test_quant_linear_gated_takes_the_one_launch() -> None:
+    from quantcore.nn.linear import QuantLinear
+
+    fmt = GPTQ(bits=4, group_size=128)
+    gen = torch.Generator().manual_seed(9)
+    tensors = fmt.quantize(torch.randn(2 * 2048, 4096, generator=gen) * 0.05, generator=gen)
+    layer = QuantLinear(fmt, {k: v.cuda() for k, v in tensors.items()}, device="cuda", prefer="hopper_wgmma")
+    assert layer.kernel is not None and layer.kernel.name == "hopper_wgmma"
+    x = torch.randn(3, 4096, device="cuda").to(torch.bfloat16)
+    two = gated_activation(layer(x), "silu")  # the first call: the module checks its output
+    assert layer.kernel.gated(x, layer.prepared, "silu") is not None
+    assert torch.equal(layer.gated(x), two)
