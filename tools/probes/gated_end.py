@@ -33,49 +33,51 @@ def _plan(w: Any, m: int) -> str:
     return "?"
 
 
+def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int]) -> list[dict[str, Any]]:
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator().manual_seed(k + inter)
+    stored = kernel.fmt.quantize(torch.randn(2 * inter, k, generator=gen) * 0.02, generator=gen)
+    w = kernel.prepare({a: t.to(dev) for a, t in stored.items()}, dtype=dtype)
+    dense = torch.nn.Linear(k, 2 * inter, bias=False, device=dev, dtype=dtype)
+    rows = []
+    for m in ms:
+        xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(4)]
+
+        def two(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
+            return gated_activation(kernel(xs[i % 4], w), "silu")
+
+        def one(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor | None:
+            return kernel.gated(xs[i % 4], w, "silu")
+
+        def linear(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
+            return dense(xs[i % 4])
+
+        fused = one(0)
+        row: dict[str, Any] = {"K": k, "I": inter, "M": m, "plan": _plan(w, m), "gated": fused is not None,
+                               "same_bits": fused is not None and torch.equal(fused, two(0))}
+        if fused is not None:
+            graph = time_interleaved([two, one], "cuda", rounds=7, graph=True, sets=[4, 4])
+            row["graph_us"] = {"two launches": graph[0].median_s * 1e6, "gated": graph[1].median_s * 1e6}
+            host = host_samples([two, one, linear], dev)
+            row["host_us_device_held"] = {
+                name: sorted(s.held)[len(s.held) // 2] * 1e6
+                for name, s in zip(("two launches", "gated", "nn.Linear"), host, strict=True)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8192x14336,8192x28672,4096x14336")
     ap.add_argument("--ms", default="1,16,64")
     ap.add_argument("--json")
     args = ap.parse_args()
-    dev, dtype = torch.device("cuda"), torch.bfloat16
-    fmt = GPTQ(bits=4, group_size=128)
-    kernel = HopperWgmmaGPTQ(fmt, dev)
+    kernel = HopperWgmmaGPTQ(GPTQ(bits=4, group_size=128), torch.device("cuda"))
     rows: list[dict[str, Any]] = []
     for shape in args.shapes.split(","):
         k, inter = (int(v) for v in shape.split("x"))
-        gen = torch.Generator().manual_seed(k + inter)
-        stored = fmt.quantize(torch.randn(2 * inter, k, generator=gen) * 0.02, generator=gen)
-        w = kernel.prepare({a: t.to(dev) for a, t in stored.items()}, dtype=dtype)
-        del stored
-        dense = torch.nn.Linear(k, 2 * inter, bias=False, device=dev, dtype=dtype)
-        for m in (int(v) for v in args.ms.split(",")):
-            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(4)]
-
-            def two(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
-                return gated_activation(kernel(xs[i % 4], w), "silu")
-
-            def one(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor | None:
-                return kernel.gated(xs[i % 4], w, "silu")
-
-            def linear(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
-                return dense(xs[i % 4])
-
-            fused = one(0)
-            same = fused is not None and torch.equal(fused, two(0))
-            row: dict[str, Any] = {"K": k, "I": inter, "M": m, "plan": _plan(w, m), "gated": fused is not None,
-                                   "same_bits": same}
-            if fused is not None:
-                graph = time_interleaved([two, one], "cuda", rounds=7, graph=True, sets=[4, 4])
-                row["graph_us"] = {"two launches": graph[0].median_s * 1e6, "gated": graph[1].median_s * 1e6}
-                host = host_samples([two, one, linear], dev)
-                row["host_us_device_held"] = {
-                    name: sorted(s.held)[len(s.held) // 2] * 1e6
-                    for name, s in zip(("two launches", "gated", "nn.Linear"), host, strict=True)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del w, dense
+        rows += _shape_rows(kernel, k, inter, [int(v) for v in args.ms.split(",")])
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
