@@ -106,8 +106,13 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         return linear
 
     def gated(self, x: torch.Tensor, prepared: Any, activation: str) -> torch.Tensor | None:
-        """SiLU's gated end (``launch.gated_linear``) where the call's plan takes it."""
-        if activation != "silu":
+        """SiLU's gated end (``launch.gated_linear``) where the call's plan takes it, for an
+        eager call: what it saves is a launch's host time (on an H200 a gate/up layer's call
+        and the activation's cost the host 46-53 µs, the gated call 24-30, ``nn.Linear``
+        26-32), while on the GPU it ran 0.6-3.4 µs slower than the two launches at M = 1 and
+        16 (``benchmarks/results/probes/gated_end-nvidia-h200.json``). A call being captured
+        into a CUDA graph, replayed later without host work, takes the two."""
+        if activation != "silu" or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return None
         x = self.launch_input(x, prepared)
         return _gated_launcher()(x, prepared) if x.numel() else None

@@ -68,9 +68,11 @@ PDL_ENV = "QUANTCORE_HOPPER_PDL"
 PDL_MODES = {"off": 0, "wait": 1, "prefetch": 2}
 
 #: A gated call (``quantcore/triton/gluon_split_k.py``'s gated end) takes plans of tiles up to
-#: this many rows: above, a tile's gate and up sums held at once spill (a 128-row tile of
-#: two warpgroups compiles to 255 registers and a spill; 64 rows to 172, none).
-GATED_MAX_BM = 64
+#: this many rows. On an H200 (``benchmarks/results/probes/gated_end-nvidia-h200.json``, CUDA
+#: graphs) the 64-row plans ran 1.6x slower gated than the layer and the activation's launch
+#: apart (8192×28672: 121.3 against 74.7 µs): the epilogue's two [128, 64] float32 sums raise the
+#: registers to 172 and two programs no longer fit an SM; at 16 rows it took 56.2 against 55.6.
+GATED_MAX_BM = 16
 #: A gated weight's I (N/2) is a multiple of the widest tile's rows, so that no tile holds
 #: outputs of both halves and gate's tile and up's pair by column.
 GATED_ROWS = 128

@@ -33,10 +33,10 @@ def _weights(n: int = 512, k: int = 512) -> Any:
 
 def test_which_plans_and_weights_can_end_gated() -> None:
     w = _weights()
-    for plan in (DecodePlan(1), DecodePlan(4, bm=16), Plan(1, 16, 4, 4), Plan(2, 64, 4, 1, in_flight=True, ws=True)):
+    for plan in (DecodePlan(1), DecodePlan(4, bm=16), Plan(1, 16, 4, 4), Plan(2, 16, 6, 1, in_flight=True, ws=True)):
         assert launch.gated_refusal(w, plan) == "", plan
-    assert "128 rows" in launch.gated_refusal(w, Plan(2, 128, 4, 1, in_flight=True))
-    assert "balanced grid" in launch.gated_refusal(w, Plan(2, 64, 4, 1, in_flight=True, stream=1))
+    assert "64 rows" in launch.gated_refusal(w, Plan(2, 64, 4, 1, in_flight=True))
+    assert "balanced grid" in launch.gated_refusal(w, Plan(2, 16, 4, 1, in_flight=True, stream=1))
     assert "Triton kernels" in launch.gated_refusal(w, TritonPlan())
     assert "I a multiple of 128" in launch.gated_refusal(_weights(n=384), DecodePlan(1))  # I = 192
 
@@ -56,7 +56,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Recorder]:
     return record_launches(monkeypatch, decode_bucket)  # one list: both modules' launches, in order
 
 
-@pytest.mark.parametrize("plan", [Plan(1, 16, 4, 1), Plan(2, 64, 3, 2), DecodePlan(1), DecodePlan(2, bm=16)],
+@pytest.mark.parametrize("plan", [Plan(1, 16, 4, 1), Plan(2, 16, 3, 2), DecodePlan(1), DecodePlan(2, bm=16)],
                          ids=["wgmma", "wgmma-split", "decode", "decode16-split"])
 def test_a_gated_bucket_launches_the_plans_kernel_gated(recorded: list[Recorder], plan: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,11 +80,22 @@ def test_a_gated_bucket_launches_the_plans_kernel_gated(recorded: list[Recorder]
 
 
 def test_a_plan_that_cannot_end_gated_answers_none_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(2, 128, 4, 1, in_flight=True))
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(2, 64, 4, 1, in_flight=True))
     w = _weights()
     x = torch.randn(3, 512, dtype=torch.bfloat16)
     assert launch.gated_linear(x, w) is None
     assert launch._bucket(x, w, 3).gated is False
+
+
+def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: DecodePlan(1))
+    kernel, w = HopperWgmmaGPTQ(FMT, "cpu"), _weights()
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    assert kernel.gated(x, w, "silu") is not None and kernel.gated(x, w, "gelu") is None
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # as a CUDA tensor asks
+    assert kernel.gated(x, w, "silu") is None
 
 
 class _OneLaunch:
@@ -131,7 +142,7 @@ from tools.probes.hopper_wgmma_hazards import operand_hazards
 for rows in (8, 16):
     r = compile_report(gated=True, rows=rows)
     print(json.dumps({"kernel": "decode", "rows": rows, "spill_stack": r["spill_stack"], "atomics": r["end"]["ATOMG"]}))
-for plan in (Plan(1, 16, 4, 4), Plan(2, 16, 6, 1, in_flight=True, ws=True), Plan(2, 64, 4, 1, in_flight=True)):
+for plan in (Plan(1, 16, 4, 4), Plan(2, 16, 6, 1, in_flight=True, ws=True), Plan(1, 16, 4, 2, in_flight=True)):
     w = _weights(4, 1024, 1024, 128, True)
     x = prepare_x(torch.zeros(16, 1024, dtype=torch.bfloat16))
     _, args, const = kernel_args(x, w, plan, torch.zeros(16, 512, dtype=torch.bfloat16), torch.zeros(4),

@@ -38,8 +38,7 @@ PLANS = [
     pytest.param(DecodePlan(2, bm=16), (3, 16), id="decode16-split2"),
     pytest.param(Plan(1, 16, 4, 4), (1, 16, 40), id="wgmma-bm16-split4"),
     pytest.param(Plan(2, 16, 6, 1, in_flight=True, ws=True), (7, 16, 33), id="wgmma-bm16-ws"),
-    pytest.param(Plan(1, 64, 4, 2), (64, 100), id="wgmma-bm64"),
-    pytest.param(Plan(2, 64, 4, 1, in_flight=True), (17, 64), id="wgmma-bm64-in-flight"),
+    pytest.param(Plan(1, 16, 4, 2, in_flight=True), (2, 16, 17), id="wgmma-bm16-in-flight-split2"),
 ]
 
 K, INTER = 1024, 256
@@ -50,9 +49,7 @@ def _layer(fmt: GPTQ | AWQ, seed: int, inter: int = INTER) -> tuple[Any, dict[st
 
 
 def _golden(x: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    h = x.double() @ dense.T + bias.double()
-    gate, up = h.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
+    return x.double() @ dense.T + bias.double()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -70,16 +67,21 @@ def test_the_gated_end_gives_the_bits_of_the_two_launches(fmt: GPTQ | AWQ, plan:
     for m in rows:
         x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(dtype)
         xd = x.cuda()
-        two = gated_activation(kernel(xd, prepared), "silu")
+        h = kernel(xd, prepared)
+        two = gated_activation(h, "silu")
         one = kernel.gated(xd, prepared, "silu")
         assert one is not None and one.shape == (m, INTER) and one.dtype == dtype
         assert torch.equal(one, two), f"{plan} M{m}: {(one.float() - two.float()).abs().max().item()} off"
         assert torch.equal(kernel.gated(xd, prepared, "silu"), two)  # its counters were left at zero
-        verdict = judge_output(one.cpu(), _golden(x, dense, tensors["bias"]), dtype)
+        # What the end's bits equal is the layer's output through gated_activation's contract;
+        # that output against the float64 golden at the linear op's tolerance:
+        verdict = judge_output(h.cpu(), _golden(x, dense, tensors["bias"]), dtype)
         assert verdict.ok, f"{plan} M{m}: {verdict.problem}"
 
 
-def test_a_captured_gated_call_replays_the_eager_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_captured_gated_launch_replays_the_eager_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's gated call declines a capture (its two launches are captured instead);
+    the gated launch itself, captured, replays what it computes eagerly."""
     from quantcore.backends.hopper_wgmma import launch
     from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 
@@ -92,9 +94,11 @@ def test_a_captured_gated_call_replays_the_eager_bits(monkeypatch: pytest.Monkey
         kernel.gated(xd, prepared, "silu")  # compiled outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            captured = kernel.gated(xd, prepared, "silu")
+            assert kernel.gated(xd, prepared, "silu") is None
+            captured = launch.gated_linear(xd, prepared)
         xd.copy_(torch.randn(4, K, device="cuda").to(torch.bfloat16))
         graph.replay()
+        assert captured is not None
         assert torch.equal(captured, gated_activation(kernel(xd, prepared), "silu")), plan
 
 
@@ -107,7 +111,7 @@ def test_what_cannot_end_gated_answers_none(monkeypatch: pytest.MonkeyPatch) -> 
     prepared, _, _ = _layer(fmt, seed=2)
     xd = torch.randn(2, K, device="cuda").to(torch.bfloat16)
     assert kernel.gated(xd, prepared, "gelu") is None
-    for plan in (Plan(2, 128, 4, 1, in_flight=True), TritonPlan()):
+    for plan in (Plan(2, 64, 4, 1, in_flight=True), TritonPlan()):
         monkeypatch.setattr(launch, "plan_of", lambda m, w, device, plan=plan: plan)
         prepared, _, _ = _layer(fmt, seed=3)
         assert kernel.gated(xd, prepared, "silu") is None, plan
