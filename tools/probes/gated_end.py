@@ -6,8 +6,12 @@ rounds, ``quantcore/timing.py``), eager host µs per call with the device held
 two give the same bits. GPTQ 4-bit g128 sym, bf16.
 
     python -m tools.probes.gated_end [--shapes 8192x14336,8192x28672] [--ms 1,16,64] [--json PATH]
+    ncu --launch-skip 4 --launch-count 6 -k regex:kernel python -m tools.probes.gated_end --profile ...
 
-A shape is ``KxI``: the layer is ``[2·I, K]`` (gate's I rows, then up's).
+A shape is ``KxI``: the layer is ``[2·I, K]`` (gate's I rows, then up's). The gated launch is
+timed through ``launch.gated_linear`` (the kernel's ``gated`` declines a capture). ``--profile``
+only launches, for a profiler: per shape and M, each way twice (compiles, binds), then the
+layer's launch three times and the gated one three times.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from benchmarks.suites._host_cost import host_samples
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
-from quantcore.backends.hopper_wgmma.launch import launch_state
+from quantcore.backends.hopper_wgmma.launch import gated_linear, launch_state
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernels.gated_activation import gated_activation
 from quantcore.timing import time_interleaved
@@ -33,7 +37,7 @@ def _plan(w: Any, m: int) -> str:
     return "?"
 
 
-def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int]) -> list[dict[str, Any]]:
+def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int], profile: bool) -> list[dict[str, Any]]:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator().manual_seed(k + inter)
     stored = kernel.fmt.quantize(torch.randn(2 * inter, k, generator=gen) * 0.02, generator=gen)
@@ -47,11 +51,16 @@ def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int]) -> l
             return gated_activation(kernel(xs[i % 4], w), "silu")
 
         def one(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor | None:
-            return kernel.gated(xs[i % 4], w, "silu")
+            return gated_linear(xs[i % 4], w)
 
         def linear(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
             return dense(xs[i % 4])
 
+        if profile:
+            for fn in (kernel, gated_linear, kernel, gated_linear, *[kernel] * 3, *[gated_linear] * 3):
+                fn(xs[0], w)
+            torch.cuda.synchronize()
+            continue
         fused = one(0)
         row: dict[str, Any] = {"K": k, "I": inter, "M": m, "plan": _plan(w, m), "gated": fused is not None,
                                "same_bits": fused is not None and torch.equal(fused, two(0))}
@@ -72,12 +81,13 @@ def main() -> int:
     ap.add_argument("--shapes", default="8192x14336,8192x28672,4096x14336")
     ap.add_argument("--ms", default="1,16,64")
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="only launch, for a profiler (module docstring)")
     args = ap.parse_args()
     kernel = HopperWgmmaGPTQ(GPTQ(bits=4, group_size=128), torch.device("cuda"))
     rows: list[dict[str, Any]] = []
     for shape in args.shapes.split(","):
         k, inter = (int(v) for v in shape.split("x"))
-        rows += _shape_rows(kernel, k, inter, [int(v) for v in args.ms.split(",")])
+        rows += _shape_rows(kernel, k, inter, [int(v) for v in args.ms.split(",")], args.profile)
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
