@@ -70,8 +70,13 @@ class RotationLaunch:
                          for bm in (SMALL_ROWS, 64)}
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.rows(x2d).view(x2d.shape[0] * self.groups, self.cols)
+
+    def rows(self, x2d: torch.Tensor) -> torch.Tensor:
+        """The same values as ``[M, G·P·d]``: each row of x rotated, its groups' copies side
+        by side (the code matrix's inputs, as a kernel over every pass reads them)."""
         m = x2d.shape[0]
-        out = torch.empty(m * self.groups, self.cols, dtype=x2d.dtype, device=x2d.device)
+        out = torch.empty(m, self.groups * self.cols, dtype=x2d.dtype, device=x2d.device)
         bm = SMALL_ROWS if m <= SMALL_ROWS else 64
         self.launches[bm]((-(-m // bm), self.groups, 1), x2d, self.rhs, out, m)
         return out
