@@ -214,11 +214,26 @@ def _linear_family(family: str, fmt: Any, module_name: str,
 
 def _gptq(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
           skipped: dict[str, str]) -> list[Subject]:
+    """The family, then its module read as a fused gate/up layer (N = 2·I): the layer's call
+    and the activation's, and ``QuantLinear.gated`` (one launch where its kernel ends gated;
+    a capture takes the two)."""
+    from quantcore.kernels.gated_activation import gated_activation
     from quantcore.nn.linear import QuantLinear
 
-    return _linear_family("gptq4", GPTQ_FMT, "QuantLinear(gptq4)",
-                          lambda tensors: QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype),
-                          device, dtype, m, k, n, gen, skipped)
+    modules: list[QuantLinear] = []
+
+    def module_of(tensors: dict[str, torch.Tensor]) -> QuantLinear:
+        modules.append(QuantLinear(GPTQ_FMT, tensors, device=device, dtype=dtype))
+        return modules[-1]
+
+    out = _linear_family("gptq4", GPTQ_FMT, "QuantLinear(gptq4)", module_of, device, dtype, m, k, n, gen, skipped)
+    layer, x = modules[-1], torch.randn(m, k, device=device).to(dtype)
+    gate_up = f"[{n}, {k}] as gate/up, I = {n // 2}"
+    out.append(Subject("QuantLinear(gptq4) + gated_activation", "module",
+                       lambda i: gated_activation(layer(x), "silu"), f"{gate_up}: the layer's call, then the activation's"))
+    out.append(Subject("QuantLinear(gptq4).gated", "module", lambda i: layer.gated(x),
+                       f"{gate_up}: one call (kernel {layer.kernel.name}; one launch where it ends gated)"))
+    return out
 
 
 def _turbo(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, gen: torch.Generator,
