@@ -196,8 +196,9 @@ class LinearKernel(Kernel):
 
     def gated(self, x: torch.Tensor, prepared: Any, activation: str) -> torch.Tensor | None:
         """``act(h[..., :I]) · h[..., I:]`` ``[..., I]`` of this layer's output ``h = self(x,
-        prepared)`` ``[..., 2·I]`` (a fused gate/up layer: gate's outputs, then up's) in one
-        launch, the same bits as ``gated_activation(h, activation)``
-        (``quantcore/kernels/gated_activation/op.py``); or None, the default, where the
-        kernel does not end this call with the activation and the caller runs the two."""
+        prepared)`` ``[..., 2·I]`` (a fused gate/up layer: gate's outputs, then up's), the
+        same bits as ``gated_activation(h, activation)``
+        (``quantcore/kernels/gated_activation/op.py``), in one launch where the kernel can
+        end its own with the activation; or None, the default, where the kernel leaves the
+        activation to the caller."""
         return None

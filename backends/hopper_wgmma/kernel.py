@@ -111,11 +111,15 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         and the activation's cost the host 46-53 µs, the gated call 24-30, ``nn.Linear``
         26-32), while on the GPU it ran 0.6-3.4 µs slower than the two launches at M = 1 and
         16 (``benchmarks/results/probes/gated_end-nvidia-h200.json``). A call being captured
-        into a CUDA graph, replayed later without host work, takes the two."""
-        if activation != "silu" or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        into a CUDA graph, replayed later without host work, and a plan that cannot end
+        gated take the two launches, here (one check of x, one lookup of the plan)."""
+        if activation != "silu":
             return None
         x = self.launch_input(x, prepared)
-        return _gated_launcher()(x, prepared) if x.numel() else None
+        if not x.numel():
+            return None
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        return _gated_launcher()(x, prepared, fuse=not capturing)
 
 
 class HopperWgmmaAWQ(AWQViaGPTQLanes, HopperWgmmaGPTQ):
@@ -123,7 +127,7 @@ class HopperWgmmaAWQ(AWQViaGPTQLanes, HopperWgmmaGPTQ):
 
 
 @functools.cache
-def _gated_launcher() -> Callable[[torch.Tensor, Any], torch.Tensor | None]:
+def _gated_launcher() -> Callable[..., torch.Tensor]:
     """``launch.gated_linear``, imported on the first call (it imports triton)."""
     from .launch import gated_linear
 

@@ -26,6 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from quantcore.errors import InvalidArgumentError
+from quantcore.kernels.gated_activation import gated_activation
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe.card import CardKey, card_key
 from quantcore.triton.launch import Launch, launch_state
@@ -432,16 +433,21 @@ def gated_refusal(w: HopperWeights, plan: AnyPlan) -> str:
     return ""
 
 
-def gated_linear(x: torch.Tensor, w: HopperWeights) -> torch.Tensor | None:
-    """``silu(h[..., :I]) · h[..., I:]`` ``[..., I]`` of ``h = x · Ŵᵀ + b`` in one launch:
-    the plan a plain call of this M takes, its tiles ending gated (``gluon_split_k.py``); or
-    None where that plan cannot (:func:`gated_refusal`). ``x`` as :func:`linear` takes it."""
+def gated_linear(x: torch.Tensor, w: HopperWeights, *, fuse: bool = True) -> torch.Tensor:
+    """``silu(h[..., :I]) · h[..., I:]`` ``[..., I]`` of ``h = x · Ŵᵀ + b``: one launch, the
+    plan a plain call of this M takes with its tiles ending gated (``gluon_split_k.py``),
+    where that plan can (:func:`gated_refusal`) and ``fuse``; else that plan's launch and
+    ``gated_activation``'s (the same bits, without a second lookup of the plan or a second
+    check of x). ``x`` as :func:`linear` takes it."""
     m = x.numel() // w.in_features
     bucket = _bucket(x, w, m)
-    twin = bucket.gated
-    if twin is None:
-        twin = bucket.gated = _gated_twin(bucket, w)
-    return twin(x, w, m) if twin else None  # type: ignore[operator]
+    if fuse:
+        twin = bucket.gated
+        if twin is None:
+            twin = bucket.gated = _gated_twin(bucket, w)
+        if twin:
+            return twin(x, w, m)  # type: ignore[operator, no-any-return]
+    return gated_activation(bucket(x, w, m), "silu")
 
 
 def _gated_twin(bucket: AnyBucket, w: HopperWeights) -> _Bucket | DecodeBucket | bool:

@@ -1,7 +1,8 @@
 """hopper_wgmma's gated end, checked without a GPU: which calls take it (``gated_refusal``),
 what a gated bucket launches (the plain plan's kernel with ``GATED``, an ``[M, N/2]`` output
 at its own row stride, the workspace and pair counters even unsplit), that the twin is made
-once per plan, and ``QuantLinear.gated``'s routing (the kernel's one launch on the direct
+once per plan, that a plan that cannot end gated and a call being captured run the plan's
+launch and the activation's, and ``QuantLinear.gated``'s routing (the kernel's one launch on the direct
 route, the two launches otherwise). The kernels compile gated for sm_90a without spills.
 The bits are checked on a GPU (``test_gated_cuda.py``)."""
 
@@ -79,12 +80,17 @@ def test_a_gated_bucket_launches_the_plans_kernel_gated(recorded: list[Recorder]
     assert len(gated.calls) == 2 and len(recorded) == 2
 
 
-def test_a_plan_that_cannot_end_gated_answers_none_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plan_that_cannot_end_gated_runs_the_two_launches(recorded: list[Recorder],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(2, 64, 4, 1, in_flight=True))
     w = _weights()
     x = torch.randn(3, 512, dtype=torch.bfloat16)
-    assert launch.gated_linear(x, w) is None
-    assert launch._bucket(x, w, 3).gated is False
+    for _ in range(2):
+        y = launch.gated_linear(x, w)
+        assert y.shape == (3, 256)
+    assert launch._bucket(x, w, 3).gated is False  # decided once
+    (plain,) = recorded  # no twin bound: the plan's own launch, twice
+    assert not plain.constexprs["GATED"] and len(plain.calls) == 2
 
 
 def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],
@@ -92,10 +98,14 @@ def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: DecodePlan(1))
     kernel, w = HopperWgmmaGPTQ(FMT, "cpu"), _weights()
     x = torch.randn(2, 512, dtype=torch.bfloat16)
-    assert kernel.gated(x, w, "silu") is not None and kernel.gated(x, w, "gelu") is None
+    assert kernel.gated(x, w, "gelu") is None  # the kernel's end is SiLU's
+    assert kernel.gated(x, w, "silu").shape == (2, 256)
+    plain, gated = recorded
+    assert (len(plain.calls), len(gated.calls)) == (0, 1)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # as a CUDA tensor asks
-    assert kernel.gated(x, w, "silu") is None
+    assert kernel.gated(x, w, "silu").shape == (2, 256)
+    assert (len(plain.calls), len(gated.calls)) == (1, 1)
 
 
 class _OneLaunch:

@@ -3,8 +3,8 @@
 by ``gated_activation``, for every plan kind that takes it (the decode kernel, split or not;
 the wgmma kernel, split, in flight, with a producer warp), every format the layout holds, bf16
 and fp16, a bias, rows up to the tile and past it; twice in a row (the pair counters are left
-at zero); replayed from a CUDA graph; through ``QuantLinear.gated``. Plans that cannot take it
-answer None and the caller runs the two launches."""
+at zero); replayed from a CUDA graph; through ``QuantLinear.gated``. Plans that cannot take
+it, and a call being captured, run the two launches, with the same bits."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def test_the_gated_end_gives_the_bits_of_the_two_launches(fmt: GPTQ | AWQ, plan:
         assert verdict.ok, f"{plan} M{m}: {verdict.problem}"
 
 
-def test_a_captured_gated_launch_replays_the_eager_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel's gated call declines a capture (its two launches are captured instead);
-    the gated launch itself, captured, replays what it computes eagerly."""
+def test_captured_gated_calls_replay_the_eager_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's gated call, captured, takes the two launches; the gated launch itself,
+    captured, replays what it computes eagerly."""
     from quantcore.backends.hopper_wgmma import launch
     from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 
@@ -91,18 +91,19 @@ def test_a_captured_gated_launch_replays_the_eager_bits(monkeypatch: pytest.Monk
     for plan in (DecodePlan(1), Plan(1, 16, 4, 4)):
         monkeypatch.setattr(launch, "plan_of", lambda m, w, device, plan=plan: plan)
         xd = torch.randn(4, K, device="cuda").to(torch.bfloat16)
-        kernel.gated(xd, prepared, "silu")  # compiled outside the capture
+        kernel.gated(xd, prepared, "silu")  # compiled and bound outside the capture
+        gated_activation(kernel(xd, prepared), "silu")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            assert kernel.gated(xd, prepared, "silu") is None
-            captured = launch.gated_linear(xd, prepared)
+            two = kernel.gated(xd, prepared, "silu")
+            one = launch.gated_linear(xd, prepared)
         xd.copy_(torch.randn(4, K, device="cuda").to(torch.bfloat16))
         graph.replay()
-        assert captured is not None
-        assert torch.equal(captured, gated_activation(kernel(xd, prepared), "silu")), plan
+        want = gated_activation(kernel(xd, prepared), "silu")
+        assert two is not None and torch.equal(two, want) and torch.equal(one, want), plan
 
 
-def test_what_cannot_end_gated_answers_none(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_cannot_end_gated_runs_the_two_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     from quantcore.backends.hopper_wgmma import launch
     from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 
@@ -114,10 +115,12 @@ def test_what_cannot_end_gated_answers_none(monkeypatch: pytest.MonkeyPatch) -> 
     for plan in (Plan(2, 64, 4, 1, in_flight=True), TritonPlan()):
         monkeypatch.setattr(launch, "plan_of", lambda m, w, device, plan=plan: plan)
         prepared, _, _ = _layer(fmt, seed=3)
-        assert kernel.gated(xd, prepared, "silu") is None, plan
+        got = kernel.gated(xd, prepared, "silu")
+        assert got is not None and torch.equal(got, gated_activation(kernel(xd, prepared), "silu")), plan
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: DecodePlan(1))
     odd, _, _ = _layer(fmt, seed=4, inter=192)  # I not a multiple of 128: a tile would hold both halves
-    assert kernel.gated(xd, odd, "silu") is None
+    got = kernel.gated(xd, odd, "silu")
+    assert got is not None and torch.equal(got, gated_activation(kernel(xd, odd), "silu"))
 
 
 def test_quant_linear_gated_takes_the_one_launch() -> None:
