@@ -11,6 +11,7 @@ import torch
 from ..custom_ops import traced
 from ..errors import InvalidArgumentError
 from ..formats.base import Format
+from ..kernel import LinearKernel
 from ..kernels.gated_activation import gated_activation
 from ..problem import check_dims
 from .quant_module import QuantModule, runs_hooks
@@ -74,7 +75,7 @@ class QuantLinear(QuantModule):
         way. A traced call, a forward hook or a call before the first (whose output the
         module checks) takes the two."""
         kernel = self._direct
-        if kernel is not None and not traced(x) and not runs_hooks(self):
+        if isinstance(kernel, LinearKernel) and not traced(x) and not runs_hooks(self):
             y = kernel.gated(x, self.prepared, activation)
             if y is not None:
                 return y

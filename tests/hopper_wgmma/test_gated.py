@@ -108,18 +108,13 @@ def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],
     assert (len(plain.calls), len(gated.calls)) == (1, 1)
 
 
-class _OneLaunch:
-    """A kernel whose gated call answers a marked tensor: which route a call took."""
+def _one_launch(kernel: Any) -> Any:
+    """``kernel``'s twin whose gated call answers a marked tensor: which route a call took."""
 
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-        self.name = kernel.name
-
-    def __call__(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
-        return self.kernel(x, prepared)
-
-    def gated(self, x: torch.Tensor, prepared: Any, activation: str) -> torch.Tensor:
+    def gated(self: Any, x: torch.Tensor, prepared: Any, activation: str) -> torch.Tensor:
         return torch.full((*x.shape[:-1], 7), 42.0)
+
+    return type("OneLaunch", (type(kernel),), {"gated": gated})(kernel.fmt, kernel.device)
 
 
 def test_quant_linear_gated_routes_by_the_direct_route_and_hooks() -> None:
@@ -131,7 +126,7 @@ def test_quant_linear_gated_routes_by_the_direct_route_and_hooks() -> None:
     x = torch.randn(3, 64)
     assert torch.equal(layer.gated(x), gated_activation(layer(x), "silu"))  # a CPU kernel ends no call gated
     assert layer.kernel is not None and layer.kernel.gated(x, layer.prepared, "silu") is None
-    layer._direct = _OneLaunch(layer.kernel)  # type: ignore[assignment]
+    layer._direct = _one_launch(layer.kernel)
     assert (layer.gated(x) == 42).all()
     handle = layer.register_forward_hook(lambda module, args, out: None)
     assert torch.equal(layer.gated(x), gated_activation(layer(x), "silu"))  # a hook runs: the module's call
