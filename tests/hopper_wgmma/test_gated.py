@@ -171,3 +171,22 @@ def test_the_kernels_compile_gated_for_sm90_without_spills() -> None:
         assert r["spill_stack"] == 0, r
         assert r.get("hazards", 0) == 0, r
         assert r.get("atomics", 2) == 2, r  # the pair's ticket and its reset
+
+
+def test_a_gated_call_checks_x_as_the_layers_call_does(recorded: list[Recorder],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.errors import KernelInputError
+
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: DecodePlan(1))
+    kernel, w = HopperWgmmaGPTQ(FMT, "cpu"), _weights()
+    for bad, what in ((torch.randn(2, 384, dtype=torch.bfloat16), "384"),
+                      (torch.randn(2, 512, dtype=torch.float32), "float32"),
+                      (torch.randn(2, 512, dtype=torch.bfloat16, device="meta"), "meta"),
+                      ("rows", "str")):
+        with pytest.raises(KernelInputError, match=rf"\bx\b.*{what}"):
+            kernel.gated(bad, w, "silu")  # type: ignore[arg-type]
+    with pytest.raises(KernelInputError, match="prepared"):
+        kernel.gated(torch.randn(2, 512, dtype=torch.bfloat16), object(), "silu")
+    assert not recorded  # nothing was bound, nothing launched
+    strided = torch.randn(512, 4, dtype=torch.bfloat16).t()[:2]  # x's rows 4 elements apart
+    assert kernel.gated(strided, w, "silu").shape == (2, 256)  # made contiguous, as the layer's call does
