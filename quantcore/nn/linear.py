@@ -11,7 +11,6 @@ import torch
 from ..custom_ops import traced
 from ..errors import InvalidArgumentError
 from ..formats.base import Format
-from ..kernel import LinearKernel
 from ..kernels.gated_activation import gated_activation
 from ..problem import check_dims
 from .quant_module import QuantModule, runs_hooks
@@ -70,13 +69,15 @@ class QuantLinear(QuantModule):
         """``act(h[..., :I]) · h[..., I:]`` of this layer's output ``h = self(x)``, for a layer
         whose outputs are gate's then up's (a fused gate/up projection, as
         ``ParallelQuantMLP`` and ``quantcore.nn.fuse`` build it): one launch where the kernel
-        ends its tiles with the activation (``Kernel.gated``), else the layer's call and
+        ends its tiles with the activation (``LinearKernel.gated``), else the layer's call and
         :func:`~quantcore.kernels.gated_activation.gated_activation`'s; the same bits either
         way. A traced call, a forward hook or a call before the first (whose output the
         module checks) takes the two."""
         kernel = self._direct
-        if isinstance(kernel, LinearKernel) and not traced(x) and not runs_hooks(self):
-            y = kernel.gated(x, self.prepared, activation)
+        if kernel is not None and not traced(x) and not runs_hooks(self):
+            # A linear module's kernels are LinearKernels; said to the type checker only (an
+            # isinstance or typing.cast would cost the call a Python frame).
+            y = kernel.gated(x, self.prepared, activation)  # type: ignore[attr-defined]
             if y is not None:
                 return y
         return gated_activation(self(x), activation)
