@@ -23,6 +23,8 @@ launch with its work taken out step by step, and more steps in flight.
 
 from __future__ import annotations
 
+import collections
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -319,8 +321,8 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
                    gated: bool = False) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
-    of every K-group), per code a thread handles there, and the end's atomics (the split-K
-    ticket)."""
+    of every K-group), per code a thread handles there, the end's atomics (the split-K
+    ticket) and the whole kernel's global loads and stores by opcode (their widths)."""
     from quantcore.triton.compile_report import (
         backward_loops,
         compile_sm90,
@@ -347,8 +349,9 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     codes = depth * 64 * (512 // bits) / 128  # a trip's steps: 64 rows × a block's inputs over one group's 128 threads
     whole_kernel = opcode_counts(i.opcode for i in ins)
     end = {op: whole_kernel.get(op, 0) for op in ("ATOMG", "RED")}
+    memory = dict(collections.Counter(i.opcode for i in ins if i.opcode.startswith(("LDG", "STG"))))
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "rows": rows, "lookup": lookup, "gated": gated, "end": end,
+            "depth": depth, "rows": rows, "lookup": lookup, "gated": gated, "end": end, "global_access": memory,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

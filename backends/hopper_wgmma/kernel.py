@@ -109,10 +109,10 @@ class HopperWgmmaGPTQ(PairedGPTQKernel):
         """SiLU's gated end (``launch.gated_linear``) where the call's plan takes it, for an
         eager call: what it saves is a launch's host time (on an H200 a gate/up layer's call
         and the activation's cost the host 46-54 µs, the gated call 24-31, ``nn.Linear``
-        27-32), while on the GPU it ran 0.6-4.1 µs slower than the two launches at M = 1 and
-        16 (``benchmarks/results/probes/gated_end-nvidia-h200.json``). A call being captured
-        into a CUDA graph, replayed later without host work, and a plan that cannot end
-        gated take the two launches, here (one check of x, one lookup of the plan)."""
+        27-32), while on the GPU it runs 0-1.1 µs slower than the two launches at M = 1 and
+        16 (``benchmarks/results/probes/gated_end-wide-end-nvidia-h200.json``). A call being
+        captured into a CUDA graph, replayed later without host work, and a plan that cannot
+        end gated take the two launches, here (one check of x, one lookup of the plan)."""
         if activation != "silu":
             return None
         x = self.launch_input(x, prepared)

@@ -86,17 +86,27 @@ def tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, str
             gl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
 
 
+#: Workspace slots the gated end loads at once: the most that leaves the decode kernel its
+#: plain end's registers (55 against 56 at 8 rows; 4 slots take 60, a program fewer an SM).
+GATED_SLOTS: gl.constexpr = gl.constexpr(3)
+
+
 @gluon.jit
 def _gated_store(acc, pid_k, n0, m0, offs_m, mask, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k,
                  HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, out_layout: gl.constexpr):
     """The gated end (module docstring): this program's part to workspace slot ``pid_k``;
     the last of the pair's ``2 · split_k`` programs stores ``silu(gate) · up``."""
-    inter = N // 2
+    # I is a multiple of 128 and of the tile's rows (the caller checks): said here, the
+    # compiler keeps the pair's loads and stores 16 bytes wide; without it, neither N // 2
+    # nor n0 % I has a known alignment and every access goes a scalar at a time.
+    inter = gl.multiple_of(N // 2, 128)
     m_rows = gl.expand_dims(offs_m.to(gl.int64) * N, 0)
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
     gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + m_rows + gl.expand_dims(n0 + rows, 1), acc, mask=mask)
     gl.thread_barrier()  # every thread's partial is stored before the release below
-    c0 = n0 % inter  # the pair's first output column: gate's row, up's is inter further
+    # The pair's first output column (gate's row; up's is inter further): n0 < 2·inter, so a
+    # select, not a remainder (a division by a runtime integer, ~20 instructions a warp).
+    c0 = gl.multiple_of(gl.where(n0 >= inter, n0 - inter, n0), BN)
     pair = (m0 // BM) * (inter // BN) + c0 // BN
     arrived = gl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel", scope="gpu")
     if arrived == 2 * split_k - 1:
@@ -105,11 +115,17 @@ def _gated_store(acc, pid_k, n0, m0, offs_m, mask, b_ptr, y_ptr, ws_ptr, cnt_ptr
         gate_offs = m_rows + gl.expand_dims(offs_c, 1)
         gate = gl.zeros([BN, BM], gl.float32, out_layout)
         up = gl.zeros([BN, BM], gl.float32, out_layout)
-        for s in range(split_k):
-            # .cg: from L2, where the other programs' partials are (L1 is not coherent).
-            slot = ws_ptr + s * M * N + gate_offs
-            gate += gl.load(slot, mask=c_mask, other=0.0, cache_modifier=".cg")
-            up += gl.load(slot + inter, mask=c_mask, other=0.0, cache_modifier=".cg")
+        # GATED_SLOTS slots a trip, their loads issued together (a loop of one slot a trip
+        # waits out an L2 round trip per slot, holding the SM); summed in slot order.
+        for s0 in range(0, split_k, GATED_SLOTS):
+            for j in gl.static_range(GATED_SLOTS):
+                s = s0 + j
+                live = c_mask & (s < split_k)
+                # .cg: from L2, where the other programs' partials are (L1 is not coherent);
+                # -0.0 past the last slot: it adds exactly (x + -0.0 is x, -0.0 included).
+                slot = ws_ptr + s * M * N + gate_offs
+                gate += gl.load(slot, mask=live, other=-0.0, cache_modifier=".cg")
+                up += gl.load(slot + inter, mask=live, other=-0.0, cache_modifier=".cg")
         if HAS_BIAS:
             gate += gl.expand_dims(gl.load(b_ptr + offs_c).to(gl.float32), 1)
             up += gl.expand_dims(gl.load(b_ptr + inter + offs_c).to(gl.float32), 1)

@@ -141,12 +141,14 @@ from quantcore.backends.hopper_wgmma.decode import compile_report
 from quantcore.backends.hopper_wgmma.kernels import wgmma_kernel
 from quantcore.backends.hopper_wgmma.launch import kernel_args, prepare_x
 from quantcore.backends.hopper_wgmma.plans import Plan
-from quantcore.triton.compile_report import compile_sm90
+from quantcore.triton.compile_report import compile_sm90, instructions
 from tools.probes.hopper_wgmma_sass import _weights
 from tools.probes.hopper_wgmma_hazards import operand_hazards
 for rows in (8, 16):
     r = compile_report(gated=True, rows=rows)
-    print(json.dumps({"kernel": "decode", "rows": rows, "spill_stack": r["spill_stack"], "atomics": r["end"]["ATOMG"]}))
+    print(json.dumps({"kernel": "decode", "rows": rows, "spill_stack": r["spill_stack"], "atomics": r["end"]["ATOMG"],
+                      "global_access": sorted(r["global_access"]), "registers": r["registers"],
+                      "plain_registers": compile_report(rows=rows)["registers"]}))
 for plan in (Plan(1, 16, 4, 4), Plan(2, 16, 6, 1, in_flight=True, ws=True), Plan(1, 16, 4, 2, in_flight=True)):
     w = _weights(4, 1024, 1024, 128, True)
     x = prepare_x(torch.zeros(16, 1024, dtype=torch.bfloat16))
@@ -155,10 +157,14 @@ for plan in (Plan(1, 16, 4, 4), Plan(2, 16, 6, 1, in_flight=True, ws=True), Plan
     const["GATED"] = True
     warps = const.pop("num_warps")
     names = [a for a in wgmma_kernel.arg_names if a not in const]
-    c = compile_sm90(wgmma_kernel, {n: mangle_type(a) for n, a in zip(names, args)}, const, divisible=[],
+    # as a launch specialises them: tensors 16-byte aligned, integers that are multiples of 16
+    aligned = [n for n, a in zip(names, args) if isinstance(a, torch.Tensor)
+               or (type(a) is int and a % 16 == 0 and n != "M")]
+    c = compile_sm90(wgmma_kernel, {n: mangle_type(a) for n, a in zip(names, args)}, const, divisible=aligned,
                      options={"num_warps": warps}, gluon=True)
     print(json.dumps({"kernel": "wgmma", "bm": plan.bm, "spill_stack": c.spill_stack,
-                      "hazards": len(operand_hazards(c.sass))}))
+                      "hazards": len(operand_hazards(c.sass)),
+                      "global_access": sorted({i.opcode for i in instructions(c.sass) if i.opcode.startswith(("LDG", "STG"))})}))
 """
 
 
@@ -171,6 +177,12 @@ def test_the_kernels_compile_gated_for_sm90_without_spills() -> None:
         assert r["spill_stack"] == 0, r
         assert r.get("hazards", 0) == 0, r
         assert r.get("atomics", 2) == 2, r  # the pair's ticket and its reset
+        # The pair's workspace reads (from L2: .STRONG.GPU) and its output stores 16 bytes
+        # at a time: I's alignment is known to the compiler, else each goes a scalar at a time.
+        ends = [op for op in r["global_access"] if op.startswith("STG") or "STRONG" in op]
+        assert ends and all(".128" in op for op in ends), r
+        if r["kernel"] == "decode":  # registers go to a warp 8 a thread at a time: as many programs an SM
+            assert -(-r["registers"] // 8) <= -(-r["plain_registers"] // 8), r
 
 
 def test_a_gated_call_checks_x_as_the_layers_call_does(recorded: list[Recorder],
