@@ -8,7 +8,8 @@ scale, a K split), and checks each plan's output against the call's own plan.
         --plans "1,8,8,1,in_flight;1,8,8,1,in_flight,late" [--json PATH]
 
 A plan is ``WG,BM,STAGES,SPLIT`` followed by any of ``in_flight``, ``ws``, ``late``,
-``regN`` (a register cap), ``streamN`` (a balanced grid of N programs an SM); CUDA graphs
+``regN`` (a register cap), ``streamN`` (a balanced grid of N programs an SM), or a Triton
+plan ``mma,BLOCK_N,BLOCK_M,SPLIT,WARPS,STAGES,BLOCK_B`` (``gemv,…`` likewise); CUDA graphs
 over rotating weights, GPTQ 4-bit (``--bits 8``: 8-bit) g128 sym, bf16. Each plan's output is compared with the
 table's plan's (relative error) and with its own second run (bit for bit).
 """
@@ -25,7 +26,7 @@ import triton
 
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear
-from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.backends.hopper_wgmma.plans import AnyPlan, Plan, TritonPlan
 from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.gptq import GPTQ
 from quantcore.timing import time_interleaved
@@ -35,8 +36,11 @@ from .probe_rows import record_times
 SETS = 6
 
 
-def parse_plan(text: str) -> Plan:
+def parse_plan(text: str) -> AnyPlan:
     fields = text.split(",")
+    if fields[0] in ("mma", "gemv"):
+        block_n, block_m, split, warps, stages, block_b = (int(v) for v in fields[1:7])
+        return TritonPlan(fields[0], block_n, block_m, split, warps, stages, block_b)  # type: ignore[arg-type]
     wg, bm, stages, split = (int(v) for v in fields[:4])
     flags = set(fields[4:])
     reg = next((int(f[3:]) for f in flags if f.startswith("reg")), 0)
