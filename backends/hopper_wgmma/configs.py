@@ -91,6 +91,12 @@ def _tables() -> dict[CardKey, dict[tuple[int, int, int, int], AnyPlan]]:
     return load_tables()
 
 
+def _gated_tables() -> dict[CardKey, dict[tuple[int, int, int, int], AnyPlan]]:
+    from .tuned import load_gated_tables
+
+    return load_gated_tables()
+
+
 def has_table(card: CardKey) -> bool:
     """Whether a table measured on ``card`` itself ships (not only a nearer card's)."""
     return card in _tables()
@@ -127,15 +133,21 @@ def _serves(plan: AnyPlan, measured_m: int, m: int) -> bool:
     return measured_m <= m <= M_REACH * measured_m and (m <= rows or measured_m > rows)
 
 
-def _measured(table: Table, shape: Shape) -> tuple[bool, AnyPlan | None]:
-    """Whether ``table`` measured this (bits, K, N), and its plan for the call: the one of its
-    largest M at or below the call's, if it serves the call (:func:`_serves`; else None)."""
+def _measured_row(table: Table, shape: Shape) -> tuple[bool, tuple[int, int, int, int] | None]:
+    """Whether ``table`` measured this (bits, K, N), and the row whose plan serves the call:
+    its largest M at or below the call's, if that plan serves it (:func:`_serves`; else None)."""
     ms = sorted(m for (b, k, n, m) in table if (b, k, n) == (shape.bits, shape.k, shape.n))
     below = [m for m in ms if m <= shape.m]
     if not below:
         return bool(ms), None
-    plan = table[(shape.bits, shape.k, shape.n, below[-1])]
-    return True, plan if _serves(plan, below[-1], shape.m) else None
+    key = (shape.bits, shape.k, shape.n, below[-1])
+    return True, key if _serves(table[key], below[-1], shape.m) else None
+
+
+def _measured(table: Table, shape: Shape) -> tuple[bool, AnyPlan | None]:
+    """Whether ``table`` measured this (bits, K, N), and its plan for the call (:func:`_measured_row`)."""
+    measured, key = _measured_row(table, shape)
+    return measured, None if key is None else table[key]
 
 
 def _ctas(plan: Plan, shape: Shape) -> int:
@@ -186,6 +198,23 @@ def plan_for(shape: Shape, card: CardKey) -> AnyPlan:
         if plan is not None:
             return plan
     return default_plan(shape, card)
+
+
+def gated_plan_for(shape: Shape, card: CardKey) -> AnyPlan | None:
+    """The plan a gated call of ``shape`` takes where :func:`plan_for`'s cannot end gated:
+    the ``"gated"`` plan of the table row that gives :func:`plan_for`'s plan (``tuned.py``),
+    or None (the call then runs its plan's launch and the activation's)."""
+    tables, gated = _tables(), _gated_tables()
+    for key in _nearest_first(card, list(tables)):
+        measured, row = _measured_row(tables[key], shape)
+        if row is not None and not (isinstance(tables[key][row], DecodePlan) and key != card):
+            plan = gated.get(key, {}).get(row)
+            if plan is None or not _serves(plan, row[3], shape.m) or (isinstance(plan, DecodePlan) and key != card):
+                return None
+            return plan
+        if measured:
+            return None
+    return None
 
 
 def measured_here(shape: Shape, card: CardKey) -> bool:

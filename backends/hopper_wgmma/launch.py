@@ -33,16 +33,16 @@ from quantcore.triton.launch import Launch, launch_state
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
-from .configs import SMEM_RESERVE, Shape, lookup_plan, plan_for
+from .configs import SMEM_RESERVE, Shape, gated_plan_for, lookup_plan, plan_for
 from .decode_bucket import DecodeBucket
 from .first_use import first_use_plan
 from .kernels import wgmma_kernel
 from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
-from .plans import AnyPlan, DecodePlan, Plan, TritonPlan
+from .plans import GATED_MAX_BM, AnyPlan, DecodePlan, Plan, TritonPlan, gated_plan_refusal
 from .small_m import SmallMBucket
 
-__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "gated_linear", "gated_refusal", "kernel_args", "linear", "plan_of",
-           "prepare_x", "split_steps"]
+__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
+           "plan_of", "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
 #: Triton specialises: M. x's descriptor changes its base only: what Triton specialises of
@@ -68,12 +68,6 @@ MAX_RUNS = 256
 PDL_ENV = "QUANTCORE_HOPPER_PDL"
 PDL_MODES = {"off": 0, "wait": 1, "prefetch": 2}
 
-#: A gated call (``quantcore/triton/gluon_split_k.py``'s gated end) takes plans of tiles up to
-#: this many rows. On an H200 (``benchmarks/results/probes/gated_end-nvidia-h200.json``, CUDA
-#: graphs) the 64-row plans ran 1.6x slower gated than the layer and the activation's launch
-#: apart (8192×28672: 121.3 against 74.7 µs): the epilogue's two [128, 64] float32 sums raise the
-#: registers to 172 and two programs no longer fit an SM; at 16 rows it took 56.2 against 55.6.
-GATED_MAX_BM = 16
 #: A gated weight's I (N/2) is a multiple of the widest tile's rows, so that no tile holds
 #: outputs of both halves and gate's tile and up's pair by column.
 GATED_ROWS = 128
@@ -106,6 +100,14 @@ def plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan:
     card = _card(device)
     shape = Shape(m, w.in_features, w.out_features, w.bits)
     plan = lookup_plan(shape) if isinstance(w, LookupWeights) else plan_for(shape, card)
+    return fit_stages(plan, w, card.smem_kib * 1024) if isinstance(plan, Plan) else plan
+
+
+def gated_plan_of(m: int, w: HopperWeights, device: torch.device) -> AnyPlan | None:
+    """The table's plan for a gated call of ``m`` rows where :func:`plan_of`'s cannot end
+    gated (``configs.gated_plan_for``), or None."""
+    card = _card(device)
+    plan = gated_plan_for(Shape(m, w.in_features, w.out_features, w.bits), card)
     return fit_stages(plan, w, card.smem_kib * 1024) if isinstance(plan, Plan) else plan
 
 
@@ -426,37 +428,41 @@ def gated_refusal(w: HopperWeights, plan: AnyPlan) -> str:
         return "a codebook weight (its bias is added after the launch)"
     if w.out_features % (2 * GATED_ROWS):
         return f"N = {w.out_features} is not 2·I with I a multiple of {GATED_ROWS}"
-    if isinstance(plan, TritonPlan):
-        return "the plan runs the Triton kernels over the words"
-    if isinstance(plan, Plan) and (plan.stream or plan.bm > GATED_MAX_BM):
-        return f"the plan's tile of {plan.bm} rows (gated up to {GATED_MAX_BM}, no balanced grid)"
-    return ""
+    return gated_plan_refusal(plan)
 
 
 def gated_linear(x: torch.Tensor, w: HopperWeights, *, fuse: bool = True) -> torch.Tensor:
     """``silu(h[..., :I]) · h[..., I:]`` ``[..., I]`` of ``h = x · Ŵᵀ + b``: one launch, the
     plan a plain call of this M takes with its tiles ending gated (``gluon_split_k.py``),
-    where that plan can (:func:`gated_refusal`) and ``fuse``; else that plan's launch and
-    ``gated_activation``'s (the same bits, without a second lookup of the plan or a second
-    check of x). ``x`` as :func:`linear` takes it."""
+    where that plan can (:func:`gated_refusal`) and ``fuse`` (the bits of that plan's call
+    and ``gated_activation``'s); where it cannot, the table row's gated plan (the bits of
+    that plan's call and the activation's: another kernel's rounding, within the layer's
+    tolerance); else that plan's launch and ``gated_activation``'s, without a second lookup
+    of the plan or a second check of x. ``x`` as :func:`linear` takes it."""
     m = x.numel() // w.in_features
     bucket = _bucket(x, w, m)
     if fuse:
         twin = bucket.gated
         if twin is None:
-            twin = bucket.gated = _gated_twin(bucket, w)
+            twin = bucket.gated = _gated_twin(bucket, w, m)
         if twin:
             return twin(x, w, m)  # type: ignore[operator, no-any-return]
     return gated_activation(bucket(x, w, m), "silu")
 
 
-def _gated_twin(bucket: AnyBucket, w: HopperWeights) -> _Bucket | DecodeBucket | bool:
+def _gated_twin(bucket: AnyBucket, w: HopperWeights, m: int) -> _Bucket | DecodeBucket | bool:
+    """The bucket of ``bucket``'s plan ending gated; where that plan cannot (a Triton plan
+    the table found faster), the table's gated plan for the row (:func:`gated_plan_of`): one
+    launch costs the host less than the faster plan's and the activation's two."""
+    plan: AnyPlan | None = bucket.plan
     if gated_refusal(w, bucket.plan):
-        return False
-    if isinstance(bucket, DecodeBucket):
-        return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, gated=True)
-    assert isinstance(bucket, _Bucket)
-    return _Bucket(w, bucket.dtype, bucket.device, bucket.plan, gated=True)
+        plan = gated_plan_of(m, w, bucket.device)
+        if plan is None or gated_refusal(w, plan):
+            return False
+    if isinstance(plan, DecodePlan):
+        return DecodeBucket(w, bucket.dtype, bucket.device, plan, gated=True)
+    assert isinstance(plan, Plan)
+    return _Bucket(w, bucket.dtype, bucket.device, plan, gated=True)
 
 
 def _plan_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan | DecodePlan) -> SmallMBucket | DecodeBucket:

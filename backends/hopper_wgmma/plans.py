@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["AnyPlan", "DecodePlan", "Plan", "TritonPlan", "plan_from_dict"]
+__all__ = ["GATED_MAX_BM", "AnyPlan", "DecodePlan", "Plan", "TritonPlan", "gated_plan_refusal", "plan_from_dict"]
 
 #: wgmma's N, the activation rows of a tile: 8…256 in steps of 8 (powers of two here).
 BM_CHOICES = (8, 16, 32, 64, 128, 256)
@@ -141,6 +141,24 @@ class DecodePlan:
 
 
 AnyPlan = Plan | TritonPlan | DecodePlan
+
+
+#: A gated call (``quantcore/triton/gluon_split_k.py``'s gated end) takes plans of tiles up to
+#: this many rows. On an H200 (``benchmarks/results/probes/gated_end-nvidia-h200.json``, CUDA
+#: graphs) the 64-row plans ran 1.6x slower gated than the layer and the activation's launch
+#: apart (8192×28672: 121.3 against 74.7 µs): the epilogue's two [128, 64] float32 sums raise the
+#: registers to 172 and two programs no longer fit an SM; at 16 rows it took 56.2 against 55.6.
+GATED_MAX_BM = 16
+
+
+def gated_plan_refusal(plan: AnyPlan) -> str:
+    """Why ``plan`` cannot end gated, whatever the weight ("" where it can): the Gluon
+    kernels end gated, Triton's do not; a tile of at most ``GATED_MAX_BM`` rows, no balanced grid."""
+    if isinstance(plan, TritonPlan):
+        return "the plan runs the Triton kernels over the words"
+    if isinstance(plan, Plan) and (plan.stream or plan.bm > GATED_MAX_BM):
+        return f"the plan's tile of {plan.bm} rows (gated up to {GATED_MAX_BM}, no balanced grid)"
+    return ""
 
 
 def plan_from_dict(d: dict[str, Any]) -> AnyPlan:

@@ -71,8 +71,10 @@ class QuantLinear(QuantModule):
         ``ParallelQuantMLP`` and ``quantcore.nn.fuse`` build it): one launch where the kernel
         ends its tiles with the activation (``LinearKernel.gated``), else the layer's call and
         :func:`~quantcore.kernels.gated_activation.gated_activation`'s; the same bits either
-        way. A traced call, a forward hook or a call before the first (whose output the
-        module checks) takes the two."""
+        way where the kernel ends the plan of its plain call (a kernel may end another plan
+        of the same layer, whose bits are that plan's: ``backends/hopper_wgmma/README.md``,
+        "the table's gated plans"). A traced call, a forward hook or a call before the first
+        (whose output the module checks) takes the two."""
         kernel = self._direct
         if kernel is not None and not traced(x) and not runs_hooks(self):
             # A linear module's kernels are LinearKernels; said to the type checker only (an

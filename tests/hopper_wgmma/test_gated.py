@@ -83,6 +83,7 @@ def test_a_gated_bucket_launches_the_plans_kernel_gated(recorded: list[Recorder]
 def test_a_plan_that_cannot_end_gated_runs_the_two_launches(recorded: list[Recorder],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "plan_of", lambda m, w, device: Plan(2, 64, 4, 1, in_flight=True))
+    monkeypatch.setattr(launch, "gated_plan_of", lambda m, w, device: None)  # no table row names one
     w = _weights()
     x = torch.randn(3, 512, dtype=torch.bfloat16)
     for _ in range(2):
@@ -91,6 +92,32 @@ def test_a_plan_that_cannot_end_gated_runs_the_two_launches(recorded: list[Recor
     assert launch._bucket(x, w, 3).gated is False  # decided once
     (plain,) = recorded  # no twin bound: the plan's own launch, twice
     assert not plain.constexprs["GATED"] and len(plain.calls) == 2
+
+
+@pytest.mark.parametrize("alternative", [DecodePlan(2), Plan(1, 16, 4, 2, in_flight=True)], ids=["decode", "wgmma"])
+def test_a_triton_plan_ends_gated_through_the_tables_gated_plan(recorded: list[Recorder],
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 alternative: Any) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: TritonPlan("mma", 128, 16, split=2, operand=0))
+    monkeypatch.setattr(launch, "gated_plan_of", lambda m, w, device: asked.append(m) or alternative)
+    w = _weights()
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    for _ in range(2):
+        assert launch.gated_linear(x, w).shape == (3, 256)
+    assert asked == [3]  # looked up once: the twin is kept with the call's bucket
+    (gated,) = recorded  # the table's gated plan, ending gated; the Triton plan's launch never ran
+    assert gated.constexprs["GATED"] and len(gated.calls) == 2
+    assert launch._bucket(x, w, 3).gated.plan == alternative
+
+
+def test_a_gated_plan_that_cannot_end_gated_is_not_taken(recorded: list[Recorder],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "plan_of", lambda m, w, device: TritonPlan("mma", 128, 16, split=2, operand=0))
+    monkeypatch.setattr(launch, "gated_plan_of", lambda m, w, device: Plan(2, 64, 4, 1, in_flight=True))
+    w = _weights()
+    assert launch.gated_linear(torch.randn(3, 512, dtype=torch.bfloat16), w).shape == (3, 256)
+    assert launch._bucket(torch.randn(3, 512, dtype=torch.bfloat16), w, 3).gated is False
 
 
 def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],

@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantcore.backends.hopper_wgmma.configs import Shape, default_plan, plan_for, tile_rows
+from quantcore.backends.hopper_wgmma.configs import (
+    Shape,
+    default_plan,
+    gated_plan_for,
+    plan_for,
+    tile_rows,
+)
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
-from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan
-from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
+from quantcore.backends.hopper_wgmma.plans import DecodePlan, Plan, TritonPlan, gated_plan_refusal
+from quantcore.backends.hopper_wgmma.tuned import load_gated_tables, load_tables, parse_table
 from quantcore.backends.triton_int4.kernel import TritonInt4GPTQ
 from quantcore.cost import DeviceRates
 from quantcore.formats.gptq import GPTQ
@@ -46,6 +52,24 @@ def test_the_table_answers_measured_shapes_and_the_m_just_below() -> None:
     assert plan_for(Shape(4, 4096, 4096, 4), H200) == table[(4, 4096, 4096, 1)]  # 4x reach, its 8-row tile
     # A plan measured with several row tiles (compute-bound) serves up to 4x its M.
     assert plan_for(Shape(3000, 4096, 14336, 4), H200) == table[(4, 4096, 14336, 2048)]
+
+
+def test_a_row_whose_plan_cannot_end_gated_names_one_that_can() -> None:
+    """A fused gate/up layer's gated call takes a row's ``"gated"`` plan where the row's own
+    is a Triton plan (tuned.py); every such plan can end gated, and no other row has one."""
+    tables, gated = load_tables(), load_gated_tables()
+    assert gated[H200], "the H200 table names gated plans"
+    for card, rows in gated.items():
+        for key, plan in rows.items():
+            assert gated_plan_refusal(plan) == "", (card, key, plan)
+            assert gated_plan_refusal(tables[card][key]), (card, key)  # only where the row's own cannot
+    # The 8B-class fused gate/up at one row (4096 × 28672): a Triton plan, its gated call 8-row tiles.
+    assert isinstance(plan_for(Shape(1, 4096, 28672, 4), H200), TritonPlan)
+    assert gated_plan_for(Shape(1, 4096, 28672, 4), H200) == Plan(1, 8, 4, 2)
+    assert gated_plan_for(Shape(3, 4096, 28672, 4), H200) == Plan(1, 8, 4, 2)  # the row that serves M = 3
+    # A row whose own plan ends gated, and a shape no table measured, name none.
+    assert gated_plan_for(Shape(16, 4096, 14336, 4), H200) is None
+    assert gated_plan_for(Shape(16, 4096, 1000, 4), H200) is None
 
 
 @pytest.mark.parametrize("card", [H100, H200])

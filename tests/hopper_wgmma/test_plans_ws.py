@@ -19,7 +19,7 @@ import torch
 from quantcore.backends.hopper_wgmma import launch
 from quantcore.backends.hopper_wgmma.configs import default_plan
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaGPTQ
-from quantcore.backends.hopper_wgmma.plans import Plan, plan_from_dict
+from quantcore.backends.hopper_wgmma.plans import Plan, TritonPlan, plan_from_dict
 from quantcore.backends.hopper_wgmma.tuned import load_tables, parse_table
 from quantcore.formats.gptq import GPTQ
 from quantcore.kernels.gptq_pairs.plans import Shape
@@ -186,6 +186,21 @@ def test_the_table_ships_a_ws_plan_only_where_the_check_ran_it_and_it_was_faster
         assert kept[(4, 4096, 14336, 8192)] == dataclasses.replace(WS, ws=False)
     close = parse_table(best_table(_rows(1500.0, 1500.0 * (1 - MARGIN) + 5), INFO, unsafe=set()))[1]
     assert close[(4, 4096, 14336, 8192)] == dataclasses.replace(WS, ws=False)
+
+
+def test_the_table_names_the_fastest_gated_plan_where_its_plan_cannot_end_gated() -> None:
+    base = {"k": 8192, "n": 28672, "m": 16, "dtype": "bf16", "bits": 4, "variant": "hopper"}
+    triton, slow, fast = TritonPlan("mma", 128, 16, split=2), Plan(1, 16, 8, 1), Plan(1, 16, 4, 2, in_flight=True)
+    rows = [base | {"plan": dataclasses.asdict(triton), "us": 49.9, "default": False},
+            base | {"plan": dataclasses.asdict(slow), "us": 72.4, "default": False},
+            base | {"plan": dataclasses.asdict(fast), "us": 53.6, "default": True}]
+    table = best_table(rows, INFO, unsafe=set())
+    (row,) = table["plans"]
+    assert (row["plan"], row["gated"], row["gated_us"]) == (dataclasses.asdict(triton), dataclasses.asdict(fast), 53.6)
+    assert parse_table(table, "gated")[1] == {(4, 8192, 28672, 16): fast}
+    # where the fastest plan ends gated itself, the row names no other
+    (plain,) = best_table(rows[1:], INFO, unsafe=set())["plans"]
+    assert "gated" not in plain
 
 
 def test_the_sweep_times_two_warpgroups_with_a_producer_at_m_1() -> None:

@@ -30,11 +30,14 @@ from quantcore.kernels.gated_activation import gated_activation
 from quantcore.timing import time_interleaved
 
 
-def _plan(w: Any, m: int) -> str:
+def _plans(w: Any, m: int) -> tuple[str, str | None]:
+    """The plan of a plain call of ``m`` rows, and the plan its gated call ended gated with
+    (None: the two launches)."""
     for runs in launch_state(w.qweight).values():
         if isinstance(runs, dict) and m in runs:
-            return repr(runs[m].plan)
-    return "?"
+            twin = runs[m].gated
+            return repr(runs[m].plan), repr(twin.plan) if twin else None
+    return "?", None
 
 
 def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int], profile: bool) -> list[dict[str, Any]]:
@@ -50,7 +53,7 @@ def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int], prof
         def two(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
             return gated_activation(kernel(xs[i % 4], w), "silu")
 
-        def one(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor | None:
+        def one(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
             return gated_linear(xs[i % 4], w)
 
         def linear(i: int, xs: list[torch.Tensor] = xs) -> torch.Tensor:
@@ -62,15 +65,15 @@ def _shape_rows(kernel: HopperWgmmaGPTQ, k: int, inter: int, ms: list[int], prof
             torch.cuda.synchronize()
             continue
         fused = one(0)
-        row: dict[str, Any] = {"K": k, "I": inter, "M": m, "plan": _plan(w, m), "gated": fused is not None,
-                               "same_bits": fused is not None and torch.equal(fused, two(0))}
-        if fused is not None:
-            graph = time_interleaved([two, one], "cuda", rounds=7, graph=True, sets=[4, 4])
-            row["graph_us"] = {"two launches": graph[0].median_s * 1e6, "gated": graph[1].median_s * 1e6}
-            host = host_samples([two, one, linear], dev)
-            row["host_us_device_held"] = {
-                name: sorted(s.held)[len(s.held) // 2] * 1e6
-                for name, s in zip(("two launches", "gated", "nn.Linear"), host, strict=True)}
+        plan, gated_plan = _plans(w, m)
+        row: dict[str, Any] = {"K": k, "I": inter, "M": m, "plan": plan, "gated_plan": gated_plan,
+                               "gated": gated_plan is not None, "same_bits": torch.equal(fused, two(0))}
+        graph = time_interleaved([two, one], "cuda", rounds=7, graph=True, sets=[4, 4])
+        row["graph_us"] = {"two launches": graph[0].median_s * 1e6, "gated": graph[1].median_s * 1e6}
+        host = host_samples([two, one, linear], dev)
+        row["host_us_device_held"] = {
+            name: sorted(s.held)[len(s.held) // 2] * 1e6
+            for name, s in zip(("two launches", "gated", "nn.Linear"), host, strict=True)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

@@ -44,7 +44,14 @@ import torch
 
 from quantcore.backends.hopper_wgmma.kernel import HopperWgmmaAWQ, HopperWgmmaGPTQ
 from quantcore.backends.hopper_wgmma.launch import linear, plan_of
-from quantcore.backends.hopper_wgmma.plans import AnyPlan, DecodePlan, Plan, TritonPlan
+from quantcore.backends.hopper_wgmma.plans import (
+    AnyPlan,
+    DecodePlan,
+    Plan,
+    TritonPlan,
+    gated_plan_refusal,
+    plan_from_dict,
+)
 from quantcore.benchmarks.memory import with_fresh_codes
 from quantcore.formats.awq import AWQ
 from quantcore.formats.gptq import GPTQ
@@ -578,7 +585,8 @@ def unchecked_kinds(check: list[dict]) -> set[str]:
 
 
 def best_table(rows: list[dict], info: dict, keep: dict | None = None, unsafe: set[str] = frozenset()) -> dict:
-    """The fastest correct plan per (bits, K, N, M) of bf16 timings: ``tuned-<card>.json``.
+    """The fastest correct plan per (bits, K, N, M) of bf16 timings: ``tuned-<card>.json``;
+    where it cannot end gated, also the fastest that can (``"gated"``).
     A plan of a kind in ``unsafe`` is never taken; one that beats the plan the call took
     by less than ``MARGIN`` does not replace it; entries of ``keep`` (an earlier table of
     the card) for keys not timed here stay."""
@@ -596,6 +604,12 @@ def best_table(rows: list[dict], info: dict, keep: dict | None = None, unsafe: s
         if shipped is not None and best["us"] > (1 - MARGIN) * shipped["us"]:
             best = shipped
         plans[(b, k, n, m)] = {"bits": b, "k": k, "n": n, "m": m, "plan": best["plan"], "us": round(best["us"], 2)}
+        if gated_plan_refusal(plan_from_dict(best["plan"])):
+            # the fastest plan that can end gated, for a fused gate/up layer's gated call (tuned.py)
+            gated = [r for r in rs if not gated_plan_refusal(plan_from_dict(r["plan"]))]
+            if gated:
+                fast = min(gated, key=lambda r: r["us"])
+                plans[(b, k, n, m)] |= {"gated": fast["plan"], "gated_us": round(fast["us"], 2)}
     for e in (keep or {}).get("plans", []):
         plans.setdefault((e["bits"], e["k"], e["n"], e["m"]), e)
     return {"device": info["device"], "card": info["card_key"], "source": "tools/probes/hopper_wgmma_sweep.py",
