@@ -15,7 +15,7 @@ from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
 from .decode import decode_grid, decode_kernel, whole_runs
-from .layout import HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
+from .layout import HopperWeights, LookupWeights, bound_to, weight_source
 from .plans import DecodePlan
 from .small_m import close_slices
 
@@ -59,7 +59,7 @@ class DecodeBucket:
                              options=dict(num_warps=4))
         self.words = unowned(w.qweight.view(torch.int16))
         # A codebook weight's table is read where zero points would be (it has none, nor a bias).
-        zeros = bias_operand(w) if isinstance(w, LookupWeights) else w.zeros if w.zeros is not None else any_t
+        zeros = w.codebook if isinstance(w, LookupWeights) else w.zeros if w.zeros is not None else any_t
         self.mid = (w.scales, zeros, w.bias if w.bias is not None else any_t)
         # N, K, stride_xm (x is contiguous), stride_ym, scale rows' length, blocks, split
         self.tail = (n, k, k, self.out, w.scales.shape[1], w.blocks, self.split)

@@ -31,6 +31,8 @@ def test_triton_plans_are_timed_at_small_m_only() -> None:
         assert [p for p in plans if isinstance(p, TritonPlan)] == triton_candidates(m, 4096, 4096, 4, 132)
         assert any(p.path == "gemv" for p in triton_candidates(m, 4096, 4096, 4, 132)) == (m <= 4)
     assert SMALL in triton_candidates(1, 4096, 4096, 4, 132)  # triton_int4's tuned plan at this shape
+    # the H200 table's plan of 8192 × 28672 at M = 16 (K split in two)
+    assert TritonPlan("mma", 128, 16, 2, 4, 3, 1) in triton_candidates(16, 8192, 28672, 4, 132)
     assert not any(isinstance(p, TritonPlan) for p in candidates(32, 4096, 4096, 4, 132, SHIPPED))
 
 
