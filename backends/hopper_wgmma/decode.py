@@ -33,6 +33,7 @@ from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 from quantcore.triton.gluon_split_k import tile_store
 
 from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
+from .rotation_programs import ROTATION_ROWS, arrive_rotated, rotate_chunk, wait_rotated
 
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
@@ -195,11 +196,12 @@ def _exact_operand(w16, z_ptrs, SL: gl.constexpr, BITS: gl.constexpr, HAS_ZEROS:
 @gluon.jit
 def decode_kernel(
     w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
-    M, N, K, stride_xm, stride_ym, NP, blocks, split_k,
+    M, N, K, stride_xm, stride_ym, NP, blocks, split_k, rx_ptr, rot_ptr, sync_ptr, rot_rows,
     BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
     READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8, LOOKUP: gl.constexpr = False,
-    GATED: gl.constexpr = False,
+    GATED: gl.constexpr = False, ROTATE: gl.constexpr = False, RD: gl.constexpr = 128, RCOLS: gl.constexpr = 128,
+    RSHARED: gl.constexpr = True,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -215,7 +217,41 @@ def decode_kernel(
     ``c[q]`` of a codebook (``codebook.py``) whose 16 float32 centroids ``z_ptr`` points to,
     each group's product scaled when it closes, as ever. ``GATED`` (``READ_ONLY`` 0; N/2 a
     multiple of 64): ``y`` is ``[M, N/2]``, ``silu(gate) · up`` of the N outputs (gate's then
-    up's), through the workspace (``quantcore/triton/gluon_split_k.py``)."""
+    up's), through the workspace (``quantcore/triton/gluon_split_k.py``). ``ROTATE``
+    (``LOOKUP``, not ``GATED``): a TurboQuant layer's rotation in the same launch
+    (``rotation_programs.py``): ``rot_rows`` rows of rotation programs in front along y
+    rotate ``rx_ptr`` (the layer's x, ``[M, K·RD/RCOLS]``) by ``rot_ptr`` (``[R, RD,
+    RCOLS]``, R = 1 with ``RSHARED``) into ``x_ptr`` (the workspace the program reads,
+    ``[M, K]``); ``sync_ptr``: their two int32 counts. Without it those four are unused."""
+    tile = gl.program_id(0)
+    pid_y = gl.program_id(1)
+    if ROTATE:
+        gl.static_assert(LOOKUP and not GATED and READ_ONLY == 0, "ROTATE: a codebook weight's whole walk, not gated")
+        if pid_y < rot_rows:
+            chunk = pid_y * gl.num_programs(0) + tile
+            if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
+                rotate_chunk(rx_ptr, rot_ptr, x_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * KW)
+        else:
+            _decode_program(w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+                            NP, blocks, split_k, sync_ptr, tile, pid_y - rot_rows, BITS, SG, CLOSE, HAS_ZEROS,
+                            HAS_BIAS, SPLIT, EVEN_K, KW, STEPS, READ_ONLY, DEPTH, ROWS, LOOKUP, GATED, True, RCOLS)
+    else:
+        _decode_program(w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+                        NP, blocks, split_k, sync_ptr, tile, pid_y, BITS, SG, CLOSE, HAS_ZEROS, HAS_BIAS, SPLIT,
+                        EVEN_K, KW, STEPS, READ_ONLY, DEPTH, ROWS, LOOKUP, GATED, False, RCOLS)
+
+
+@gluon.jit
+def _decode_program(
+    w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_ym, NP, blocks, split_k, sync_ptr, tile, pid_k,
+    BITS: gl.constexpr, SG: gl.constexpr, CLOSE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr, READ_ONLY: gl.constexpr,
+    DEPTH: gl.constexpr, ROWS: gl.constexpr, LOOKUP: gl.constexpr, GATED: gl.constexpr, ROTATED: gl.constexpr,
+    RCOLS: gl.constexpr,
+):
+    """Program ``(tile, pid_k)`` of the code matrix (:func:`decode_kernel`); ``ROTATED``: x
+    is the workspace the launch's rotation programs fill, waited for before it is staged."""
     PAIRS: gl.constexpr = 16 // BITS
     act: gl.constexpr = x_ptr.dtype.element_ty
     mma_layout: gl.constexpr = _mma_layout(KW)
@@ -223,8 +259,6 @@ def decode_kernel(
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
     words_layout: gl.constexpr = _words_layout(KW)
 
-    tile = gl.program_id(0)
-    pid_k = gl.program_id(1)
     n0 = tile * 64
     first = pid_k * (KW * STEPS)
 
@@ -254,9 +288,13 @@ def decode_kernel(
         gl.static_assert(READ_ONLY == 0 and BITS == 4 and not HAS_ZEROS, "LOOKUP: 4-bit codes, the whole walk")
         lanes = gl.arange(0, 128 * KW, layout=gl.BlockedLayout([1], [32], [4 * KW], [0]))
         gl.inline_asm_elementwise(_FILL_ASM, "=r,l", [z_ptr + lanes % 16], dtype=gl.int32, is_pure=False, pack=1)
+    if ROTATED:  # the weight's first steps are in flight while the rotation programs finish
+        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS))
     if READ_ONLY < 3:
         _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, ROWS)
         gl.thread_barrier()
+    if ROTATED:  # x is in shared memory: the workspace is free for the next launch
+        arrive_rotated(sync_ptr, gl.num_programs(0) * split_k)
     acc = gl.zeros([KW * 64, KW * ROWS], gl.float32, mma_layout)
     # DEPTH steps a trip, each register set refilled right after its last use, DEPTH steps
     # ahead (no register copies between trips): while one step is dequantized and
@@ -318,7 +356,7 @@ def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
                    sub_group: int = 128, depth: int = 2, rows: int = 8, lookup: bool = False,
-                   gated: bool = False) -> dict[str, object]:
+                   gated: bool = False, rotate: int = 0) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there, the end's atomics (the split-K
@@ -335,12 +373,14 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     sig = {"w_ptr": "*i16", "x_ptr": f"*{act}", "s_ptr": "*fp32" if lookup else "*fp16",
            "z_ptr": "*fp32" if lookup else "*u8", "b_ptr": "*fp16", "y_ptr": f"*{act}",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-           "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32"}
+           "stride_ym": "i32", "NP": "i32", "blocks": "i32", "split_k": "i32", "rx_ptr": f"*{act}",
+           "rot_ptr": f"*{act}", "sync_ptr": "*i32", "rot_rows": "i32"}
     pairs = 16 // bits
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
-                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup, GATED=gated)
-    compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a != "M"],
+                 KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup, GATED=gated,
+                 ROTATE=bool(rotate), RD=128, RCOLS=rotate or 128, RSHARED=True)
+    compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a not in ("M", "rot_rows")],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass
     ins = instructions(sass)
@@ -352,6 +392,6 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     memory = dict(collections.Counter(i.opcode for i in ins if i.opcode.startswith(("LDG", "STG"))))
 
     return {"bits": bits, "zeros": zeros, "fp16": fp16, "groups": groups, "steps": steps, "sub_group": sub_group,
-            "depth": depth, "rows": rows, "lookup": lookup, "gated": gated, "end": end, "global_access": memory,
+            "depth": depth, "rows": rows, "lookup": lookup, "gated": gated, "rotate": rotate, "end": end, "global_access": memory,
             "registers": compiled.registers, "spill_stack": compiled.spill_stack, "shared": compiled.shared,
             "walk": dict(counts), "per_code": round(sum(counts.values()) / codes, 2)}

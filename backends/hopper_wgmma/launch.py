@@ -41,7 +41,7 @@ from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to
 from .plans import GATED_MAX_BM, AnyPlan, DecodePlan, Plan, TritonPlan, gated_plan_refusal
 from .small_m import SmallMBucket
 
-__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
+__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "bucket_of", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
            "plan_of", "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
@@ -350,7 +350,7 @@ def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan
     return _Bucket(w, dtype, device, plan)
 
 
-def _bucket(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
+def bucket_of(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
     """The bucket of a call of ``m`` rows: one lookup in the state's ``runtime`` (keyed by
     activation dtype, device and M), the weight's buckets (:func:`_bind`) on a miss."""
     bucket = w.runtime.get((x.dtype, x.device, m))
@@ -407,7 +407,7 @@ def linear(x: torch.Tensor, w: HopperWeights, plan: AnyPlan | None = None) -> to
     Triton's own launch path (a Triton plan: its bucket, kept per plan)."""
     m = x.numel() // w.in_features
     if plan is None:
-        return _bucket(x, w, m)(x, w, m)
+        return bucket_of(x, w, m)(x, w, m)
     if isinstance(plan, TritonPlan | DecodePlan):
         return _plan_bucket(x, w, plan)(x, w, m)
     n = w.out_features
@@ -440,7 +440,7 @@ def gated_linear(x: torch.Tensor, w: HopperWeights, *, fuse: bool = True) -> tor
     tolerance); else that plan's launch and ``gated_activation``'s, without a second lookup
     of the plan or a second check of x. ``x`` as :func:`linear` takes it."""
     m = x.numel() // w.in_features
-    bucket = _bucket(x, w, m)
+    bucket = bucket_of(x, w, m)
     if fuse:
         twin = bucket.gated
         if twin is None:

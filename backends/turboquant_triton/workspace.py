@@ -5,8 +5,9 @@ no call allocates it:
   their tickets (int32, zero between launches), with which the last program of a row
   chunk learns that every split has stored them;
 * the tensor-core kernel's rotated x when it rotates x once per call itself
-  (``mma.py``, ``ROTATE_ONCE``), and the two counts (int32, zero between launches) that
-  join its rotation programs and its output tiles.
+  (``mma.py``, ``ROTATE_ONCE``), and the two counts that join its rotation programs and
+  its output tiles: ``quantcore/triton/rotation_workspace.py``'s, shared with the other
+  backends that rotate x in their launch.
 
 Each launch leaves its tickets and counts at zero again (its last program resets them)
 and reads back only what it stored, so one set of arrays serves every launch on a device
@@ -19,14 +20,12 @@ from __future__ import annotations
 import torch
 
 from quantcore.triton.buffers import KeptBuffers, stream_key
+from quantcore.triton.rotation_workspace import rotation_buffers
 
 __all__ = ["rotation_buffers", "split_k_buffers"]
 
 _PARTIALS = KeptBuffers(torch.float32, zero=False, minimum=1 << 16, doubling=True)
 _TICKETS = KeptBuffers(torch.int32, zero=True, minimum=1024, doubling=True)
-#: By (device, stream, dtype): the rotated x of one call, in the rotation's dtype.
-_ROTATED = KeptBuffers(None, zero=False, minimum=1 << 16, doubling=True)
-_COUNTS = KeptBuffers(torch.int32, zero=True, minimum=32)
 
 
 def split_k_buffers(device: torch.device, partials: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,9 +34,3 @@ def split_k_buffers(device: torch.device, partials: int, tickets: int) -> tuple[
     key = stream_key(device)
     return _PARTIALS.get(key, partials, device), _TICKETS.get(key, tickets, device)
 
-
-def rotation_buffers(device: torch.device, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """At least ``numel`` elements of ``dtype`` for the rotated x and the two zeroed int32
-    counts for the current stream of ``device``."""
-    key = stream_key(device)
-    return _ROTATED.get((*key, dtype), numel, device, dtype), _COUNTS.get(key, 2, device)

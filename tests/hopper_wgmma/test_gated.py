@@ -89,7 +89,7 @@ def test_a_plan_that_cannot_end_gated_runs_the_two_launches(recorded: list[Recor
     for _ in range(2):
         y = launch.gated_linear(x, w)
         assert y.shape == (3, 256)
-    assert launch._bucket(x, w, 3).gated is False  # decided once
+    assert launch.bucket_of(x, w, 3).gated is False  # decided once
     (plain,) = recorded  # no twin bound: the plan's own launch, twice
     assert not plain.constexprs["GATED"] and len(plain.calls) == 2
 
@@ -108,7 +108,7 @@ def test_a_triton_plan_ends_gated_through_the_tables_gated_plan(recorded: list[R
     assert asked == [3]  # looked up once: the twin is kept with the call's bucket
     (gated,) = recorded  # the table's gated plan, ending gated; the Triton plan's launch never ran
     assert gated.constexprs["GATED"] and len(gated.calls) == 2
-    assert launch._bucket(x, w, 3).gated.plan == alternative
+    assert launch.bucket_of(x, w, 3).gated.plan == alternative
 
 
 def test_a_gated_plan_that_cannot_end_gated_is_not_taken(recorded: list[Recorder],
@@ -117,7 +117,7 @@ def test_a_gated_plan_that_cannot_end_gated_is_not_taken(recorded: list[Recorder
     monkeypatch.setattr(launch, "gated_plan_of", lambda m, w, device: Plan(2, 64, 4, 1, in_flight=True))
     w = _weights()
     assert launch.gated_linear(torch.randn(3, 512, dtype=torch.bfloat16), w).shape == (3, 256)
-    assert launch._bucket(torch.randn(3, 512, dtype=torch.bfloat16), w, 3).gated is False
+    assert launch.bucket_of(torch.randn(3, 512, dtype=torch.bfloat16), w, 3).gated is False
 
 
 def test_a_call_being_captured_takes_the_two_launches(recorded: list[Recorder],

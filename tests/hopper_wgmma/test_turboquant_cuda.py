@@ -69,6 +69,31 @@ def test_a_graph_replays_the_eager_call(m: int) -> None:
     assert torch.equal(out, kernel(x, prepared)) and not torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_rotation_in_the_launch_gives_the_two_launches_bits(fmt: TurboQuant, dtype: torch.dtype,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantcore.backends.hopper_wgmma import turboquant_launch
+    from quantcore.backends.hopper_wgmma.decode_bucket import DecodeBucket
+    from quantcore.backends.hopper_wgmma.launch import bucket_of
+    from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
+
+    stored = _stored(fmt, 1000, 2048, bias=True)
+    kernel = HopperWgmmaTurboQuant(fmt, "cuda")
+    prepared = kernel.prepare(stored, dtype=dtype)
+    for m in (1, 3, 8):
+        xs = [torch.randn(m, 2048, device="cuda").to(dtype) for _ in range(3)]
+        monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "always")
+        fused = [kernel(x, prepared) for x in xs]  # one after another: each launch leaves its counts at 0
+        assert isinstance(bucket_of(xs[0], prepared, m).rotated, DecodeBucket)
+        monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "never")
+        apart = [kernel(x, prepared) for x in xs]
+        for x, one, two in zip(xs, fused, apart, strict=True):
+            assert torch.equal(one, two)
+            verdict = compare(one, _golden(fmt, stored, x), tolerance_for(dtype))
+            assert verdict.ok, verdict.problem
+
+
 def test_rotations_changed_in_place_are_used() -> None:
     from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
 

@@ -51,6 +51,7 @@ def decode(x: torch.Tensor, w: HopperWeights, split: int, groups: int = 1, read_
     decode_kernel[(tiles, split)](
         w.qweight.view(torch.int16), x2, w.scales, zeros, bias, y, ws, cnt,
         m, n, k, x2.stride(0), y.stride(0), w.scales.shape[1], w.blocks, split,
+        w.scales, w.scales, cnt, 0,  # no rotation: its x, rotation, counts and rows unused
         BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None,
         SPLIT=split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, groups), KW=groups, STEPS=steps,
         READ_ONLY=read_only, DEPTH=depth, ROWS=8 if m <= 8 else 16, num_warps=4 * groups)

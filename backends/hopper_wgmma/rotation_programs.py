@@ -1,0 +1,123 @@
+"""A TurboQuant layer's input rotation inside the code matrix's launch (``ROTATE``): one
+launch a call where there were two (x rotated by its own launch, then the code matrix),
+which on an H200's host is about 15 µs of a call's 30.
+
+The launch's grid gains ``rot_rows`` rows of programs in front along y: grid
+``(tiles, rot_rows + split)``. Its programs of the lowest linear ids (x fastest), the first
+``chunks = ⌈M/16⌉ · G`` of them, are rotation programs: chunk ``c`` multiplies rows
+``16·(c // G)…`` of group ``g = c % G`` of the layer's x, ``[16, d]``, by that group's
+rotations side by side, ``[d, P·d]`` (``quantcore/kernels/turboquant/rotation.py``'s
+right-hand side: the shared one, or group g's), with ``mma.sync`` in float32, rounds each
+value once to x's dtype and stores it where the code matrix reads its inputs
+(``[M, G·P·d]``, a kept workspace), then counts itself in ``sync[0]`` (release). The other
+programs are the code matrix's, shifted by ``rot_rows``: each waits (acquire) until
+``sync[0]`` reads ``chunks`` before it reads the workspace, and counts itself in
+``sync[1]`` once it has read it for the last time; the last of them sets both counts to
+0, so the next launch on the stream (which starts after this one ends, CUDA graphs
+included) finds them at 0.
+
+Why it cannot deadlock: a rotation program never waits, and only the code matrix's
+programs wait, on programs of lower linear ids. The GPU hands out a grid's blocks in
+increasing linear id as resources free up (the assumption single-pass decoupled look-back
+scans make; ``backends/turboquant_triton/mma.py``'s rotation once per call makes it too),
+so every rotation program is resident, and then finishes, whatever the waiting programs
+occupy.
+
+Each value is the dot product of d terms that the rotation's own launch computes, in
+float32 on the tensor cores in steps of 16 inputs; only the order of the hardware's sums
+within an MMA may differ between the two, so the rotated x, and the layer's output, can
+differ from the two launches' in the last bit (both within the format's tolerance of the
+float64 golden).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+__all__ = ["ROTATION_ROWS", "arrive_rotated", "rotate_chunk", "rotation_chunks", "wait_rotated"]
+
+#: Rows of x one rotation program multiplies: one ``m16n8k16`` row block.
+ROWS = 16
+ROTATION_ROWS = gl.constexpr(ROWS)
+#: Output columns a rotation program's MMAs cover a step: 8 a warp at four warps.
+_COLS_STEP = gl.constexpr(32)
+
+
+def rotation_chunks(m: int, groups: int) -> int:
+    """Rotation programs of a launch over ``m`` rows of a layer of ``groups`` groups."""
+    return -(-m // ROWS) * groups
+
+
+@gluon.constexpr_function
+def _rotation_layout(num_warps):
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+
+
+@gluon.jit
+def _fence_acq_rel():
+    """``fence.acq_rel.gpu`` in every thread: its stores GPU-visible before the count that
+    publishes them, or the others' visible to its loads after the count that it read."""
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
+                 D: gl.constexpr, COLS: gl.constexpr, SHARED: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Rotation program ``chunk`` (module docstring). ``rx_ptr``: the layer's x ``[M, K·D/COLS]``
+    (contiguous); ``rot_ptr``: ``[R, D, COLS]`` (R = 1 with ``SHARED``, else one per group);
+    ``xr_ptr``: the rotated x ``[M, K]`` (K the code matrix's depth, ``G·COLS``)."""
+    groups = K // COLS
+    layer_k = groups * D
+    g = chunk % groups
+    m0 = (chunk // groups) * 16
+    mma_layout: gl.constexpr = _rotation_layout(NUM_WARPS)
+    a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+
+    xm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
+    xk = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+    x_rows = gl.expand_dims(xm, 1)
+    x = gl.load(rx_ptr + x_rows.to(gl.int64) * layer_k + g * D + gl.expand_dims(xk, 0), mask=x_rows < M, other=0.0)
+    a = gl.convert_layout(x, a_layout)
+
+    rk = gl.arange(0, D, layout=gl.SliceLayout(1, load_layout))
+    rc = gl.arange(0, _COLS_STEP, layout=gl.SliceLayout(0, load_layout))
+    rot = rot_ptr + (0 if SHARED else g * (D * COLS)) + gl.expand_dims(rk, 1) * COLS + gl.expand_dims(rc, 0)
+
+    om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, mma_layout))
+    oc = gl.arange(0, _COLS_STEP, layout=gl.SliceLayout(0, mma_layout))
+    o_rows = gl.expand_dims(om, 1)
+    out = xr_ptr + o_rows.to(gl.int64) * K + g * COLS + gl.expand_dims(oc, 0)
+    for c in range(0, (K // K) * (COLS // _COLS_STEP)):
+        b = gl.convert_layout(gl.load(rot + c * _COLS_STEP), b_layout)
+        acc = mma_v2(a, b, gl.zeros([16, _COLS_STEP], gl.float32, mma_layout))
+        gl.store(out + c * _COLS_STEP, acc.to(xr_ptr.dtype.element_ty), mask=o_rows < M)
+    _fence_acq_rel()
+    gl.thread_barrier()  # every thread's stores are out before the count below
+    gl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def wait_rotated(sync_ptr, chunks):
+    """Until every rotation program of the launch has counted itself (acquire); then this
+    program's loads see their stores."""
+    seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    while seen < chunks:
+        seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()
+    _fence_acq_rel()
+
+
+@gluon.jit
+def arrive_rotated(sync_ptr, programs):
+    """Count this code-matrix program as done with the rotated x; the last of ``programs``
+    sets both counts to 0 for the next launch on the stream."""
+    gl.thread_barrier()  # every warp's reads of the workspace are done
+    done = gl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == programs - 1:
+        gl.atomic_xchg(sync_ptr, 0)
+        gl.atomic_xchg(sync_ptr + 1, 0)
