@@ -58,6 +58,13 @@ class Rotation(NamedTuple):
     shared: bool
 
 
+def rotation_constexprs(rotation: Rotation | None) -> dict[str, object]:
+    """The kernels' ``ROTATE``, ``RD``, ``RCOLS`` and ``RSHARED`` for ``rotation`` (or none)."""
+    if rotation is None:
+        return dict(ROTATE=False, RD=128, RCOLS=128, RSHARED=True)
+    return dict(ROTATE=True, RD=rotation.d, RCOLS=rotation.cols, RSHARED=rotation.shared)
+
+
 class DecodeBucket:
     """One decode plan of one weight for one activation dtype and device; ``gated``: its
     tiles end with ``silu(gate) · up`` (``launch.gated_linear``)."""
@@ -83,8 +90,7 @@ class DecodeBucket:
         const = dict(BITS=w.bits, SG=w.sub_group, CLOSE=close_slices(w), HAS_ZEROS=w.zeros is not None,
                      HAS_BIAS=w.bias is not None, SPLIT=self.split > 1, EVEN_K=whole_runs(k, w.bits, w.blocks, steps, 1), KW=1,
                      STEPS=steps, READ_ONLY=0, DEPTH=2, ROWS=plan.bm, LOOKUP=isinstance(w, LookupWeights),
-                     GATED=gated, ROTATE=rotation is not None, RD=rotation.d if rotation else 128,
-                     RCOLS=rotation.cols if rotation else 128, RSHARED=rotation.shared if rotation else True)
+                     GATED=gated, **rotation_constexprs(rotation))
         split_k = SPLIT_K_BUFFERS if self.split <= 1 and not gated else ()
         varying, fixed = VARYING, FIXED + split_k + ROTATION_POINTERS
         if rotation is not None:

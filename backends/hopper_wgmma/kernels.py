@@ -54,6 +54,13 @@ from quantcore.kernels.gptq_pairs.ptx import offset_pair_asm_text, pair_asm_text
 from quantcore.triton.gluon_split_k import let_dependents_launch, tile_store, wait_for_prior_grids
 
 from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
+from .rotation_programs import (
+    ASYNC_READS,
+    ROTATION_ROWS,
+    arrive_rotated,
+    rotate_chunk,
+    wait_rotated,
+)
 
 __all__ = ["wgmma_kernel"]
 
@@ -435,12 +442,13 @@ def _ring(w_desc, x_desc, s_desc, z_desc, STAGES: gl.constexpr, PAIRS: gl.conste
 @gluon.jit
 def wgmma_kernel(
     w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
-    M, N, stride_ym, blocks, steps, split_k, sub_group,
+    M, N, stride_ym, blocks, steps, split_k, sub_group, rx_ptr, rot_ptr, xr_ptr, sync_ptr, rot_rows,
     BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
     HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
     IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
     STREAM: gl.constexpr = False, LOOKUP: gl.constexpr = False, GATED: gl.constexpr = False,
+    ROTATE: gl.constexpr = False, RD: gl.constexpr = 128, RCOLS: gl.constexpr = 128, RSHARED: gl.constexpr = True,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -457,7 +465,44 @@ def wgmma_kernel(
     centroids ``b_ptr`` points to, in place of a bias (the caller adds a codebook layer's).
     ``GATED`` (without ``STREAM`` and ``LOOKUP``; N/2 a multiple of ``64·WG``): ``y`` is
     ``[M, N/2]``, ``silu(gate) · up`` of the N outputs (gate's then up's), every tile's part
-    through the workspace (``quantcore/triton/gluon_split_k.py``)."""
+    through the workspace (``quantcore/triton/gluon_split_k.py``). ``ROTATE`` (``LOOKUP``,
+    without ``STREAM`` and ``PDL``): a TurboQuant layer's rotation in the same launch
+    (``rotation_programs.py``): ``rot_rows`` rows of rotation programs in front along y rotate
+    ``rx_ptr`` (the layer's x, ``[M, K·RD/RCOLS]``) by ``rot_ptr`` (``[R, RD, RCOLS]``, R = 1
+    with ``RSHARED``) into ``xr_ptr`` (the workspace ``x_desc`` describes, ``[M, K]``, K =
+    ``blocks`` blocks); ``sync_ptr``: their two int32 counts. Without it those five are unused."""
+    pid_y = gl.program_id(1)
+    if ROTATE:
+        gl.static_assert(LOOKUP and not STREAM and PDL == 0, "ROTATE: a codebook weight, no balanced grid or PDL")
+        K = blocks * (512 // BITS)
+        if pid_y < rot_rows:
+            chunk = pid_y * gl.num_programs(0) + gl.program_id(0)
+            if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
+                rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * WG)
+        else:
+            _wgmma_program(w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, blocks,
+                           steps, split_k, sub_group, sync_ptr, pid_y - rot_rows, BITS, ROWS, SLICES_PER_ROW, SPLIT,
+                           HAS_ZEROS, HAS_BIAS, WG, BM, STAGES, PER_WAIT, IN_FLIGHT, PDL, WS, LATE, STREAM, LOOKUP,
+                           GATED, True, RCOLS)
+    else:
+        _wgmma_program(w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, blocks, steps,
+                       split_k, sub_group, sync_ptr, pid_y, BITS, ROWS, SLICES_PER_ROW, SPLIT, HAS_ZEROS, HAS_BIAS,
+                       WG, BM, STAGES, PER_WAIT, IN_FLIGHT, PDL, WS, LATE, STREAM, LOOKUP, GATED, False, RCOLS)
+
+
+@gluon.jit
+def _wgmma_program(
+    w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, stride_ym, blocks, steps, split_k, sub_group, sync_ptr, pid_k,
+    BITS: gl.constexpr, ROWS: gl.constexpr, SLICES_PER_ROW: gl.constexpr, SPLIT: gl.constexpr,
+    HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    WG: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, PER_WAIT: gl.constexpr,
+    IN_FLIGHT: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr, LATE: gl.constexpr,
+    STREAM: gl.constexpr, LOOKUP: gl.constexpr, GATED: gl.constexpr, ROTATED: gl.constexpr, RCOLS: gl.constexpr,
+):
+    """Program ``(program_id(0), pid_k)`` of the code matrix (:func:`wgmma_kernel`);
+    ``ROTATED``: x is the workspace the launch's rotation programs fill, waited for before
+    its first load (the weight's first stages are issued before the wait)."""
     PAIRS: gl.constexpr = 16 // BITS
     BK: gl.constexpr = 32 * PAIRS
     BN: gl.constexpr = 64 * WG
@@ -468,7 +513,6 @@ def wgmma_kernel(
     words_layout: gl.constexpr = _words_layout(WG)
 
     pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
     num_m = gl.cdiv(M, BM)
     pid_n = pid // num_m
     pid_m = pid % num_m
@@ -508,11 +552,20 @@ def wgmma_kernel(
         wait_for_prior_grids()
         _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
               sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
+    elif ROTATED and not WS:
+        # The weight's first stages are read while the rotation programs finish; x waits for them.
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
+        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (blocks * BK // RCOLS), ASYNC_READS)
+        _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
+              sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
     elif not WS and not STREAM:  # with WS the producer partition fills the ring
         if PDL == 1:
             wait_for_prior_grids()
         _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
               sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
+    elif ROTATED:  # the producer partition's first load of x comes after this
+        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (blocks * BK // RCOLS), ASYNC_READS)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
     if STREAM:
@@ -610,6 +663,8 @@ def wgmma_kernel(
             mbarrier.invalidate(empty.index(st))
     if PDL != 0:
         let_dependents_launch()  # the next layer's launch may start its weight loads
+    if ROTATED:  # every load of x has landed and been read: the workspace is free for the next launch
+        arrive_rotated(sync_ptr, gl.num_programs(0) * split_k)
     if not STREAM:  # a balanced grid stored each run of its tiles as it ended
         tile_store(acc, pid, pid_k, n0, m0, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, split_k, SPLIT,
                     HAS_BIAS, BN, BM, NUM_WARPS, GATED)

@@ -2,7 +2,7 @@
 Imports triton (through kernels.py): load it only when a call runs (or a probe compiles).
 
 What depends only on the weight, the activation dtype and the plan is decided once and kept
-with the weight's packed tensor (:class:`_Bucket`, through
+with the weight's packed tensor (:class:`WgmmaBucket`, through
 :func:`quantcore.triton.launch.launch_state`): the plan, the weight's TMA descriptors, the
 split, the constexprs and the compiled kernel bound to its launcher
 (:class:`quantcore.triton.launch.Launch`, which encodes the weight's descriptors once per
@@ -30,18 +30,20 @@ from quantcore.kernels.gated_activation import gated_activation
 from quantcore.kernels.gptq_pairs.layout import SLICE, block_k
 from quantcore.probe.card import CardKey, card_key
 from quantcore.triton.launch import Launch, launch_state
+from quantcore.triton.rotation_workspace import rotation_buffers
 from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
 from .configs import SMEM_RESERVE, Shape, gated_plan_for, lookup_plan, plan_for
-from .decode_bucket import DecodeBucket
+from .decode_bucket import DecodeBucket, Rotation, rotation_constexprs
 from .first_use import first_use_plan
 from .kernels import wgmma_kernel
 from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
 from .plans import GATED_MAX_BM, AnyPlan, DecodePlan, Plan, TritonPlan, gated_plan_refusal
+from .rotation_programs import ROWS as ROTATION_ROWS
 from .small_m import SmallMBucket
 
-__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "bucket_of", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
+__all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "WgmmaBucket", "bucket_of", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
            "plan_of", "prepare_x", "split_steps"]
 
 #: The arguments of ``wgmma_kernel`` that change between the calls of one bucket and that
@@ -58,6 +60,13 @@ WEIGHT_DESCRIPTORS = (0, 2, 3)
 #: bucket, handed to the launcher as addresses.
 WEIGHT_POINTERS = (4,)
 SPLIT_K_BUFFERS = (6, 7)
+#: A rotating bucket's (``rotation_programs.py``) layer x and rotation programs' rows (the
+#: rotated x's workspace and the counts are kept buffers, passed as they are); its
+#: rotation, the same tensor at every call. Without a rotation the four pointers are
+#: fixed stand-ins.
+ROTATION_VARYING = (15, 19)
+ROTATION_FIXED = (16,)
+ROTATION_POINTERS = (15, 16, 17, 18)
 #: Distinct row counts a weight keeps buckets for before it forgets them (a server's batch
 #: sizes repeat; a stream of ever new ones must not grow the table without bound).
 MAX_RUNS = 256
@@ -168,14 +177,15 @@ class XDescriptor:
         m, k = x.shape
         return TensorDescriptor(x, [k // SLICE, m, SLICE], [SLICE, k, 1], self.box, self.layout)
 
-    def __call__(self, x: torch.Tensor, m: int) -> Any:
-        """The same descriptor over the ``m`` rows of ``x`` ``[..., K]`` without
+    def __call__(self, x: torch.Tensor, m: int, k: int | None = None) -> Any:
+        """The same descriptor over the ``m`` rows of ``x`` ``[..., K]`` (or a flat buffer of
+        at least ``m·k`` elements: the rotated x's workspace) without
         TensorDescriptor's checks (microseconds a call): for an x that ``prepare_x`` returned
         (16-byte aligned base, contiguous, K a multiple of 32, so every stride is a multiple
         of 16 bytes) with M > 0 (the kernel is never called with none), every check that
         depends on x passes; the box and the layout depend on the plan alone, and are those
         :meth:`checked` (the plain path, ``kernel_args``) checks."""
-        k = x.shape[-1]
+        k = x.shape[-1] if k is None else k
         desc = _new(TensorDescriptor)
         desc.base, desc.shape, desc.strides = x, [k // SLICE, m, SLICE], [SLICE, k, 1]
         desc.block_shape, desc.layout, desc.padding = self.box, self.layout, "zero"
@@ -243,7 +253,7 @@ def kernel_args(x: torch.Tensor, w: HopperWeights, plan: Plan, y: torch.Tensor, 
         programs, split = stream_grid(w, plan, m, _sms(x.device))
         grid = (programs, 1)
     args = [w_desc, x_descriptor(x, w.bits, plan.bm), s_desc, z_desc, bias_operand(w), y, ws, counters,
-            m, n, y.stride(0), w.blocks, steps, split, w.sub_group]
+            m, n, y.stride(0), w.blocks, steps, split, w.sub_group, *(w.scales,) * 4, 0]  # no rotation: stand-ins
     const = dict(_constexprs(w, plan, walk), num_warps=plan.num_warps)
     if plan.maxnreg:
         const["maxnreg"] = plan.maxnreg
@@ -278,23 +288,28 @@ def _constexprs(w: HopperWeights, plan: Plan, walk: Walk) -> dict[str, Any]:
     const = dict(LATE=late, BITS=w.bits, ROWS=sub_rows(w), SLICES_PER_ROW=slices_per_row, SPLIT=walk.split > 1,
                  HAS_ZEROS=w.zeros is not None, HAS_BIAS=w.bias is not None, WG=plan.wg, BM=plan.bm,
                  STAGES=plan.stages, PER_WAIT=walk.per_wait, IN_FLIGHT=walk.in_flight, PDL=pdl, WS=ws,
-                 STREAM=bool(plan.stream), LOOKUP=isinstance(w, LookupWeights), GATED=False)
+                 STREAM=bool(plan.stream), LOOKUP=isinstance(w, LookupWeights), GATED=False,
+                 **rotation_constexprs(None))
     if plan.stream and (pdl or not walk.in_flight):
         raise InvalidArgumentError(f"hopper_wgmma: a balanced grid runs in flight without {PDL_ENV}; "
                                    f"got {PDL_ENV}={pdl}, in flight {walk.in_flight}")
     return const
 
 
-class _Bucket:
+class WgmmaBucket:
     """One plan of one weight for one activation dtype and device: everything a call of
     that plan launches that does not depend on the activation."""
 
     #: The twin bucket of gated calls (:func:`gated_linear`), made on the first; False where
     #: the plan cannot end gated.
-    gated: _Bucket | DecodeBucket | bool | None = None
+    gated: WgmmaBucket | DecodeBucket | bool | None = None
+
+    #: The twin bucket that rotates x in its launch (``turboquant_launch.py``); False where
+    #: the rotation cannot run there.
+    rotated: WgmmaBucket | bool | None = None
 
     def __init__(self, w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: Plan, *,
-                 gated: bool = False) -> None:
+                 gated: bool = False, rotation: Rotation | None = None) -> None:
         if plan.stream:
             raise InvalidArgumentError(f"hopper_wgmma: a balanced grid is timed through linear(x, w, plan) only, "
                                        f"not bound from a table: {plan}")
@@ -313,15 +328,22 @@ class _Bucket:
         self.x_desc = XDescriptor(dtype, w.bits, plan.bm)
         self.mid = (s_desc, z_desc, bias_operand(w))
         self.tail = (n, self.out, w.blocks, walk.steps, walk.split, w.sub_group)  # N, stride_ym (y contiguous), …
-        constexprs = dict(_constexprs(w, plan, walk), GATED=gated)
+        constexprs = dict(_constexprs(w, plan, walk), GATED=gated, **rotation_constexprs(rotation))
         # The launch attribute lets the launch start before the previous kernel ends; the
         # kernel's PDL constexpr makes it wait where it must (without it, the wait is a no-op).
         pdl = {"launch_pdl": True} if constexprs["PDL"] else {}
         regs = {"maxnreg": plan.maxnreg} if plan.maxnreg else {}
+        split_k = SPLIT_K_BUFFERS if self.split <= 1 and not gated else ()
+        varying, fixed = VARYING, WEIGHT_POINTERS + split_k + ROTATION_POINTERS
+        self.unrotated = (*self.tail, w.scales, w.scales, w.scales, w.scales, 0)  # no rotation: stand-ins
+        if rotation is not None:
+            if constexprs["PDL"]:
+                raise InvalidArgumentError(f"hopper_wgmma: the rotation in the launch runs without {PDL_ENV}")
+            varying, fixed = VARYING + ROTATION_VARYING, WEIGHT_POINTERS + split_k + ROTATION_FIXED
+            self.rhs, self.groups, self.k = rotation.rhs, w.in_features // rotation.cols, w.in_features
         self.launch = Launch(wgmma_kernel, constexprs=constexprs,
                              options=dict(num_warps=plan.num_warps, **pdl, **regs),
-                             varying=VARYING, fixed_descriptors=WEIGHT_DESCRIPTORS,
-                             fixed_pointers=WEIGHT_POINTERS + (SPLIT_K_BUFFERS if self.split <= 1 and not gated else ()),
+                             varying=varying, fixed_descriptors=WEIGHT_DESCRIPTORS, fixed_pointers=fixed,
                              device=device)
 
     def fits(self, w: HopperWeights) -> bool:
@@ -335,11 +357,25 @@ class _Bucket:
         x = prepare_x(x)
         tiles = self.n_tiles * -(-m // self.plan.bm)  # not triton.cdiv: microseconds a call on the host
         ws, counters = self.split_k(m, n, tiles)
-        self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x, m), *self.mid, y, ws, counters, m, *self.tail)
+        self.launch((tiles, self.split, 1), self.w_desc, self.x_desc(x, m), *self.mid, y, ws, counters, m,
+                    *self.unrotated)
+        return y
+
+    def rotating(self, x: torch.Tensor, m: int) -> torch.Tensor:
+        """``y`` ``[m, N]`` of a rotating bucket for the layer's x ``[m, K/passes]``
+        (contiguous, this bucket's dtype; the caller checks): x rotated by this launch's
+        rotation programs into the kept workspace, which its TMA loads read."""
+        y = torch.empty(m, self.out, dtype=self.dtype, device=self.device)
+        tiles = self.n_tiles * -(-m // self.plan.bm)
+        ws, counters = self.split_k(m, self.n, tiles)
+        xr, counts = rotation_buffers(self.device, m * self.k, self.dtype)
+        rows = -(-(-(-m // ROTATION_ROWS) * self.groups) // tiles)
+        self.launch((tiles, rows + self.split, 1), self.w_desc, self.x_desc(xr, m, self.k), *self.mid, y, ws,
+                    counters, m, *self.tail, x, self.rhs, xr, counts, rows)
         return y
 
 
-AnyBucket = _Bucket | SmallMBucket | DecodeBucket
+AnyBucket = WgmmaBucket | SmallMBucket | DecodeBucket
 
 
 def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan: AnyPlan) -> AnyBucket:
@@ -347,7 +383,7 @@ def _new_bucket(w: HopperWeights, dtype: torch.dtype, device: torch.device, plan
         return SmallMBucket(w, dtype, device, plan)
     if isinstance(plan, DecodePlan):
         return DecodeBucket(w, dtype, device, plan)
-    return _Bucket(w, dtype, device, plan)
+    return WgmmaBucket(w, dtype, device, plan)
 
 
 def bucket_of(x: torch.Tensor, w: HopperWeights, m: int) -> AnyBucket:
@@ -450,7 +486,7 @@ def gated_linear(x: torch.Tensor, w: HopperWeights, *, fuse: bool = True) -> tor
     return gated_activation(bucket(x, w, m), "silu")
 
 
-def _gated_twin(bucket: AnyBucket, w: HopperWeights, m: int) -> _Bucket | DecodeBucket | bool:
+def _gated_twin(bucket: AnyBucket, w: HopperWeights, m: int) -> WgmmaBucket | DecodeBucket | bool:
     """The bucket of ``bucket``'s plan ending gated; where that plan cannot (a Triton plan
     the table found faster), the table's gated plan for the row (:func:`gated_plan_of`): one
     launch costs the host less than the faster plan's and the activation's two."""
@@ -462,7 +498,7 @@ def _gated_twin(bucket: AnyBucket, w: HopperWeights, m: int) -> _Bucket | Decode
     if isinstance(plan, DecodePlan):
         return DecodeBucket(w, bucket.dtype, bucket.device, plan, gated=True)
     assert isinstance(plan, Plan)
-    return _Bucket(w, bucket.dtype, bucket.device, plan, gated=True)
+    return WgmmaBucket(w, bucket.dtype, bucket.device, plan, gated=True)
 
 
 def _plan_bucket(x2: torch.Tensor, w: HopperWeights, plan: TritonPlan | DecodePlan) -> SmallMBucket | DecodeBucket:

@@ -36,13 +36,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-__all__ = ["ROTATION_ROWS", "arrive_rotated", "rotate_chunk", "rotation_chunks", "wait_rotated"]
+__all__ = ["ASYNC_READS", "ROTATION_ROWS", "arrive_rotated", "rotate_chunk", "rotation_chunks", "wait_rotated"]
 
 #: Rows of x one rotation program multiplies: one ``m16n8k16`` row block.
 ROWS = 16
 ROTATION_ROWS = gl.constexpr(ROWS)
-#: Output columns a rotation program's MMAs cover a step: 8 a warp at four warps.
-_COLS_STEP = gl.constexpr(32)
+#: :func:`wait_rotated` for a program that reads the rotated x through TMA (the async proxy).
+ASYNC_READS = gl.constexpr(True)
 
 
 def rotation_chunks(m: int, groups: int) -> int:
@@ -73,6 +73,8 @@ def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
     layer_k = groups * D
     g = chunk % groups
     m0 = (chunk // groups) * 16
+    # Output columns a step: one n8 MMA tile a warp (a wider step holds more of Π in registers).
+    STEP: gl.constexpr = 8 * NUM_WARPS
     mma_layout: gl.constexpr = _rotation_layout(NUM_WARPS)
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
@@ -85,31 +87,35 @@ def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
     a = gl.convert_layout(x, a_layout)
 
     rk = gl.arange(0, D, layout=gl.SliceLayout(1, load_layout))
-    rc = gl.arange(0, _COLS_STEP, layout=gl.SliceLayout(0, load_layout))
+    rc = gl.arange(0, STEP, layout=gl.SliceLayout(0, load_layout))
     rot = rot_ptr + (0 if SHARED else g * (D * COLS)) + gl.expand_dims(rk, 1) * COLS + gl.expand_dims(rc, 0)
 
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, mma_layout))
-    oc = gl.arange(0, _COLS_STEP, layout=gl.SliceLayout(0, mma_layout))
+    oc = gl.arange(0, STEP, layout=gl.SliceLayout(0, mma_layout))
     o_rows = gl.expand_dims(om, 1)
     out = xr_ptr + o_rows.to(gl.int64) * K + g * COLS + gl.expand_dims(oc, 0)
-    for c in range(0, (K // K) * (COLS // _COLS_STEP)):
-        b = gl.convert_layout(gl.load(rot + c * _COLS_STEP), b_layout)
-        acc = mma_v2(a, b, gl.zeros([16, _COLS_STEP], gl.float32, mma_layout))
-        gl.store(out + c * _COLS_STEP, acc.to(xr_ptr.dtype.element_ty), mask=o_rows < M)
+    for c in gl.static_range(COLS // STEP):
+        b = gl.convert_layout(gl.load(rot + c * STEP), b_layout)
+        acc = mma_v2(a, b, gl.zeros([16, STEP], gl.float32, mma_layout))
+        gl.store(out + c * STEP, acc.to(xr_ptr.dtype.element_ty), mask=o_rows < M)
     _fence_acq_rel()
     gl.thread_barrier()  # every thread's stores are out before the count below
     gl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
-def wait_rotated(sync_ptr, chunks):
+def wait_rotated(sync_ptr, chunks, ASYNC: gl.constexpr = False):
     """Until every rotation program of the launch has counted itself (acquire); then this
-    program's loads see their stores."""
+    program's loads see their stores — with ``ASYNC`` its TMA loads too (a proxy fence:
+    the stores were the generic proxy's)."""
     seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     while seen < chunks:
         seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
     _fence_acq_rel()
+    if ASYNC:
+        gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 @gluon.jit

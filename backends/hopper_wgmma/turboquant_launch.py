@@ -3,16 +3,17 @@ bound launch (``quantcore/kernels/turboquant/rotation_launch.py``), then one lau
 code matrix (``launch.linear``: the decode kernel up to 8 rows, the wgmma kernel above, both
 with the codebook operand; ``configs.lookup_plan``), then the bias.
 
-An eager call whose plan is the decode kernel's rotates x in the code matrix's launch
-(``rotation_programs.py``): one launch, not two, which saves the host a launch. On an H200
-(``benchmarks/results/probes/turboquant_hopper_rotation-nvidia-h200.json``, M = 1 to 8) an
-eager call then costs the host 0.98–1.27× ``nn.Linear``'s, against 1.4–1.8× with two
-launches. A call being captured into a CUDA graph keeps the two launches: there the host
-cost is gone, and the one launch took the GPU 4–6 µs longer (its code-matrix programs wait
-for the rotation programs' stores with only their first two steps of weight words in
-flight; 27.0 against 22.8 µs at 4096×14336, M = 1). Both give the same bits: the rotation
-programs run the rotation's launch's MMAs (``mma.sync`` m16n8k16, float32, the same order
-of inputs; 36 cases of 36 equal, fp16 and bf16). Imports triton.
+An eager call of up to :data:`ROTATION_MAX_ROWS` rows rotates x in the code matrix's launch
+instead (``rotation_programs.py``): one launch, not two, which saves the host a launch. On
+an H200 (``benchmarks/results/probes/turboquant_hopper_rotation-nvidia-h200.json``) an eager
+call of the decode kernel (M = 1 to 8) then costs the host 0.98–1.27× ``nn.Linear``'s,
+against 1.4–1.8× with two launches. A call being captured into a CUDA graph keeps the two
+launches: there the host cost is gone, and the one launch took the GPU 4–6 µs longer (its
+code-matrix programs wait for the rotation programs' stores with only their first weight
+stages in flight; 27.0 against 22.8 µs at 4096×14336, M = 1). Both give the same bits: the
+rotation programs run the rotation's launch's MMAs (``mma.sync`` m16n8k16, float32, the same
+order of inputs; 36 cases of 36 equal, fp16 and bf16, and the GPU tests hold them to it).
+Imports triton.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from quantcore.tensors import version_of
 from quantcore.triton.launch import launch_state
 
 from .decode_bucket import DecodeBucket, Rotation
-from .launch import AnyBucket, bucket_of
+from .launch import AnyBucket, WgmmaBucket, bucket_of, pdl_mode
 from .turboquant_layout import TurboQuantHopperWeights
 
 __all__ = ["ROTATION_IN_LAUNCH", "layer_rotation", "turboquant_linear"]
@@ -35,6 +36,11 @@ __all__ = ["ROTATION_IN_LAUNCH", "layer_rotation", "turboquant_linear"]
 #: Which calls of a decode plan rotate x in the code matrix's launch: ``"eager"`` ones (the
 #: default), ``"always"`` (captures too) or ``"never"``: the switch a probe times both ways with.
 ROTATION_IN_LAUNCH = "eager"
+#: The most rows an eager call rotates in its launch. Each rotation program rotates 16 rows
+#: of one group and reads that group's whole rotation (32–64 KB) from L2: past this, those
+#: reads outgrow what the rotation's own launch (64-row tiles) reads, and the GPU's time,
+#: not the host's, bounds an eager call.
+ROTATION_MAX_ROWS = 128
 
 
 def layer_rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:
@@ -74,7 +80,7 @@ def turboquant_linear(x: torch.Tensor, w: TurboQuantHopperWeights) -> torch.Tens
     bucket = bucket_of(x2, w, m)
     mode = ROTATION_IN_LAUNCH
     fused = mode == "always" or (mode == "eager" and not capturing(x))
-    twin = _rotating(bucket, w, rotation) if fused else None
+    twin = _rotating(bucket, w, rotation) if fused and m <= ROTATION_MAX_ROWS else None
     y = twin.rotating(x2, m) if twin is not None else bucket(rotation.rows(x2), w, m)
     if w.post_bias is not None:
         y.add_(w.post_bias)  # summed in float32, rounded once more to the activation dtype
@@ -86,22 +92,29 @@ def capturing(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _rotating(bucket: AnyBucket, w: TurboQuantHopperWeights, rotation: RotationLaunch) -> DecodeBucket | None:
+def _rotating(bucket: AnyBucket, w: TurboQuantHopperWeights,
+              rotation: RotationLaunch) -> DecodeBucket | WgmmaBucket | None:
     """The twin of ``bucket`` that rotates x in its launch, made on the bucket's first call
     (again for a layer whose rotations were replaced), or None where there is none."""
-    if not isinstance(bucket, DecodeBucket):
+    if not isinstance(bucket, DecodeBucket | WgmmaBucket):
         return None
     twin = bucket.rotated
-    if twin is None or (isinstance(twin, DecodeBucket) and twin.rhs is not rotation.rhs):
+    if twin is None or (isinstance(twin, DecodeBucket | WgmmaBucket) and twin.rhs is not rotation.rhs):
         twin = bucket.rotated = _rotating_twin(bucket, w, rotation)
-    return twin if isinstance(twin, DecodeBucket) else None
+    return twin if isinstance(twin, DecodeBucket | WgmmaBucket) else None
 
 
-def _rotating_twin(bucket: DecodeBucket, w: TurboQuantHopperWeights, rotation: RotationLaunch) -> DecodeBucket | bool:
+def _rotating_twin(bucket: DecodeBucket | WgmmaBucket, w: TurboQuantHopperWeights,
+                   rotation: RotationLaunch) -> DecodeBucket | WgmmaBucket | bool:
     """``bucket``'s plan with the rotation in its launch, or False where the rotation
-    programs cannot run it: a 16-bit activation, groups of 128 and one or two passes."""
+    programs cannot run it: a 16-bit activation, groups of 128, one or two passes, and no
+    programmatic dependent launch (the wgmma kernel's)."""
     rot = rotation.rotation
     if bucket.dtype not in (torch.bfloat16, torch.float16) or rot.d != 128 or rot.copies not in (1, 2):
         return False
     operand = Rotation(rhs=rotation.rhs, d=rot.d, cols=rot.copies * rot.d, shared=rot.shared)
-    return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
+    if isinstance(bucket, DecodeBucket):
+        return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
+    if pdl_mode():
+        return False
+    return WgmmaBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)

@@ -1,10 +1,11 @@
-"""A TurboQuant layer's rotation in the decode kernel's launch (``rotation_programs.py``),
-checked without a GPU: an eager call of a decode plan is one launch (the layer's x, the
-rotation, the kept workspace and counts, the rotation programs' rows in front of the grid);
-a call being captured, a wgmma plan, and the probe's ``"never"`` take the rotation's launch
-and the code matrix's; the rotating twin is bound once per bucket and again for replaced
-rotations; the kernel compiles for sm_90a without spills. The bits (equal to the two
-launches') are checked on a GPU (``test_turboquant_cuda.py``)."""
+"""A TurboQuant layer's rotation in the code matrix's launch (``rotation_programs.py``),
+checked without a GPU: an eager call of up to 128 rows is one launch of the decode or the
+wgmma kernel (the layer's x, the rotation, the kept workspace and counts, the rotation
+programs' rows in front of the grid); a call being captured, more rows, and the probe's
+``"never"`` take the rotation's launch and the code matrix's; the rotating twin is bound once
+per bucket and again for replaced rotations; both kernels compile rotating for sm_90a
+without spills or operand hazards. The bits (equal to the two launches') are checked on a
+GPU (``test_turboquant_cuda.py``)."""
 
 from __future__ import annotations
 
@@ -82,16 +83,40 @@ def test_a_rotation_per_group_reads_each_groups_own() -> None:
     assert rotation.rhs.shape == (K // 128, 128, 128) and not rotation.rotation.shared
 
 
-@pytest.mark.parametrize("why", ["captured", "wgmma", "never"])
+@pytest.mark.parametrize("fmt", [TurboQuant(), TurboQuant(residual=True)], ids=lambda f: f.slug)
+@pytest.mark.parametrize(("plan", "m"), [(Plan(1, 16, 4, 2, in_flight=True), 16),
+                                         (Plan(2, 64, 4, 1, in_flight=True, ws=True), 100)], ids=["wgmma", "ws"])
+def test_an_eager_wgmma_call_is_one_launch(recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch,
+                                           fmt: TurboQuant, plan: Plan, m: int) -> None:
+    _plan(monkeypatch, plan)
+    w = _weights(fmt)
+    x = torch.randn(m, K, dtype=torch.bfloat16)
+    y = turboquant_launch.turboquant_linear(x, w)
+    assert y.shape == (m, N)
+    called = [r for r in recorded if r.calls]
+    assert len(called) == 1
+    (grid, args), = called[0].calls
+    passes = len(fmt.passes)
+    assert called[0].constexprs["ROTATE"] and called[0].constexprs["RCOLS"] == passes * 128
+    tiles = -(-N // (64 * plan.wg)) * -(-m // plan.bm)
+    rows = -(-rotation_chunks(m, K // 128) // tiles)
+    assert grid == (tiles, rows + plan.split, 1) and args[19] == rows
+    x_desc, xr = args[1], args[17]
+    assert args[15] is x and x_desc.base is xr and xr is not x
+    assert x_desc.shape == [passes * K // 32, m, 32] and xr.numel() >= m * passes * K
+    assert args[18].dtype == torch.int32 and args[16].shape[-1] == passes * 128
+
+
+@pytest.mark.parametrize("why", ["captured", "rows", "never"])
 def test_other_calls_take_the_rotations_launch_and_the_code_matrix(recorded: list[Recorder],
                                                                   monkeypatch: pytest.MonkeyPatch, why: str) -> None:
-    _plan(monkeypatch, Plan(1, 16, 4, 2, in_flight=True) if why == "wgmma" else DecodePlan(split=2))
+    _plan(monkeypatch, Plan(1, 64, 4, 2, in_flight=True) if why == "rows" else DecodePlan(split=2))
     if why == "captured":
         monkeypatch.setattr(turboquant_launch, "capturing", lambda x: True)
     if why == "never":
         monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "never")
     w = _weights(TurboQuant())
-    x = torch.randn(4, K, dtype=torch.bfloat16)
+    x = torch.randn(turboquant_launch.ROTATION_MAX_ROWS + 1 if why == "rows" else 4, K, dtype=torch.bfloat16)
     turboquant_launch.turboquant_linear(x, w)
     called = [r for r in recorded if r.calls]
     assert len(called) == 2
@@ -122,23 +147,54 @@ def test_a_float32_call_has_no_twin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 ROTATE_SCRIPT = """
-import json
+import json, torch
+from triton.runtime.jit import mangle_type
 from quantcore.backends.hopper_wgmma.decode import compile_report
+from quantcore.backends.hopper_wgmma.kernels import wgmma_kernel
+from quantcore.backends.hopper_wgmma.launch import kernel_args, prepare_x
+from quantcore.backends.hopper_wgmma.plans import Plan
+from quantcore.triton.compile_report import compile_sm90
+from tools.probes.hopper_wgmma_sass import _weights
+from tools.probes.hopper_wgmma_hazards import operand_hazards
 for rows, cols in ((8, 128), (8, 256), (16, 256)):
     r = compile_report(lookup=True, rows=rows, rotate=cols)
-    print(json.dumps({"rows": rows, "cols": cols, "spill_stack": r["spill_stack"], "shared": r["shared"],
-                      "registers": r["registers"], "atomics": r["end"]["ATOMG"]}))
+    print(json.dumps({"kernel": "decode", "cols": cols, "spill_stack": r["spill_stack"], "shared": r["shared"],
+                      "registers": r["registers"]}))
+for plan, cols in ((Plan(1, 16, 4, 4, in_flight=True), 256), (Plan(2, 64, 4, 1, in_flight=True, ws=True), 256),
+                   (Plan(1, 64, 4, 2, in_flight=True), 128)):
+    w = _weights(4, 1024, 1024, 128, True)
+    x = prepare_x(torch.zeros(16, 1024, dtype=torch.bfloat16))
+    _, args, const = kernel_args(x, w, plan, torch.zeros(16, 1024, dtype=torch.bfloat16), torch.zeros(4),
+                                 torch.zeros(4, dtype=torch.int32))
+    const.update(LOOKUP=True, HAS_ZEROS=False, HAS_BIAS=False, LATE=False)
+    warps = const.pop("num_warps")
+    names = [a for a in wgmma_kernel.arg_names if a not in const]
+    aligned = [n for n, a in zip(names, args) if isinstance(a, torch.Tensor)
+               or (type(a) is int and a % 16 == 0 and n not in ("M", "rot_rows"))]
+    sig = {n: mangle_type(a) for n, a in zip(names, args)}
+    sig.update(b_ptr="*fp32", rx_ptr="*bf16", rot_ptr="*bf16", xr_ptr="*bf16", sync_ptr="*i32")
+    found = []
+    for rotate in (False, True):
+        c = compile_sm90(wgmma_kernel, sig, dict(const, ROTATE=rotate, RCOLS=cols), divisible=aligned,
+                         options={"num_warps": warps}, gluon=True)
+        found.append(c)
+    print(json.dumps({"kernel": "wgmma", "cols": cols, "spill_stack": found[1].spill_stack,
+                      "shared": found[1].shared, "registers": found[1].registers,
+                      "plain_registers": found[0].registers, "hazards": len(operand_hazards(found[1].sass))}))
 """
 
 
 @needs_gluon_release
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
-def test_the_decode_kernel_compiles_rotating_for_sm90_without_spills() -> None:
+def test_the_kernels_compile_rotating_for_sm90_without_spills() -> None:
     rows = compiled_rows(ROTATE_SCRIPT)
-    assert len(rows) == 3
+    assert [r["kernel"] for r in rows] == ["decode"] * 3 + ["wgmma"] * 3
     for r in rows:
-        assert r["spill_stack"] == 0, r
+        assert r["spill_stack"] == 0 and r.get("hazards", 0) == 0, r
         assert r["shared"] <= 227 * 1024, r
-        # The rotation programs' branch sets the kernel's registers: 80 against the plain
-        # kernel's 53 (compiled with Triton 3.6); more would cost the code matrix programs an SM.
-        assert r["registers"] <= 80, r
+        if r["kernel"] == "decode":
+            # The rotation programs' branch sets the kernel's registers: 80 against the plain
+            # kernel's 53 (Triton 3.6); more would cost the code matrix programs an SM.
+            assert r["registers"] <= 80, r
+        else:  # the wgmma kernel's own tiles need more than the rotation: no register more
+            assert r["registers"] <= r["plain_registers"] + 1, r

@@ -73,7 +73,7 @@ def test_plan_rules_and_refusals() -> None:
         launch.stream_grid(_weights(384, 64), Plan(1, 8, 4, in_flight=True, stream=2), 1, 132)
     weights = SimpleNamespace(qweight=torch.zeros(1))
     with pytest.raises(InvalidArgumentError, match="balanced grid is timed through linear"):
-        launch._Bucket(weights, torch.bfloat16, torch.device("cpu"), Plan(1, 8, 4, in_flight=True, stream=2))
+        launch.WgmmaBucket(weights, torch.bfloat16, torch.device("cpu"), Plan(1, 8, 4, in_flight=True, stream=2))
 
 
 SCRIPT = """

@@ -75,17 +75,17 @@ def test_the_rotation_in_the_launch_gives_the_two_launches_bits(fmt: TurboQuant,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from quantcore.backends.hopper_wgmma import turboquant_launch
     from quantcore.backends.hopper_wgmma.decode_bucket import DecodeBucket
-    from quantcore.backends.hopper_wgmma.launch import bucket_of
+    from quantcore.backends.hopper_wgmma.launch import WgmmaBucket, bucket_of
     from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
 
     stored = _stored(fmt, 1000, 2048, bias=True)
     kernel = HopperWgmmaTurboQuant(fmt, "cuda")
     prepared = kernel.prepare(stored, dtype=dtype)
-    for m in (1, 3, 8):
+    for m in (1, 3, 8, 16, 40, 128):  # the decode kernel, then the wgmma kernel's 16-, 64- and 128-row tiles
         xs = [torch.randn(m, 2048, device="cuda").to(dtype) for _ in range(3)]
         monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "always")
         fused = [kernel(x, prepared) for x in xs]  # one after another: each launch leaves its counts at 0
-        assert isinstance(bucket_of(xs[0], prepared, m).rotated, DecodeBucket)
+        assert isinstance(bucket_of(xs[0], prepared, m).rotated, DecodeBucket | WgmmaBucket)
         monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "never")
         apart = [kernel(x, prepared) for x in xs]
         for x, one, two in zip(xs, fused, apart, strict=True):
