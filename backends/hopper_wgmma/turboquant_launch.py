@@ -3,16 +3,17 @@ bound launch (``quantcore/kernels/turboquant/rotation_launch.py``), then one lau
 code matrix (``launch.linear``: the decode kernel up to 8 rows, the wgmma kernel above, both
 with the codebook operand; ``configs.lookup_plan``), then the bias.
 
-An eager call of up to :data:`ROTATION_MAX_ROWS` rows rotates x in the code matrix's launch
-instead (``rotation_programs.py``): one launch, not two, which saves the host a launch. On
-an H200 (``benchmarks/results/probes/turboquant_hopper_rotation-nvidia-h200.json``) an eager
-call of the decode kernel (M = 1 to 8) then costs the host 0.98–1.27× ``nn.Linear``'s,
-against 1.4–1.8× with two launches. A call being captured into a CUDA graph keeps the two
-launches: there the host cost is gone, and the one launch took the GPU 4–6 µs longer (its
-code-matrix programs wait for the rotation programs' stores with only their first weight
-stages in flight; 27.0 against 22.8 µs at 4096×14336, M = 1). Both give the same bits: the
-rotation programs run the rotation's launch's MMAs (``mma.sync`` m16n8k16, float32, the same
-order of inputs; 36 cases of 36 equal, fp16 and bf16, and the GPU tests hold them to it).
+An eager call with little rotation work and a small weight (:func:`rotates_in_launch`)
+rotates x in the code matrix's launch instead (``rotation_programs.py``): one launch, not
+two, which saves the host a launch. On an H200
+(``benchmarks/results/probes/turboquant_hopper_rotation-nvidia-h200.json``, ``-wgmma-``) such
+a call costs the host 0.98–1.38× ``nn.Linear``'s, against 1.4–1.9× with two launches. A call
+being captured into a CUDA graph keeps the two launches: there the host cost is gone, and
+the one launch took the GPU 3–8 µs longer (its code-matrix programs wait for the rotation
+programs' stores with only their first weight stages in flight; 27.0 against 22.8 µs at
+4096×14336, M = 1). Both give the same bits: the rotation programs run the rotation's
+launch's MMAs (``mma.sync`` m16n8k16, float32, the same order of inputs; 54 cases of 54
+equal, M = 1 to 128, and the GPU tests hold them to it).
 Imports triton.
 """
 
@@ -29,18 +30,32 @@ from quantcore.triton.launch import launch_state
 
 from .decode_bucket import DecodeBucket, Rotation
 from .launch import AnyBucket, WgmmaBucket, bucket_of, pdl_mode
+from .rotation_programs import ROWS as ROTATION_CHUNK_ROWS
 from .turboquant_layout import TurboQuantHopperWeights
 
 __all__ = ["ROTATION_IN_LAUNCH", "layer_rotation", "turboquant_linear"]
 
-#: Which calls of a decode plan rotate x in the code matrix's launch: ``"eager"`` ones (the
-#: default), ``"always"`` (captures too) or ``"never"``: the switch a probe times both ways with.
+#: Which calls rotate x in the code matrix's launch: eager ones within the bounds below
+#: (``"eager"``, the default), ``"always"`` (captures too, whatever the bounds) or ``"never"``:
+#: the switch a probe times both ways with.
 ROTATION_IN_LAUNCH = "eager"
-#: The most rows an eager call rotates in its launch. Each rotation program rotates 16 rows
-#: of one group and reads that group's whole rotation (32–64 KB) from L2: past this, those
-#: reads outgrow what the rotation's own launch (64-row tiles) reads, and the GPU's time,
-#: not the host's, bounds an eager call.
-ROTATION_MAX_ROWS = 128
+#: An eager call takes the rotation into its launch only where its rotation work and its
+#: weight are small, as here: at most this many (16-row chunk, code-matrix block) pairs ...
+ROTATION_MAX_BLOCKS = 128
+#: ... and a code matrix of at most this many codes (64 MiB). On an H200 the one launch took
+#: the GPU 3–8 µs longer than the two wherever it stayed within both (every case measured:
+#: ``benchmarks/results/probes/turboquant_hopper_rotation-*-nvidia-h200.json``), while it saves
+#: the host 10–20 µs; an eager call waits on the slower of the two, so it wins where the
+#: GPU's time stays near the host's. Past either bound the GPU's time grows (each output
+#: program waits for every chunk, and each chunk reads its group's rotation again: 14336×4096
+#: at M = 128 took 77 against 52 µs), and the two launches stay.
+ROTATION_MAX_CODES = 1 << 27
+
+
+def rotates_in_launch(m: int, w: TurboQuantHopperWeights) -> bool:
+    """Whether an eager call of ``m`` rows takes the rotation into its launch (the bounds above)."""
+    k = w.in_features
+    return -(-m // ROTATION_CHUNK_ROWS) * (k // 128) <= ROTATION_MAX_BLOCKS and w.out_features * k <= ROTATION_MAX_CODES
 
 
 def layer_rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:
@@ -79,8 +94,8 @@ def turboquant_linear(x: torch.Tensor, w: TurboQuantHopperWeights) -> torch.Tens
     m = x2.shape[0]
     bucket = bucket_of(x2, w, m)
     mode = ROTATION_IN_LAUNCH
-    fused = mode == "always" or (mode == "eager" and not capturing(x))
-    twin = _rotating(bucket, w, rotation) if fused and m <= ROTATION_MAX_ROWS else None
+    fused = mode == "always" or (mode == "eager" and not capturing(x) and rotates_in_launch(m, w))
+    twin = _rotating(bucket, w, rotation) if fused else None
     y = twin.rotating(x2, m) if twin is not None else bucket(rotation.rows(x2), w, m)
     if w.post_bias is not None:
         y.add_(w.post_bias)  # summed in float32, rounded once more to the activation dtype

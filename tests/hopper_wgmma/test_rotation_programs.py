@@ -9,6 +9,7 @@ GPU (``test_turboquant_cuda.py``)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -115,14 +116,27 @@ def test_other_calls_take_the_rotations_launch_and_the_code_matrix(recorded: lis
         monkeypatch.setattr(turboquant_launch, "capturing", lambda x: True)
     if why == "never":
         monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "never")
+    if why == "rows":  # two 16-row chunks of the weight's 4 blocks: 8 (chunk, block) pairs
+        monkeypatch.setattr(turboquant_launch, "ROTATION_MAX_BLOCKS", 7)
     w = _weights(TurboQuant())
-    x = torch.randn(turboquant_launch.ROTATION_MAX_ROWS + 1 if why == "rows" else 4, K, dtype=torch.bfloat16)
+    x = torch.randn(17 if why == "rows" else 4, K, dtype=torch.bfloat16)
     turboquant_launch.turboquant_linear(x, w)
     called = [r for r in recorded if r.calls]
     assert len(called) == 2
     rotation, code_matrix = called
     assert rotation.fn is rotation_launch.rotate_rows_kernel
     assert not code_matrix.constexprs.get("ROTATE", False)
+
+
+@pytest.mark.parametrize(("k", "n", "passes", "m", "fused"), [
+    (4096, 14336, 1, 64, True), (4096, 14336, 2, 16, True), (4096, 14336, 2, 64, False),
+    (14336, 4096, 1, 16, True), (14336, 4096, 1, 64, False), (14336, 4096, 2, 16, False),
+    (4096, 4096, 1, 64, True), (8192, 28672, 1, 1, False)])
+def test_the_calls_that_rotate_in_their_launch(k: int, n: int, passes: int, m: int, fused: bool) -> None:
+    """turboquant_launch's bounds on the shapes the H200 measured: a small weight and little
+    rotation work take the one launch; more rows of a long K, or a large weight, do not."""
+    w = SimpleNamespace(in_features=passes * k, out_features=n)
+    assert turboquant_launch.rotates_in_launch(m, w) is fused  # type: ignore[arg-type]
 
 
 def test_replaced_rotations_bind_a_new_twin(recorded: list[Recorder], monkeypatch: pytest.MonkeyPatch) -> None:
