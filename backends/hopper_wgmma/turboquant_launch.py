@@ -40,22 +40,28 @@ __all__ = ["ROTATION_IN_LAUNCH", "layer_rotation", "turboquant_linear"]
 #: the switch a probe times both ways with.
 ROTATION_IN_LAUNCH = "eager"
 #: An eager call takes the rotation into its launch only where its rotation work and its
-#: weight are small, as here: at most this many (16-row chunk, code-matrix block) pairs ...
+#: weight are small, as here: at most this many (16-row chunk, code-matrix block) pairs
+#: (twice as many for a code matrix of at most :data:`ROTATION_SMALL_CODES`) ...
 ROTATION_MAX_BLOCKS = 128
+ROTATION_SMALL_CODES = 1 << 25
 #: ... and a code matrix of at most this many codes (64 MiB). On an H200 the one launch took
-#: the GPU 3–8 µs longer than the two wherever it stayed within both (every case measured:
-#: ``benchmarks/results/probes/turboquant_hopper_rotation-*-nvidia-h200.json``), while it saves
-#: the host 10–20 µs; an eager call waits on the slower of the two, so it wins where the
-#: GPU's time stays near the host's. Past either bound the GPU's time grows (each output
-#: program waits for every chunk, and each chunk reads its group's rotation again: 14336×4096
-#: at M = 128 took 77 against 52 µs), and the two launches stay.
+#: the GPU 3–8 µs longer than the two wherever it stayed within these bounds (every case
+#: measured: ``benchmarks/results/probes/turboquant_hopper_rotation-*-nvidia-h200.json``),
+#: while it saves the host 10–20 µs; an eager call waits on the slower of the two, so it wins
+#: where the GPU's time stays near the host's (4096×4096 at M = 128: the host 43.6 against
+#: 62.2 µs, the GPU 27.6 against 22.3). Past them the GPU's time grows (each output program
+#: waits for every chunk, and each chunk reads its group's rotation again: 14336×4096 at
+#: M = 128 took 77 against 52 µs; 4096×14336 with two passes at M = 64, 63.0 against 59.4
+#: beside a host's 58.5), and the two launches stay.
 ROTATION_MAX_CODES = 1 << 27
 
 
 def rotates_in_launch(m: int, w: TurboQuantHopperWeights) -> bool:
     """Whether an eager call of ``m`` rows takes the rotation into its launch (the bounds above)."""
     k = w.in_features
-    return -(-m // ROTATION_CHUNK_ROWS) * (k // 128) <= ROTATION_MAX_BLOCKS and w.out_features * k <= ROTATION_MAX_CODES
+    codes = w.out_features * k
+    blocks = ROTATION_MAX_BLOCKS * (2 if codes <= ROTATION_SMALL_CODES else 1)
+    return -(-m // ROTATION_CHUNK_ROWS) * (k // 128) <= blocks and codes <= ROTATION_MAX_CODES
 
 
 def layer_rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:

@@ -116,8 +116,8 @@ def test_other_calls_take_the_rotations_launch_and_the_code_matrix(recorded: lis
         monkeypatch.setattr(turboquant_launch, "capturing", lambda x: True)
     if why == "never":
         monkeypatch.setattr(turboquant_launch, "ROTATION_IN_LAUNCH", "never")
-    if why == "rows":  # two 16-row chunks of the weight's 4 blocks: 8 (chunk, block) pairs
-        monkeypatch.setattr(turboquant_launch, "ROTATION_MAX_BLOCKS", 7)
+    if why == "rows":  # two 16-row chunks of the weight's 4 blocks: 8 (chunk, block) pairs, over twice 3
+        monkeypatch.setattr(turboquant_launch, "ROTATION_MAX_BLOCKS", 3)
     w = _weights(TurboQuant())
     x = torch.randn(17 if why == "rows" else 4, K, dtype=torch.bfloat16)
     turboquant_launch.turboquant_linear(x, w)
@@ -131,10 +131,12 @@ def test_other_calls_take_the_rotations_launch_and_the_code_matrix(recorded: lis
 @pytest.mark.parametrize(("k", "n", "passes", "m", "fused"), [
     (4096, 14336, 1, 64, True), (4096, 14336, 2, 16, True), (4096, 14336, 2, 64, False),
     (14336, 4096, 1, 16, True), (14336, 4096, 1, 64, False), (14336, 4096, 2, 16, False),
-    (4096, 4096, 1, 64, True), (8192, 28672, 1, 1, False)])
+    (4096, 4096, 1, 64, True), (4096, 4096, 1, 128, True), (4096, 4096, 2, 64, True), (4096, 4096, 2, 128, False),
+    (8192, 28672, 1, 1, False)])
 def test_the_calls_that_rotate_in_their_launch(k: int, n: int, passes: int, m: int, fused: bool) -> None:
     """turboquant_launch's bounds on the shapes the H200 measured: a small weight and little
-    rotation work take the one launch; more rows of a long K, or a large weight, do not."""
+    rotation work take the one launch (a smaller weight more work); more rows of a long K, or
+    a large weight, do not."""
     w = SimpleNamespace(in_features=passes * k, out_features=n)
     assert turboquant_launch.rotates_in_launch(m, w) is fused  # type: ignore[arg-type]
 
