@@ -1,6 +1,7 @@
-"""A TurboQuant layer's input rotation inside the code matrix's launch (``ROTATE``): one
-launch a call where there were two (x rotated by its own launch, then the code matrix),
-which on an H200's host is about 15 µs of a call's 30.
+"""A TurboQuant layer's input rotation inside the code matrix's launch (``ROTATE``, in the
+decode kernel ``decode.py`` and the wgmma kernel ``kernels.py``): one launch a call where
+there were two (x rotated by its own launch, then the code matrix), which saves an H200's
+host 10–20 µs of a call's 40–60 (``turboquant_launch.py`` says which calls take it).
 
 The launch's grid gains ``rot_rows`` rows of programs in front along y: grid
 ``(tiles, rot_rows + split)``. Its programs of the lowest linear ids (x fastest), the first
@@ -9,12 +10,14 @@ The launch's grid gains ``rot_rows`` rows of programs in front along y: grid
 rotations side by side, ``[d, P·d]`` (``quantcore/kernels/turboquant/rotation.py``'s
 right-hand side: the shared one, or group g's), with ``mma.sync`` in float32, rounds each
 value once to x's dtype and stores it where the code matrix reads its inputs
-(``[M, G·P·d]``, a kept workspace), then counts itself in ``sync[0]`` (release). The other
-programs are the code matrix's, shifted by ``rot_rows``: each waits (acquire) until
-``sync[0]`` reads ``chunks`` before it reads the workspace, and counts itself in
-``sync[1]`` once it has read it for the last time; the last of them sets both counts to
-0, so the next launch on the stream (which starts after this one ends, CUDA graphs
-included) finds them at 0.
+(``[M, G·P·d]``, a kept workspace: ``quantcore/triton/rotation_workspace.py``), then counts
+itself in ``sync[0]`` (release). The other programs are the code matrix's, shifted by
+``rot_rows``: each issues its first weight loads, waits (acquire) until ``sync[0]`` reads
+``chunks``, reads the workspace (the decode kernel with its staging loads; the wgmma
+kernel through TMA, after a proxy fence: the stores were the generic proxy's), and counts
+itself in ``sync[1]`` once it has read it for the last time; the last of them sets both
+counts to 0, so the next launch on the stream (which starts after this one ends, CUDA
+graphs included) finds them at 0.
 
 Why it cannot deadlock: a rotation program never waits, and only the code matrix's
 programs wait, on programs of lower linear ids. The GPU hands out a grid's blocks in
@@ -23,11 +26,11 @@ scans make; ``backends/turboquant_triton/mma.py``'s rotation once per call makes
 so every rotation program is resident, and then finishes, whatever the waiting programs
 occupy.
 
-Each value is the dot product of d terms that the rotation's own launch computes, in
-float32 on the tensor cores in steps of 16 inputs; only the order of the hardware's sums
-within an MMA may differ between the two, so the rotated x, and the layer's output, can
-differ from the two launches' in the last bit (both within the format's tolerance of the
-float64 golden).
+Each value is the dot product of d terms that the rotation's own launch computes
+(``rotation_launch.py``: ``tl.dot`` of 16-row tiles, which Triton runs as the same
+``mma.sync`` m16n8k16 in the same order of inputs, float32, rounded once): on an H200 the
+outputs of the two ways were equal bit for bit in every case measured, and the GPU tests
+hold them to it.
 """
 
 from __future__ import annotations
