@@ -201,7 +201,7 @@ def decode_kernel(
     SPLIT: gl.constexpr, EVEN_K: gl.constexpr, KW: gl.constexpr, STEPS: gl.constexpr,
     READ_ONLY: gl.constexpr = 0, DEPTH: gl.constexpr = 2, ROWS: gl.constexpr = 8, LOOKUP: gl.constexpr = False,
     GATED: gl.constexpr = False, ROTATE: gl.constexpr = False, RD: gl.constexpr = 128, RCOLS: gl.constexpr = 128,
-    RSHARED: gl.constexpr = True,
+    RSHARED: gl.constexpr = True, RDIRECT: gl.constexpr = False,
 ):
     """``w_ptr``: the prepared words as int16 (``[tiles, blocks·2048]``); ``x_ptr``: x
     ``[M, K]`` (row stride ``stride_xm``); ``s_ptr``/``z_ptr``: scale and zero-point rows
@@ -221,8 +221,9 @@ def decode_kernel(
     (``LOOKUP``, not ``GATED``): a TurboQuant layer's rotation in the same launch
     (``rotation_programs.py``): ``rot_rows`` rows of rotation programs in front along y
     rotate ``rx_ptr`` (the layer's x, ``[M, K·RD/RCOLS]``) by ``rot_ptr`` (``[R, RD,
-    RCOLS]``, R = 1 with ``RSHARED``) into ``x_ptr`` (the workspace the program reads,
-    ``[M, K]``); ``sync_ptr``: their two int32 counts. Without it those four are unused."""
+    RCOLS]``, R = 1 with ``RSHARED``; its transpose with ``RDIRECT``: ``rotate_chunk``) into
+    ``x_ptr`` (the workspace the program reads, ``[M, K]``); ``sync_ptr``: their two int32
+    counts. Without it those four are unused."""
     tile = gl.program_id(0)
     pid_y = gl.program_id(1)
     if ROTATE:
@@ -230,7 +231,7 @@ def decode_kernel(
         if pid_y < rot_rows:
             chunk = pid_y * gl.num_programs(0) + tile
             if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
-                rotate_chunk(rx_ptr, rot_ptr, x_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * KW)
+                rotate_chunk(rx_ptr, rot_ptr, x_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * KW, RDIRECT)
         else:
             _decode_program(w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                             NP, blocks, split_k, sync_ptr, tile, pid_y - rot_rows, BITS, SG, CLOSE, HAS_ZEROS,
@@ -356,7 +357,7 @@ def whole_runs(k: int, bits: int, blocks: int, steps: int, groups: int) -> bool:
 
 def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, groups: int = 1, steps: int = 8,
                    sub_group: int = 128, depth: int = 2, rows: int = 8, lookup: bool = False,
-                   gated: bool = False, rotate: int = 0) -> dict[str, object]:
+                   gated: bool = False, rotate: int = 0, direct: bool = False) -> dict[str, object]:
     """Compile for sm_90a on any machine (Triton's bundled ptxas): registers, spill
     stack, shared memory and the opcode counts of the walk (the longest loop: ``depth`` steps
     of every K-group), per code a thread handles there, the end's atomics (the split-K
@@ -379,7 +380,7 @@ def compile_report(*, bits: int = 4, zeros: bool = False, fp16: bool = False, gr
     close = max(1, min(pairs, sub_group // 32))
     const = dict(BITS=bits, SG=sub_group, CLOSE=close, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT=True, EVEN_K=True,
                  KW=groups, STEPS=steps, READ_ONLY=0, DEPTH=depth, ROWS=rows, LOOKUP=lookup, GATED=gated,
-                 ROTATE=bool(rotate), RD=128, RCOLS=rotate or 128, RSHARED=True)
+                 ROTATE=bool(rotate), RD=128, RCOLS=rotate or 128, RSHARED=True, RDIRECT=direct)
     compiled = compile_sm90(decode_kernel, sig, const, divisible=[a for a in sig if a not in ("M", "rot_rows")],
                             options={"num_warps": 4 * groups}, gluon=True)
     sass = compiled.sass

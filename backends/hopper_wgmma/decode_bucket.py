@@ -48,21 +48,25 @@ ROTATION_POINTERS = (16, 17, 18)
 
 
 class Rotation(NamedTuple):
-    """A TurboQuant layer's rotation as the decode kernel's rotation programs read it: the
-    right-hand side ``[R, d, cols]`` in the activation dtype (``InputRotation.rhs``; R = 1
-    when shared), d and cols (= passes · d)."""
+    """A TurboQuant layer's rotation as the kernels' rotation programs read it
+    (``rotation_programs.rotate_chunk``): ``source``, the right-hand side ``[R, d, cols]`` in
+    the activation dtype (``InputRotation.rhs``; R = 1 when shared), d and cols (= passes ·
+    d); with ``direct`` the programs load their operands straight into registers and read
+    ``operand``, its transpose ``[R, cols, d]`` (else ``operand`` is ``source``)."""
 
-    rhs: torch.Tensor
+    source: torch.Tensor
+    operand: torch.Tensor
     d: int
     cols: int
     shared: bool
+    direct: bool
 
 
 def rotation_constexprs(rotation: Rotation | None) -> dict[str, object]:
-    """The kernels' ``ROTATE``, ``RD``, ``RCOLS`` and ``RSHARED`` for ``rotation`` (or none)."""
+    """The kernels' ``ROTATE``, ``RD``, ``RCOLS``, ``RSHARED`` and ``RDIRECT`` for ``rotation`` (or none)."""
     if rotation is None:
-        return dict(ROTATE=False, RD=128, RCOLS=128, RSHARED=True)
-    return dict(ROTATE=True, RD=rotation.d, RCOLS=rotation.cols, RSHARED=rotation.shared)
+        return dict(ROTATE=False, RD=128, RCOLS=128, RSHARED=True, RDIRECT=False)
+    return dict(ROTATE=True, RD=rotation.d, RCOLS=rotation.cols, RSHARED=rotation.shared, RDIRECT=rotation.direct)
 
 
 class DecodeBucket:
@@ -95,7 +99,7 @@ class DecodeBucket:
         varying, fixed = VARYING, FIXED + split_k + ROTATION_POINTERS
         if rotation is not None:
             varying, fixed = VARYING + ROTATION_VARYING, FIXED + split_k + ROTATION_FIXED
-            self.rhs = rotation.rhs
+            self.rhs, self.operand = rotation.source, rotation.operand
             self.groups = k // rotation.cols  # groups of the layer: its x is [M, groups·d]
         self.launch = Launch(decode_kernel, device=device, varying=varying, constexprs=const,
                              fixed_pointers=fixed, options=dict(num_warps=4))
@@ -136,5 +140,5 @@ class DecodeBucket:
         chunks = -(-m // ROTATION_ROWS) * self.groups
         rows = -(-chunks // self.tiles)
         self.launch((self.tiles, rows + self.split, 1), self.words, xr, *self.mid, y, ws, counters, m, *self.tail,
-                    x, self.rhs, counts, rows)
+                    x, self.operand, counts, rows)
         return y

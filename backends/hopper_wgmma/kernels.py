@@ -449,6 +449,7 @@ def wgmma_kernel(
     IN_FLIGHT: gl.constexpr, PDL: gl.constexpr = 0, WS: gl.constexpr = False, LATE: gl.constexpr = False,
     STREAM: gl.constexpr = False, LOOKUP: gl.constexpr = False, GATED: gl.constexpr = False,
     ROTATE: gl.constexpr = False, RD: gl.constexpr = 128, RCOLS: gl.constexpr = 128, RSHARED: gl.constexpr = True,
+    RDIRECT: gl.constexpr = False,
 ):
     """``w_desc``: the prepared words as int16 ``[tiles, blocks·8, 256]`` (box ``[WG, 8,
     256]``); ``x_desc``: x viewed as ``[K/32, M, 32]`` (box ``[PAIRS, BM, 32]``: one
@@ -469,7 +470,7 @@ def wgmma_kernel(
     without ``STREAM`` and ``PDL``): a TurboQuant layer's rotation in the same launch
     (``rotation_programs.py``): ``rot_rows`` rows of rotation programs in front along y rotate
     ``rx_ptr`` (the layer's x, ``[M, K·RD/RCOLS]``) by ``rot_ptr`` (``[R, RD, RCOLS]``, R = 1
-    with ``RSHARED``) into ``xr_ptr`` (the workspace ``x_desc`` describes, ``[M, K]``, K =
+    with ``RSHARED``; its transpose with ``RDIRECT``: ``rotate_chunk``) into ``xr_ptr`` (the workspace ``x_desc`` describes, ``[M, K]``, K =
     ``blocks`` blocks); ``sync_ptr``: their two int32 counts. Without it those five are unused."""
     pid_y = gl.program_id(1)
     if ROTATE:
@@ -478,7 +479,7 @@ def wgmma_kernel(
         if pid_y < rot_rows:
             chunk = pid_y * gl.num_programs(0) + gl.program_id(0)
             if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
-                rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * WG)
+                rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * WG, RDIRECT)
         else:
             _wgmma_program(w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, blocks,
                            steps, split_k, sub_group, sync_ptr, pid_y - rot_rows, BITS, ROWS, SLICES_PER_ROW, SPLIT,

@@ -340,7 +340,8 @@ class WgmmaBucket:
             if constexprs["PDL"]:
                 raise InvalidArgumentError(f"hopper_wgmma: the rotation in the launch runs without {PDL_ENV}")
             varying, fixed = VARYING + ROTATION_VARYING, WEIGHT_POINTERS + split_k + ROTATION_FIXED
-            self.rhs, self.groups, self.k = rotation.rhs, w.in_features // rotation.cols, w.in_features
+            self.rhs, self.operand = rotation.source, rotation.operand
+            self.groups, self.k = w.in_features // rotation.cols, w.in_features
         self.launch = Launch(wgmma_kernel, constexprs=constexprs,
                              options=dict(num_warps=plan.num_warps, **pdl, **regs),
                              varying=varying, fixed_descriptors=WEIGHT_DESCRIPTORS, fixed_pointers=fixed,
@@ -371,7 +372,7 @@ class WgmmaBucket:
         xr, counts = rotation_buffers(self.device, m * self.k, self.dtype)
         rows = -(-(-(-m // ROTATION_ROWS) * self.groups) // tiles)
         self.launch((tiles, rows + self.split, 1), self.w_desc, self.x_desc(xr, m, self.k), *self.mid, y, ws,
-                    counters, m, *self.tail, x, self.rhs, xr, counts, rows)
+                    counters, m, *self.tail, x, self.operand, xr, counts, rows)
         return y
 
 

@@ -68,10 +68,18 @@ def _fence_acq_rel():
 
 @gluon.jit
 def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
-                 D: gl.constexpr, COLS: gl.constexpr, SHARED: gl.constexpr, NUM_WARPS: gl.constexpr):
+                 D: gl.constexpr, COLS: gl.constexpr, SHARED: gl.constexpr, NUM_WARPS: gl.constexpr,
+                 DIRECT: gl.constexpr = False):
     """Rotation program ``chunk`` (module docstring). ``rx_ptr``: the layer's x ``[M, K·D/COLS]``
-    (contiguous); ``rot_ptr``: ``[R, D, COLS]`` (R = 1 with ``SHARED``, else one per group);
-    ``xr_ptr``: the rotated x ``[M, K]`` (K the code matrix's depth, ``G·COLS``)."""
+    (contiguous); ``rot_ptr``: ``[R, D, COLS]`` (R = 1 with ``SHARED``, else one per group), or
+    with ``DIRECT`` its transpose ``[R, COLS, D]``; ``xr_ptr``: the rotated x ``[M, K]`` (K the
+    code matrix's depth, ``G·COLS``).
+
+    Without ``DIRECT`` each step's columns of Π are loaded 16 bytes a thread and moved into
+    the MMA's operand registers through shared memory (sm_90a SASS: two barriers per 16 inputs,
+    so a step's loads wait for the step before); with it every operand value is loaded
+    straight into its register (4 bytes a load, an input pair), no barrier, every step's loads
+    in flight at once: the same MMAs in the same order, the same bits."""
     groups = K // COLS
     layer_k = groups * D
     g = chunk % groups
@@ -81,24 +89,37 @@ def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
     mma_layout: gl.constexpr = _rotation_layout(NUM_WARPS)
     a_layout: gl.constexpr = gl.DotOperandLayout(0, mma_layout, 2)
     b_layout: gl.constexpr = gl.DotOperandLayout(1, mma_layout, 2)
-    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
-
-    xm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
-    xk = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
-    x_rows = gl.expand_dims(xm, 1)
-    x = gl.load(rx_ptr + x_rows.to(gl.int64) * layer_k + g * D + gl.expand_dims(xk, 0), mask=x_rows < M, other=0.0)
-    a = gl.convert_layout(x, a_layout)
-
-    rk = gl.arange(0, D, layout=gl.SliceLayout(1, load_layout))
-    rc = gl.arange(0, STEP, layout=gl.SliceLayout(0, load_layout))
-    rot = rot_ptr + (0 if SHARED else g * (D * COLS)) + gl.expand_dims(rk, 1) * COLS + gl.expand_dims(rc, 0)
+    base = rot_ptr + (0 if SHARED else g * (D * COLS))
+    if DIRECT:
+        xm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, a_layout))
+        xk = gl.arange(0, D, layout=gl.SliceLayout(0, a_layout))
+        x_rows = gl.expand_dims(xm, 1)
+        a = gl.load(rx_ptr + x_rows.to(gl.int64) * layer_k + g * D + gl.expand_dims(xk, 0), mask=x_rows < M,
+                    other=0.0)
+        rk = gl.arange(0, D, layout=gl.SliceLayout(1, b_layout))
+        rc = gl.arange(0, STEP, layout=gl.SliceLayout(0, b_layout))
+        rot = base + gl.expand_dims(rk, 1) + gl.expand_dims(rc, 0) * D  # Πᵀ: inputs contiguous
+    else:
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        xm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
+        xk = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+        x_rows = gl.expand_dims(xm, 1)
+        x = gl.load(rx_ptr + x_rows.to(gl.int64) * layer_k + g * D + gl.expand_dims(xk, 0), mask=x_rows < M,
+                    other=0.0)
+        a = gl.convert_layout(x, a_layout)
+        rk = gl.arange(0, D, layout=gl.SliceLayout(1, load_layout))
+        rc = gl.arange(0, STEP, layout=gl.SliceLayout(0, load_layout))
+        rot = base + gl.expand_dims(rk, 1) * COLS + gl.expand_dims(rc, 0)
 
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, mma_layout))
     oc = gl.arange(0, STEP, layout=gl.SliceLayout(0, mma_layout))
     o_rows = gl.expand_dims(om, 1)
     out = xr_ptr + o_rows.to(gl.int64) * K + g * COLS + gl.expand_dims(oc, 0)
     for c in gl.static_range(COLS // STEP):
-        b = gl.convert_layout(gl.load(rot + c * STEP), b_layout)
+        if DIRECT:
+            b = gl.load(rot + c * (STEP * D))
+        else:
+            b = gl.convert_layout(gl.load(rot + c * STEP), b_layout)
         acc = mma_v2(a, b, gl.zeros([16, STEP], gl.float32, mma_layout))
         gl.store(out + c * STEP, acc.to(xr_ptr.dtype.element_ty), mask=o_rows < M)
     _fence_acq_rel()

@@ -33,12 +33,18 @@ from .launch import AnyBucket, WgmmaBucket, bucket_of, pdl_mode
 from .rotation_programs import ROWS as ROTATION_CHUNK_ROWS
 from .turboquant_layout import TurboQuantHopperWeights
 
-__all__ = ["ROTATION_IN_LAUNCH", "layer_rotation", "turboquant_linear"]
+__all__ = ["ROTATION_DIRECT_LOADS", "ROTATION_IN_LAUNCH", "layer_rotation", "rotates_in_launch", "turboquant_linear"]
 
 #: Which calls rotate x in the code matrix's launch: eager ones within the bounds below
 #: (``"eager"``, the default), ``"always"`` (captures too, whatever the bounds) or ``"never"``:
 #: the switch a probe times both ways with.
 ROTATION_IN_LAUNCH = "eager"
+#: Whether a rotating bucket bound from now on loads its operands straight into registers
+#: (``rotation_programs.rotate_chunk``'s ``DIRECT``: 56 registers against 80 in the decode
+#: kernel, one barrier against 132 in its rotation programs, compiled for sm_90a). Off: the
+#: measurements above are the other way's, and this one's GPU time is not yet measured; a
+#: probe sets it to time both (``tools/probes/turboquant_hopper_rotation.py --direct``).
+ROTATION_DIRECT_LOADS = False
 #: An eager call takes the rotation into its launch only where its rotation work and its
 #: weight are small, as here: at most this many (16-row chunk, code-matrix block) pairs
 #: (twice as many for a code matrix of at most :data:`ROTATION_SMALL_CODES`) ...
@@ -133,7 +139,10 @@ def _rotating_twin(bucket: DecodeBucket | WgmmaBucket, w: TurboQuantHopperWeight
     rot = rotation.rotation
     if bucket.dtype not in (torch.bfloat16, torch.float16) or rot.d != 128 or rot.copies not in (1, 2):
         return False
-    operand = Rotation(rhs=rotation.rhs, d=rot.d, cols=rot.copies * rot.d, shared=rot.shared)
+    rhs = rotation.rhs
+    direct = ROTATION_DIRECT_LOADS
+    operand = Rotation(source=rhs, operand=rhs.transpose(-1, -2).contiguous() if direct else rhs, d=rot.d,
+                       cols=rot.copies * rot.d, shared=rot.shared, direct=direct)
     if isinstance(bucket, DecodeBucket):
         return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
     if pdl_mode():

@@ -78,6 +78,25 @@ def test_an_eager_decode_call_is_one_launch(recorded: list[Recorder], monkeypatc
     assert_fixed_arguments_specialise_alike([called[0]])
 
 
+@pytest.mark.parametrize("fmt", [TurboQuant(), TurboQuant(residual=True), TurboQuant(rotation_per_group=True)],
+                         ids=lambda f: f.slug)
+def test_direct_loads_hand_the_kernel_the_rotations_transpose(recorded: list[Recorder],
+                                                             monkeypatch: pytest.MonkeyPatch, fmt: TurboQuant) -> None:
+    _plan(monkeypatch, DecodePlan(split=2))
+    monkeypatch.setattr(turboquant_launch, "ROTATION_DIRECT_LOADS", True)
+    w = _weights(fmt)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    turboquant_launch.turboquant_linear(x, w)
+    turboquant_launch.turboquant_linear(x, w)
+    called = [r for r in recorded if r.calls]
+    assert len(called) == 1 and len(called[0].calls) == 2, "one launch a call, the twin kept"
+    assert called[0].constexprs["RDIRECT"]
+    operand = called[0].calls[0][1][17]
+    rhs = turboquant_launch.layer_rotation(w, torch.bfloat16, torch.device("cpu")).rhs
+    assert operand.is_contiguous() and torch.equal(operand, rhs.transpose(-1, -2))
+    assert called[0].calls[1][1][17] is operand
+
+
 def test_a_rotation_per_group_reads_each_groups_own() -> None:
     w = _weights(TurboQuant(rotation_per_group=True))
     rotation = turboquant_launch.layer_rotation(w, torch.bfloat16, torch.device("cpu"))
@@ -172,10 +191,10 @@ from quantcore.backends.hopper_wgmma.plans import Plan
 from quantcore.triton.compile_report import compile_sm90
 from tools.probes.hopper_wgmma_sass import _weights
 from tools.probes.hopper_wgmma_hazards import operand_hazards
-for rows, cols in ((8, 128), (8, 256), (16, 256)):
-    r = compile_report(lookup=True, rows=rows, rotate=cols)
-    print(json.dumps({"kernel": "decode", "cols": cols, "spill_stack": r["spill_stack"], "shared": r["shared"],
-                      "registers": r["registers"]}))
+for rows, cols, direct in ((8, 128, False), (8, 256, False), (16, 256, False), (8, 256, True), (16, 256, True)):
+    r = compile_report(lookup=True, rows=rows, rotate=cols, direct=direct)
+    print(json.dumps({"kernel": "decode", "cols": cols, "direct": direct, "spill_stack": r["spill_stack"],
+                      "shared": r["shared"], "registers": r["registers"], "plain_registers": compile_report(lookup=True, rows=rows)["registers"]}))
 for plan, cols in ((Plan(1, 16, 4, 4, in_flight=True), 256), (Plan(2, 64, 4, 1, in_flight=True, ws=True), 256),
                    (Plan(1, 64, 4, 2, in_flight=True), 128)):
     w = _weights(4, 1024, 1024, 128, True)
@@ -189,14 +208,12 @@ for plan, cols in ((Plan(1, 16, 4, 4, in_flight=True), 256), (Plan(2, 64, 4, 1, 
                or (type(a) is int and a % 16 == 0 and n not in ("M", "rot_rows"))]
     sig = {n: mangle_type(a) for n, a in zip(names, args)}
     sig.update(b_ptr="*fp32", rx_ptr="*bf16", rot_ptr="*bf16", xr_ptr="*bf16", sync_ptr="*i32")
-    found = []
-    for rotate in (False, True):
-        c = compile_sm90(wgmma_kernel, sig, dict(const, ROTATE=rotate, RCOLS=cols), divisible=aligned,
-                         options={"num_warps": warps}, gluon=True)
-        found.append(c)
-    print(json.dumps({"kernel": "wgmma", "cols": cols, "spill_stack": found[1].spill_stack,
-                      "shared": found[1].shared, "registers": found[1].registers,
-                      "plain_registers": found[0].registers, "hazards": len(operand_hazards(found[1].sass))}))
+    found = [compile_sm90(wgmma_kernel, sig, dict(const, ROTATE=rotate, RCOLS=cols, RDIRECT=direct), divisible=aligned,
+                          options={"num_warps": warps}, gluon=True) for rotate, direct in ((False, False), (True, False), (True, True))]
+    for c, direct in zip(found[1:], (False, True)):
+        print(json.dumps({"kernel": "wgmma", "cols": cols, "direct": direct, "spill_stack": c.spill_stack,
+                          "shared": c.shared, "registers": c.registers, "plain_registers": found[0].registers,
+                          "hazards": len(operand_hazards(c.sass))}))
 """
 
 
@@ -204,13 +221,15 @@ for plan, cols in ((Plan(1, 16, 4, 4, in_flight=True), 256), (Plan(2, 64, 4, 1, 
 @pytest.mark.skipif(not _bundled_tools(), reason="triton with its NVIDIA tools (ptxas, cuobjdump) not installed")
 def test_the_kernels_compile_rotating_for_sm90_without_spills() -> None:
     rows = compiled_rows(ROTATE_SCRIPT)
-    assert [r["kernel"] for r in rows] == ["decode"] * 3 + ["wgmma"] * 3
+    assert [r["kernel"] for r in rows] == ["decode"] * 5 + ["wgmma"] * 6
     for r in rows:
         assert r["spill_stack"] == 0 and r.get("hazards", 0) == 0, r
         assert r["shared"] <= 227 * 1024, r
-        if r["kernel"] == "decode":
+        if r["kernel"] == "decode" and not r["direct"]:
             # The rotation programs' branch sets the kernel's registers: 80 against the plain
-            # kernel's 53 (Triton 3.6); more would cost the code matrix programs an SM.
+            # kernel's 53-56 (Triton 3.6); more would cost the code matrix programs an SM.
             assert r["registers"] <= 80, r
+        elif r["kernel"] == "decode":  # loaded straight into registers: no more than 8 over the plain kernel
+            assert r["registers"] <= r["plain_registers"] + 8, r
         else:  # the wgmma kernel's own tiles need more than the rotation: no register more
             assert r["registers"] <= r["plain_registers"] + 1, r

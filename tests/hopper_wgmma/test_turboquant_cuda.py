@@ -71,13 +71,15 @@ def test_a_graph_replays_the_eager_call(m: int) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.slug)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_rotation_in_the_launch_gives_the_two_launches_bits(fmt: TurboQuant, dtype: torch.dtype,
+@pytest.mark.parametrize("direct", [False, True], ids=["through-shared", "direct-loads"])
+def test_the_rotation_in_the_launch_gives_the_two_launches_bits(fmt: TurboQuant, dtype: torch.dtype, direct: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from quantcore.backends.hopper_wgmma import turboquant_launch
     from quantcore.backends.hopper_wgmma.decode_bucket import DecodeBucket
     from quantcore.backends.hopper_wgmma.launch import WgmmaBucket, bucket_of
     from quantcore.backends.hopper_wgmma.turboquant import HopperWgmmaTurboQuant
 
+    monkeypatch.setattr(turboquant_launch, "ROTATION_DIRECT_LOADS", direct)
     stored = _stored(fmt, 1000, 2048, bias=True)
     kernel = HopperWgmmaTurboQuant(fmt, "cuda")
     prepared = kernel.prepare(stored, dtype=dtype)

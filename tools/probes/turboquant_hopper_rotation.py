@@ -6,7 +6,10 @@ golden (the conformance verdict), then the CUDA-graph replay µs of both beside 
 on the dequantized weight, and the eager host µs of both beside ``nn.Linear`` (a queue
 issued while a spin kernel holds the GPU: ``benchmarks/suites/_host_cost.py``).
 
-    python -m tools.probes.turboquant_hopper_rotation [--shapes 4096x14336,...] [--ms 1,8] [--json PATH]
+    python -m tools.probes.turboquant_hopper_rotation [--shapes 4096x14336,...] [--ms 1,8] [--direct] [--json PATH]
+
+``--direct``: the rotation programs load their operands straight into registers
+(``turboquant_launch.ROTATION_DIRECT_LOADS``).
 """
 
 from __future__ import annotations
@@ -81,11 +84,14 @@ def main() -> int:
     ap.add_argument("--shapes", default="4096x14336,14336x4096,4096x4096")
     ap.add_argument("--ms", default="1,4,8")
     ap.add_argument("--fp16", action="store_true", help="also fp16 (correctness only)")
+    ap.add_argument("--direct", action="store_true", help="operands loaded straight into registers")
     ap.add_argument("--json")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     dtypes = [torch.bfloat16, torch.float16] if args.fp16 else [torch.bfloat16]
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    turboquant_launch.ROTATION_DIRECT_LOADS = args.direct
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "direct_loads": args.direct, "rows": []}
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         for fmt in (TurboQuant(), TurboQuant(residual=True)):
