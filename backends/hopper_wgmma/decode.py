@@ -33,7 +33,7 @@ from quantcore.kernels.gptq_pairs.ptx import pair_asm_text
 from quantcore.triton.gluon_split_k import tile_store
 
 from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
-from .rotation_programs import ROTATION_ROWS, arrive_rotated, rotate_chunk, wait_rotated
+from .rotation_programs import arrive_rotated, rotation_program, wait_rotated
 
 __all__ = ["BM", "compile_report", "decode_grid", "decode_kernel", "whole_runs"]
 
@@ -229,9 +229,7 @@ def decode_kernel(
     if ROTATE:
         gl.static_assert(LOOKUP and not GATED and READ_ONLY == 0, "ROTATE: a codebook weight's whole walk, not gated")
         if pid_y < rot_rows:
-            chunk = pid_y * gl.num_programs(0) + tile
-            if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
-                rotate_chunk(rx_ptr, rot_ptr, x_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * KW, RDIRECT)
+            rotation_program(rx_ptr, rot_ptr, x_ptr, sync_ptr, pid_y, M, K, RD, RCOLS, RSHARED, 4 * KW, RDIRECT)
         else:
             _decode_program(w_ptr, x_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                             NP, blocks, split_k, sync_ptr, tile, pid_y - rot_rows, BITS, SG, CLOSE, HAS_ZEROS,
@@ -290,7 +288,7 @@ def _decode_program(
         lanes = gl.arange(0, 128 * KW, layout=gl.BlockedLayout([1], [32], [4 * KW], [0]))
         gl.inline_asm_elementwise(_FILL_ASM, "=r,l", [z_ptr + lanes % 16], dtype=gl.int32, is_pure=False, pack=1)
     if ROTATED:  # the weight's first steps are in flight while the rotation programs finish
-        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS))
+        wait_rotated(sync_ptr, M, K, RCOLS)
     if READ_ONLY < 3:
         _stage_x(x_ptr, x_smem, M, K, stride_xm, first, KW, STEPS, PAIRS, EVEN_K, ROWS)
         gl.thread_barrier()

@@ -10,8 +10,6 @@ the counts and the rotation programs' rows of the grid.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from quantcore.errors import KernelInputError
@@ -24,7 +22,7 @@ from quantcore.triton.unowned import unowned
 from .decode import decode_grid, decode_kernel, whole_runs
 from .layout import HopperWeights, LookupWeights, bound_to, weight_source
 from .plans import DecodePlan
-from .rotation_programs import ROWS as ROTATION_ROWS
+from .rotation_programs import Rotation, rotation_constexprs, rotation_rows
 from .small_m import close_slices
 
 __all__ = ["DecodeBucket"]
@@ -45,28 +43,6 @@ SPLIT_K_BUFFERS = (6, 7)
 ROTATION_VARYING = (16, 18, 19)
 ROTATION_FIXED = (17,)
 ROTATION_POINTERS = (16, 17, 18)
-
-
-class Rotation(NamedTuple):
-    """A TurboQuant layer's rotation as the kernels' rotation programs read it
-    (``rotation_programs.rotate_chunk``): ``source``, the right-hand side ``[R, d, cols]`` in
-    the activation dtype (``InputRotation.rhs``; R = 1 when shared), d and cols (= passes ·
-    d); with ``direct`` the programs load their operands straight into registers and read
-    ``operand``, its transpose ``[R, cols, d]`` (else ``operand`` is ``source``)."""
-
-    source: torch.Tensor
-    operand: torch.Tensor
-    d: int
-    cols: int
-    shared: bool
-    direct: bool
-
-
-def rotation_constexprs(rotation: Rotation | None) -> dict[str, object]:
-    """The kernels' ``ROTATE``, ``RD``, ``RCOLS``, ``RSHARED`` and ``RDIRECT`` for ``rotation`` (or none)."""
-    if rotation is None:
-        return dict(ROTATE=False, RD=128, RCOLS=128, RSHARED=True, RDIRECT=False)
-    return dict(ROTATE=True, RD=rotation.d, RCOLS=rotation.cols, RSHARED=rotation.shared, RDIRECT=rotation.direct)
 
 
 class DecodeBucket:
@@ -137,8 +113,7 @@ class DecodeBucket:
         y = torch.empty(m, self.out, dtype=self.dtype, device=self.device)
         ws, counters = self.split_k(m, self.n, self.tiles)
         xr, counts = rotation_buffers(self.device, m * self.k, self.dtype)
-        chunks = -(-m // ROTATION_ROWS) * self.groups
-        rows = -(-chunks // self.tiles)
+        rows = rotation_rows(m, self.groups, self.tiles)
         self.launch((self.tiles, rows + self.split, 1), self.words, xr, *self.mid, y, ws, counters, m, *self.tail,
                     x, self.operand, counts, rows)
         return y

@@ -54,13 +54,7 @@ from quantcore.kernels.gptq_pairs.ptx import offset_pair_asm_text, pair_asm_text
 from quantcore.triton.gluon_split_k import let_dependents_launch, tile_store, wait_for_prior_grids
 
 from .codebook import CODEBOOK_FILL_ASM, lookup_pair_asm_text
-from .rotation_programs import (
-    ASYNC_READS,
-    ROTATION_ROWS,
-    arrive_rotated,
-    rotate_chunk,
-    wait_rotated,
-)
+from .rotation_programs import ASYNC_READS, arrive_rotated, rotation_program, wait_rotated
 
 __all__ = ["wgmma_kernel"]
 
@@ -470,16 +464,15 @@ def wgmma_kernel(
     without ``STREAM`` and ``PDL``): a TurboQuant layer's rotation in the same launch
     (``rotation_programs.py``): ``rot_rows`` rows of rotation programs in front along y rotate
     ``rx_ptr`` (the layer's x, ``[M, K·RD/RCOLS]``) by ``rot_ptr`` (``[R, RD, RCOLS]``, R = 1
-    with ``RSHARED``; its transpose with ``RDIRECT``: ``rotate_chunk``) into ``xr_ptr`` (the workspace ``x_desc`` describes, ``[M, K]``, K =
-    ``blocks`` blocks); ``sync_ptr``: their two int32 counts. Without it those five are unused."""
+    with ``RSHARED``; its transpose with ``RDIRECT``: ``rotate_chunk``) into ``xr_ptr`` (the
+    workspace ``x_desc`` describes, ``[M, K]``, K = ``blocks`` blocks); ``sync_ptr``: their
+    two int32 counts. Without it those five are unused."""
     pid_y = gl.program_id(1)
     if ROTATE:
         gl.static_assert(LOOKUP and not STREAM and PDL == 0, "ROTATE: a codebook weight, no balanced grid or PDL")
-        K = blocks * (512 // BITS)
         if pid_y < rot_rows:
-            chunk = pid_y * gl.num_programs(0) + gl.program_id(0)
-            if chunk < gl.cdiv(M, ROTATION_ROWS) * (K // RCOLS):
-                rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K, RD, RCOLS, RSHARED, 4 * WG, RDIRECT)
+            rotation_program(rx_ptr, rot_ptr, xr_ptr, sync_ptr, pid_y, M, blocks * (512 // BITS), RD, RCOLS, RSHARED,
+                             4 * WG, RDIRECT)
         else:
             _wgmma_program(w_desc, x_desc, s_desc, z_desc, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, blocks,
                            steps, split_k, sub_group, sync_ptr, pid_y - rot_rows, BITS, ROWS, SLICES_PER_ROW, SPLIT,
@@ -557,7 +550,7 @@ def _wgmma_program(
         # The weight's first stages are read while the rotation programs finish; x waits for them.
         _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
               sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, WEIGHT_SIDE)
-        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (blocks * BK // RCOLS), ASYNC_READS)
+        wait_rotated(sync_ptr, M, blocks * BK, RCOLS, ASYNC_READS)
         _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
               sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD, X_SIDE)
     elif not WS and not STREAM:  # with WS the producer partition fills the ring
@@ -566,7 +559,7 @@ def _wgmma_program(
         _fill(w_desc, x_desc, s_desc, z_desc, w_smem, x_smem, s_smem, z_smem, bar, n_iter, blk0, tile_n, m0, n0,
               sub_group, STAGES, BK, PAIRS, ROWS, HAS_ZEROS, S_PAD, Z_PAD)
     elif ROTATED:  # the producer partition's first load of x comes after this
-        wait_rotated(sync_ptr, gl.cdiv(M, ROTATION_ROWS) * (blocks * BK // RCOLS), ASYNC_READS)
+        wait_rotated(sync_ptr, M, blocks * BK, RCOLS, ASYNC_READS)
 
     acc = gl.zeros([BN, BM], gl.float32, mma_layout)
     if STREAM:

@@ -35,12 +35,12 @@ from quantcore.triton.split_k import SplitKBuffers
 from quantcore.triton.unowned import unowned
 
 from .configs import SMEM_RESERVE, Shape, gated_plan_for, lookup_plan, plan_for
-from .decode_bucket import DecodeBucket, Rotation, rotation_constexprs
+from .decode_bucket import DecodeBucket
 from .first_use import first_use_plan
 from .kernels import wgmma_kernel
 from .layout import TILE_N, HopperWeights, LookupWeights, bias_operand, bound_to, weight_source
 from .plans import GATED_MAX_BM, AnyPlan, DecodePlan, Plan, TritonPlan, gated_plan_refusal
-from .rotation_programs import ROWS as ROTATION_ROWS
+from .rotation_programs import Rotation, rotation_constexprs, rotation_rows
 from .small_m import SmallMBucket
 
 __all__ = ["GATED_MAX_BM", "GATED_ROWS", "Walk", "WgmmaBucket", "bucket_of", "gated_linear", "gated_plan_of", "gated_refusal", "kernel_args", "linear",
@@ -370,7 +370,7 @@ class WgmmaBucket:
         tiles = self.n_tiles * -(-m // self.plan.bm)
         ws, counters = self.split_k(m, self.n, tiles)
         xr, counts = rotation_buffers(self.device, m * self.k, self.dtype)
-        rows = -(-(-(-m // ROTATION_ROWS) * self.groups) // tiles)
+        rows = rotation_rows(m, self.groups, tiles)
         self.launch((tiles, rows + self.split, 1), self.w_desc, self.x_desc(xr, m, self.k), *self.mid, y, ws,
                     counters, m, *self.tail, x, self.operand, xr, counts, rows)
         return y

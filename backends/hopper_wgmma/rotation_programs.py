@@ -35,11 +35,15 @@ hold them to it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-__all__ = ["ASYNC_READS", "ROTATION_ROWS", "arrive_rotated", "rotate_chunk", "rotation_chunks", "wait_rotated"]
+__all__ = ["ASYNC_READS", "ROTATION_ROWS", "Rotation", "arrive_rotated", "rotation_chunks", "rotation_constexprs",
+           "rotation_program", "rotation_rows", "wait_rotated"]
 
 #: Rows of x one rotation program multiplies: one ``m16n8k16`` row block.
 ROWS = 16
@@ -51,6 +55,37 @@ ASYNC_READS = gl.constexpr(True)
 def rotation_chunks(m: int, groups: int) -> int:
     """Rotation programs of a launch over ``m`` rows of a layer of ``groups`` groups."""
     return -(-m // ROWS) * groups
+
+
+def rotation_rows(m: int, groups: int, tiles: int) -> int:
+    """Rows of the grid (``tiles`` programs each) that hold a launch's rotation programs."""
+    return -(-rotation_chunks(m, groups) // tiles)
+
+
+class Rotation(NamedTuple):
+    """A TurboQuant layer's rotation as the kernels' rotation programs read it
+    (:func:`rotate_chunk`): ``source``, the right-hand side ``[R, d, cols]`` in the
+    activation dtype (``InputRotation.rhs``; R = 1 when shared), d and cols (= passes · d);
+    with ``direct`` the programs load their operands straight into registers and read
+    ``operand``, its transpose ``[R, cols, d]`` (else ``operand`` is ``source``)."""
+
+    source: torch.Tensor
+    operand: torch.Tensor
+    d: int
+    cols: int
+    shared: bool
+    direct: bool
+
+    @classmethod
+    def of(cls, rhs: torch.Tensor, d: int, passes: int, shared: bool, direct: bool) -> Rotation:
+        return cls(rhs, rhs.transpose(-1, -2).contiguous() if direct else rhs, d, passes * d, shared, direct)
+
+
+def rotation_constexprs(rotation: Rotation | None) -> dict[str, object]:
+    """The kernels' ``ROTATE``, ``RD``, ``RCOLS``, ``RSHARED`` and ``RDIRECT`` for ``rotation`` (or none)."""
+    if rotation is None:
+        return dict(ROTATE=False, RD=128, RCOLS=128, RSHARED=True, RDIRECT=False)
+    return dict(ROTATE=True, RD=rotation.d, RCOLS=rotation.cols, RSHARED=rotation.shared, RDIRECT=rotation.direct)
 
 
 @gluon.constexpr_function
@@ -128,10 +163,28 @@ def rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K,
 
 
 @gluon.jit
-def wait_rotated(sync_ptr, chunks, ASYNC: gl.constexpr = False):
-    """Until every rotation program of the launch has counted itself (acquire); then this
-    program's loads see their stores — with ``ASYNC`` its TMA loads too (a proxy fence:
-    the stores were the generic proxy's)."""
+def _chunk_count(M, K, COLS: gl.constexpr):
+    """Rotation programs of a launch over ``M`` rows of a code matrix of depth ``K``."""
+    return gl.cdiv(M, ROTATION_ROWS) * (K // COLS)
+
+
+@gluon.jit
+def rotation_program(rx_ptr, rot_ptr, xr_ptr, sync_ptr, pid_y, M, K,
+                     D: gl.constexpr, COLS: gl.constexpr, SHARED: gl.constexpr, NUM_WARPS: gl.constexpr,
+                     DIRECT: gl.constexpr):
+    """Program ``(program_id(0), pid_y)`` of the rotation rows: chunk ``pid_y · tiles +
+    program_id(0)`` (:func:`rotate_chunk`) where there is one; the rest exit."""
+    chunk = pid_y * gl.num_programs(0) + gl.program_id(0)
+    if chunk < _chunk_count(M, K, COLS):
+        rotate_chunk(rx_ptr, rot_ptr, xr_ptr, sync_ptr, chunk, M, K, D, COLS, SHARED, NUM_WARPS, DIRECT)
+
+
+@gluon.jit
+def wait_rotated(sync_ptr, M, K, COLS: gl.constexpr, ASYNC: gl.constexpr = False):
+    """Until every rotation program of the launch (over ``M`` rows, depth ``K``) has counted
+    itself (acquire); then this program's loads see their stores — with ``ASYNC`` its TMA
+    loads too (a proxy fence: the stores were the generic proxy's)."""
+    chunks = _chunk_count(M, K, COLS)
     seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     while seen < chunks:
         seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")

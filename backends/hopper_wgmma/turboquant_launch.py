@@ -28,9 +28,9 @@ from quantcore.kernels.turboquant.rotation_launch import RotationLaunch
 from quantcore.tensors import version_of
 from quantcore.triton.launch import launch_state
 
-from .decode_bucket import DecodeBucket, Rotation
+from .decode_bucket import DecodeBucket
 from .launch import AnyBucket, WgmmaBucket, bucket_of, pdl_mode
-from .rotation_programs import ROWS as ROTATION_CHUNK_ROWS
+from .rotation_programs import Rotation, rotation_chunks
 from .turboquant_layout import TurboQuantHopperWeights
 
 __all__ = ["ROTATION_DIRECT_LOADS", "ROTATION_IN_LAUNCH", "layer_rotation", "rotates_in_launch", "turboquant_linear"]
@@ -67,7 +67,7 @@ def rotates_in_launch(m: int, w: TurboQuantHopperWeights) -> bool:
     k = w.in_features
     codes = w.out_features * k
     blocks = ROTATION_MAX_BLOCKS * (2 if codes <= ROTATION_SMALL_CODES else 1)
-    return -(-m // ROTATION_CHUNK_ROWS) * (k // 128) <= blocks and codes <= ROTATION_MAX_CODES
+    return rotation_chunks(m, k // 128) <= blocks and codes <= ROTATION_MAX_CODES
 
 
 def layer_rotation(w: TurboQuantHopperWeights, dtype: torch.dtype, device: torch.device) -> RotationLaunch:
@@ -139,12 +139,7 @@ def _rotating_twin(bucket: DecodeBucket | WgmmaBucket, w: TurboQuantHopperWeight
     rot = rotation.rotation
     if bucket.dtype not in (torch.bfloat16, torch.float16) or rot.d != 128 or rot.copies not in (1, 2):
         return False
-    rhs = rotation.rhs
-    direct = ROTATION_DIRECT_LOADS
-    operand = Rotation(source=rhs, operand=rhs.transpose(-1, -2).contiguous() if direct else rhs, d=rot.d,
-                       cols=rot.copies * rot.d, shared=rot.shared, direct=direct)
-    if isinstance(bucket, DecodeBucket):
-        return DecodeBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
-    if pdl_mode():
+    if isinstance(bucket, WgmmaBucket) and pdl_mode():
         return False
-    return WgmmaBucket(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
+    operand = Rotation.of(rotation.rhs, rot.d, rot.copies, rot.shared, ROTATION_DIRECT_LOADS)
+    return type(bucket)(w, bucket.dtype, bucket.device, bucket.plan, rotation=operand)
